@@ -1,0 +1,15 @@
+/* The common module: what hub, worker and tools share — errors and logging,
+ * the thread pool, tensor types and block layouts, GGUF files, model
+ * architectures, the tokenizer and the sampler. */
+#ifndef MOEX_COMMON_H
+#define MOEX_COMMON_H
+
+#include "common/error.h"
+#include "common/pool.h"
+#include "common/types.h"
+#include "common/gguf.h"
+#include "common/arch.h"
+#include "common/tokenizer.h"
+#include "common/sampler.h"
+
+#endif

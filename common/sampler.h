@@ -1,0 +1,23 @@
+/* Token sampling: greedy (temp 0), temperature, top-k, top-p, min-p, seeded.
+ * Part of the common module's API (common/common.h). */
+#ifndef MOEX_SAMPLER_H
+#define MOEX_SAMPLER_H
+
+#include <stdint.h>
+
+typedef struct moex_sampler_params {
+    float temp;     /* <= 0: greedy argmax */
+    int top_k;      /* <= 0: off */
+    float top_p;    /* >= 1: off */
+    float min_p;    /* <= 0: off */
+    uint64_t seed;
+} moex_sampler_params;
+
+typedef struct moex_sampler moex_sampler;
+
+moex_sampler *moex_sampler_create(const moex_sampler_params *p, int32_t n_vocab);
+void moex_sampler_free(moex_sampler *s);
+/* Picks the next token from raw logits (not modified). */
+int32_t moex_sampler_sample(moex_sampler *s, const float *logits);
+
+#endif
