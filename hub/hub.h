@@ -1,0 +1,107 @@
+/* The hub module: a GGUF model bound to its weights, the forward pass, the
+ * expert-executor seam where MoE layers hand work to experts (local or
+ * remote), and token generation.
+ *
+ * One token's path: moex_generate → moex_forward → per layer
+ * attention (kernels) → router → executor->run (local: moex_experts_run) →
+ * residual → LM head → sampler. */
+#ifndef MOEX_HUB_H
+#define MOEX_HUB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "kernels/kernels.h"
+
+/* ---- model: weights as views into the mapped GGUF ---- */
+
+typedef struct moex_layer {
+    const float *attn_norm, *ffn_norm;   /* n_embd */
+    const float *q_norm, *k_norm;        /* head_dim, qwen3 only */
+    moex_matrix wq, wk, wv, wo;
+    moex_matrix ffn_gate, ffn_up, ffn_down;   /* dense layers */
+    moex_matrix router;                       /* MoE: n_expert x n_embd */
+    moex_expert_weights *experts;             /* MoE: n_expert */
+} moex_layer;
+
+typedef struct moex_model {
+    moex_hparams hp;
+    moex_gguf *gguf;
+    moex_tokenizer *tok;        /* NULL when the file has no tokenizer */
+    moex_matrix tok_embd;       /* n_vocab x n_embd */
+    moex_matrix output;         /* n_vocab x n_embd (tok_embd when tied) */
+    const float *output_norm;
+    moex_layer *layers;
+    float *owned_f32;           /* norm vectors stored as f16/bf16, converted */
+} moex_model;
+
+moex_model *moex_model_load(const char *path, moex_error *err);
+void moex_model_free(moex_model *m);
+/* One line: arch, layers, hidden, experts, types, size. */
+void moex_model_describe(const moex_model *m, char *buf, size_t cap);
+
+/* ---- the expert executor: "compute these experts for these tokens with
+ * these gate weights". The forward pass calls it once per MoE layer. ---- */
+
+typedef struct moex_moe_request {
+    int layer;
+    int64_t n_tokens;
+    int n_used;                  /* k experts per token */
+    const int32_t *expert_ids;   /* n_tokens x k, best first */
+    const float *gate_weights;   /* n_tokens x k, renormalised */
+    const float *x;              /* n_tokens x n_embd: the FFN-normed hidden states */
+    float *out;                  /* n_tokens x n_embd: sum_j gate_j * expert_j(x), summed in j order */
+} moex_moe_request;
+
+typedef struct moex_expert_executor {
+    void *ctx;
+    int (*run)(void *ctx, const moex_moe_request *req, moex_error *err);
+} moex_expert_executor;
+
+/* The executor that computes experts from the model's own weights. */
+typedef struct moex_local_executor moex_local_executor;
+moex_local_executor *moex_local_executor_create(const moex_model *m, moex_pool *pool);
+void moex_local_executor_free(moex_local_executor *le);
+moex_expert_executor moex_local_executor_iface(moex_local_executor *le);
+
+/* ---- inference state: KV cache and activations, allocated once ---- */
+
+typedef struct moex_state moex_state;
+
+/* n_ctx: positions the KV cache holds; n_batch: most tokens per forward call. */
+moex_state *moex_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, moex_pool *pool,
+                              moex_expert_executor exec, moex_error *err);
+void moex_state_free(moex_state *s);
+int64_t moex_state_n_ctx(const moex_state *s);
+int64_t moex_state_n_batch(const moex_state *s);
+
+/* Evaluates n tokens at positions pos .. pos+n-1 (n <= n_batch, pos+n <= n_ctx).
+ * logits: n x n_vocab when all_logits, else n_vocab for the last token.
+ * Tokens are validated (0 <= id < n_vocab) before anything changes. */
+int moex_forward(const moex_model *m, moex_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                 bool all_logits, float *logits, moex_error *err);
+
+/* ---- generation ---- */
+
+typedef struct moex_gen_stats {
+    double prompt_s, decode_s;    /* time in prompt evaluation / in the decode loop */
+    int64_t n_prompt, n_generated;
+    int64_t n_decode_evals;       /* single-token forward passes in decode_s */
+} moex_gen_stats;
+
+typedef struct moex_gen_params {
+    int64_t n_predict;
+    bool ignore_eos;             /* keep going past end-of-generation tokens */
+    /* Called with every generated token; return nonzero to stop. */
+    int (*on_token)(void *ctx, int32_t id);
+    /* Called with the logits of each evaluated position (prompt first) when set;
+     * rows are n_vocab floats. Makes the prompt evaluate all positions' logits. */
+    int (*on_logits)(void *ctx, const float *logits, int64_t n_rows);
+    void *cb_ctx;
+} moex_gen_params;
+
+int moex_generate(const moex_model *m, moex_state *s, moex_sampler *smp, const int32_t *prompt, int64_t n_prompt,
+                  const moex_gen_params *gp, moex_gen_stats *stats, moex_error *err);
+
+#endif

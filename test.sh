@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds and runs the whole test suite: the Release build, then the same suite
+# under ASan+UBSan (MOEX_SANITIZE=ON), then short fuzz runs of the decoders.
+#   ./test.sh             everything
+#   ./test.sh --quick     Release build only
+set -euo pipefail
+cd "$(dirname "$0")"
+./setup.sh --deps
+J=$(nproc)
+
+echo "== release build + tests"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$J"
+ctest --test-dir build --output-on-failure -j"$J"
+[ "${1:-}" = "--quick" ] && exit 0
+
+echo "== sanitizer build (ASan + UBSan) + tests"
+cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_SANITIZE=ON >/dev/null
+cmake --build build-san -j"$J"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-san --output-on-failure -j"$J" -LE slow
+
+echo "== fuzz build (clang libFuzzer) + short runs"
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j"$J"
+ctest --test-dir build-fuzz --output-on-failure -L fuzz
