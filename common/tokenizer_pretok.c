@@ -1,0 +1,220 @@
+/* Pre-tokenizers: split text (as code points) into the words BPE merges
+ * within. Hand-written matchers for the few regexes llama.cpp uses for the
+ * models we run, written after unicode.cpp's unicode_regex_split_custom_*
+ * so that word boundaries (and so token ids) match llama.cpp exactly. */
+#include <stdbool.h>
+
+#include "common/tokenizer_impl.h"
+#include "common/unicode.h"
+
+#define OUT_OF_RANGE 0xFFFFFFFFu
+
+/* A span [ini, end) of the code points being split, with accessors that
+ * read past the span's end as "nothing" (flags 0), as llama.cpp does. */
+typedef struct span {
+    const uint32_t *cps;
+    size_t ini, end;
+    size_t prev_end;     /* end of the last word emitted */
+    moex_i32vec *ends;
+    int oom;
+} span;
+
+static uint32_t cpt_at(const span *s, size_t pos) { return pos < s->end ? s->cps[pos] : OUT_OF_RANGE; }
+static uint8_t flags_at(const span *s, size_t pos) { return pos < s->end ? moex_unicode_flags(s->cps[pos]) : 0; }
+
+/* Ends the current word at `end` (empty words are dropped); returns its length. */
+static size_t emit(span *s, size_t end) {
+    size_t len = end - s->prev_end;
+    if (len > 0 && moex_i32vec_push(s->ends, (int32_t)end)) s->oom = 1;
+    s->prev_end = end;
+    return len;
+}
+
+static bool is_ws(uint8_t f) { return f & MOEX_UCF_WHITESPACE; }
+static bool is_letter(uint8_t f) { return f & MOEX_UCF_LETTER; }
+static bool is_number(uint8_t f) { return f & MOEX_UCF_NUMBER; }
+static bool is_other(uint8_t f) { return f && !(f & (MOEX_UCF_WHITESPACE | MOEX_UCF_LETTER | MOEX_UCF_NUMBER)); }
+static bool is_crlf(uint32_t c) { return c == '\r' || c == '\n'; }
+
+/* 's|'t|'re|'ve|'m|'ll|'d at pos, optionally case-insensitive: the length matched (0 if none). */
+static size_t contraction_len(const span *s, size_t pos, bool ignore_case) {
+    if (cpt_at(s, pos) != '\'' || pos + 1 >= s->end) return 0;
+    uint32_t c1 = cpt_at(s, pos + 1);
+    if (ignore_case) c1 = moex_unicode_tolower(c1);
+    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
+    if (pos + 2 >= s->end) return 0;
+    uint32_t c2 = cpt_at(s, pos + 2);
+    if (ignore_case) c2 = moex_unicode_tolower(c2);
+    if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
+    return 0;
+}
+
+/* Whitespace tail shared by the patterns: \s+(?!\S) then \s+ (gpt2), with
+ * \s*[\r\n]+ first when crlf_rule (llama3). Returns the new position. */
+static size_t match_whitespace(span *s, size_t pos, bool crlf_rule) {
+    size_t n_ws = 0, last_crlf_end = 0;
+    while (is_ws(flags_at(s, pos + n_ws))) {
+        if (crlf_rule && is_crlf(cpt_at(s, pos + n_ws))) last_crlf_end = pos + n_ws + 1;
+        n_ws++;
+    }
+    if (last_crlf_end > 0) pos = last_crlf_end;                                    /* \s*[\r\n]+ */
+    else if (n_ws > 1 && cpt_at(s, pos + n_ws) != OUT_OF_RANGE) pos += n_ws - 1;  /* \s+(?!\S) */
+    else if (n_ws > 0) pos += n_ws;                                                 /* \s+ */
+    else pos += 1;                                                                  /* no match */
+    emit(s, pos);
+    return pos;
+}
+
+/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static void split_gpt2(span *s) {
+    for (size_t pos = s->ini; pos < s->end && !s->oom;) {
+        const uint32_t c = cpt_at(s, pos);
+        size_t n = contraction_len(s, pos, false);
+        if (n) {
+            pos += emit(s, pos + n);
+            continue;
+        }
+        uint8_t f2 = c == ' ' ? flags_at(s, pos + 1) : flags_at(s, pos);
+        if (is_letter(f2) || is_number(f2) || is_other(f2)) {
+            /* <space>? then a run of the same class */
+            bool (*same)(uint8_t) = is_letter(f2) ? is_letter : is_number(f2) ? is_number : is_other;
+            pos += (c == ' ');
+            while (same(f2)) f2 = flags_at(s, ++pos);
+            emit(s, pos);
+            continue;
+        }
+        pos = match_whitespace(s, pos, false);
+    }
+}
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}|
+ *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+static void split_llama3(span *s, size_t max_digits) {
+    for (size_t pos = s->ini; pos < s->end && !s->oom;) {
+        const uint32_t c = cpt_at(s, pos);
+        const uint8_t f = flags_at(s, pos);
+        size_t n = contraction_len(s, pos, true);
+        if (n) {
+            pos += emit(s, pos + n);
+            continue;
+        }
+        /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+        if (!is_crlf(c) && !is_number(f) && (is_letter(f) || is_letter(flags_at(s, pos + 1)))) {
+            pos++;
+            while (is_letter(flags_at(s, pos))) pos++;
+            emit(s, pos);
+            continue;
+        }
+        /* \p{N}{1,max_digits} */
+        if (is_number(f)) {
+            size_t ini = pos;
+            while (is_number(flags_at(s, pos))) {
+                if (++pos - ini >= max_digits) {
+                    emit(s, pos);
+                    ini = pos;
+                }
+            }
+            emit(s, pos);
+            continue;
+        }
+        /*  ?[^\s\p{L}\p{N}]+[\r\n]*  (llama.cpp tests the first code point's
+         * flags for "is anything", which only matters past the end) */
+        uint8_t f2 = c == ' ' ? flags_at(s, pos + 1) : f;
+        if (!(is_ws(f2) || is_letter(f2) || is_number(f2)) && f) {
+            pos += (c == ' ');
+            while (is_other(f2)) f2 = flags_at(s, ++pos);
+            while (is_crlf(cpt_at(s, pos))) pos++;
+            emit(s, pos);
+            continue;
+        }
+        pos = match_whitespace(s, pos, true);
+    }
+}
+
+/* ---- the default pre-tokenizer: several regexes, each splitting the
+ * previous pass's words further; unmatched gaps stay words of their own ---- */
+
+/* One pass over the words in `in`, splitting each with fn into `out`. */
+typedef void (*split_fn)(span *s);
+
+static int run_pass(const uint32_t *cps, const moex_i32vec *in, moex_i32vec *out, split_fn fn) {
+    size_t start = 0;
+    for (size_t i = 0; i < in->n; i++) {
+        span s = {.cps = cps, .ini = start, .end = (size_t)in->v[i], .prev_end = start, .ends = out};
+        fn(&s);
+        if (s.oom) return -1;
+        start = (size_t)in->v[i];
+    }
+    return 0;
+}
+
+/* Splits the span into runs where pred holds (matches) and the gaps between. */
+static void split_runs(span *s, bool (*pred)(uint32_t c)) {
+    size_t pos = s->ini;
+    while (pos < s->end) {
+        bool in_run = pred(s->cps[pos]);
+        while (pos < s->end && pred(s->cps[pos]) == in_run) pos++;
+        emit(s, pos);
+    }
+}
+
+/* [\p{P}\$\+<=>\^~\|] as llama.cpp evaluates it on its collapsed text:
+ * ASCII by the character, others when punctuation and not whitespace. */
+static bool is_default_punct(uint32_t c) {
+    if (c < 128) {
+        uint8_t f = moex_unicode_ascii_flags[c];
+        return (f & MOEX_UCF_PUNCT) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' ||
+               c == '~' || c == '|';
+    }
+    uint8_t f = moex_unicode_flags(c);
+    return (f & MOEX_UCF_PUNCT) && !(f & MOEX_UCF_WHITESPACE);
+}
+static bool is_any_number(uint32_t c) {
+    uint8_t f = moex_unicode_flags(c);
+    return (f & MOEX_UCF_NUMBER) && !(f & MOEX_UCF_WHITESPACE);
+}
+static bool is_ascii_digit(uint32_t c) { return c >= '0' && c <= '9'; }
+
+static void split_punct_runs(span *s) { split_runs(s, is_default_punct); }
+static void split_number_runs(span *s) { split_runs(s, is_any_number); }
+/* [0-9][0-9][0-9]: successive three-digit matches from the left. */
+static void split_digit_triples(span *s) {
+    size_t pos = s->ini;
+    while (pos + 3 <= s->end) {
+        if (is_ascii_digit(s->cps[pos]) && is_ascii_digit(s->cps[pos + 1]) && is_ascii_digit(s->cps[pos + 2])) {
+            emit(s, pos);
+            emit(s, pos + 3);
+            pos += 3;
+        } else {
+            pos++;
+        }
+    }
+    emit(s, s->end);
+}
+static void split_gpt2_pass(span *s) { split_gpt2(s); }
+
+static int pretokenize_default(const uint32_t *cps, size_t n, moex_i32vec *ends) {
+    static const split_fn passes[] = {split_punct_runs, split_gpt2_pass, split_number_runs, split_digit_triples};
+    moex_i32vec a = {0}, b = {0};
+    int rc = moex_i32vec_push(&a, (int32_t)n);
+    for (size_t i = 0; i < sizeof passes / sizeof passes[0] && !rc; i++) {
+        b.n = 0;
+        rc = run_pass(cps, &a, &b, passes[i]);
+        moex_i32vec t = a;
+        a = b;
+        b = t;
+    }
+    for (size_t i = 0; i < a.n && !rc; i++) rc = moex_i32vec_push(ends, a.v[i]);
+    moex_i32vec_free(&a);
+    moex_i32vec_free(&b);
+    return rc;
+}
+
+int moex_pretokenize(moex_pre_kind pre, const uint32_t *cps, size_t n, moex_i32vec *ends) {
+    if (n == 0) return 0;
+    if (pre == MOEX_PRE_DEFAULT) return pretokenize_default(cps, n, ends);
+    span s = {.cps = cps, .ini = 0, .end = n, .prev_end = 0, .ends = ends};
+    if (pre == MOEX_PRE_GPT2) split_gpt2(&s);
+    else split_llama3(&s, pre == MOEX_PRE_QWEN2 ? 1 : 3);
+    return s.oom ? -1 : 0;
+}

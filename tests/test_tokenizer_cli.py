@@ -1,0 +1,90 @@
+#!/usr/bin/python3
+"""moex-gguf tokenize/detokenize against llama.cpp's vectors: text through
+stdin (exact bytes: newlines, tabs, trailing spaces) and as an argument,
+ids back to text, special tokens, and the exit codes of bad input/usage.
+usage: test_tokenizer_cli.py MOEX_GGUF FIXTURES_VOCAB_DIR"""
+import os
+import subprocess
+import sys
+
+TOOL, VOCAB_DIR = sys.argv[1], sys.argv[2]
+SEP = b"\n__ggml_vocab_test__\n"
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+def load(name):
+    inp = open(os.path.join(VOCAB_DIR, name + ".inp"), "rb").read()
+    out = open(os.path.join(VOCAB_DIR, name + ".out"), "rb").read().decode().split("\n")
+    cases = inp.split(SEP)
+    assert cases[-1] == b"", "inputs end with the separator"
+    cases = cases[:-1]
+    return cases, [line.split() for line in out[:len(cases)]]
+
+
+def run(args, stdin=b""):
+    p = subprocess.run([TOOL] + args, input=stdin, capture_output=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def expect_ids(vocab, case, want, label, args=None, stdin=None):
+    rc, out, err = run(["tokenize", vocab] + (args or []), stdin if stdin is not None else case)
+    got = out.decode().rstrip("\n").split()
+    check(rc == 0 and got == want and out.endswith(b"\n") and out.count(b"\n") == 1,
+          "%s: rc=%d want %s got %s %s" % (label, rc, want, got, err.decode()[:200]))
+
+
+qwen = os.path.join(VOCAB_DIR, "ggml-vocab-qwen2.gguf")
+cases, outs = load("ggml-vocab-qwen2.gguf")
+# Whitespace-heavy inputs through stdin must arrive byte for byte.
+for i, case in enumerate(cases):
+    if case in (b"\n\n\n", b"   ", b"\t\n") or i == len(cases) - 1:
+        expect_ids(qwen, case, outs[i], "qwen2 case %d via stdin" % i)
+# TEXT as an argument.
+i = cases.index(b"Hello world")
+expect_ids(qwen, None, outs[i], "qwen2 'Hello world' as argument", args=["Hello world"], stdin=b"")
+for name in ("ggml-vocab-llama-bpe.gguf", "ggml-vocab-llama-spm.gguf"):
+    c, o = load(name)
+    expect_ids(os.path.join(VOCAB_DIR, name), c[-1], o[-1], name + " last case via stdin")
+
+# detokenize: comma- and space-separated ids from stdin give the exact bytes back.
+long_case, long_ids = cases[-1], outs[-1]
+rc, out, err = run(["detokenize", qwen], ",".join(long_ids[:10]).encode() + b" " + " ".join(long_ids[10:]).encode())
+check(rc == 0 and out == long_case, "detokenize round trip: rc=%d %r" % (rc, err[:200]))
+rc, out, err = run(["detokenize", qwen, "9707,1879"])
+check(rc == 0 and out == b"Hello world", "detokenize ids as argument: %r" % out)
+
+# Special tokens.
+rc, out, _ = run(["tokenize", qwen, "<|im_end|>", "--special"])
+check(rc == 0 and out == b"151645\n", "--special parses <|im_end|>: %r" % out)
+rc, out, _ = run(["tokenize", qwen, "<|im_end|>"])
+check(rc == 0 and b"151645" not in out.split(), "without --special <|im_end|> is text: %r" % out)
+rc, out, _ = run(["detokenize", qwen, "151645", "--special"])
+check(rc == 0 and out == b"<|im_end|>", "detokenize --special renders control tokens: %r" % out)
+rc, out, _ = run(["detokenize", qwen, "151645"])
+check(rc == 0 and out == b"", "detokenize hides control tokens by default: %r" % out)
+spm = os.path.join(VOCAB_DIR, "ggml-vocab-llama-spm.gguf")
+rc, out, _ = run(["tokenize", spm, "Hello", "--add-bos"])
+check(rc == 0 and out.split()[0] == b"1", "--add-bos on SPM: %r" % out)
+
+# Bad input: exit 1 with a message; bad usage: exit 2.
+for args, stdin, want_rc, label in [
+        (["detokenize", qwen, "99999999"], b"", 1, "out-of-range id"),
+        (["detokenize", qwen, "-1"], b"", 1, "negative id"),
+        (["detokenize", qwen], b"12 abc", 1, "non-numeric id"),
+        (["tokenize", "/nonexistent.gguf", "x"], b"", 1, "missing vocab file"),
+        (["tokenize"], b"", 2, "no arguments"),
+        (["tokenize", qwen, "a", "b"], b"", 2, "extra argument"),
+        (["detokenize", qwen, "--bogus"], b"", 2, "unknown option")]:
+    rc, out, err = run(args, stdin)
+    check(rc == want_rc and err.strip() != b"", "%s: rc=%d (want %d), stderr %r" % (label, rc, want_rc, err[:200]))
+
+if failures:
+    print("%d CLI check(s) failed" % len(failures), file=sys.stderr)
+    sys.exit(1)
+print("all tokenizer CLI checks passed")
