@@ -139,6 +139,10 @@ int moex_gguf_writer_kv_str(moex_gguf_writer *w, const char *key, const char *v)
 /* Copies a key/value (any type, nested arrays included) from an opened file:
  * how gen takes the tokenizer from a vocab GGUF. */
 int moex_gguf_writer_kv_copy(moex_gguf_writer *w, const moex_gguf_kv *kv);
+/* elems: n values of a fixed-size elem_type in native layout (float[], int32_t[], ...),
+ * or for MOEX_GGUF_STRING n NUL-terminated `const char *`. Nested arrays go through kv_copy.
+ * Writer calls return 0 or -1; the first error sticks and close() reports it (and
+ * deletes the partial file). A general.alignment key (uint32) sets the data alignment. */
 int moex_gguf_writer_kv_array(moex_gguf_writer *w, const char *key, moex_gguf_vtype elem_type, const void *elems, uint64_t n);
 int moex_gguf_writer_tensor(moex_gguf_writer *w, const char *name, moex_type type, uint32_t n_dims, const int64_t *ne);
 int moex_gguf_writer_begin_data(moex_gguf_writer *w);
