@@ -9,6 +9,9 @@
 struct moex_local_executor {
     const moex_model *m;
     moex_pool *pool;
+    int wire_dtype;
+    float *x_wire;            /* the request's x as the wire carries it */
+    uint8_t *tmp;             /* one row in wire form */
     int64_t cap_pairs;        /* buffers below hold this many (token, expert) pairs */
     int32_t *count;           /* n_expert: pairs per expert */
     int32_t *first;           /* n_expert: first pair of each expert in grouped order */
@@ -19,16 +22,18 @@ struct moex_local_executor {
     moex_expert_job *jobs;    /* n_expert */
 };
 
-moex_local_executor *moex_local_executor_create(const moex_model *m, moex_pool *pool) {
+moex_local_executor *moex_local_executor_create(const moex_model *m, moex_pool *pool, int wire_dtype) {
     moex_local_executor *le = calloc(1, sizeof *le);
     if (!le) return NULL;
     le->m = m;
     le->pool = pool;
+    le->wire_dtype = wire_dtype;
+    le->tmp = malloc(moex_wire_tmp_bytes(m->hp.n_embd));
     const size_t ne = (size_t)(m->hp.n_expert > 0 ? m->hp.n_expert : 1);
     le->count = calloc(ne, sizeof *le->count);
     le->first = calloc(ne, sizeof *le->first);
     le->jobs = calloc(ne, sizeof *le->jobs);
-    if (!le->count || !le->first || !le->jobs) {
+    if (!le->count || !le->first || !le->jobs || !le->tmp) {
         moex_local_executor_free(le);
         return NULL;
     }
@@ -43,6 +48,8 @@ void moex_local_executor_free(moex_local_executor *le) {
     free(le->gates);
     free(le->slot_of_pair);
     free(le->results);
+    free(le->x_wire);
+    free(le->tmp);
     free(le->jobs);
     free(le);
 }
@@ -55,11 +62,13 @@ static int reserve_pairs(moex_local_executor *le, int64_t n_pairs) {
     free(le->gates);
     free(le->slot_of_pair);
     free(le->results);
+    free(le->x_wire);
     le->rows = malloc(n * sizeof *le->rows);
     le->gates = malloc(n * sizeof *le->gates);
     le->slot_of_pair = malloc(n * sizeof *le->slot_of_pair);
     le->results = malloc(n * d * sizeof *le->results);
-    le->cap_pairs = (le->rows && le->gates && le->slot_of_pair && le->results) ? n_pairs : 0;
+    le->x_wire = malloc(n * d * sizeof *le->x_wire); /* n_pairs >= n_tokens */
+    le->cap_pairs = (le->rows && le->gates && le->slot_of_pair && le->results && le->x_wire) ? n_pairs : 0;
     return le->cap_pairs ? 0 : -1;
 }
 
@@ -94,8 +103,16 @@ static int local_run(void *ctx, const moex_moe_request *req, moex_error *err) {
         le->gates[g] = req->gate_weights[p];
         le->slot_of_pair[p] = g;
     }
-    if (moex_experts_run(le->pool, le->jobs, n_jobs, req->x, d))
+    const float *x = req->x;
+    if (le->wire_dtype != MOEX_WIRE_EXACT) {
+        memcpy(le->x_wire, req->x, (size_t)(req->n_tokens * d) * sizeof(float));
+        moex_wire_round_rows(le->wire_dtype, le->x_wire, req->n_tokens, d, le->tmp);
+        moex_wire_round_gates(le->wire_dtype, le->gates, n_pairs);
+        x = le->x_wire;
+    }
+    if (moex_experts_run(le->pool, le->jobs, n_jobs, x, d))
         return moex_fail(err, "expert computation failed in layer %d", req->layer);
+    moex_wire_round_rows(le->wire_dtype, le->results, n_pairs, d, le->tmp);
     for (int64_t t = 0; t < req->n_tokens; t++) {
         float *o = req->out + t * d;
         memcpy(o, le->results + (size_t)le->slot_of_pair[t * k] * d, (size_t)d * sizeof(float));

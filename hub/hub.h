@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/common.h"
 #include "kernels/kernels.h"
@@ -59,9 +60,20 @@ typedef struct moex_expert_executor {
     int (*run)(void *ctx, const moex_moe_request *req, moex_error *err);
 } moex_expert_executor;
 
-/* The executor that computes experts from the model's own weights. */
+/* Expert boundary rounding. wire_dtype is a proto dtype (MOEX_DT_F16 = 1,
+ * BF16 = 2, INT8 = 3, F32 = 5) or MOEX_WIRE_EXACT (no rounding at all). Rows
+ * (expert inputs and results) round through the wire dtype; gates travel as
+ * f16 whatever the dtype. tmp holds moex_wire_tmp_bytes(dim). */
+#define MOEX_WIRE_EXACT 0
+#define MOEX_WIRE_DEFAULT 1 /* f16, as in the paper */
+void moex_wire_round_rows(int wire_dtype, float *rows, int64_t n_rows, int64_t dim, uint8_t *tmp);
+void moex_wire_round_gates(int wire_dtype, float *gates, int64_t n);
+size_t moex_wire_tmp_bytes(int64_t dim);
+
+/* The executor that computes experts from the model's own weights, rounding
+ * at the expert boundary as the wire would (wire_dtype). */
 typedef struct moex_local_executor moex_local_executor;
-moex_local_executor *moex_local_executor_create(const moex_model *m, moex_pool *pool);
+moex_local_executor *moex_local_executor_create(const moex_model *m, moex_pool *pool, int wire_dtype);
 void moex_local_executor_free(moex_local_executor *le);
 moex_expert_executor moex_local_executor_iface(moex_local_executor *le);
 
@@ -103,5 +115,40 @@ typedef struct moex_gen_params {
 
 int moex_generate(const moex_model *m, moex_state *s, moex_sampler *smp, const int32_t *prompt, int64_t n_prompt,
                   const moex_gen_params *gp, moex_gen_stats *stats, moex_error *err);
+
+/* ---- the distributed hub: workers over WebSockets ---- */
+
+typedef struct moex_hub_config {
+    const char *host;          /* listen address (default 127.0.0.1) */
+    int port;                  /* 0 picks a free port (see moex_hub_port) */
+    const char *token;         /* workers must present it; NULL/"" = no auth */
+    int replicas;              /* r: replicas of every expert */
+    int hedge;                 /* h >= 1 fixed, or 0 = auto (paper §4.1) */
+    int timeout_ms;            /* per-expert deadline before re-dispatch */
+    double verify_p;           /* fraction of results recomputed on the hub */
+    bool local_fallback;       /* compute experts with no live replica here */
+    int wire_dtype;            /* MOEX_DT_F16 (default), BF16, INT8 or F32 */
+    bool compress;             /* LZ4 frames when it pays */
+    int heartbeat_ms;          /* both ways */
+    int dead_after_ms;         /* a silent worker is removed after this */
+    uint64_t seed;             /* for verification sampling */
+    int64_t max_batch;         /* most tokens per forward: bounds frame sizes */
+} moex_hub_config;
+
+void moex_hub_config_default(moex_hub_config *cfg);
+
+typedef struct moex_hub moex_hub;
+
+/* Starts the server (its own network thread). m must outlive the hub. */
+moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_config *cfg, moex_error *err);
+int moex_hub_port(const moex_hub *hub);
+/* Waits until at least n workers have joined and loaded their assignment. */
+int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, moex_error *err);
+/* The executor that sends experts to workers (with hedging, timeouts, fallback). */
+moex_expert_executor moex_hub_executor(moex_hub *hub);
+/* Metrics: per-worker latency percentiles, hedges, timeouts, re-dispatches,
+ * fallbacks, evictions, bytes; one place, printed at exit. */
+void moex_hub_metrics_print(moex_hub *hub, FILE *f);
+void moex_hub_stop(moex_hub *hub);
 
 #endif

@@ -1,7 +1,8 @@
 /* moex-hub: loads a GGUF model and generates text. With --local it runs the
- * whole model in this process (the distributed hub arrives with the worker
- * protocol). */
+ * whole model in this process; otherwise it serves workers on a WebSocket
+ * port and sends them the experts (one-shot with a prompt, or serving). */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "hub/hub.h"
+#include "proto/proto.h"
 
 typedef struct options {
     const char *model, *prompt, *prompt_tokens, *dump_logits;
@@ -16,7 +18,14 @@ typedef struct options {
     int threads;
     bool local, print_tokens, ignore_eos, parse_special;
     moex_sampler_params sp;
+    moex_hub_config hub;
+    int wire_dtype;
+    int64_t min_workers;
+    double wait_s;
 } options;
+
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig) { interrupted = sig; }
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -36,7 +45,20 @@ static void usage(FILE *f) {
             "  --ignore-eos            keep generating past end-of-generation tokens\n"
             "  --print-tokens          print generated token ids instead of text\n"
             "  --dump-logits FILE      write float32 logits [positions][vocab] of every evaluated position\n"
-            "  --local                 run the whole model in this process\n");
+            "  --wire-dtype T          expert inputs/outputs as f16 (default), bf16, int8, f32, or exact (--local only);\n"
+            "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"
+            "  --local                 run the whole model in this process\n"
+            "distributed (without --local): serve workers, and generate once --min-workers are ready\n"
+            "  --host ADDR             listen address (default 127.0.0.1)\n"
+            "  --port N                listen port (default 8765)\n"
+            "  --token T               workers must present it (?token=T or Authorization: Bearer T)\n"
+            "  --replicas R            replicas of every expert (default 2)\n"
+            "  --hedge N|auto          send each expert to N replicas, or adapt (default 1)\n"
+            "  --timeout-ms MS         per-expert deadline before re-dispatch (default 500)\n"
+            "  --verify P              recompute a fraction P of results here; evict workers that disagree\n"
+            "  --no-local-fallback     fail instead of computing experts that have no live replica\n"
+            "  --min-workers N         with a prompt: wait for N ready workers, generate, exit (default 1)\n"
+            "  --wait-s S              how long to wait for them (default 120)\n");
 }
 
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -66,8 +88,10 @@ static int parse_f32(const char *flag, const char *s, float lo, float hi, float 
 
 /* Returns 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, options *o) {
-    *o = (options){.n_predict = 128, .n_batch = 512, .parse_special = true,
+    *o = (options){.n_predict = 128, .n_batch = 512, .parse_special = true, .wire_dtype = MOEX_WIRE_DEFAULT,
+                   .min_workers = 1, .wait_s = 120,
                    .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = (uint64_t)time(NULL)}};
+    moex_hub_config_default(&o->hub);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -133,6 +157,55 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--min-p")) {
             NEED_VALUE();
             if (parse_f32(a, v, 0, 1, &o->sp.min_p)) return -1;
+        } else if (!strcmp(a, "--wire-dtype")) {
+            NEED_VALUE();
+            if (!strcmp(v, "exact")) o->wire_dtype = MOEX_WIRE_EXACT;
+            else if (!strcmp(v, "f16")) o->wire_dtype = MOEX_DT_F16;
+            else if (!strcmp(v, "bf16")) o->wire_dtype = MOEX_DT_BF16;
+            else if (!strcmp(v, "int8")) o->wire_dtype = MOEX_DT_INT8;
+            else if (!strcmp(v, "f32")) o->wire_dtype = MOEX_DT_F32;
+            else {
+                fprintf(stderr, "moex-hub: --wire-dtype expects f16, bf16, int8, f32 or exact, got '%s'\n", v);
+                return -1;
+            }
+        } else if (!strcmp(a, "--host")) {
+            NEED_VALUE();
+            o->hub.host = v;
+        } else if (!strcmp(a, "--port")) {
+            NEED_VALUE();
+            if (parse_i64(a, v, 0, 65535, &n)) return -1;
+            o->hub.port = (int)n;
+        } else if (!strcmp(a, "--token")) {
+            NEED_VALUE();
+            o->hub.token = v;
+        } else if (!strcmp(a, "--replicas")) {
+            NEED_VALUE();
+            if (parse_i64(a, v, 1, 16, &n)) return -1;
+            o->hub.replicas = (int)n;
+        } else if (!strcmp(a, "--hedge")) {
+            NEED_VALUE();
+            if (!strcmp(v, "auto")) o->hub.hedge = 0;
+            else if (parse_i64(a, v, 1, 8, &n)) return -1;
+            else o->hub.hedge = (int)n;
+        } else if (!strcmp(a, "--timeout-ms")) {
+            NEED_VALUE();
+            if (parse_i64(a, v, 1, 600000, &n)) return -1;
+            o->hub.timeout_ms = (int)n;
+        } else if (!strcmp(a, "--verify")) {
+            NEED_VALUE();
+            float p;
+            if (parse_f32(a, v, 0, 1, &p)) return -1;
+            o->hub.verify_p = p;
+        } else if (!strcmp(a, "--no-local-fallback")) {
+            o->hub.local_fallback = false;
+        } else if (!strcmp(a, "--min-workers")) {
+            NEED_VALUE();
+            if (parse_i64(a, v, 1, 256, &o->min_workers)) return -1;
+        } else if (!strcmp(a, "--wait-s")) {
+            NEED_VALUE();
+            float s;
+            if (parse_f32(a, v, 0, 86400, &s)) return -1;
+            o->wait_s = s;
         } else {
             fprintf(stderr, "moex-hub: unknown option '%s' (see --help)\n", a);
             return -1;
@@ -143,14 +216,20 @@ static int parse_args(int argc, char **argv, options *o) {
         fprintf(stderr, "moex-hub: no model given: use -m MODEL.gguf\n");
         return -1;
     }
-    if (!o->prompt == !o->prompt_tokens) {
-        fprintf(stderr, "moex-hub: give exactly one of -p TEXT or --prompt-tokens A,B,C\n");
+    if (o->prompt && o->prompt_tokens) {
+        fprintf(stderr, "moex-hub: give only one of -p TEXT or --prompt-tokens A,B,C\n");
         return -1;
     }
-    if (!o->local) {
-        fprintf(stderr, "moex-hub: only --local is available in this build (distributed serving is not built yet)\n");
+    if (o->local && !o->prompt && !o->prompt_tokens) {
+        fprintf(stderr, "moex-hub: --local needs a prompt: -p TEXT or --prompt-tokens A,B,C\n");
         return -1;
     }
+    if (!o->local && o->wire_dtype == MOEX_WIRE_EXACT) {
+        fprintf(stderr, "moex-hub: --wire-dtype exact exists only with --local; workers need a wire dtype\n");
+        return -1;
+    }
+    o->hub.wire_dtype = o->wire_dtype;
+    o->hub.max_batch = o->n_batch;
     return 0;
 }
 
@@ -211,6 +290,7 @@ typedef struct output_ctx {
 
 static int on_token(void *ctx, int32_t id) {
     output_ctx *oc = ctx;
+    if (interrupted) return 1;
     if (oc->print_tokens) {
         printf(oc->n_printed++ ? " %d" : "%d", id);
     } else if (oc->m->tok) {
@@ -245,9 +325,27 @@ static int run(const options *o) {
     int32_t *prompt = NULL;
     moex_pool *pool = NULL;
     moex_local_executor *le = NULL;
+    moex_hub *hub = NULL;
     moex_state *s = NULL;
     moex_sampler *smp = NULL;
     output_ctx oc = {.m = m, .print_tokens = o->print_tokens};
+    if (!(pool = moex_pool_create(o->threads))) {
+        fprintf(stderr, "moex-hub: cannot start %d threads\n", o->threads);
+        goto done;
+    }
+    if (!o->local && !(hub = moex_hub_start(m, pool, &o->hub, &err))) {
+        fprintf(stderr, "moex-hub: %s\n", err.msg);
+        goto done;
+    }
+    if (hub && !o->prompt && !o->prompt_tokens) {
+        moex_log(MOEX_LOG_INFO, "serving workers on port %d; Ctrl-C stops", moex_hub_port(hub));
+        while (!interrupted) {
+            struct timespec ts = {0, 200 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        rc = 0;
+        goto done;
+    }
     int64_t n_prompt = tokenize_prompt(m, o, &prompt);
     if (n_prompt < 0) goto done;
     if (n_prompt == 0) {
@@ -255,12 +353,19 @@ static int run(const options *o) {
         goto done;
     }
     int64_t n_ctx = o->n_ctx ? o->n_ctx : n_prompt + o->n_predict;
-    if (!(pool = moex_pool_create(o->threads)) || !(le = moex_local_executor_create(m, pool)) ||
-        !(smp = moex_sampler_create(&o->sp, m->hp.n_vocab))) {
+    if (!(le = moex_local_executor_create(m, pool, o->wire_dtype)) || !(smp = moex_sampler_create(&o->sp, m->hp.n_vocab))) {
         fprintf(stderr, "moex-hub: out of memory\n");
         goto done;
     }
-    if (!(s = moex_state_create(m, n_ctx, o->n_batch, pool, moex_local_executor_iface(le), &err))) {
+    if (hub) {
+        moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->min_workers);
+        if (moex_hub_wait_ready(hub, (int)o->min_workers, o->wait_s, &err)) {
+            fprintf(stderr, "moex-hub: %s\n", err.msg);
+            goto done;
+        }
+    }
+    moex_expert_executor exec = hub ? moex_hub_executor(hub) : moex_local_executor_iface(le);
+    if (!(s = moex_state_create(m, n_ctx, o->n_batch, pool, exec, &err))) {
         fprintf(stderr, "moex-hub: %s\n", err.msg);
         goto done;
     }
@@ -278,15 +383,19 @@ static int run(const options *o) {
     }
     printf("\n");
     fflush(stdout);
-    fprintf(stderr, "moex-hub: load %.2f s | prompt %lld tokens %.1f tok/s | decode %lld tokens %.1f tok/s | threads %d | %s\n",
+    fprintf(stderr, "moex-hub: load %.2f s | prompt %lld tokens %.1f tok/s | decode %lld tokens %.1f tok/s | threads %d | %s%s\n",
             load_s, (long long)st.n_prompt, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0,
             (long long)st.n_generated, st.decode_s > 0 ? st.n_decode_evals / st.decode_s : 0.0, moex_pool_size(pool),
-            moex_kernels_simd_name());
-    rc = 0;
+            moex_kernels_simd_name(), hub ? " | distributed" : "");
+    rc = interrupted ? 130 : 0;
 done:
     if (oc.logits && fclose(oc.logits) && rc == 0) {
         fprintf(stderr, "moex-hub: writing %s failed\n", o->dump_logits);
         rc = 1;
+    }
+    if (hub) {
+        moex_hub_metrics_print(hub, stderr);
+        moex_hub_stop(hub);
     }
     moex_sampler_free(smp);
     moex_state_free(s);
@@ -297,9 +406,19 @@ done:
     return rc;
 }
 
+static void install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
 int main(int argc, char **argv) {
     options o;
     int r = parse_args(argc, argv, &o);
     if (r) return r > 0 ? 0 : 2;
+    install_signal_handlers();
     return run(&o);
 }
