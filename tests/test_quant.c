@@ -1,0 +1,359 @@
+/* Quantization formats and dot products:
+ *  - hand-built Q4_K / Q5_K / Q6_K blocks dequantize to ggml's formula
+ *    (expected values computed here from the documented layout);
+ *  - dequantize(quantize(x)) error per type;
+ *  - AVX2 activation quantizers agree with the reference ones;
+ *  - vec_dot of every type on both SIMD paths vs a float64 reference on the
+ *    dequantized weights and exact activations, and AVX2 vs portable on
+ *    identical quantized inputs.
+ * Usage: test_quant [seed] */
+#include <string.h>
+
+#include "test_quant_util.h"
+
+/* ---- hand-built blocks ---- */
+
+/* Packs 6-bit scales/mins as ggml documents it: j < 4 in the low 6 bits of
+ * bytes j (scale) and j+4 (min); j >= 4 split into a nibble in byte j+4 and
+ * two high bits on top of bytes j-4 (scale) and j (min). */
+static void pack_scales_by_spec(const int sc[8], const int mn[8], uint8_t out[12]) {
+    memset(out, 0, 12);
+    for (int j = 0; j < 4; j++) {
+        out[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+        out[j + 4] = (uint8_t)(mn[j] | ((mn[j + 4] >> 4) << 6));
+        out[j + 8] = (uint8_t)((sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4));
+    }
+}
+
+static void test_q4_K_layout(rng *r) {
+    moex_block_q4_K b;
+    int sc[8], mn[8], q[256];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (int)(rng_next(r) % 64);
+        mn[j] = (int)(rng_next(r) % 64);
+    }
+    sc[5] = 63; mn[6] = 63; sc[7] = 0; /* extremes of the 6-bit range */
+    for (int e = 0; e < 256; e++) q[e] = (int)(rng_next(r) % 16);
+    const float d = 0.0123f, dmin = 0.0031f;
+    b.d = moex_f32_to_f16(d);
+    b.dmin = moex_f32_to_f16(dmin);
+    pack_scales_by_spec(sc, mn, b.scales);
+    /* element e: 64-group g = e / 64; first 32 in low nibbles of qs[32g..], next 32 in high nibbles */
+    memset(b.qs, 0, sizeof b.qs);
+    for (int e = 0; e < 256; e++) {
+        const int g = e / 64, l = e % 64;
+        b.qs[32 * g + l % 32] |= (uint8_t)(l < 32 ? q[e] : q[e] << 4);
+    }
+    float out[256];
+    CHECK(moex_dequantize_row(MOEX_TYPE_Q4_K, &b, out, 256) == 0, "q4_K dequantize failed");
+    const float dd = moex_f16_to_f32(b.d), dm = moex_f16_to_f32(b.dmin);
+    int bad = 0;
+    for (int e = 0; e < 256; e++) {
+        const int s = e / 32;
+        const float want = dd * sc[s] * q[e] - dm * mn[s];
+        if (fabsf(out[e] - want) > 1e-6f * (1 + fabsf(want))) bad++;
+    }
+    CHECK(bad == 0, "q4_K hand-built block: %d of 256 values differ from ggml's formula", bad);
+}
+
+static void test_q5_K_layout(rng *r) {
+    moex_block_q5_K b;
+    int sc[8], mn[8], q[256];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (int)(rng_next(r) % 64);
+        mn[j] = (int)(rng_next(r) % 64);
+    }
+    for (int e = 0; e < 256; e++) q[e] = (int)(rng_next(r) % 32);
+    b.d = moex_f32_to_f16(0.02f);
+    b.dmin = moex_f32_to_f16(0.005f);
+    pack_scales_by_spec(sc, mn, b.scales);
+    memset(b.qs, 0, sizeof b.qs);
+    memset(b.qh, 0, sizeof b.qh);
+    /* 5th bit of element e (sub-block s = e / 32, position l = e % 32) is bit s of qh[l] */
+    for (int e = 0; e < 256; e++) {
+        const int g = e / 64, l = e % 64, s = e / 32;
+        b.qs[32 * g + l % 32] |= (uint8_t)(l < 32 ? (q[e] & 0xF) : (q[e] & 0xF) << 4);
+        if (q[e] & 16) b.qh[e % 32] |= (uint8_t)(1u << s);
+    }
+    float out[256];
+    CHECK(moex_dequantize_row(MOEX_TYPE_Q5_K, &b, out, 256) == 0, "q5_K dequantize failed");
+    const float dd = moex_f16_to_f32(b.d), dm = moex_f16_to_f32(b.dmin);
+    int bad = 0;
+    for (int e = 0; e < 256; e++) {
+        const float want = dd * sc[e / 32] * q[e] - dm * mn[e / 32];
+        if (fabsf(out[e] - want) > 1e-6f * (1 + fabsf(want))) bad++;
+    }
+    CHECK(bad == 0, "q5_K hand-built block: %d of 256 values differ from ggml's formula", bad);
+}
+
+static void test_q6_K_layout(rng *r) {
+    moex_block_q6_K b;
+    int q[256];
+    for (int j = 0; j < 16; j++) b.scales[j] = (int8_t)((int)(rng_next(r) % 256) - 128);
+    for (int e = 0; e < 256; e++) q[e] = (int)(rng_next(r) % 64);
+    b.d = moex_f32_to_f16(0.0007f);
+    memset(b.ql, 0, sizeof b.ql);
+    memset(b.qh, 0, sizeof b.qh);
+    /* half h = e / 128, run k = (e % 128) / 32, position l = e % 32:
+     * low 4 bits in ql[64h + l + 32 (k & 1)], nibble k / 2; high 2 bits in qh[32h + l] at bit 2k */
+    for (int e = 0; e < 256; e++) {
+        const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        b.ql[64 * h + l + 32 * (k & 1)] |= (uint8_t)((q[e] & 0xF) << (4 * (k / 2)));
+        b.qh[32 * h + l] |= (uint8_t)((q[e] >> 4) << (2 * k));
+    }
+    float out[256];
+    CHECK(moex_dequantize_row(MOEX_TYPE_Q6_K, &b, out, 256) == 0, "q6_K dequantize failed");
+    const float dd = moex_f16_to_f32(b.d);
+    int bad = 0;
+    for (int e = 0; e < 256; e++) {
+        const float want = dd * b.scales[e / 16] * (q[e] - 32);
+        if (fabsf(out[e] - want) > 1e-6f * (1 + fabsf(want))) bad++;
+    }
+    CHECK(bad == 0, "q6_K hand-built block: %d of 256 values differ from ggml's formula", bad);
+}
+
+/* Q4_0 / Q5_0 / Q8_0 spot checks of the 32-block layouts. */
+static void test_block32_layouts(void) {
+    moex_block_q5_0 b;
+    b.d = moex_f32_to_f16(0.5f);
+    int q[32];
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; j++) q[j] = (j * 7 + 3) % 32;
+    for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+    for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+    memcpy(b.qh, &qh, 4);
+    float out[32];
+    moex_dequantize_row(MOEX_TYPE_Q5_0, &b, out, 32);
+    int bad = 0;
+    for (int j = 0; j < 32; j++) bad += out[j] != 0.5f * (q[j] - 16);
+    CHECK(bad == 0, "q5_0 layout: %d values wrong", bad);
+
+    moex_block_q4_1 c;
+    c.d = moex_f32_to_f16(0.25f);
+    c.m = moex_f32_to_f16(-1.0f);
+    for (int j = 0; j < 16; j++) c.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    moex_dequantize_row(MOEX_TYPE_Q4_1, &c, out, 32);
+    bad = 0;
+    for (int j = 0; j < 16; j++) bad += (out[j] != 0.25f * j - 1.0f) + (out[j + 16] != 0.25f * (15 - j) - 1.0f);
+    CHECK(bad == 0, "q4_1 layout: %d values wrong", bad);
+}
+
+/* ---- round trips ---- */
+
+/* Bound on ||dequantize(quantize(x)) - x|| / ||x|| for the weight-like test
+ * data (Gaussian rows, 0.2 % outliers x8). Worst over 40 seeds: f16 2.3e-4,
+ * bf16 1.8e-3, q4_0 .13, q4_1 .094, q5_0 .063, q5_1 .045, q8_0 .0078,
+ * q4_K .085, q5_K .044, q6_K .023, q8_K .017; bounds are ~1.4x those. */
+static double roundtrip_bound(moex_type t) {
+    switch (t) {
+    case MOEX_TYPE_F32: return 0;
+    case MOEX_TYPE_F16: return 4e-4;
+    case MOEX_TYPE_BF16: return 3e-3;
+    case MOEX_TYPE_Q4_0: return 0.18;
+    case MOEX_TYPE_Q4_1: return 0.13;
+    case MOEX_TYPE_Q5_0: return 0.09;
+    case MOEX_TYPE_Q5_1: return 0.065;
+    case MOEX_TYPE_Q8_0: return 0.012;
+    case MOEX_TYPE_Q8_1: return 0.012;
+    case MOEX_TYPE_Q4_K: return 0.12;
+    case MOEX_TYPE_Q5_K: return 0.062;
+    case MOEX_TYPE_Q6_K: return 0.032;
+    case MOEX_TYPE_Q8_K: return 0.025;
+    default: return 0;
+    }
+}
+
+static void test_roundtrips(rng *r) {
+    static const moex_type types[] = {MOEX_TYPE_F32,  MOEX_TYPE_F16,  MOEX_TYPE_BF16, MOEX_TYPE_Q4_0, MOEX_TYPE_Q4_1,
+                                      MOEX_TYPE_Q5_0, MOEX_TYPE_Q5_1, MOEX_TYPE_Q8_0, MOEX_TYPE_Q8_1, MOEX_TYPE_Q4_K,
+                                      MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_K};
+    const int64_t n = 8192;
+    float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    double *xd = malloc(sizeof(double) * n);
+    void *q = malloc(moex_row_bytes(MOEX_TYPE_F32, n));
+    fill_weights(r, x, 8, n / 8);
+    for (int64_t i = 0; i < n; i++) xd[i] = x[i];
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const moex_type t = types[k];
+        memset(y, 0, sizeof(float) * n);
+        int rc = moex_quantize_row(t, x, q, n) | moex_dequantize_row(t, q, y, n);
+        const double err = rel_l2(y, xd, n);
+        printf("  roundtrip %-5s rel L2 %.3g (bound %.3g)\n", moex_type_get(t)->name, err, roundtrip_bound(t));
+        CHECK(rc == 0 && err <= roundtrip_bound(t), "%s roundtrip error %.4g > %.4g", moex_type_get(t)->name, err,
+              roundtrip_bound(t));
+    }
+    /* all-zero input must stay zero (no 0/0) */
+    memset(x, 0, sizeof(float) * 512);
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        moex_quantize_row(types[k], x, q, 512);
+        moex_dequantize_row(types[k], q, y, 512);
+        int nonzero = 0;
+        for (int i = 0; i < 512; i++) nonzero += y[i] != 0;
+        CHECK(nonzero == 0, "%s: zeros do not round-trip", moex_type_get(types[k])->name);
+    }
+    /* bad arguments */
+    CHECK(moex_quantize_row(MOEX_TYPE_Q4_K, x, q, 100) == -1, "q4_K of 100 elements must fail");
+    CHECK(moex_dequantize_row((moex_type)5, q, y, 32) == -1, "unknown type must fail");
+    free(x);
+    free(y);
+    free(xd);
+    free(q);
+}
+
+/* ---- activation quantizers: AVX2 vs reference ---- */
+
+static void test_act_quantizers(rng *r) {
+    const moex_simd_table *avx2 = moex_simd_avx2(), *ref = moex_simd_portable();
+    if (!avx2) {
+        printf("  (no AVX2 on this CPU: activation quantizer comparison skipped)\n");
+        return;
+    }
+    const int64_t n = 4096;
+    float *x = malloc(sizeof(float) * n);
+    fill_gauss(r, x, n, 3.0f);
+    static const moex_type acts[] = {MOEX_TYPE_Q8_0, MOEX_TYPE_Q8_1, MOEX_TYPE_Q8_K};
+    for (int k = 0; k < 3; k++) {
+        const moex_type t = acts[k];
+        const size_t bytes = moex_row_bytes(t, n);
+        uint8_t *a = malloc(bytes), *b = malloc(bytes);
+        avx2->quantize_act[t](x, a, n);
+        ref->quantize_act[t](x, b, n);
+        float *fa = malloc(sizeof(float) * n), *fb = malloc(sizeof(float) * n);
+        moex_dequantize_row(t, a, fa, n);
+        moex_dequantize_row(t, b, fb, n);
+        /* Q8_K must match exactly (including bsums); Q8_0/Q8_1 may differ by
+         * one step at exact .5 ties (round-half-even vs roundf). */
+        if (t == MOEX_TYPE_Q8_K) {
+            CHECK(memcmp(a, b, bytes) == 0, "avx2 q8_K quantizer differs from the reference");
+        } else {
+            int off_by_more = 0;
+            for (int64_t blk = 0; blk < n / 32; blk++) {
+                const int8_t *qa = (const int8_t *)(a + blk * (bytes / (n / 32))) + (t == MOEX_TYPE_Q8_0 ? 2 : 4);
+                const int8_t *qb = (const int8_t *)(b + blk * (bytes / (n / 32))) + (t == MOEX_TYPE_Q8_0 ? 2 : 4);
+                for (int j = 0; j < 32; j++) off_by_more += abs(qa[j] - qb[j]) > 1;
+                off_by_more += memcmp(a + blk * (bytes / (n / 32)), b + blk * (bytes / (n / 32)), 2) != 0;
+            }
+            const double err = rel_l2_f(fa, fb, n);
+            CHECK(off_by_more == 0 && err < 1e-3, "avx2 %s quantizer: %d mismatches, rel diff %.3g",
+                  moex_type_get(t)->name, off_by_more, err);
+        }
+        free(a);
+        free(b);
+        free(fa);
+        free(fb);
+    }
+    free(x);
+}
+
+/* ---- dot products ---- */
+
+static void test_vec_dots(rng *r) {
+    const moex_simd_table *paths[2] = {moex_simd_portable(), moex_simd_avx2()};
+    const int64_t rows = 64, cols = 1024 + 512; /* 6 K-blocks: exercises odd block counts per unroll */
+    float *w = malloc(sizeof(float) * rows * cols), *x = malloc(sizeof(float) * cols);
+    double *want = malloc(sizeof(double) * rows);
+    float *got[2] = {malloc(sizeof(float) * rows), malloc(sizeof(float) * rows)};
+    fill_weights(r, w, rows, cols);
+    fill_gauss(r, x, cols, 1.0f);
+    for (int k = 0; k < N_WEIGHT_TYPES; k++) {
+        const moex_type t = k_weight_types[k];
+        const int at = moex_vec_dot_type(t);
+        moex_matrix m = make_matrix(t, w, rows, cols);
+        float *wd = dequantized(&m);
+        for (int64_t i = 0; i < rows; i++) {
+            double s = 0;
+            for (int64_t j = 0; j < cols; j++) s += (double)wd[i * cols + j] * x[j];
+            want[i] = s;
+        }
+        /* the same quantized activations for both paths (the reference quantizer) */
+        void *xq = x;
+        if (at != MOEX_TYPE_F32) {
+            xq = malloc(moex_row_bytes(at, cols));
+            moex_quantize_row(at, x, xq, cols);
+        }
+        for (int p = 0; p < 2; p++) {
+            if (!paths[p]) continue;
+            CHECK(paths[p]->vec_dot[t] != NULL, "%s path lacks vec_dot for %s", paths[p]->name, moex_type_get(t)->name);
+            if (!paths[p]->vec_dot[t]) continue;
+            for (int64_t i = 0; i < rows; i++)
+                paths[p]->vec_dot[t](cols, (const uint8_t *)m.data + i * m.row_bytes, xq, &got[p][i]);
+            const double err = rel_l2(got[p], want, rows);
+            printf("  vec_dot %-8s %-5s rel L2 vs f64 %.3g (bound %.3g)\n", paths[p]->name, moex_type_get(t)->name, err,
+                   dot_error_bound(t));
+            CHECK(err <= dot_error_bound(t), "%s vec_dot %s error %.4g > %.4g", paths[p]->name, moex_type_get(t)->name,
+                  err, dot_error_bound(t));
+        }
+        if (paths[1] && paths[1]->vec_dot[t]) {
+            const double diff = rel_l2_f(got[1], got[0], rows);
+            CHECK(diff <= 1e-5, "%s: avx2 and portable differ by %.3g (relative L2)", moex_type_get(t)->name, diff);
+        }
+        if (xq != x) free(xq);
+        free(wd);
+        free((void *)m.data);
+    }
+    free(w);
+    free(x);
+    free(want);
+    free(got[0]);
+    free(got[1]);
+}
+
+/* Multi-token kernels must equal the one-token kernel bit for bit, for every
+ * group size (matmul groups tokens by 4 with a remainder). */
+static void test_vec_dot_multi(rng *r) {
+    const moex_simd_table *paths[2] = {moex_simd_portable(), moex_simd_avx2()};
+    const int64_t cols = 1024 + 256, nt_max = MOEX_DOT_MAX_TOKENS;
+    float *w = malloc(sizeof(float) * cols), *x = malloc(sizeof(float) * cols * nt_max);
+    fill_weights(r, w, 1, cols);
+    fill_gauss(r, x, cols * nt_max, 1.0f);
+    int tested = 0;
+    for (int p = 0; p < 2; p++) {
+        if (!paths[p]) continue;
+        for (int k = 0; k < N_WEIGHT_TYPES; k++) {
+            const moex_type t = k_weight_types[k];
+            if (!paths[p]->vec_dot_multi[t]) continue;
+            const int at = moex_vec_dot_type(t);
+            const size_t arb = at == MOEX_TYPE_F32 ? sizeof(float) * cols : moex_row_bytes(at, cols);
+            moex_matrix m = make_matrix(t, w, 1, cols);
+            uint8_t *xq = malloc(arb * nt_max);
+            for (int i = 0; i < nt_max; i++) moex_quantize_row(at, x + i * cols, xq + i * arb, cols);
+            for (int nt = 1; nt <= nt_max; nt++) {
+                const void *a[MOEX_DOT_MAX_TOKENS];
+                float got[MOEX_DOT_MAX_TOKENS], want[MOEX_DOT_MAX_TOKENS], *out[MOEX_DOT_MAX_TOKENS];
+                for (int i = 0; i < nt; i++) {
+                    a[i] = xq + (nt_max - 1 - i) * arb; /* any order */
+                    out[i] = &got[i];
+                    paths[p]->vec_dot[t](cols, m.data, a[i], &want[i]);
+                }
+                paths[p]->vec_dot_multi[t](cols, m.data, a, nt, out);
+                CHECK(memcmp(got, want, sizeof(float) * nt) == 0, "%s %s: %d-token kernel differs from vec_dot",
+                      paths[p]->name, moex_type_get(t)->name, nt);
+            }
+            tested++;
+            free(xq);
+            free((void *)m.data);
+        }
+    }
+    printf("  multi-token kernels checked against vec_dot: %d\n", tested);
+    free(w);
+    free(x);
+}
+
+int main(int argc, char **argv) {
+    rng r = {seed_from_args(argc, argv)};
+    printf("simd path in use: %s\n", moex_kernels_simd_name());
+    test_q4_K_layout(&r);
+    test_q5_K_layout(&r);
+    test_q6_K_layout(&r);
+    test_block32_layouts();
+    test_roundtrips(&r);
+    test_act_quantizers(&r);
+    test_vec_dots(&r);
+    test_vec_dot_multi(&r);
+    if (g_failures) {
+        printf("%d failure(s)\n", g_failures);
+        return 1;
+    }
+    printf("ok\n");
+    return 0;
+}

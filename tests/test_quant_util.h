@@ -1,0 +1,127 @@
+/* Shared by the kernel tests: seeded random data, float64 references and
+ * error measures. Header-only; each test includes it once. */
+#ifndef MOEX_TEST_QUANT_UTIL_H
+#define MOEX_TEST_QUANT_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "kernels/kernels.h"
+#include "kernels/kernels_internal.h"
+
+static int g_failures;
+
+#define CHECK(cond, ...)                                                     \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);             \
+            fprintf(stderr, __VA_ARGS__);                                    \
+            fprintf(stderr, "\n");                                           \
+            g_failures++;                                                    \
+        }                                                                    \
+    } while (0)
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static inline uint64_t rng_next(rng *r) { /* splitmix64 */
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+static inline float rng_gauss(rng *r) {
+    double u1 = rng_uniform(r), u2 = rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Gaussian rows with a per-row scale and occasional outliers (like weights). */
+static inline void fill_weights(rng *r, float *x, int64_t rows, int64_t cols) {
+    for (int64_t i = 0; i < rows; i++) {
+        const float scale = (float)(0.02 * (0.5 + rng_uniform(r)));
+        for (int64_t j = 0; j < cols; j++) {
+            float v = rng_gauss(r) * scale;
+            if (rng_uniform(r) < 0.002) v *= 8;
+            x[i * cols + j] = v;
+        }
+    }
+}
+
+static inline void fill_gauss(rng *r, float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = rng_gauss(r) * scale;
+}
+
+/* ||a - b|| / ||b|| in double. */
+static inline double rel_l2(const float *a, const double *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        num += d * d;
+        den += b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static inline double rel_l2_f(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static inline uint64_t seed_from_args(int argc, char **argv) {
+    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+    printf("seed %llu (rerun with this as argv[1] to reproduce)\n", (unsigned long long)seed);
+    return seed;
+}
+
+/* Quantizes rows x cols f32 into a freshly allocated matrix of type t. */
+static inline moex_matrix make_matrix(moex_type t, const float *w, int64_t rows, int64_t cols) {
+    moex_matrix m = {.type = t, .rows = rows, .cols = cols, .row_bytes = moex_row_bytes(t, cols)};
+    uint8_t *data = malloc(m.row_bytes * (size_t)rows + 1);
+    for (int64_t r = 0; r < rows; r++) moex_quantize_row(t, w + r * cols, data + r * m.row_bytes, cols);
+    m.data = data;
+    return m;
+}
+
+/* Dequantized copy of a matrix (what the reference multiplies with). */
+static inline float *dequantized(const moex_matrix *m) {
+    float *out = malloc(sizeof(float) * (size_t)(m->rows * m->cols));
+    for (int64_t r = 0; r < m->rows; r++)
+        moex_dequantize_row(m->type, (const uint8_t *)m->data + r * m->row_bytes, out + r * m->cols, m->cols);
+    return out;
+}
+
+static const moex_type k_weight_types[] = {
+    MOEX_TYPE_F32, MOEX_TYPE_F16, MOEX_TYPE_BF16, MOEX_TYPE_Q4_0, MOEX_TYPE_Q4_1, MOEX_TYPE_Q5_0,
+    MOEX_TYPE_Q5_1, MOEX_TYPE_Q8_0, MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K,
+};
+#define N_WEIGHT_TYPES (int)(sizeof k_weight_types / sizeof k_weight_types[0])
+
+/* Bound on ||dot - exact|| / ||exact|| for a product with this weight type,
+ * with the reference on dequantized weights and exact f32 activations: the
+ * activation rounding dominates. Expected: step / sqrt(12) relative to the
+ * activations' rms, step = absmax / 127 per block: ~0.006 for 32-blocks
+ * (Q8_0/Q8_1), ~0.0075 for 256-blocks (Q8_K); over a few dozen rows the
+ * measured values spread to ~0.009 / ~0.011, hence the bounds. Float
+ * weights: only f32 accumulation error (measured < 2e-7). */
+static inline double dot_error_bound(moex_type t) {
+    switch (moex_vec_dot_type(t)) {
+    case MOEX_TYPE_F32: return 2e-6;
+    case MOEX_TYPE_Q8_K: return 1.8e-2;
+    default: return 1.4e-2;
+    }
+}
+
+#endif
