@@ -1,6 +1,9 @@
 /* Picks the dot-product table for this CPU once per process. The choice is a
  * pure function of the CPU and MOEX_SIMD, cached in a pthread_once. */
 #include <pthread.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,9 +31,11 @@ const moex_simd_table *moex_simd_portable(void) { return &moex_simd_table_portab
 
 const moex_simd_table *moex_simd_avx2(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    /* F16C through cpuid: clang 14's __builtin_cpu_supports does not know it. */
+    unsigned a, b, c, d;
+    bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return &moex_simd_table_avx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return &moex_simd_table_avx2;
 #endif
     return NULL;
 }

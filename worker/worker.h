@@ -1,0 +1,200 @@
+/* The worker module: computes experts for a distributed hub.
+ *
+ * Layers, from the bottom:
+ *  - the core (core.c): transport-free and thread-free (it is also built for
+ *    WASM): holds a set of experts and turns a DISPATCH frame into a RESULT
+ *    frame, computing exactly what the hub's local executor computes;
+ *  - the backlog (backlog.c) and outbox (outbox.c): plain data structures
+ *    for the dispatches waiting to be computed and the frames waiting to be
+ *    sent (the caller locks);
+ *  - the session (session.c, compute.c): one libwebsockets client thread
+ *    that talks to the hub and one compute thread that owns the core;
+ *  - moex-worker (main.c): the command line.
+ *
+ * Error codes a worker sends in ERROR frames (positive, application-defined;
+ * a frame the worker could not decode is answered with its negative
+ * moex_proto_status): */
+#ifndef MOEX_WORKER_H
+#define MOEX_WORKER_H
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "hub/hub.h"
+#include "kernels/kernels.h"
+#include "proto/proto.h"
+
+enum {
+    MOEX_WORKER_ERR_MODEL_MISMATCH = 1, /* ASSIGN names another model: the worker exits */
+    MOEX_WORKER_ERR_BUSY = 2,           /* backlog full: re-dispatch elsewhere now */
+    MOEX_WORKER_ERR_PREEMPTED = 3,      /* dropped from the backlog by a newer layer's dispatch */
+    MOEX_WORKER_ERR_COMPUTE = 4,        /* expert not held, hidden mismatch, kernel failure */
+};
+
+/* ---- core ----------------------------------------------------------------- */
+
+typedef struct moex_worker_core moex_worker_core;
+
+/* An empty core for a model of n_layers x n_experts experts of width hidden.
+ * pool: the threads moex_experts_run uses (not owned). */
+moex_worker_core *moex_worker_core_create(int n_layers, int n_experts, int hidden, moex_pool *pool,
+                                          moex_error *err);
+void moex_worker_core_free(moex_worker_core *c);
+
+/* Binds an expert to weights that outlive the core's use of them. */
+int moex_worker_core_hold(moex_worker_core *c, int layer, int expert, const moex_expert_weights *w,
+                          moex_error *err);
+/* Forgets an expert; a no-op when it was not held. */
+void moex_worker_core_drop(moex_worker_core *c, int layer, int expert);
+bool moex_worker_core_holds(const moex_worker_core *c, int layer, int expert);
+int moex_worker_core_n_held(const moex_worker_core *c);
+
+/* Bytes of the RESULT frame answering a decoded DISPATCH (0 if invalid). */
+size_t moex_worker_result_bytes(const moex_proto_msg *dispatch);
+
+/* Computes a DISPATCH: *values points at n_tokens x hidden f32 results
+ * (gate-weighted), owned by the core and valid until the next call. */
+int moex_worker_core_run(moex_worker_core *c, const moex_proto_msg *dispatch, float **values, moex_error *err);
+/* Encodes values as the RESULT of dispatch (same seq, layer, expert,
+ * n_tokens, hidden and dtype). */
+int moex_worker_encode_result(const moex_proto_msg *dispatch, const float *values, uint8_t *out, size_t cap,
+                              size_t *out_len, moex_error *err);
+/* run + encode. */
+int moex_worker_core_compute(moex_worker_core *c, const moex_proto_msg *dispatch, uint8_t *out, size_t cap,
+                             size_t *out_len, moex_error *err);
+
+/* ---- model identity --------------------------------------------------------- */
+
+/* XXH3-64 (seed 0) of the GGUF bytes [0, data_offset): header, metadata and
+ * tensor infos. The hub computes the same for ASSIGN's model_hash. */
+uint64_t moex_gguf_identity(const moex_gguf *g);
+
+/* ---- residency: page hints for the experts' slices of the mapped file ------ */
+
+/* Asks the kernel to read an expert's pages ahead (MADV_WILLNEED). */
+void moex_worker_prefault(const moex_expert_weights *w);
+/* Lets the kernel reclaim the pages only this expert uses (MADV_DONTNEED on
+ * the whole pages inside its slices; the file mapping refaults them if needed).
+ * Only for weights inside a read-only file mapping (moex_model_load's):
+ * on anonymous memory MADV_DONTNEED would zero them. */
+void moex_worker_release(const moex_expert_weights *w);
+/* Bytes of an expert's three matrices. */
+size_t moex_worker_expert_bytes(const moex_expert_weights *w);
+
+/* ---- backlog: the dispatches waiting for the compute thread ----------------
+ *
+ * FIFO, bounded. The rule (a variant of the paper's single-slot preemption):
+ * the hub sends all dispatches of a MoE layer before it can move to the next
+ * layer, and it moves on only once it holds a result for each (from this
+ * worker or another replica). So when a DISPATCH for another layer arrives,
+ * queued dispatches of a different layer are stale: they are dropped and
+ * reported (the session answers each with ERROR "preempted", so a hub that
+ * still wanted one re-dispatches at once). Dispatches of the same layer (a
+ * prefill batch sends several) are all kept, in order. When the backlog is
+ * full the new dispatch is refused (ERROR "busy"). */
+
+typedef struct moex_worker_backlog moex_worker_backlog;
+
+typedef struct moex_worker_item {
+    uint32_t seq;
+    uint16_t layer, expert;
+    uint8_t *frame;  /* the DISPATCH frame as received */
+    size_t len, cap;
+} moex_worker_item;
+
+moex_worker_backlog *moex_worker_backlog_create(int capacity);
+void moex_worker_backlog_free(moex_worker_backlog *b);
+int moex_worker_backlog_depth(const moex_worker_backlog *b);
+
+/* Queues a copy of a DISPATCH frame. First drops the queued items of another
+ * layer, writing their seqs to stale[] (up to the backlog's capacity, the
+ * count in *n_stale). Returns 0 when queued, 1 when the backlog is full
+ * (nothing queued), -1 when out of memory. */
+int moex_worker_backlog_push(moex_worker_backlog *b, uint32_t seq, uint16_t layer, uint16_t expert,
+                             const uint8_t *frame, size_t len, uint32_t *stale, int *n_stale);
+/* Takes the oldest item: its frame buffer is swapped with *into's (no copy,
+ * no allocation), so *into owns the frame until it is swapped back in by the
+ * next pop. Returns false when empty. */
+bool moex_worker_backlog_pop(moex_worker_backlog *b, moex_worker_item *into);
+/* Removes a queued item; false when no item has that seq. */
+bool moex_worker_backlog_cancel(moex_worker_backlog *b, uint32_t seq);
+/* Drops everything (the connection that sent them is gone); returns how many. */
+int moex_worker_backlog_clear(moex_worker_backlog *b);
+
+/* ---- outbox: frames waiting for the socket ------------------------------------
+ *
+ * Each frame sits `headroom` bytes into its buffer (libwebsockets needs
+ * LWS_PRE bytes before the data) and carries the connection id it was made
+ * for, so that nothing crosses into a later connection. */
+
+typedef struct moex_worker_outbox moex_worker_outbox;
+
+typedef struct moex_worker_buf {
+    uint8_t *buf;  /* frame at buf + headroom */
+    size_t len, cap;
+    uint32_t conn;
+} moex_worker_buf;
+
+moex_worker_outbox *moex_worker_outbox_create(size_t headroom);
+void moex_worker_outbox_free(moex_worker_outbox *o);
+size_t moex_worker_outbox_headroom(const moex_worker_outbox *o);
+int moex_worker_outbox_count(const moex_worker_outbox *o);
+/* Appends a copy of len frame bytes. 0 or -1 (out of memory). */
+int moex_worker_outbox_push_copy(moex_worker_outbox *o, uint32_t conn, const uint8_t *frame, size_t len);
+/* Appends the frame in *b (len bytes at b->buf + headroom) by swapping
+ * buffers with a free slot: *b gets that slot's old buffer. 0 or -1. */
+int moex_worker_outbox_push_swap(moex_worker_outbox *o, moex_worker_buf *b);
+/* The oldest frame (NULL when empty); valid until the next pop or push. */
+const moex_worker_buf *moex_worker_outbox_peek(const moex_worker_outbox *o);
+void moex_worker_outbox_pop(moex_worker_outbox *o);
+void moex_worker_outbox_clear(moex_worker_outbox *o);
+/* Makes b->buf hold headroom + len bytes (grows, never shrinks). 0 or -1. */
+int moex_worker_buf_reserve(moex_worker_buf *b, size_t headroom, size_t len);
+
+/* ---- options and session ---------------------------------------------------- */
+
+typedef struct moex_worker_options {
+    const char *hub_url;        /* ws://HOST:PORT/PATH (wss:// with TLS) */
+    const char *token;
+    const char *model_path;
+    const char *name;           /* NULL: worker-<hostname>-<pid> */
+    int threads;                /* compute pool size; <= 0: all cores */
+    double capacity;            /* placement weight, JOIN capacity_centi = round(100 x) */
+    uint64_t memory_budget;     /* 0: all the model's experts */
+    int backend;                /* moex_proto_backend; only CPU for now */
+    double reconnect_max_s;     /* <= 0: retry forever */
+    int backlog;                /* queued dispatches at most */
+    int inject_delay_ms;
+    double inject_delay_prob;
+    long inject_exit_after;     /* 0: off */
+    double inject_corrupt_prob;
+    uint64_t seed;
+} moex_worker_options;
+
+/* Parses the command line (argv[0] is the program). Returns 0 when the
+ * options are usable, 1 when --help was asked, -1 with err on bad flags. */
+int moex_worker_parse_args(int argc, char **argv, moex_worker_options *o, moex_error *err);
+void moex_worker_usage(FILE *f);
+
+typedef struct moex_worker_stats {
+    uint64_t dispatches;   /* DISPATCH frames received */
+    uint64_t results;      /* RESULT frames sent to the hub */
+    uint64_t cancels;      /* CANCEL frames received */
+    uint64_t cancelled;    /* of which removed from the backlog or discarded after computing */
+    uint64_t errors;       /* ERROR frames sent (busy, preempted, compute, decode) */
+    uint64_t connects, disconnects;
+    uint64_t computed;     /* dispatches computed */
+    double compute_s;      /* time spent computing them */
+} moex_worker_stats;
+
+/* Runs the session until *stop becomes nonzero (returns 0) or a fatal error:
+ * model mismatch, no connection within reconnect_max_s (returns -1 with err).
+ * Signal handlers may set *stop; the session notices within 100 ms. */
+int moex_worker_run(const moex_worker_options *o, const moex_model *m, volatile sig_atomic_t *stop,
+                    moex_worker_stats *stats, moex_error *err);
+
+#endif
