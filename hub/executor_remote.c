@@ -122,7 +122,7 @@ static int auto_hedge_now(moex_hub *hub, const hub_worker *primary, float median
 }
 
 static double auto_hedge_delay_s(const hub_worker *primary, float median) {
-    float base = primary->lat_ewma_ms >= 0 ? primary->lat_ewma_ms : (median > 0 ? median : 20.0f);
+    float base = primary->lat_ewma_ms >= 0 ? primary->lat_ewma_ms : (median > 0 ? median : 5.0f);
     float ms = 3.0f * base + 2.0f;
     return ms / 1000.0;
 }
@@ -188,6 +188,7 @@ static double service_tasks(moex_hub *hub, int layer, double now, int *rc, moex_
                 if (!send_outstanding(hub, t, s)) continue;
                 hub_worker *w = hub_worker_by_id(hub, t->sent_to[s]);
                 t->send_failed[s] = true;
+                hub_record_latency(w, (float)hub->cfg.timeout_ms);
                 w->n_timeouts++;
                 hub->metrics.timeouts++;
                 if (++w->consecutive_timeouts >= 3 && !w->unhealthy) {
@@ -476,6 +477,10 @@ void hub_task_result(moex_hub *hub, hub_worker *w, const moex_proto_msg *msg) {
     if (s != 0) hub->metrics.hedges_won++;
     for (int i = 0; i < t->n_sent; i++) { /* cancel the stragglers */
         if (i == s || !send_outstanding(hub, t, i)) continue;
+        /* Their answer will not come: what they took so far is a lower bound
+         * of their latency, so a slow replica stops being picked first. */
+        hub_worker *loser = hub_worker_by_id(hub, t->sent_to[i]);
+        hub_record_latency(loser, (float)((now - t->sent_at[i]) * 1000.0));
         uint8_t buf[64];
         size_t n;
         if (!moex_proto_encode_cancel(t->seq, (uint16_t)hub->task_layer, (uint16_t)t->expert, buf, sizeof buf, &n, NULL)) {

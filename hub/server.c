@@ -279,8 +279,9 @@ int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, moex_error *err)
     for (;;) {
         int ready = 0, joined = 0;
         for (int i = 0; i < hub->n_workers; i++) {
-            joined += hub->workers[i]->joined;
-            ready += worker_ready(hub->workers[i]);
+            const hub_worker *w = hub->workers[i];
+            joined += w->joined && w->wsi && !w->closing && !w->evicted;
+            ready += worker_ready(w);
         }
         /* every joined worker must be ready: a new join changes everyone's assignment */
         if (ready >= n && ready == joined) break;

@@ -1,0 +1,266 @@
+#!/usr/bin/python3
+"""Distributed inference end to end: a real hub and real workers, as separate
+processes talking WebSockets on loopback. Each scenario asserts the tokens the
+hub prints (greedy) equal what --local prints for the same model.
+
+usage: test_dist.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
+"""
+import asyncio
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+BIN, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+ONLY = set(sys.argv[4:])
+TOKEN = "test-token"
+PROMPT = "1,15,27,300,4000,5,6,77,8,900"
+failures = []
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def gen_model(arch, vocab, typ, seed):
+    path = os.path.join(WORK, f"{arch}-{typ}-{seed}.gguf")
+    if not os.path.exists(path):
+        subprocess.run([f"{BIN}/moex-gguf", "gen", "--arch", arch, "--preset", "test", "--vocab",
+                        os.path.join(VOCAB, vocab), "--type", typ, "--seed", str(seed), "-o", path, "--quiet"],
+                       check=True)
+    return path
+
+
+def local_tokens(model, n):
+    out = subprocess.run([f"{BIN}/moex-hub", "--local", "-m", model, "--prompt-tokens", PROMPT, "-n", str(n),
+                          "--temp", "0", "--print-tokens", "--ignore-eos", "--threads", "1"],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+class Cluster:
+    """A one-shot hub plus workers; collects the hub's stdout/stderr."""
+
+    def __init__(self, model, n_workers, n_tokens, hub_args=(), worker_args=None, min_workers=None):
+        self.port = free_port()
+        self.model = model
+        hub_cmd = [f"{BIN}/moex-hub", "-m", model, "--port", str(self.port), "--token", TOKEN,
+                   "--prompt-tokens", PROMPT, "-n", str(n_tokens), "--temp", "0", "--print-tokens", "--ignore-eos",
+                   "--threads", "1", "--min-workers", str(min_workers or n_workers), "--wait-s", "60", *hub_args]
+        self.hub = subprocess.Popen(hub_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.out, self.err = [], []
+        self.readers = [threading.Thread(target=self._drain, args=(self.hub.stdout, self.out), daemon=True),
+                        threading.Thread(target=self._drain, args=(self.hub.stderr, self.err), daemon=True)]
+        for r in self.readers:
+            r.start()
+        self.workers = []
+        time.sleep(0.3)
+        for i in range(n_workers):
+            extra = worker_args[i] if worker_args else []
+            self.start_worker(f"w{i}", extra)
+
+    def start_worker(self, name, extra=()):
+        cmd = [f"{BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{self.port}/ws", "--token", TOKEN,
+               "--model", self.model, "--threads", "1", "--name", name, *extra]
+        log = open(os.path.join(WORK, f"worker-{self.port}-{name}.log"), "w")
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.workers.append(p)
+        return p
+
+    @staticmethod
+    def _drain(pipe, sink):
+        for chunk in iter(lambda: pipe.read(1), ""):
+            sink.append(chunk)
+
+    def tokens_so_far(self):
+        return len("".join(self.out).split())
+
+    def finish(self, timeout=120):
+        try:
+            self.hub.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.hub.kill()
+            self.hub.wait()
+            self.err.append("\n[test] hub timed out")
+        for r in self.readers:
+            r.join(timeout=10)
+        out, err = "".join(self.out), "".join(self.err)
+        for w in self.workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in self.workers:
+            try:
+                w.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        self.stderr = err
+        return self.hub.returncode, out.split(), err
+
+
+def check(name, cond, detail=""):
+    print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
+    if not cond:
+        failures.append(name)
+
+
+def metric(err, key):
+    """Reads 'key N' from the hub's metrics line."""
+    m = re.search(r"hub metrics:.*?\b" + re.escape(key) + r" (\d+)", err)
+    return int(m.group(1)) if m else None
+
+
+def scenario(fn):
+    if not ONLY or fn.__name__ in ONLY:
+        t0 = time.time()
+        fn()
+        print(f"     ({fn.__name__}: {time.time() - t0:.1f} s)", flush=True)
+    return fn
+
+
+MOE = gen_model("qwen3moe", "ggml-vocab-llama-spm.gguf", "q8_0", 11)
+MIX = gen_model("mixtral", "ggml-vocab-llama-spm.gguf", "q4_K_M", 12)
+N = 24          # tokens per run
+N_TIMED = 96    # timing comparisons: long enough that one-off costs (discovering a slow worker) amortise
+REF = {m: local_tokens(m, N) for m in (MOE, MIX)}
+REF_TIMED = local_tokens(MOE, N_TIMED)
+
+
+@scenario
+def matches_local():
+    for model in (MOE, MIX):
+        c = Cluster(model, 3, N, hub_args=["--replicas", "2"])
+        rc, toks, err = c.finish()
+        check(f"3 workers r=2 equal --local ({os.path.basename(model)})", rc == 0 and toks == REF[model],
+              f"rc={rc} got={toks[:6]} want={REF[model][:6]}" + ("" if rc == 0 else err[-2000:]))
+        fb = metric(err, "fallbacks")
+        check("  no expert fell back to the hub", fb == 0, f"fallbacks={fb}")
+
+
+@scenario
+def worker_deaths():
+    # w0 exits abruptly after 30 dispatches; w1 is SIGKILLed once 8 tokens are out.
+    # Every worker answers 10 ms late so that generation lasts long enough to kill into.
+    slow = ["--inject-delay-ms", "10", "--inject-delay-prob", "1"]
+    c = Cluster(MOE, 3, N, hub_args=["--replicas", "2"], worker_args=[["--inject-exit-after", "30"] + slow, slow, slow])
+    killed_at = []
+    def killer():
+        while c.hub.poll() is None and c.tokens_so_far() < 8:
+            time.sleep(0.002)
+        killed_at.append(c.tokens_so_far())
+        c.workers[1].send_signal(signal.SIGKILL)
+    threading.Thread(target=killer, daemon=True).start()
+    rc, toks, err = c.finish()
+    check("abrupt exit + SIGKILL cost no token", rc == 0 and toks == REF[MOE], f"rc={rc} {err[-1500:] if rc else ''}")
+    check("  the kill landed mid-generation", killed_at and killed_at[0] < N, f"after {killed_at} tokens")
+    check("  the abrupt exit happened", c.workers[0].returncode not in (0, None), f"rc={c.workers[0].returncode}")
+
+
+@scenario
+def all_but_one_gone():
+    c = Cluster(MOE, 3, N, hub_args=["--replicas", "2"],
+                worker_args=[["--inject-exit-after", "4"], ["--inject-exit-after", "9"], []])
+    rc, toks, err = c.finish()
+    check("all workers but one gone: still correct", rc == 0 and toks == REF[MOE], f"rc={rc} {err[-1500:] if rc else ''}")
+
+
+def timed_run(hub_args, worker_args, n_tokens, n_workers=3):
+    c = Cluster(MOE, n_workers, n_tokens, hub_args=hub_args, worker_args=worker_args)
+    t0 = time.time()
+    rc, toks, err = c.finish()
+    # the generation's own time: from the stats line
+    dec = None
+    for line in err.splitlines():
+        if line.startswith("moex-hub: load"):
+            parts = line.split("|")
+            pt = float(parts[1].split()[1]) / max(float(parts[1].split()[3]), 1e-9)
+            dt = float(parts[2].split()[1]) / max(float(parts[2].split()[3]), 1e-9)
+            dec = pt + dt
+    return rc, toks, dec if dec is not None else time.time() - t0, err
+
+
+@scenario
+def stragglers_hedge2():
+    slow = ["--inject-delay-ms", "100", "--inject-delay-prob", "0.1"]
+    wa = [slow + ["--seed", str(i)] for i in range(3)]
+    rc1, t1, s1, e1 = timed_run(["--replicas", "3", "--hedge", "1"], wa, N_TIMED)
+    rc2, t2, s2, e2 = timed_run(["--replicas", "3", "--hedge", "2"], wa, N_TIMED)
+    check("stragglers: same tokens with h=1 and h=2", rc1 == 0 and rc2 == 0 and t1 == REF_TIMED and t2 == REF_TIMED)
+    check("stragglers: h=2 takes at most half the time of h=1", s2 <= 0.5 * s1, f"h1={s1:.3f}s h2={s2:.3f}s")
+
+
+@scenario
+def slow_worker_hedge_auto():
+    rc0, t0, s0, _ = timed_run(["--replicas", "3", "--hedge", "auto"], [[], [], []], N_TIMED)
+    slow = [["--inject-delay-ms", "150", "--inject-delay-prob", "1"], [], []]
+    rc1, t1, s1, e1 = timed_run(["--replicas", "3", "--hedge", "auto"], slow, N_TIMED)
+    check("slow worker, hedge auto: same tokens", rc0 == 0 and rc1 == 0 and t0 == REF_TIMED and t1 == REF_TIMED)
+    check("slow worker, hedge auto: within 1.5x of no delay", s1 <= 1.5 * s0, f"base={s0:.3f}s slow={s1:.3f}s")
+
+
+async def hostile_clients(port):
+    import websockets
+    refused = False
+    try:
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token=wrong"):
+            pass
+    except Exception:
+        refused = True
+    closed = 0
+    header = lambda typ, plen: b"MoEx" + struct.pack("<HHIIHHIHBB", 1, typ, plen, 7, 0, 0, 1, 256, 1, 0)
+    frames = ["text frame", b"\x00" * 64, b"MoEx\x01\x00", header(99, 0), header(1, 10) + b"\x00" * 10,
+              header(2, 1 << 20)]
+    for f in frames:
+        try:
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={TOKEN}") as ws:
+                await ws.send(f)
+                await asyncio.wait_for(ws.wait_closed(), 5)
+                closed += 1
+        except Exception:
+            closed += 1
+    try:  # 64 MiB
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={TOKEN}", max_size=None) as ws:
+            await ws.send(b"MoEx" + bytes(64 << 20))
+            await asyncio.wait_for(ws.wait_closed(), 10)
+            closed += 1
+    except Exception:
+        closed += 1
+    return refused, closed, len(frames) + 1
+
+
+@scenario
+def hostile_input():
+    # every worker 40 ms late: generation lasts ~2 s, while the hostile clients connect
+    slow = ["--inject-delay-ms", "40", "--inject-delay-prob", "1"]
+    c = Cluster(MOE, 3, N, hub_args=["--replicas", "2"], worker_args=[slow, slow, slow])
+    while c.tokens_so_far() < 1 and c.hub.poll() is None:
+        time.sleep(0.01)
+    refused, closed, total = asyncio.run(hostile_clients(c.port))
+    during = c.hub.poll() is None and c.tokens_so_far() < N
+    rc, toks, err = c.finish()
+    check("hostile clients ran during generation", during)
+    check("wrong token refused", refused and "wrong or missing token" in err)
+    check("malformed/text/oversized frames rejected", closed == total, f"{closed}/{total}")
+    check("hub survives hostile clients with unchanged output", rc == 0 and toks == REF[MOE], f"rc={rc}")
+
+
+@scenario
+def corrupt_worker_evicted():
+    c = Cluster(MOE, 3, N, hub_args=["--replicas", "2", "--verify", "1"],
+                worker_args=[["--inject-corrupt-prob", "0.2", "--seed", "5"], [], []])
+    rc, toks, err = c.finish()
+    check("corrupt worker: output unchanged", rc == 0 and toks == REF[MOE], f"rc={rc}")
+    check("corrupt worker: evicted", "evicted" in err and (metric(err, "evictions") or 0) >= 1,
+          f"evictions={metric(err, 'evictions')}")
+
+
+print(f"{len(failures)} failed" if failures else "all scenarios passed")
+sys.exit(1 if failures else 0)
