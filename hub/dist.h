@@ -127,6 +127,10 @@ void hub_record_latency(hub_worker *w, float ms);
 /* executor_remote.c: a RESULT or ERROR for a task arrived (under mu). */
 void hub_task_result(moex_hub *hub, hub_worker *w, const moex_proto_msg *msg);
 void hub_task_error(moex_hub *hub, hub_worker *w, uint32_t seq);
+/* http_weights.c: plain HTTP on the hub's port (expert weights for workers
+ * without their own copy of the model). *state is per-request, owned there. */
+int hub_http_callback(moex_hub *hub, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
+                      size_t len);
 /* server.c: wakes the network thread to flush send queues. */
 void hub_wake_net(moex_hub *hub);
 

@@ -151,4 +151,24 @@ moex_expert_executor moex_hub_executor(moex_hub *hub);
 void moex_hub_metrics_print(moex_hub *hub, FILE *f);
 void moex_hub_stop(moex_hub *hub);
 
+/* ---- Vulkan whole-model state (hub/forward_vk.c): the weights, KV cache
+ * and activations live on the GPU, allocated once; a token is one submit
+ * (the recorded command buffer is reused, per-token values go through a
+ * small host-visible buffer). Mirrors moex_state_create / moex_forward. ---- */
+
+typedef struct moex_vk_state moex_vk_state;
+
+/* opt: device choice and caches (NULL: defaults). Uploads the weights. */
+moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
+                                    moex_error *err);
+void moex_vk_state_free(moex_vk_state *s);
+int64_t moex_vk_state_n_ctx(const moex_vk_state *s);
+int64_t moex_vk_state_n_batch(const moex_vk_state *s);
+moex_vk *moex_vk_state_device(moex_vk_state *s);
+/* As moex_forward; logits may be NULL when only the greedy token is wanted. */
+int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                    bool all_logits, float *logits, moex_error *err);
+/* Argmax of the last token's logits of the latest moex_vk_forward, computed on the GPU. */
+int32_t moex_vk_last_argmax(const moex_vk_state *s);
+
 #endif

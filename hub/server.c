@@ -14,7 +14,8 @@
 #define RX_CHUNK (64 * 1024)
 
 typedef struct conn_data {
-    hub_worker *w;
+    hub_worker *w;       /* WebSocket connections */
+    void *http;          /* HTTP requests: owned by http_weights.c */
 } conn_data;
 
 static moex_hub *hub_of(struct lws *wsi) { return lws_context_user(lws_get_context(wsi)); }
@@ -146,6 +147,13 @@ static int callback_moex(struct lws *wsi, enum lws_callback_reasons reason, void
         }
         pthread_mutex_unlock(&hub->mu);
         return 0;
+    case LWS_CALLBACK_HTTP:
+    case LWS_CALLBACK_HTTP_WRITEABLE:
+    case LWS_CALLBACK_HTTP_BODY:
+    case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+    case LWS_CALLBACK_CLOSED_HTTP:
+    case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
+        return hub_http_callback(hub, wsi, reason, &cd->http, in, len);
     default:
         return 0;
     }
