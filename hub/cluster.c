@@ -269,7 +269,7 @@ void hub_worker_gone(moex_hub *hub, hub_worker *w, const char *why) {
         free(w);
         return;
     }
-    if (was_member || w->evicted) rebalance(hub);
+    if ((was_member || w->evicted) && !atomic_load(&hub->stop)) rebalance(hub);
     pthread_cond_broadcast(&hub->cv);
 }
 
@@ -290,6 +290,7 @@ bool hub_worker_usable(const moex_hub *hub, const hub_worker *w, int layer, int 
 }
 
 void hub_record_latency(hub_worker *w, float ms) {
+    w->last_sample_s = moex_time_s();
     w->lat_ms[w->lat_n % HUB_LAT_SAMPLES] = ms;
     w->lat_n++;
     w->lat_ewma_ms = w->lat_ewma_ms < 0 ? ms : 0.8f * w->lat_ewma_ms + 0.2f * ms;
@@ -313,6 +314,10 @@ void hub_tick(moex_hub *hub, double now) {
             continue;
         }
         if (!w->joined) continue;
+        /* A worker not picked for a while (it looked slow) drifts back towards its
+         * network round trip, so it gets tried again and its estimate stays current. */
+        if (w->lat_ewma_ms >= 0 && now - w->last_sample_s > 2.0)
+            w->lat_ewma_ms = 0.8f * w->lat_ewma_ms + 0.2f * w->rtt_ms;
         moex_proto_heartbeat hb = {.timestamp_us = (uint64_t)(now * 1e6), .state = MOEX_STATE_READY};
         size_t n;
         if (!moex_proto_encode_heartbeat(0, &hb, buf, sizeof buf, &n, NULL)) hub_send(hub, w, buf, n);

@@ -41,7 +41,9 @@ typedef struct hub_worker {
     float lat_ms[HUB_LAT_SAMPLES];  /* dispatch round trips (winners), ring */
     uint32_t lat_n;
     float lat_ewma_ms;           /* < 0: unknown */
+    double last_sample_s;        /* when lat_ewma_ms last learned something */
     float rtt_ms;                /* from heartbeats */
+    int inflight;                /* dispatches of the current layer sent to it (executor only) */
     uint8_t *rx;                 /* message being reassembled */
     size_t rx_len, rx_cap;
     tx_frame *tx_head, *tx_tail;

@@ -63,7 +63,13 @@ static uint64_t next_random(moex_hub *hub) {
     return z ^ (z >> 31);
 }
 
-static float estimate_ms(const hub_worker *w) { return w->lat_ewma_ms < 0 ? 0.0f : w->lat_ewma_ms; }
+/* Expected wait for one more dispatch: its typical round trip times the work
+ * already queued on it in this layer, so a prefill layer's many experts
+ * spread over the replicas instead of piling onto the fastest. */
+static float estimate_ms(const hub_worker *w) {
+    float lat = w->lat_ewma_ms < 0 ? 0.0f : w->lat_ewma_ms;
+    return (lat + 0.05f) * (float)(1 + w->inflight);
+}
 
 static bool already_sent(const hub_task *t, uint32_t id) {
     for (int i = 0; i < t->n_sent; i++)
@@ -107,6 +113,7 @@ static void send_to(moex_hub *hub, hub_task *t, hub_worker *w, double now) {
     t->sent_to[i] = w->id;
     t->sent_at[i] = now;
     t->send_failed[i] = false;
+    w->inflight++;
     w->n_dispatched++;
     hub->metrics.dispatches++;
     hub_send(hub, w, t->frame, t->frame_len);
@@ -376,6 +383,7 @@ static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
     hub->task_layer = layer;
     hub->task_seq0 = seq0;
     hub->n_tasks = n_tasks;
+    for (int i = 0; i < hub->n_workers; i++) hub->workers[i]->inflight = 0;
     double now = moex_time_s();
     for (int i = 0; i < n_tasks; i++) dispatch_task(hub, layer, &hub->tasks[i], now);
     hub_wake_net(hub);

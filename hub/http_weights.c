@@ -1,13 +1,390 @@
-/* HTTP on the hub's port. Placeholder: every request gets 404 until the
- * expert-download endpoints land. */
+/* Expert weights over plain HTTP on the hub's port, for workers without
+ * their own copy of the model (worker/download*.c, docs/PROTOCOL.md):
+ *
+ *   GET /v1/model              JSON: identity, shape, per-layer matrix types and byte sizes
+ *   GET /v1/expert/<L>/<E>     the expert's gate, up and down bytes concatenated, with
+ *                              X-MoEx-Hash: XXH3-64 of them; "Range: bytes=N-[M]" gives 206
+ *
+ * Same token as the WebSocket (?token= or Authorization: Bearer): a wrong
+ * one gets 403. libwebsockets does the HTTP; this file only routes and
+ * writes bodies, one chunk per HTTP_WRITEABLE, straight from the model's
+ * mapping, so a slow client never holds the network thread. Runs on that
+ * thread only: hub->m is read-only, the hash cache is the network thread's. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
 #include "hub/dist.h"
+
+#define BODY_CHUNK (256 * 1024)
+#define CLIENT_IDLE_S 30      /* a client that reads nothing for this long is dropped */
+
+/* One request being answered. The body is up to three segments of the
+ * mapping (an expert's matrices) or one owned buffer (JSON, error text). */
+typedef struct http_req {
+    const uint8_t *seg[3];
+    size_t seg_len[3];
+    int n_seg, cur;
+    size_t off;            /* into seg[cur] */
+    size_t left;           /* body bytes still to write */
+    uint8_t *owned;        /* LWS_PRE headroom, then the body */
+} http_req;
+
+/* XXH3 of each expert, computed on first request: workers probe their
+ * cached files with a 1-byte range, which must not rehash every time.
+ * Lives in lws's per-vhost storage for the protocol, freed with the vhost. */
+typedef struct hash_cache {
+    int n;
+    struct { uint64_t hash; uint8_t known; } e[];
+} hash_cache;
+
+static void req_free(http_req *r) {
+    if (!r) return;
+    free(r->owned);
+    free(r);
+}
+
+/* ---- request checks ---- */
+
+/* The check server.c applies to WebSocket upgrades. */
+static bool token_ok(const moex_hub *hub, struct lws *wsi) {
+    const char *want = hub->cfg.token;
+    if (!want || !*want) return true;
+    char buf[512];
+    const char *v = lws_get_urlarg_by_name(wsi, "token=", buf, sizeof buf);
+    if (v && !strcmp(v, want)) return true;
+    int n = lws_hdr_copy(wsi, buf, sizeof buf, WSI_TOKEN_HTTP_AUTHORIZATION);
+    return n > 7 && !strncmp(buf, "Bearer ", 7) && !strcmp(buf + 7, want);
+}
+
+/* Parses a decimal id of 1..9 digits ending at *end or '/'; advances *p. */
+static bool parse_id(const char **p, int *out) {
+    const char *s = *p;
+    long v = 0;
+    int n = 0;
+    while (*s >= '0' && *s <= '9' && n < 9) v = v * 10 + (*s++ - '0'), n++;
+    if (n == 0 || (*s >= '0' && *s <= '9')) return false;
+    *out = (int)v;
+    *p = s;
+    return true;
+}
+
+/* "/v1/expert/L/E" -> 1 with ids, 0 for another path, -1 when malformed. */
+static int parse_expert_path(const char *uri, int *layer, int *expert) {
+    static const char prefix[] = "/v1/expert/";
+    if (strncmp(uri, prefix, sizeof prefix - 1)) return 0;
+    const char *p = uri + sizeof prefix - 1;
+    if (!parse_id(&p, layer) || *p++ != '/' || !parse_id(&p, expert) || *p) return -1;
+    return 1;
+}
+
+/* "bytes=N-" or "bytes=N-M" (one range). 0 ok, -1 malformed. to = -1: open. */
+static int parse_range(const char *v, int64_t *from, int64_t *to) {
+    if (strncmp(v, "bytes=", 6)) return -1;
+    char *end;
+    errno = 0;
+    const char *s = v + 6;
+    if (*s < '0' || *s > '9') return -1;
+    unsigned long long a = strtoull(s, &end, 10);
+    if (errno || *end != '-' || a > INT64_MAX) return -1;
+    s = end + 1;
+    *from = (int64_t)a;
+    *to = -1;
+    if (!*s) return 0;
+    if (*s < '0' || *s > '9') return -1;
+    unsigned long long b = strtoull(s, &end, 10);
+    if (errno || *end || b > INT64_MAX) return -1;
+    *to = (int64_t)b;
+    return 0;
+}
+
+/* ---- responses ---- */
+
+/* Writes the status line and headers; the body follows on HTTP_WRITEABLE. */
+static int send_head(struct lws *wsi, unsigned status, const char *ctype, size_t len, const char *hash_hex,
+                     const char *content_range) {
+    uint8_t buf[LWS_PRE + 1024], *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
+    if (lws_add_http_common_headers(wsi, status, ctype, (lws_filepos_t)len, &p, end)) return -1;
+    if (hash_hex && lws_add_http_header_by_name(wsi, (const unsigned char *)"x-moex-hash:",
+                                                (const unsigned char *)hash_hex, (int)strlen(hash_hex), &p, end))
+        return -1;
+    if (content_range && lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_RANGE,
+                                                      (const unsigned char *)content_range,
+                                                      (int)strlen(content_range), &p, end))
+        return -1;
+    if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_ACCEPT_RANGES, (const unsigned char *)"bytes", 5, &p, end))
+        return -1;
+    if (lws_finalize_write_http_header(wsi, start, &p, end)) return -1;
+    lws_callback_on_writable(wsi);
+    return 0;
+}
+
+/* An owned body (JSON or text); takes text's bytes. */
+static int respond_owned(struct lws *wsi, http_req *r, unsigned status, const char *ctype, const char *text,
+                         const char *content_range) {
+    const size_t n = strlen(text);
+    if (!(r->owned = malloc(LWS_PRE + n + 1))) return -1;
+    memcpy(r->owned + LWS_PRE, text, n);
+    r->left = n;
+    r->off = 0;
+    r->n_seg = 0;
+    return send_head(wsi, status, ctype, n, NULL, content_range);
+}
+
+/* A text error, logged at info: bad requests are the client's problem. */
+static int respond_error(struct lws *wsi, http_req *r, unsigned status, const char *uri, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int respond_error(struct lws *wsi, http_req *r, unsigned status, const char *uri, const char *fmt, ...) {
+    char msg[400], peer[64] = "?";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg - 1, fmt, ap);
+    va_end(ap);
+    lws_get_peer_simple(wsi, peer, sizeof peer);
+    moex_log(status == HTTP_STATUS_FORBIDDEN ? MOEX_LOG_WARN : MOEX_LOG_INFO, "http: %s GET %s -> %u: %s", peer, uri,
+             status, msg);
+    strcat(msg, "\n");
+    return respond_owned(wsi, r, status, "text/plain; charset=utf-8", msg, NULL);
+}
+
+/* ---- /v1/model ---- */
+
+static cJSON *matrix_json(const moex_matrix *m) {
+    const moex_type_traits *tt = moex_type_get(m->type);
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "type", tt ? tt->name : "?");
+    cJSON_AddNumberToObject(o, "rows", (double)m->rows);
+    cJSON_AddNumberToObject(o, "cols", (double)m->cols);
+    cJSON_AddNumberToObject(o, "bytes", (double)((size_t)m->rows * m->row_bytes));
+    return o;
+}
+
+static size_t matrix_bytes(const moex_matrix *m) { return (size_t)m->rows * m->row_bytes; }
+
+static size_t expert_bytes(const moex_expert_weights *w) {
+    return matrix_bytes(&w->gate) + matrix_bytes(&w->up) + matrix_bytes(&w->down);
+}
+
+static bool same_layout(const moex_matrix *a, const moex_matrix *b) {
+    return a->type == b->type && a->rows == b->rows && a->cols == b->cols;
+}
+
+/* gate, up, down and their total; the caller adds it to a layer or an expert entry. */
+static void add_expert_json(cJSON *o, const moex_expert_weights *w) {
+    cJSON_AddItemToObject(o, "gate", matrix_json(&w->gate));
+    cJSON_AddItemToObject(o, "up", matrix_json(&w->up));
+    cJSON_AddItemToObject(o, "down", matrix_json(&w->down));
+    cJSON_AddNumberToObject(o, "expert_bytes", (double)expert_bytes(w));
+}
+
+/* A layer: its experts' common layout, or (older files with a tensor per
+ * expert, which may differ) one entry per expert under "experts". */
+static cJSON *layer_json(const moex_layer *L, int n_experts) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    add_expert_json(o, &L->experts[0]);
+    bool uniform = true;
+    for (int e = 1; e < n_experts && uniform; e++)
+        uniform = same_layout(&L->experts[e].gate, &L->experts[0].gate) &&
+                  same_layout(&L->experts[e].up, &L->experts[0].up) &&
+                  same_layout(&L->experts[e].down, &L->experts[0].down);
+    if (!uniform) {
+        cJSON *arr = cJSON_AddArrayToObject(o, "experts");
+        for (int e = 0; e < n_experts; e++) {
+            cJSON *x = cJSON_CreateObject();
+            add_expert_json(x, &L->experts[e]);
+            cJSON_AddItemToArray(arr, x);
+        }
+    }
+    return o;
+}
+
+static char *model_json(const moex_hub *hub) {
+    const moex_hparams *hp = &hub->m->hp;
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hub->model_hash);
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddStringToObject(root, "model_hash", hex);
+    cJSON_AddStringToObject(root, "arch", hp->arch_name);
+    cJSON_AddNumberToObject(root, "n_layers", hp->n_layer);
+    cJSON_AddNumberToObject(root, "n_experts", hp->n_expert);
+    cJSON_AddNumberToObject(root, "n_expert_used", hp->n_expert_used);
+    cJSON_AddNumberToObject(root, "n_embd", hp->n_embd);
+    cJSON_AddNumberToObject(root, "n_ff_exp", hp->n_ff_exp);
+    cJSON *layers = cJSON_AddArrayToObject(root, "layers");
+    for (int l = 0; l < hp->n_layer; l++) cJSON_AddItemToArray(layers, layer_json(&hub->m->layers[l], hp->n_expert));
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+static int serve_model(moex_hub *hub, struct lws *wsi, http_req *r, const char *uri) {
+    char *json = model_json(hub);
+    if (!json) return respond_error(wsi, r, HTTP_STATUS_INTERNAL_SERVER_ERROR, uri, "out of memory");
+    int rc = respond_owned(wsi, r, HTTP_STATUS_OK, "application/json", json, NULL);
+    cJSON_free(json);
+    return rc;
+}
+
+/* ---- /v1/expert/L/E ---- */
+
+static hash_cache *hashes(moex_hub *hub, struct lws *wsi) {
+    struct lws_vhost *vh = lws_get_vhost(wsi);
+    const struct lws_protocols *prot = lws_get_protocol(wsi);
+    hash_cache *c = lws_protocol_vh_priv_get(vh, prot);
+    if (c) return c;
+    const int n = hub->n_layers * hub->n_experts;
+    c = lws_protocol_vh_priv_zalloc(vh, prot, (int)(sizeof *c + (size_t)n * sizeof c->e[0]));
+    if (c) c->n = n;
+    return c;
+}
+
+static uint64_t expert_hash(moex_hub *hub, struct lws *wsi, int layer, int expert) {
+    hash_cache *c = hashes(hub, wsi);
+    const size_t i = hub_bit_index(hub, layer, expert);
+    if (c && c->e[i].known) return c->e[i].hash;
+    const moex_expert_weights *w = &hub->m->layers[layer].experts[expert];
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, w->gate.data, matrix_bytes(&w->gate));
+    XXH3_64bits_update(&st, w->up.data, matrix_bytes(&w->up));
+    XXH3_64bits_update(&st, w->down.data, matrix_bytes(&w->down));
+    const uint64_t h = XXH3_64bits_digest(&st);
+    if (c) c->e[i].hash = h, c->e[i].known = 1;
+    return h;
+}
+
+/* Points the body at bytes [from, from + len) of the three matrices. */
+static void set_expert_body(http_req *r, const moex_expert_weights *w, size_t from, size_t len) {
+    const moex_matrix *m[3] = {&w->gate, &w->up, &w->down};
+    r->n_seg = 3;
+    for (int i = 0; i < 3; i++) r->seg[i] = m[i]->data, r->seg_len[i] = matrix_bytes(m[i]);
+    r->cur = 0;
+    while (r->cur < 2 && from >= r->seg_len[r->cur]) from -= r->seg_len[r->cur++];
+    r->off = from;
+    r->left = len;
+}
+
+static int serve_expert(moex_hub *hub, struct lws *wsi, http_req *r, const char *uri, int layer, int expert) {
+    if (layer >= hub->n_layers || expert >= hub->n_experts)
+        return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, uri, "no expert (%d, %d): the model has %d layers x %d experts",
+                             layer, expert, hub->n_layers, hub->n_experts);
+    const moex_expert_weights *w = &hub->m->layers[layer].experts[expert];
+    const size_t total = expert_bytes(w);
+    int64_t from = 0, to = (int64_t)total - 1;
+    char range[256] = "", crange[96];
+    const bool ranged = lws_hdr_copy(wsi, range, sizeof range, WSI_TOKEN_HTTP_RANGE) > 0;
+    if (ranged) {
+        if (parse_range(range, &from, &to))
+            return respond_error(wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad Range '%s' (want bytes=N- or bytes=N-M)", range);
+        if (to < 0 || to >= (int64_t)total) to = (int64_t)total - 1;
+        if (from >= (int64_t)total || to < from) {
+            snprintf(crange, sizeof crange, "bytes */%zu", total);
+            moex_log(MOEX_LOG_INFO, "http: GET %s: range %s not satisfiable (%zu bytes)", uri, range, total);
+            return respond_owned(wsi, r, HTTP_STATUS_REQ_RANGE_NOT_SATISFIABLE, "text/plain", "range not satisfiable\n",
+                                 crange);
+        }
+        snprintf(crange, sizeof crange, "bytes %lld-%lld/%zu", (long long)from, (long long)to, total);
+    }
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)expert_hash(hub, wsi, layer, expert));
+    const size_t len = (size_t)(to - from + 1);
+    set_expert_body(r, w, (size_t)from, len);
+    char peer[64] = "?";
+    lws_get_peer_simple(wsi, peer, sizeof peer);
+    moex_log(MOEX_LOG_INFO, "http: %s GET %s%s%s -> %d (%zu bytes)", peer, uri, ranged ? " " : "", ranged ? range : "",
+             ranged ? 206 : 200, len);
+    return send_head(wsi, ranged ? HTTP_STATUS_PARTIAL_CONTENT : HTTP_STATUS_OK, "application/octet-stream", len, hex,
+                     ranged ? crange : NULL);
+}
+
+/* ---- the callbacks ---- */
+
+static int on_request(moex_hub *hub, struct lws *wsi, http_req *r) {
+    char uri[256] = "";
+    if (lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) <= 0) {
+        lws_return_http_status(wsi, HTTP_STATUS_METHOD_NOT_ALLOWED, "only GET");
+        return -1;
+    }
+    if (!token_ok(hub, wsi)) {
+        pthread_mutex_lock(&hub->mu);
+        hub->metrics.refused++;
+        pthread_mutex_unlock(&hub->mu);
+        return respond_error(wsi, r, HTTP_STATUS_FORBIDDEN, uri, "wrong or missing token");
+    }
+    if (!strcmp(uri, "/v1/model")) return serve_model(hub, wsi, r, uri);
+    int layer, expert;
+    const int kind = parse_expert_path(uri, &layer, &expert);
+    if (kind < 0) return respond_error(wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad expert path (want /v1/expert/<layer>/<expert>)");
+    if (kind > 0) return serve_expert(hub, wsi, r, uri, layer, expert);
+    return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, uri, "not found (the hub serves /ws, /v1/model, /v1/expert/<layer>/<expert>)");
+}
+
+/* Writes the next chunk of the body; at its end, completes the transaction. */
+static int on_writeable(struct lws *wsi, http_req *r, void **state) {
+    if (!r->left) return 0;
+    const uint8_t *src;
+    size_t n;
+    if (r->owned) {
+        src = r->owned + LWS_PRE + r->off;
+        n = r->left;
+    } else {
+        while (r->off == r->seg_len[r->cur]) r->cur++, r->off = 0;
+        src = r->seg[r->cur] + r->off;
+        n = r->seg_len[r->cur] - r->off;
+        if (n > r->left) n = r->left;
+    }
+    if (n > BODY_CHUNK) n = BODY_CHUNK;
+    const bool last = n == r->left;
+    /* HTTP/1 only (see hub_http_callback): lws_write reads the mapping, writes nothing in front of it */
+    if (lws_write(wsi, (unsigned char *)(uintptr_t)src, n, last ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < (int)n) return -1;
+    r->off += n;
+    r->left -= n;
+    if (!last) {
+        lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, CLIENT_IDLE_S);
+        lws_callback_on_writable(wsi);
+        return 0;
+    }
+    req_free(r);
+    *state = NULL;
+    return lws_http_transaction_completed(wsi) ? -1 : 0;
+}
 
 int hub_http_callback(moex_hub *hub, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
                       size_t len) {
-    (void)hub; (void)state; (void)in; (void)len;
-    if (reason == LWS_CALLBACK_HTTP) {
-        lws_return_http_status(wsi, HTTP_STATUS_NOT_FOUND, NULL);
+    (void)in;
+    (void)len;
+    /* HTTP/2 (an h2c upgrade) would write frame headers in front of the
+     * data, into the read-only mapping: refused, workers speak HTTP/1.1.
+     * After such an upgrade the connection's wsi has no storage: *state is
+     * not usable there. */
+    if (!state || lws_get_network_wsi(wsi) != wsi || !lws_wsi_user(wsi)) {
+        if (reason != LWS_CALLBACK_HTTP) return 0;
+        lws_return_http_status(wsi, HTTP_STATUS_HTTP_VERSION_NOT_SUPPORTED, "HTTP/1.1 only");
         return -1;
     }
-    return 0;
+    switch (reason) {
+    case LWS_CALLBACK_HTTP: {
+        req_free(*state); /* a keep-alive connection's previous request */
+        http_req *r = calloc(1, sizeof *r);
+        *state = r;
+        if (!r) return -1;
+        return on_request(hub, wsi, r) ? -1 : 0;
+    }
+    case LWS_CALLBACK_HTTP_WRITEABLE:
+        return *state ? on_writeable(wsi, *state, state) : 0;
+    case LWS_CALLBACK_CLOSED_HTTP:
+    case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
+        req_free(*state);
+        *state = NULL;
+        return 0;
+    default: /* request bodies are not expected (GET only): ignored */
+        return 0;
+    }
 }
