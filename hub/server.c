@@ -153,7 +153,7 @@ static int callback_moex(struct lws *wsi, enum lws_callback_reasons reason, void
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:
     case LWS_CALLBACK_CLOSED_HTTP:
     case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
-        return hub_http_callback(hub, wsi, reason, &cd->http, in, len);
+        return hub_http_callback(hub, wsi, reason, cd ? &cd->http : NULL, in, len);
     default:
         return 0;
     }

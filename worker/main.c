@@ -1,7 +1,8 @@
-/* moex-worker: computes experts for a MoEx hub (see worker/worker.h).
- * Exit status: 0 after SIGINT/SIGTERM, 1 on a fatal error (model file,
- * model mismatch, no hub within --reconnect-max-s), 2 on bad flags,
- * 3 from --inject-exit-after. */
+/* moex-worker: computes experts for a MoEx hub (see worker/worker.h), from
+ * its own copy of the model (--model) or from experts it downloads from the
+ * hub. Exit status: 0 after SIGINT/SIGTERM, 1 on a fatal error (model file,
+ * model mismatch, no hub within --reconnect-max-s, refused token, failed
+ * download), 2 on bad flags, 3 from --inject-exit-after. */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +35,32 @@ static void print_stats(const moex_worker_stats *st) {
             st->computed ? st->compute_s * 1e3 / (double)st->computed : 0.0);
 }
 
+static int run_with_model(const moex_worker_options *o, moex_worker_stats *st, moex_error *err) {
+    moex_model *m = moex_model_load(o->model_path, err);
+    if (!m) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return moex_fail(err, "cannot load %s: %s", o->model_path, why);
+    }
+    char desc[512];
+    moex_model_describe(m, desc, sizeof desc);
+    moex_log(MOEX_LOG_INFO, "worker: %s", desc);
+    const int rc = moex_worker_run(o, m, &g_stop, st, err);
+    print_stats(st);
+    moex_model_free(m);
+    return rc;
+}
+
+/* No --model: experts come from the hub (worker/download.c). */
+static int run_with_download(const moex_worker_options *o, moex_worker_stats *st, moex_error *err) {
+    moex_worker_store *store = moex_worker_store_open(o, &g_stop, err);
+    if (!store) return g_stop ? 0 : -1; /* interrupted while asking the hub: a normal stop */
+    const int rc = moex_worker_run_store(o, store, &g_stop, st, err);
+    print_stats(st);
+    moex_worker_store_close(store);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     moex_worker_options o;
     moex_error err = {{0}};
@@ -47,19 +74,9 @@ int main(int argc, char **argv) {
         moex_worker_usage(stderr);
         return 2;
     }
-    moex_model *m = moex_model_load(o.model_path, &err);
-    if (!m) {
-        fprintf(stderr, "moex-worker: cannot load %s: %s\n", o.model_path, err.msg);
-        return 1;
-    }
-    char desc[512];
-    moex_model_describe(m, desc, sizeof desc);
-    moex_log(MOEX_LOG_INFO, "worker: %s", desc);
     install_signals();
     moex_worker_stats st = {0};
-    const int rc = moex_worker_run(&o, m, &g_stop, &st, &err);
-    print_stats(&st);
-    moex_model_free(m);
+    const int rc = o.model_path ? run_with_model(&o, &st, &err) : run_with_download(&o, &st, &err);
     if (rc) {
         fprintf(stderr, "moex-worker: %s\n", err.msg);
         return 1;

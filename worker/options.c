@@ -11,11 +11,15 @@
 
 void moex_worker_usage(FILE *f) {
     fprintf(f,
-            "usage: moex-worker --hub ws://HOST:PORT/ws --token T --model MODEL.gguf [options]\n"
+            "usage: moex-worker --hub ws://HOST:PORT/ws --token T [--model MODEL.gguf] [options]\n"
+            "  --model FILE             the hub's GGUF; without it the assigned experts are downloaded from the hub\n"
+            "  --download               download the experts from the hub (the default without --model)\n"
+            "  --cache-dir DIR          downloaded experts (default $XDG_CACHE_HOME/moex or ~/.cache/moex)\n"
             "  --threads N              compute threads (default: all cores)\n"
             "  --name NAME              name shown by the hub (default worker-<hostname>-<pid>)\n"
             "  --capacity W             placement weight, > 0 (default 1)\n"
-            "  --memory-budget BYTES    bytes for experts, suffix K/M/G allowed (default: all the model's)\n"
+            "  --memory-budget BYTES    bytes for experts, suffix K/M/G allowed (default: all the model's);\n"
+            "                           downloaded experts no longer assigned stay cached up to it\n"
             "  --backend cpu            compute backend (only cpu for now)\n"
             "  --backlog N              dispatches queued at most, 1..4096 (default 64)\n"
             "  --reconnect-max-s S      give up after S seconds without a connection (default: never)\n"
@@ -80,8 +84,8 @@ static void set_defaults(moex_worker_options *o) {
 }
 
 static const char *const known_flags[] = {
-    "--hub", "--token", "--model", "--name", "--threads", "--capacity", "--memory-budget", "--backend",
-    "--backlog", "--reconnect-max-s", "--seed", "--inject-delay-ms", "--inject-delay-prob",
+    "--hub", "--token", "--model", "--cache-dir", "--name", "--threads", "--capacity", "--memory-budget",
+    "--backend", "--backlog", "--reconnect-max-s", "--seed", "--inject-delay-ms", "--inject-delay-prob",
     "--inject-exit-after", "--inject-corrupt-prob",
 };
 
@@ -98,6 +102,10 @@ static int apply_flag(moex_worker_options *o, const char *flag, const char *val,
     if (!strcmp(flag, "--hub")) o->hub_url = val;
     else if (!strcmp(flag, "--token")) o->token = val;
     else if (!strcmp(flag, "--model")) o->model_path = val;
+    else if (!strcmp(flag, "--cache-dir")) {
+        if (!*val) return moex_fail(err, "--cache-dir: empty path");
+        o->cache_dir = val;
+    }
     else if (!strcmp(flag, "--name")) {
         if (check_name(val, err)) return -1;
         o->name = val;
@@ -143,7 +151,9 @@ static int check_required(const moex_worker_options *o, moex_error *err) {
     if (strncmp(o->hub_url, "ws://", 5) && strncmp(o->hub_url, "wss://", 6))
         return moex_fail(err, "--hub: '%s' is not a ws:// or wss:// URL", o->hub_url);
     if (!o->token) return moex_fail(err, "--token is required");
-    if (!o->model_path) return moex_fail(err, "--model is required (downloading experts from the hub is not supported yet)");
+    if (o->model_path && o->download)
+        return moex_fail(err, "--model and --download exclude each other (--download fetches the experts from the hub)");
+    if (o->model_path && o->cache_dir) return moex_fail(err, "--cache-dir is for downloads: leave out --model");
     if (o->inject_delay_prob > 0 && o->inject_delay_ms <= 0)
         return moex_fail(err, "--inject-delay-prob needs --inject-delay-ms");
     return 0;
@@ -154,6 +164,10 @@ int moex_worker_parse_args(int argc, char **argv, moex_worker_options *o, moex_e
     for (int a = 1; a < argc; a++) {
         const char *arg = argv[a];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) return 1;
+        if (!strcmp(arg, "--download")) { /* the one flag without a value */
+            o->download = true;
+            continue;
+        }
         if (strncmp(arg, "--", 2)) return moex_fail(err, "unexpected argument '%s' (see --help)", arg);
         /* --flag=value or --flag value */
         char flag[64];

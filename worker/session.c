@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "worker/download_loader.h"
 #include "worker/session_internal.h"
 
 #define TICK_US (100 * LWS_US_PER_MS)
@@ -97,6 +98,12 @@ static void go_fatal(session *s, const char *why) {
     s->fatal_since_s = moex_time_s();
     request_write(s);
     if (s->link != LINK_UP) s->done = true;
+}
+
+/* Download mode: a download that failed for good ends the worker. */
+static void check_loader(session *s) {
+    moex_error err;
+    if (!s->fatal && dl_loader_failed(s, &err)) go_fatal(s, err.msg);
 }
 
 /* After a failed attempt or a lost connection: schedule the next attempt
@@ -186,9 +193,10 @@ static void on_assign(session *s, const moex_proto_msg *msg) {
         char why[400];
         snprintf(why, sizeof why,
                  "model mismatch: the hub serves model %016llx (%u layers x %u experts), this worker has %016llx "
-                 "(%d x %d) from %s",
+                 "(%d x %d) from %s%s",
                  (unsigned long long)a->model_hash, a->n_layers, a->n_experts, (unsigned long long)s->model_hash,
-                 hp->n_layer, hp->n_expert, s->o->model_path);
+                 hp->n_layer, hp->n_expert, s->store ? "the hub at " : "",
+                 s->store ? moex_worker_store_source(s->store) : s->o->model_path);
         send_error(s, msg->h.seq, MOEX_WORKER_ERR_MODEL_MISMATCH, why);
         go_fatal(s, why);
         return;
@@ -210,7 +218,8 @@ static void on_assign(session *s, const moex_proto_msg *msg) {
     for (uint32_t i = 0; i < n; i++) s->assign_list[i] = moex_proto_expert_at(&msg->u.assign.experts, i);
     s->assign_n = n;
     s->assign_g = msg->h.seq;
-    s->assign_pending = true;
+    if (s->loader) dl_loader_post(s); /* downloads first; the loader hands it on */
+    else s->assign_pending = true;
     s->state = MOEX_STATE_LOADING;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -377,6 +386,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         if (s->link == LINK_UP) return on_writeable(s, wsi);
         break;
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED: {
+        check_loader(s);
         pthread_mutex_lock(&s->mu);
         const bool hb = s->hb_now, pending = moex_worker_outbox_count(s->outbox) > 0;
         pthread_mutex_unlock(&s->mu);
@@ -403,6 +413,7 @@ static void on_tick(lws_sorted_usec_list_t *sul) {
     if (*s->stop) s->done = true;
     if (s->fatal && (s->link != LINK_UP || now - s->fatal_since_s > FATAL_FLUSH_S)) s->done = true;
     if (s->done) return;
+    check_loader(s);
     if (s->link == LINK_DOWN && now >= s->next_attempt_s) connect_hub(s);
     if (s->link == LINK_UP) {
         if (now - s->last_rx_s > HUB_SILENCE_S && !s->close_requested) {
@@ -473,8 +484,8 @@ static uint64_t all_experts_bytes(const moex_model *m) {
     return total;
 }
 
-static int session_init(session *s, const moex_worker_options *o, const moex_model *m, volatile sig_atomic_t *stop,
-                        moex_worker_options *own, moex_error *err) {
+static int session_init(session *s, const moex_worker_options *o, const moex_model *m, moex_worker_store *store,
+                        volatile sig_atomic_t *stop, moex_worker_options *own, moex_error *err) {
     memset(s, 0, sizeof *s);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -483,8 +494,9 @@ static int session_init(session *s, const moex_worker_options *o, const moex_mod
     s->o = own;
     s->m = m;
     s->stop = stop;
+    s->store = store;
     if (!moex_hparams_is_moe(&m->hp)) return moex_fail(err, "%s is not a mixture-of-experts model", o->model_path);
-    s->model_hash = moex_gguf_identity(m->gguf);
+    s->model_hash = store ? moex_worker_store_model_hash(store) : moex_gguf_identity(m->gguf);
     s->lim = moex_proto_default_limits();
     s->lim.max_hidden = (uint32_t)m->hp.n_embd;
     s->lim.max_layers = (uint32_t)m->hp.n_layer;
@@ -531,16 +543,18 @@ static struct lws_context *create_context(session *s, moex_error *err) {
     return ctx;
 }
 
-int moex_worker_run(const moex_worker_options *o, const moex_model *m, volatile sig_atomic_t *stop,
-                    moex_worker_stats *stats, moex_error *err) {
+/* store: download mode (m is the store's model), else NULL. */
+static int run_session(const moex_worker_options *o, const moex_model *m, moex_worker_store *store,
+                       volatile sig_atomic_t *stop, moex_worker_stats *stats, moex_error *err) {
     session *s = calloc(1, sizeof *s);
     moex_worker_options own;
     if (!s) return moex_fail(err, "out of memory");
-    int rc = session_init(s, o, m, stop, &own, err);
+    int rc = session_init(s, o, m, store, stop, &own, err);
     pthread_t th;
     bool started = false;
     if (!rc && !(s->ctx = create_context(s, err))) rc = -1;
     if (!rc && !(rc = moex_worker_compute_start(s, &th, err))) started = true;
+    if (!rc && store) rc = dl_loader_start(s, err);
     if (!rc) {
         moex_log(MOEX_LOG_INFO, "worker: model %016llx, %d layers x %d experts, hidden %d; hub %s",
                  (unsigned long long)s->model_hash, m->hp.n_layer, m->hp.n_expert, m->hp.n_embd, o->hub_url);
@@ -551,6 +565,7 @@ int moex_worker_run(const moex_worker_options *o, const moex_model *m, volatile 
         if (s->fatal) rc = moex_fail(err, "%s", s->fatal_err.msg);
         else close_gracefully(s);
     }
+    dl_loader_stop(s);
     if (started) moex_worker_compute_stop(s, th);
     if (s->ctx) {
         lws_sul_cancel(&s->tick);
@@ -560,4 +575,14 @@ int moex_worker_run(const moex_worker_options *o, const moex_model *m, volatile 
     session_free(s);
     free(s);
     return rc;
+}
+
+int moex_worker_run(const moex_worker_options *o, const moex_model *m, volatile sig_atomic_t *stop,
+                    moex_worker_stats *stats, moex_error *err) {
+    return run_session(o, m, NULL, stop, stats, err);
+}
+
+int moex_worker_run_store(const moex_worker_options *o, moex_worker_store *st, volatile sig_atomic_t *stop,
+                          moex_worker_stats *stats, moex_error *err) {
+    return run_session(o, moex_worker_store_model(st), st, stop, stats, err);
 }

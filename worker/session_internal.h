@@ -64,6 +64,10 @@ typedef struct session {
     bool hb_now;                     /* send a heartbeat at once (READY) */
     double busy_s;                   /* compute time since the last heartbeat */
     moex_worker_stats stats;
+
+    /* ---- download mode (download_loader.c) ---- */
+    moex_worker_store *store;        /* NULL: experts come from the worker's own model file */
+    struct dl_loader *loader;        /* its thread; fields under mu */
 } session;
 
 /* compute.c: the compute thread. */

@@ -160,7 +160,9 @@ int moex_worker_buf_reserve(moex_worker_buf *b, size_t headroom, size_t len);
 typedef struct moex_worker_options {
     const char *hub_url;        /* ws://HOST:PORT/PATH (wss:// with TLS) */
     const char *token;
-    const char *model_path;
+    const char *model_path;     /* NULL: download the assigned experts from the hub */
+    bool download;              /* --download: same as leaving out --model */
+    const char *cache_dir;      /* downloads: NULL = $XDG_CACHE_HOME/moex or ~/.cache/moex */
     const char *name;           /* NULL: worker-<hostname>-<pid> */
     int threads;                /* compute pool size; <= 0: all cores */
     double capacity;            /* placement weight, JOIN capacity_centi = round(100 x) */
@@ -196,5 +198,46 @@ typedef struct moex_worker_stats {
  * Signal handlers may set *stop; the session notices within 100 ms. */
 int moex_worker_run(const moex_worker_options *o, const moex_model *m, volatile sig_atomic_t *stop,
                     moex_worker_stats *stats, moex_error *err);
+
+/* ---- expert download: a worker without its own copy of the model ---------
+ *
+ * (download*.c; the hub's endpoints are in docs/PROTOCOL.md, "Expert
+ * download".) The store learns the model from the hub's GET /v1/model, and
+ * for each assignment downloads the experts its cache lacks, resuming
+ * partial files with a Range request and checking each against the hub's
+ * XXH3, into <cache-dir>/<model_hash>/L-E.bin; the worker computes from
+ * read-only mappings of those files. A download thread (download_loader.c)
+ * fetches while the session keeps heartbeating, then hands the assignment
+ * to the compute thread. */
+
+typedef struct moex_worker_store moex_worker_store;
+
+/* Asks the hub for its model (retrying while it is unreachable, up to
+ * --reconnect-max-s; *stop abandons) and opens the cache directory. */
+moex_worker_store *moex_worker_store_open(const moex_worker_options *o, volatile sig_atomic_t *stop, moex_error *err);
+void moex_worker_store_close(moex_worker_store *st);
+/* The model as the hub describes it: hparams (shape fields) and every
+ * expert's matrices (type, shape; data bound once fetched). No GGUF, no
+ * other weights. */
+const moex_model *moex_worker_store_model(const moex_worker_store *st);
+uint64_t moex_worker_store_model_hash(const moex_worker_store *st);
+/* "http://HOST:PORT", for messages. */
+const char *moex_worker_store_source(const moex_worker_store *st);
+/* Binds the listed experts' weights in the store's model: checks cached
+ * files against the hub's hash (once per process), downloads the others
+ * with a progress display. stop is polled between and during requests.
+ * 0 when all are bound, 1 when stopped, 2 when the hub stayed unreachable
+ * over a few retries (err says why; partial files stay for the next try),
+ * -1 with err on a lasting failure (refused, hash mismatch twice, disk). */
+int moex_worker_store_fetch(moex_worker_store *st, const moex_proto_expert *list, uint32_t n, bool (*stop)(void *),
+                            void *stop_ctx, moex_error *err);
+/* Once nothing uses the experts outside list: unmaps them, and deletes the
+ * least recently assigned files while the cache exceeds the memory budget
+ * (--memory-budget; default: the model's experts, so nothing is evicted). */
+void moex_worker_store_trim(moex_worker_store *st, const moex_proto_expert *list, uint32_t n);
+
+/* moex_worker_run for a store: the same session, with experts downloaded. */
+int moex_worker_run_store(const moex_worker_options *o, moex_worker_store *st, volatile sig_atomic_t *stop,
+                          moex_worker_stats *stats, moex_error *err);
 
 #endif
