@@ -298,8 +298,9 @@ static int serve_expert(moex_hub *hub, struct lws *wsi, http_req *r, const char 
     set_expert_body(r, w, (size_t)from, len);
     char peer[64] = "?";
     lws_get_peer_simple(wsi, peer, sizeof peer);
-    moex_log(MOEX_LOG_INFO, "http: %s GET %s%s%s -> %d (%zu bytes)", peer, uri, ranged ? " " : "", ranged ? range : "",
-             ranged ? 206 : 200, len);
+    /* resumed downloads are worth a line; whole experts and hash probes (1 byte) are many */
+    moex_log(from > 0 ? MOEX_LOG_INFO : MOEX_LOG_DEBUG, "http: %s GET %s%s%s -> %d (%zu bytes)", peer, uri,
+             ranged ? " " : "", ranged ? range : "", ranged ? 206 : 200, len);
     return send_head(wsi, ranged ? HTTP_STATUS_PARTIAL_CONTENT : HTTP_STATUS_OK, "application/octet-stream", len, hex,
                      ranged ? crange : NULL);
 }
@@ -308,10 +309,13 @@ static int serve_expert(moex_hub *hub, struct lws *wsi, http_req *r, const char 
 
 static int on_request(moex_hub *hub, struct lws *wsi, http_req *r) {
     char uri[256] = "";
-    if (lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) <= 0) {
+    const int uri_len = lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI);
+    if (uri_len <= 0) { /* HEAD, POST, ...: the connection may carry a body we do not read */
         lws_return_http_status(wsi, HTTP_STATUS_METHOD_NOT_ALLOWED, "only GET");
         return -1;
     }
+    if (uri_len >= (int)sizeof uri || lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) <= 0)
+        return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, "(long path)", "not found");
     if (!token_ok(hub, wsi)) {
         pthread_mutex_lock(&hub->mu);
         hub->metrics.refused++;

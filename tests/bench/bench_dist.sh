@@ -17,9 +17,9 @@ RT=$W/rt-h2048.gguf
   --experts 8 --experts-used 1 --expert-ff 768 --layers 8 --vocab "$V/ggml-vocab-llama-spm.gguf" --type q4_K_M \
   --seed 7 -o "$RT" --quiet
 P=$(port)
-"$B/moex-worker" --hub "ws://127.0.0.1:$P/ws" --model "$RT" --threads 1 --name rt0 2>"$W/rt-worker.log" &
+"$B/moex-worker" --hub "ws://127.0.0.1:$P/ws" --token bench --model "$RT" --threads 1 --name rt0 2>"$W/rt-worker.log" &
 WP=$!
-"$B/moex-hub" -m "$RT" --port "$P" --replicas 1 --min-workers 1 --prompt-tokens 1,2,3 -n 256 --temp 0 \
+"$B/moex-hub" -m "$RT" --port "$P" --token bench --replicas 1 --min-workers 1 --prompt-tokens 1,2,3 -n 256 --temp 0 \
   --ignore-eos --print-tokens --threads 1 >/dev/null 2>"$W/rt-hub.log"
 kill -TERM $WP; wait $WP || true
 lat=$(grep -E '^  rt0 ' "$W/rt-hub.log" | awk '{print $2, $3, $4}')
@@ -38,9 +38,9 @@ echo "| --local | prompt $lp tok/s | decode $ld tok/s |"
 for n in 1 2 3; do
   P=$(port); pids=()
   for i in $(seq 1 $n); do
-    "$B/moex-worker" --hub "ws://127.0.0.1:$P/ws" --model "$M" --threads 1 --name "b$i" 2>/dev/null & pids+=($!)
+    "$B/moex-worker" --hub "ws://127.0.0.1:$P/ws" --token bench --model "$M" --threads 1 --name "b$i" 2>/dev/null & pids+=($!)
   done
-  read -r dp dd < <("$B/moex-hub" -m "$M" --port "$P" --replicas 1 --min-workers $n --prompt-tokens "$(seq -s, 1 64)" \
+  read -r dp dd < <("$B/moex-hub" -m "$M" --port "$P" --token bench --replicas 1 --min-workers $n --prompt-tokens "$(seq -s, 1 64)" \
     -n 64 --temp 0 --ignore-eos --print-tokens 2>&1 >/dev/null | stats)
   kill -TERM "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true
   echo "| hub + $n workers (r=1) | prompt $dp tok/s ($(echo "$dp / $lp" | bc -l | xargs printf %.2f)x) | decode $dd tok/s ($(echo "$dd / $ld" | bc -l | xargs printf %.2f)x) |"
