@@ -52,6 +52,7 @@ static void usage(FILE *f) {
             "  --weights   auto | float | blocks: quantize drawn floats, or draw quantized blocks directly\n"
             "              (fast; auto uses it above 134 M params)\n"
             "  --threads N generator threads (default: all cores)   --quiet  no progress\n"
+            "  --dry-run   list the tensors (name, type, shape) and the size; write nothing\n"
             "presets (layers hidden heads/kv head_dim ff experts/used expert_ff ctx):\n");
     for (int i = 0; i < N_PRESETS; i++) {
         const gen_preset *p = &presets[i];
@@ -159,7 +160,7 @@ typedef struct gen_args {
     const char *arch, *preset, *vocab, *type, *out;
     const char *dims[N_DIM_FLAGS];
     const char *rope_base, *rms_eps, *seed, *weights, *threads;
-    bool tied, quiet, help;
+    bool tied, quiet, help, dry_run;
 } gen_args;
 
 /* Collects flags; values are checked once the preset is known. 0, or 2 for bad usage. */
@@ -170,6 +171,7 @@ static int collect_args(int argc, char **argv, gen_args *a) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { a->help = true; continue; }
         if (!strcmp(f, "--tied")) { a->tied = true; continue; }
         if (!strcmp(f, "--quiet") || !strcmp(f, "-q")) { a->quiet = true; continue; }
+        if (!strcmp(f, "--dry-run")) { a->dry_run = true; continue; }
         const char **slot = NULL;
         if (!strcmp(f, "--arch")) slot = &a->arch;
         else if (!strcmp(f, "--preset")) slot = &a->preset;
@@ -281,14 +283,16 @@ static int config_from_args(const gen_args *a, gen_config *c) {
     }
     c->tied = a->tied;
     c->quiet = a->quiet;
+    c->dry_run = a->dry_run;
     return check_config(c);
 }
 
 /* ---- the vocabulary ---- */
 
 static int vocab_size(const moex_gguf *v, const char *path, int64_t *n, moex_error *err) {
-    const moex_gguf_value *tokens = moex_gguf_get_array(v, "tokenizer.ggml.tokens", MOEX_GGUF_STRING, err);
-    if (!tokens) return moex_fail(err, "%s has no tokenizer (tokenizer.ggml.tokens): %s", path, err->msg);
+    moex_error why = {{0}};
+    const moex_gguf_value *tokens = moex_gguf_get_array(v, "tokenizer.ggml.tokens", MOEX_GGUF_STRING, &why);
+    if (!tokens) return moex_fail(err, "%s has no usable tokenizer (tokenizer.ggml.tokens): %s", path, why.msg);
     if (tokens->v.arr.n < 1 || tokens->v.arr.n > (1 << 24))
         return moex_fail(err, "%s: %llu tokens is not a usable vocabulary", path, (unsigned long long)tokens->v.arr.n);
     *n = (int64_t)tokens->v.arr.n;
@@ -332,6 +336,17 @@ static void note_fallbacks(const gen_plan *plan, bool quiet) {
     }
 }
 
+static void print_plan(const gen_config *c, const gen_plan *plan) {
+    for (int i = 0; i < plan->n_tensors; i++) {
+        const gen_tensor *t = &plan->tensors[i];
+        printf("%-32s %-5s [%lld", t->name, moex_type_get(t->type)->name, (long long)t->ne[0]);
+        for (uint32_t d = 1; d < t->n_dims; d++) printf(", %lld", (long long)t->ne[d]);
+        printf("]\n");
+    }
+    printf("%s %s: %d tensors, %.3f B params, %.2f GB of tensor data, vocab %lld\n", gen_arch_name(c->arch), c->preset,
+           plan->n_tensors, (double)plan->n_params / 1e9, (double)plan->data_bytes / 1e9, (long long)c->n_vocab);
+}
+
 static int write_model(const gen_config *cfg, const moex_gguf *vocab, const gen_plan *plan, const char *path,
                        moex_error *err) {
     moex_gguf_writer *w = moex_gguf_writer_open(path, err);
@@ -343,16 +358,15 @@ static int write_model(const gen_config *cfg, const moex_gguf *vocab, const gen_
         if (moex_gguf_writer_tensor(w, t->name, t->type, t->n_dims, t->ne)) rc = -1;
     }
     if (!rc && moex_gguf_writer_begin_data(w)) rc = -1;
-    moex_error gen_err = {{0}};
-    bool gen_failed = !rc && gen_write_tensors(cfg, plan, w, &gen_err);
-    /* close() reports the writer's own error (and removes the partial file). */
-    if (moex_gguf_writer_close(w, err)) return -1;
-    if (gen_failed) {
-        *err = gen_err;
-        remove(path);
+    if (!rc && gen_write_tensors(cfg, plan, w, err)) {
+        /* The generator's error is the cause; the writer would only add that
+         * tensors are incomplete. close() still removes the partial file. */
+        moex_error ignored;
+        moex_gguf_writer_close(w, &ignored);
         return -1;
     }
-    return rc;
+    /* close() reports the writer's own error (and removes the partial file). */
+    return moex_gguf_writer_close(w, err);
 }
 
 static int generate(const gen_config *cfg, const char *vocab_path, const char *out, moex_error *err) {
@@ -364,6 +378,11 @@ static int generate(const gen_config *cfg, const char *vocab_path, const char *o
     char tmp[4096];
     if (vocab_size(vocab, vocab_path, &c.n_vocab, err) || gen_plan_build(&c, &plan, err)) goto out_vocab;
     note_fallbacks(&plan, c.quiet);
+    if (c.dry_run) {
+        print_plan(&c, &plan);
+        rc = 0;
+        goto out_plan;
+    }
     if (check_disk_space(out, plan.data_bytes + vocab->size + (uint64_t)plan.n_tensors * 128, err)) goto out_plan;
     /* Write beside the target, rename when complete: an interrupted run never
      * leaves a file that looks like a finished model. */

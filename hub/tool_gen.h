@@ -44,6 +44,7 @@ typedef struct gen_config {
     uint64_t seed;
     int threads;
     bool quiet;
+    bool dry_run;          /* list the tensors and sizes, write nothing */
 } gen_config;
 
 /* How a tensor's values are drawn. */

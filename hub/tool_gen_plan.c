@@ -38,9 +38,6 @@ const char *gen_arch_gguf_name(gen_arch a) { return a == GEN_MIXTRAL ? "llama" :
 static bool arch_is_moe(gen_arch a) { return a == GEN_QWEN3MOE || a == GEN_MIXTRAL; }
 static bool arch_has_qk_norm(gen_arch a) { return a == GEN_QWEN3MOE || a == GEN_QWEN3; }
 
-/* Mixtral keeps the expert FFN size in feed_forward_length; qwen3moe has its own key. */
-static int64_t expert_ff(const gen_config *cfg) { return cfg->n_ff_exp; }
-
 /* llama.cpp's choice of layers that get more bits in the _M mixes. */
 static bool use_more_bits(int64_t layer, int64_t n_layer) {
     return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
@@ -165,7 +162,7 @@ static int add_ffn(plan_builder *b, int64_t il, moex_error *err) {
                add_matrix(b, LNAME(n, MOEX_T_FFN_DOWN, il), ROLE_FFN_DOWN, il, c->n_ff, c->n_embd, 1, err);
     /* Router: f32; std 1.5/sqrt(n_embd) gives router logits of std ~1.5, so
      * routing is neither uniform nor stuck on one expert. */
-    int64_t ff = expert_ff(c);
+    int64_t ff = c->n_ff_exp;
     return add_matrix(b, LNAME(n, MOEX_T_FFN_ROUTER, il), ROLE_ROUTER, il, c->n_embd, c->n_expert, 1.5f, err) ||
            add_experts(b, LNAME(n, MOEX_T_FFN_GATE_EXPS, il), ROLE_FFN_GATE_UP, il, c->n_embd, ff, err) ||
            add_experts(b, LNAME(n, MOEX_T_FFN_UP_EXPS, il), ROLE_FFN_GATE_UP, il, c->n_embd, ff, err) ||

@@ -1,0 +1,41 @@
+# `moex-gguf gen` (random-weight test models) and llama.cpp as a peer.
+set(MOEX_PEER_PYTHON /usr/bin/python3 CACHE FILEPATH "python3 with numpy, for the peer and generator tests")
+
+# The checker: opens a generated model with our reader and compares tensors,
+# shapes, types, hyperparameters and weight statistics with expectations of its own.
+add_executable(test_gen_check ${CMAKE_CURRENT_LIST_DIR}/test_gen_check.c)
+target_link_libraries(test_gen_check PRIVATE moex_kernels Threads::Threads ${MATH_LIB})
+set_target_properties(test_gen_check PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+
+foreach(group models determinism usage)
+  add_test(NAME gen_${group}
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_gen.sh ${group} $<TARGET_FILE:moex-gguf>
+                   $<TARGET_FILE:test_gen_check> ${MOEX_FIXTURES} ${CMAKE_BINARY_DIR}/tests/gen_${group})
+  set_tests_properties(gen_${group} PROPERTIES TIMEOUT 180 LABELS "gen")
+endforeach()
+# The weights re-derived bit for bit by an independent NumPy implementation of the PRNG.
+add_test(NAME gen_prng
+         COMMAND ${MOEX_PEER_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_gen_prng.py $<TARGET_FILE:moex-gguf>
+                 ${MOEX_FIXTURES}/vocab/ggml-vocab-llama-spm.gguf ${CMAKE_BINARY_DIR}/tests/gen_prng)
+set_tests_properties(gen_prng PROPERTIES TIMEOUT 60 LABELS "gen")
+
+# llama.cpp peer (prebuilt, from the npm registry, into <repo>/.peer): our
+# logits against llama.cpp's on every architecture. Skipped (exit 77) where
+# the peer cannot be set up. The tests share .peer, so they run one at a time.
+# Tolerances (tests/peer/peer_compare.py), relative L2 per logit row: f32 1e-3
+# (measured 4e-7 dense, 2.9e-4 MoE), f16 5e-3, bf16 2e-2, quantized 5e-2
+# (measured <= 1.8e-2), plus on MoE up to 2 rows below 0.5 where a near-tied
+# router choice flipped (measured up to 0.32).
+foreach(arch qwen3moe qwen3 llama mixtral)
+  add_test(NAME peer_logits_${arch}
+           COMMAND ${MOEX_PEER_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/peer/peer_compare.py
+                   --hub $<TARGET_FILE:moex-hub> --gguf $<TARGET_FILE:moex-gguf> --fixtures ${MOEX_FIXTURES}
+                   --workdir ${CMAKE_BINARY_DIR}/tests/peer_${arch} --arch ${arch} --type f32,q4_K,mixed)
+  set_tests_properties(peer_logits_${arch} PROPERTIES TIMEOUT 300 LABELS "peer" SKIP_RETURN_CODE 77
+                       RESOURCE_LOCK moex_peer)
+endforeach()
+# The benchmark script end to end on a tiny model (the real run: tests/peer/bench_local.sh BUILD_DIR).
+add_test(NAME peer_bench_smoke
+         COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/peer/bench_local.sh ${CMAKE_BINARY_DIR} --smoke)
+set_tests_properties(peer_bench_smoke PROPERTIES TIMEOUT 300 LABELS "peer" SKIP_RETURN_CODE 77
+                     RESOURCE_LOCK moex_peer)

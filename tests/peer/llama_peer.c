@@ -1,0 +1,280 @@
+/* llama.cpp as a peer: reference logits and a speed benchmark on the same
+ * GGUF files our engine runs. Built by setup_peer.sh against the prebuilt
+ * llama.cpp of the node-llama-cpp npm package (not part of the CMake build).
+ *
+ *   llama_peer logits MODEL TOKENS_CSV N_GEN OUT.f32 [--threads T]
+ *       Evaluates the prompt as one batch, then greedily generates N_GEN
+ *       tokens one at a time. OUT.f32 gets float32 logits [position][vocab]
+ *       for every evaluated position (prompt positions first; the last
+ *       generated token is not evaluated). The generated ids go to stdout,
+ *       space-separated. KV cache in f32 and no flash attention, so f32 models
+ *       can be compared tightly.
+ *   llama_peer bench MODEL [--threads T] [-p 512] [-n 128] [-r 3]
+ *       llama-bench's pp/tg tests: prompt tok/s for one batch of -p tokens,
+ *       decode tok/s for -n single tokens from an empty context; CPU only,
+ *       one warm-up, median of -r repetitions. Prints "key value" lines.
+ *   llama_peer info MODEL      loads the model and prints what llama.cpp sees. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+#ifndef PEER_BACKEND_DIR
+#define PEER_BACKEND_DIR "."
+#endif
+
+static int verbose;
+
+static void quiet_log(enum ggml_log_level level, const char *text, void *ud) {
+    (void)ud;
+    if (verbose || level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static bool no_progress_dots(float progress, void *ud) {
+    (void)progress, (void)ud;
+    return true;
+}
+
+static struct llama_model *load_model(const char *path) {
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    if (!verbose) mp.progress_callback = no_progress_dots;
+    struct llama_model *m = llama_model_load_from_file(path, mp);
+    if (!m) fprintf(stderr, "llama_peer: llama.cpp could not load %s (run with LLAMA_PEER_VERBOSE=1 for its log)\n", path);
+    return m;
+}
+
+static struct llama_context *new_context(struct llama_model *m, int n_ctx, int n_batch, int threads, int exact) {
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)n_ctx;
+    cp.n_batch = cp.n_ubatch = (uint32_t)n_batch;
+    cp.n_threads = cp.n_threads_batch = threads;
+    cp.no_perf = 1;
+    if (exact) {   /* f32 KV cache and plain attention: nothing rounds what the model computes */
+        cp.type_k = cp.type_v = GGML_TYPE_F32;
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    }
+    struct llama_context *ctx = llama_init_from_model(m, cp);
+    if (!ctx) fprintf(stderr, "llama_peer: cannot create a llama.cpp context\n");
+    return ctx;
+}
+
+/* Decodes tokens at positions pos0.. in one batch; logits for all or only the last. */
+static int decode(struct llama_context *ctx, const llama_token *toks, int n, int pos0, int all_logits) {
+    struct llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; i++) {
+        b.token[i] = toks[i];
+        b.pos[i] = pos0 + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = (int8_t)(all_logits || i == n - 1);
+    }
+    b.n_tokens = n;
+    int rc = llama_decode(ctx, b);
+    llama_batch_free(b);
+    if (rc) fprintf(stderr, "llama_peer: llama_decode failed (%d)\n", rc);
+    return rc;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int parse_tokens(const char *csv, llama_token **out) {
+    int cap = 16, n = 0;
+    llama_token *t = malloc((size_t)cap * sizeof *t);
+    const char *p = csv;
+    while (t && *p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 0x7fffffff) {
+            fprintf(stderr, "llama_peer: bad token list '%s'\n", csv);
+            free(t);
+            return -1;
+        }
+        if (n == cap && !(t = realloc(t, (size_t)(cap *= 2) * sizeof *t))) break;
+        t[n++] = (llama_token)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+            fprintf(stderr, "llama_peer: bad token list '%s'\n", csv);
+            free(t);
+            return -1;
+        }
+    }
+    if (!t || !n) {
+        free(t);
+        return -1;
+    }
+    *out = t;
+    return n;
+}
+
+static int write_rows(FILE *f, struct llama_context *ctx, int first, int n, int n_vocab) {
+    for (int i = first; i < first + n; i++) {
+        const float *row = llama_get_logits_ith(ctx, i);
+        if (!row || fwrite(row, sizeof(float), (size_t)n_vocab, f) != (size_t)n_vocab) return -1;
+    }
+    return 0;
+}
+
+static int cmd_logits(struct llama_model *m, const char *csv, int n_gen, const char *out, int threads) {
+    llama_token *prompt;
+    int n_prompt = parse_tokens(csv, &prompt);
+    if (n_prompt < 0) return 2;
+    int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] >= n_vocab) {
+            fprintf(stderr, "llama_peer: token %d is outside the vocabulary of %d\n", prompt[i], n_vocab);
+            return 2;
+        }
+    struct llama_context *ctx = new_context(m, n_prompt + n_gen + 8, n_prompt > 64 ? n_prompt : 64, threads, 1);
+    FILE *f = fopen(out, "wb");
+    int rc = !ctx || !f;
+    if (f == NULL) fprintf(stderr, "llama_peer: cannot write %s\n", out);
+    if (!rc) rc = decode(ctx, prompt, n_prompt, 0, 1) || write_rows(f, ctx, 0, n_prompt, n_vocab);
+    int pos = n_prompt;
+    for (int g = 0; !rc && g < n_gen; g++) {
+        llama_token next = argmax(llama_get_logits_ith(ctx, -1), n_vocab);
+        printf(g ? " %d" : "%d", next);
+        if (g + 1 < n_gen) rc = decode(ctx, &next, 1, pos++, 1) || write_rows(f, ctx, 0, 1, n_vocab);
+    }
+    printf("\n");
+    if (f && fclose(f)) rc = 1;
+    if (ctx) llama_free(ctx);
+    free(prompt);
+    return rc ? 1 : 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int cmd_bench(struct llama_model *m, int threads, int n_p, int n_g, int reps) {
+    int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
+    int n_batch = n_p > 1 ? n_p : 1;
+    struct llama_context *ctx = new_context(m, n_p + n_g + 8, n_batch, threads, 0);
+    if (!ctx) return 1;
+    llama_token *toks = malloc((size_t)(n_p > 1 ? n_p : 1) * sizeof *toks);
+    for (int i = 0; i < n_p; i++) toks[i] = (llama_token)((i * 7919 + 13) % n_vocab);  /* like llama-bench: arbitrary ids */
+    double *pp = calloc((size_t)reps, sizeof *pp), *tg = calloc((size_t)reps, sizeof *tg);
+    int rc = 0;
+    llama_memory_t mem = llama_get_memory(ctx);
+    /* Warm-up: a batch and a single token, as llama-bench does (graphs and buffers get allocated). */
+    if (n_p > 0) rc |= decode(ctx, toks, n_p, 0, 0);
+    llama_memory_clear(mem, 1);
+    if (n_g > 0 && !rc) rc |= decode(ctx, toks, 1, 0, 0);
+    llama_memory_clear(mem, 1);
+    for (int r = 0; r < reps && !rc; r++) {
+        if (n_p > 0) {
+            llama_memory_clear(mem, 1);
+            double t0 = now_s();
+            rc |= decode(ctx, toks, n_p, 0, 0);
+            llama_synchronize(ctx);
+            pp[r] = n_p / (now_s() - t0);
+        }
+        if (n_g > 0) {
+            llama_memory_clear(mem, 1);
+            llama_token t = toks[0];
+            double t0 = now_s();
+            for (int i = 0; i < n_g && !rc; i++) {
+                rc |= decode(ctx, &t, 1, i, 0);
+                t = (llama_token)((t + 1) % n_vocab);
+            }
+            llama_synchronize(ctx);
+            tg[r] = n_g / (now_s() - t0);
+        }
+        fprintf(stderr, "llama_peer: rep %d: pp%d %.2f tok/s, tg%d %.2f tok/s\n", r + 1, n_p, pp[r], n_g, tg[r]);
+    }
+    if (!rc) {
+        printf("threads %d\n", threads);
+        if (n_p > 0) printf("pp%d_tok_s %.3f\n", n_p, median(pp, reps));
+        if (n_g > 0) printf("tg%d_tok_s %.3f\n", n_g, median(tg, reps));
+    }
+    free(pp);
+    free(tg);
+    free(toks);
+    llama_free(ctx);
+    return rc ? 1 : 0;
+}
+
+static int cmd_info(struct llama_model *m) {
+    char desc[256];
+    llama_model_desc(m, desc, sizeof desc);
+    printf("desc %s\n", desc);
+    printf("n_vocab %d\n", llama_vocab_n_tokens(llama_model_get_vocab(m)));
+    printf("n_params %llu\n", (unsigned long long)llama_model_n_params(m));
+    printf("size %llu\n", (unsigned long long)llama_model_size(m));
+    printf("system %s\n", llama_print_system_info());
+    return 0;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: llama_peer logits MODEL TOKENS_CSV N_GEN OUT.f32 [--threads T]\n"
+                    "       llama_peer bench MODEL [--threads T] [-p 512] [-n 128] [-r 3]\n"
+                    "       llama_peer info MODEL\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        usage();
+        return 2;
+    }
+    const char *mode = argv[1], *model = argv[2];
+    int threads = 2, n_p = 512, n_g = 128, reps = 3, n_pos = 0;
+    const char *pos[3] = {0};
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--threads") && has) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "-p") && has) n_p = atoi(argv[++i]);
+        else if (!strcmp(a, "-n") && has) n_g = atoi(argv[++i]);
+        else if (!strcmp(a, "-r") && has) reps = atoi(argv[++i]);
+        else if (n_pos < 3) pos[n_pos++] = a;
+        else {
+            usage();
+            return 2;
+        }
+    }
+    if (threads < 1 || reps < 1 || n_p < 0 || n_g < 0) {
+        usage();
+        return 2;
+    }
+    verbose = getenv("LLAMA_PEER_VERBOSE") != NULL;
+    llama_log_set(quiet_log, NULL);
+    /* The CPU backends (one per ISA level) are plugins next to libllama. */
+    const char *backends = getenv("LLAMA_PEER_BACKEND_DIR");
+    ggml_backend_load_all_from_path(backends ? backends : PEER_BACKEND_DIR);
+    llama_backend_init();
+    struct llama_model *m = load_model(model);
+    if (!m) return 1;
+    int rc;
+    if (!strcmp(mode, "logits") && n_pos == 3) rc = cmd_logits(m, pos[0], atoi(pos[1]), pos[2], threads);
+    else if (!strcmp(mode, "bench") && n_pos == 0) rc = cmd_bench(m, threads, n_p, n_g, reps);
+    else if (!strcmp(mode, "info") && n_pos == 0) rc = cmd_info(m);
+    else {
+        usage();
+        rc = 2;
+    }
+    llama_model_free(m);
+    llama_backend_free();
+    return rc;
+}

@@ -1,0 +1,75 @@
+#!/bin/sh
+# Sets up llama.cpp as a peer in <repo>/.peer (gitignored):
+#   - the prebuilt CPU llama.cpp of the node-llama-cpp npm package
+#     (@node-llama-cpp/linux-x64: libllama + libggml*, one CPU backend per ISA),
+#   - its headers, from the llama.cpp source bundle node-llama-cpp ships,
+#   - .peer/bin/llama_peer (tests/peer/llama_peer.c) linked against them,
+#   - .peer/VERSION: the package and llama.cpp release it reports.
+# Idempotent: does nothing when llama_peer is newer than its source.
+# Exit 0 when ready, 77 when the peer cannot be set up here (no npm, no
+# registry, not x86-64 Linux): callers treat that as "skip".
+# Env: MOEX_PEER_DIR (default <repo>/.peer), NODE_LLAMA_CPP_VERSION (3.22.1).
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+peer=${MOEX_PEER_DIR:-$repo/.peer}
+version=${NODE_LLAMA_CPP_VERSION:-3.22.1}
+bin=$peer/bin/llama_peer
+src=$here/llama_peer.c
+
+skip() { echo "setup_peer: $*; llama.cpp peer unavailable" >&2; exit 77; }
+
+if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ -f "$peer/VERSION" ]; then
+    exit 0
+fi
+
+[ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] || skip "only x86-64 Linux binaries are used"
+command -v npm >/dev/null 2>&1 || skip "npm not found"
+command -v git >/dev/null 2>&1 || skip "git not found (needed to read llama.cpp headers from the bundle)"
+cc=${CC:-cc}
+command -v "$cc" >/dev/null 2>&1 || skip "no C compiler"
+
+mkdir -p "$peer/bin"
+mods=$peer/node_modules
+bins=$mods/@node-llama-cpp/linux-x64/bins/linux-x64
+if [ ! -d "$bins" ] || [ ! -f "$mods/node-llama-cpp/llama/gitRelease.bundle" ]; then
+    echo "setup_peer: npm install node-llama-cpp@$version (prebuilt llama.cpp, CPU)" >&2
+    # --ignore-scripts: no postinstall downloads or builds; --omit=optional:
+    # none of the CUDA/Vulkan/other-OS binaries, only the one named here.
+    timeout 600 npm install --prefix "$peer" --ignore-scripts --omit=optional --no-audit --no-fund \
+        "node-llama-cpp@$version" "@node-llama-cpp/linux-x64@$version" >&2 || skip "npm install failed (registry unreachable?)"
+fi
+[ -d "$bins" ] || skip "the package has no linux-x64 binaries"
+
+# Headers: exactly the llama.cpp revision the binaries were built from.
+inc=$peer/llama.cpp
+if [ ! -f "$inc/include/llama.h" ]; then
+    tmp=$peer/bundle.git
+    rm -rf "$tmp" "$inc"
+    git init -q --bare "$tmp"
+    git -C "$tmp" fetch -q "$mods/node-llama-cpp/llama/gitRelease.bundle" HEAD
+    mkdir -p "$inc"
+    git -C "$tmp" archive FETCH_HEAD include ggml/include | tar -x -C "$inc"
+    git -C "$tmp" rev-parse FETCH_HEAD > "$inc/COMMIT"
+    rm -rf "$tmp"
+fi
+
+libllama=$(cd "$bins" && ls libllama.*so* 2>/dev/null | grep -v common | head -n 1)
+libggml=$(cd "$bins" && ls libggml.*so* 2>/dev/null | head -n 1)
+[ -n "$libllama" ] && [ -n "$libggml" ] || skip "libllama/libggml not found in $bins"
+
+"$cc" -O2 -std=c11 -Wall -I"$inc/include" -I"$inc/ggml/include" -DPEER_BACKEND_DIR="\"$bins\"" \
+    "$src" -o "$bin.tmp" -L"$bins" "-l:$libllama" "-l:$libggml" -l:libggml-base.so -Wl,-rpath,"$bins" -lm \
+    || skip "compiling llama_peer.c failed"
+mv "$bin.tmp" "$bin"
+
+release=$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$mods/node-llama-cpp/llama/llama.cpp.info.json" 2>/dev/null || true)
+pkg=$(sed -n 's/.*"version": *"\([^"]*\)".*/\1/p' "$mods/node-llama-cpp/package.json" | head -n 1)
+{
+    echo "node-llama-cpp $pkg"
+    echo "llama.cpp release ${release:-unknown} (ggml-org/llama.cpp, as packaged by node-llama-cpp)"
+    echo "llama.cpp bundle commit $(cat "$inc/COMMIT")"
+    echo "libraries $bins"
+} > "$peer/VERSION"
+cat "$peer/VERSION" >&2
