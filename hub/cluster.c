@@ -12,8 +12,34 @@
 
 static size_t bitmap_bytes(const moex_hub *hub) { return ((size_t)hub->n_layers * hub->n_experts + 7) / 8; }
 
+void hub_worker_free(hub_worker *w) {
+    for (tx_frame *f = w->tx_head, *next; f; f = next) {
+        next = f->next;
+        free(f);
+    }
+    free(w->rx);
+    free(w->assigned);
+    free(w->usable);
+    free(w);
+}
+
+/* Departed workers stay listed for the metrics; when the table is full the
+ * oldest departed one (not an evicted one: its name stays banned) makes room. */
+static bool reclaim_departed(moex_hub *hub) {
+    for (int i = 0; i < hub->n_workers; i++) {
+        hub_worker *w = hub->workers[i];
+        if (!w->wsi && !w->evicted) {
+            hub_worker_free(w);
+            memmove(&hub->workers[i], &hub->workers[i + 1], (size_t)(hub->n_workers - i - 1) * sizeof w);
+            hub->n_workers--;
+            return true;
+        }
+    }
+    return false;
+}
+
 hub_worker *hub_worker_new(moex_hub *hub, struct lws *wsi) {
-    if (hub->n_workers == HUB_MAX_WORKERS) return NULL;
+    if (hub->n_workers == HUB_MAX_WORKERS && !reclaim_departed(hub)) return NULL;
     hub_worker *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     w->assigned = calloc(1, bitmap_bytes(hub));
@@ -263,10 +289,7 @@ void hub_worker_gone(moex_hub *hub, hub_worker *w, const char *why) {
                 hub->workers[i] = hub->workers[--hub->n_workers];
                 break;
             }
-        free(w->rx);
-        free(w->assigned);
-        free(w->usable);
-        free(w);
+        hub_worker_free(w);
         return;
     }
     if ((was_member || w->evicted) && !atomic_load(&hub->stop)) rebalance(hub);

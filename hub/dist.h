@@ -118,6 +118,7 @@ struct moex_hub {
 /* cluster.c */
 hub_worker *hub_worker_new(moex_hub *hub, struct lws *wsi);
 void hub_worker_gone(moex_hub *hub, hub_worker *w, const char *why);
+void hub_worker_free(hub_worker *w);
 hub_worker *hub_worker_by_id(moex_hub *hub, uint32_t id);
 int hub_handle_frame(moex_hub *hub, hub_worker *w, const uint8_t *frame, size_t len);
 void hub_send(moex_hub *hub, hub_worker *w, const uint8_t *frame, size_t len);

@@ -364,17 +364,7 @@ void moex_hub_stop(moex_hub *hub) {
         if (hub->tick_thread) pthread_join(hub->tick_thread, NULL);
         lws_context_destroy(hub->ctx); /* closes connections: CLOSED callbacks free nothing we still need */
     }
-    for (int i = 0; i < hub->n_workers; i++) {
-        hub_worker *w = hub->workers[i];
-        for (tx_frame *f = w->tx_head, *next; f; f = next) {
-            next = f->next;
-            free(f);
-        }
-        free(w->rx);
-        free(w->assigned);
-        free(w->usable);
-        free(w);
-    }
+    for (int i = 0; i < hub->n_workers; i++) hub_worker_free(hub->workers[i]);
     for (int i = 0; i < hub->cap_tasks; i++) {
         free(hub->tasks[i].rows);
         free(hub->tasks[i].gates);
