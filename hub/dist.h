@@ -72,6 +72,7 @@ typedef struct hub_task {
     uint32_t dup_from;
     bool dup_pending;
     bool verify;                 /* recompute on the hub after the layer */
+    bool dup_seen;               /* dup_pending as of the layer's end */
 } hub_task;
 
 typedef struct hub_metrics {

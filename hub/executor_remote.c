@@ -272,7 +272,7 @@ static int verify_task(moex_hub *hub, int layer, hub_task *t) {
         if (w) hub_evict(hub, w, why);
         memcpy(t->result, hub->check, n * sizeof(float));
     }
-    if (t->dup_pending && rel_l2(t->dup, hub->check, n) > VERIFY_TOLERANCE) {
+    if (t->dup_seen && rel_l2(t->dup, hub->check, n) > VERIFY_TOLERANCE) {
         hub_worker *w = hub_worker_by_id(hub, t->dup_from);
         hub->metrics.verify_mismatches++;
         if (w) hub_evict(hub, w, "a hedged duplicate differs from the hub's result");
@@ -348,7 +348,7 @@ static int encode_task(moex_hub *hub, int layer, hub_task *t, moex_error *err) {
 static void reset_task(hub_task *t, uint32_t seq) {
     t->seq = seq;
     t->n_sent = 0;
-    t->done = t->local = t->dup_pending = false;
+    t->done = t->local = t->dup_pending = t->dup_seen = t->verify = false;
     t->deadline_s = t->hedge_at_s = INFINITY;
 }
 
@@ -414,15 +414,19 @@ static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
     }
     for (int i = 0; i < n_tasks; i++) {
         hub_task *t = &hub->tasks[i];
-        t->verify = !t->local && (t->dup_pending || (hub->cfg.verify_p > 0 &&
-                                                     (next_random(hub) >> 11) * 0x1.0p-53 < hub->cfg.verify_p));
+        t->verify = !t->local && hub->cfg.verify_p > 0 && (next_random(hub) >> 11) * 0x1.0p-53 < hub->cfg.verify_p;
+        t->dup_seen = !t->local && t->dup_pending; /* its dup buffer no longer changes */
     }
     pthread_mutex_unlock(&hub->mu);
     if (rc) return rc;
 
-    for (int i = 0; i < n_tasks; i++)
-        if (hub->tasks[i].verify && verify_task(hub, layer, &hub->tasks[i]))
-            return moex_fail(err, "verification failed to compute");
+    /* Sampled results are recomputed here; two replicas that disagree are settled here too. */
+    const size_t d_sz = (size_t)d;
+    for (int i = 0; i < n_tasks; i++) {
+        hub_task *t = &hub->tasks[i];
+        bool disagree = t->dup_seen && rel_l2(t->dup, t->result, (size_t)t->n_tokens * d_sz) > VERIFY_TOLERANCE;
+        if ((t->verify || disagree) && verify_task(hub, layer, t)) return moex_fail(err, "verification failed to compute");
+    }
     for (int64_t tok = 0; tok < req->n_tokens; tok++) {
         float *o = req->out + tok * d;
         for (int j = 0; j < k; j++) {
@@ -471,7 +475,7 @@ void hub_task_result(moex_hub *hub, hub_worker *w, const moex_proto_msg *msg) {
     w->consecutive_timeouts = 0;
     const size_t d = (size_t)hub->m->hp.n_embd;
     if (t->done) {
-        if (!t->local && !t->dup_pending && hub->cfg.verify_p > 0 && t->winner != w->id) {
+        if (!t->local && !t->dup_pending && t->winner != w->id) { /* a hedged duplicate: compared after the layer */
             for (uint32_t i = 0; i < v->n_tokens; i++) moex_proto_tensor_row_f32(v, i, t->dup + i * d);
             t->dup_from = w->id;
             t->dup_pending = true;

@@ -9,6 +9,7 @@
  * one activation buffer sub-allocated statically, one host-visible I/O
  * buffer; all-position logits get a buffer sized on first use. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,11 +153,13 @@ static moex_vk_matrix gpu_matrix(const moex_matrix *w) {
 }
 
 static int check_matrix(const moex_matrix *w, const char *what, int il, moex_error *err) {
+    char where[48] = "";
+    if (il >= 0) snprintf(where, sizeof where, " of layer %d", il);
     if (!moex_vk_type_supported(w->type))
-        return moex_fail(err, "vulkan: %s of layer %d has type %s, which the GPU kernels do not read", what, il,
+        return moex_fail(err, "vulkan: %s%s has type %s, which the GPU kernels do not read", what, where,
                          moex_type_get(w->type)->name);
-    if (w->cols % 32) return moex_fail(err, "vulkan: %s of layer %d has %lld columns (need a multiple of 32)", what, il,
-                                       (long long)w->cols);
+    if (w->cols % 32)
+        return moex_fail(err, "vulkan: %s%s has %lld columns (need a multiple of 32)", what, where, (long long)w->cols);
     return 0;
 }
 
