@@ -79,4 +79,134 @@ void moex_swiglu(float *out, const float *g, const float *u, int64_t n);
 int moex_attention(moex_pool *pool, const float *q, const float *k_cache, const float *v_cache, float *out,
                    int64_t n, int64_t pos0, int n_head, int n_head_kv, int head_dim, float scale);
 
+/* ================================================================== */
+/* Vulkan backend (kernels/vk_*.c, GLSL in kernels/shaders/, compiled   */
+/* at run time by shaderc). Buffers are reached by device address      */
+/* (moex_vk_ptr); work is recorded into a moex_vk_cmd and submitted.     */
+/* Ops do not synchronise with each other: call moex_vk_barrier between */
+/* an op and the next one that reads its output.                       */
+/* ================================================================== */
+
+typedef struct moex_vk moex_vk;
+typedef struct moex_vk_buffer moex_vk_buffer;
+typedef struct moex_vk_cmd moex_vk_cmd;
+typedef uint64_t moex_vk_ptr;   /* device address (0: none) */
+
+typedef struct moex_vk_options {
+    int device;              /* index from moex_vk_list_devices, -1: best (discrete > integrated > virtual > CPU) */
+    const char *cache_dir;   /* SPIR-V and pipeline cache; NULL: $MOEX_VK_CACHE or ~/.cache/moex-vk; "" = off */
+    bool no_subgroup;        /* force the shared-memory reductions (tests both paths) */
+    bool round_activations;  /* moex_vk_state_create: round product inputs as the CPU does (see below) */
+    bool verbose;
+} moex_vk_options;
+
+typedef struct moex_vk_info {
+    char name[256];
+    char type[16];                /* "discrete", "integrated", "virtual", "cpu", "other" */
+    uint32_t subgroup_size;
+    bool subgroup_arith;          /* subgroupAdd usable in compute */
+    bool f16;                     /* shaderFloat16 */
+    bool int_dot;                 /* VK_KHR_shader_integer_dot_product */
+    uint32_t shared_mem;          /* bytes of shared memory per workgroup */
+    uint64_t device_mem;          /* bytes of the largest device-local heap */
+} moex_vk_info;
+
+/* Writes one line per device ("N: name (type)") into buf; returns the count or -1. */
+int moex_vk_list_devices(char *buf, size_t cap, moex_error *err);
+moex_vk *moex_vk_create(const moex_vk_options *opt, moex_error *err);
+void moex_vk_free(moex_vk *vk);
+const moex_vk_info *moex_vk_get_info(const moex_vk *vk);
+
+enum { MOEX_VK_MEM_DEVICE, MOEX_VK_MEM_HOST };
+moex_vk_buffer *moex_vk_buffer_create(moex_vk *vk, size_t bytes, int mem, moex_error *err);
+void moex_vk_buffer_free(moex_vk_buffer *b);
+moex_vk_ptr moex_vk_buffer_ptr(const moex_vk_buffer *b);
+size_t moex_vk_buffer_size(const moex_vk_buffer *b);
+void *moex_vk_buffer_map(const moex_vk_buffer *b);   /* NULL unless host visible */
+/* Blocking copies between host memory and a buffer (through a staging buffer when needed). */
+int moex_vk_upload(moex_vk *vk, moex_vk_buffer *b, size_t off, const void *src, size_t n, moex_error *err);
+int moex_vk_download(moex_vk *vk, moex_vk_buffer *b, size_t off, void *dst, size_t n, moex_error *err);
+
+moex_vk_cmd *moex_vk_cmd_create(moex_vk *vk, moex_error *err);
+void moex_vk_cmd_free(moex_vk_cmd *c);
+int moex_vk_cmd_begin(moex_vk_cmd *c, moex_error *err);    /* starts a new recording */
+int moex_vk_cmd_end(moex_vk_cmd *c, moex_error *err);
+/* Submits the recorded work (again, if already run) and waits for it. */
+int moex_vk_cmd_run(moex_vk_cmd *c, moex_error *err);
+void moex_vk_barrier(moex_vk_cmd *c);
+void moex_vk_copy(moex_vk_cmd *c, moex_vk_buffer *dst, size_t doff, moex_vk_buffer *src, size_t soff, size_t n);
+/* Sets n bytes (a multiple of 4) at off to repeated value. */
+void moex_vk_fill(moex_vk_cmd *c, moex_vk_buffer *b, size_t off, size_t n, uint32_t value);
+
+/* A weight matrix on the GPU, same layout as moex_matrix. Expert tensors are
+ * n_expert matrices expert_stride bytes apart. cols must be a multiple of 32. */
+typedef struct moex_vk_matrix {
+    moex_type type;
+    int64_t rows, cols;
+    size_t row_bytes;
+    moex_vk_ptr data;
+    size_t expert_stride;
+} moex_vk_matrix;
+
+/* Rounds the input of every matrix product to the weight type's 8-bit
+ * partner (Q8_0/Q8_1/Q8_K) first, as the CPU backend does, so results track
+ * it closely; max_floats bounds any product's input (rows x cols). 0: off,
+ * products use the f32 activations (the default: faster, closer to float64). */
+int moex_vk_set_activation_rounding(moex_vk *vk, size_t max_floats, moex_error *err);
+
+/* Whether the GPU kernels read this type (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K). */
+bool moex_vk_type_supported(moex_type t);
+
+/* out[i] = row(ids ? ids[i] : i) of w as f32, for i < n (embedding gather). */
+int moex_vk_op_dequant(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr ids, int64_t n, moex_vk_ptr out,
+                       moex_error *err);
+/* out = rmsnorm(x) * w per row of dim (w 0: none). */
+int moex_vk_op_rmsnorm(moex_vk_cmd *c, moex_vk_ptr out, moex_vk_ptr x, moex_vk_ptr w, int64_t n_rows, int64_t dim,
+                       float eps, moex_error *err);
+/* y[t] = W x[t] (+ resid[t]) for t < n; x rows are w->cols floats, y rows w->rows. */
+int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, moex_vk_ptr y,
+                      moex_vk_ptr resid, moex_error *err);
+/* y = a + b (op 0) or silu(a) * b (op 1), n floats. */
+int moex_vk_op_eltwise(moex_vk_cmd *c, int op, moex_vk_ptr a, moex_vk_ptr b, moex_vk_ptr y, int64_t n, moex_error *err);
+/* out[r] = index of the largest of n values of row r (rows stride floats apart). */
+int moex_vk_op_argmax(moex_vk_cmd *c, moex_vk_ptr x, int64_t n_rows, int64_t n, int64_t stride, moex_vk_ptr out,
+                      moex_error *err);
+
+typedef struct moex_vk_attn_shape {
+    int n_head, n_head_kv, head_dim, rope_dim;
+    float rope_base, rms_eps, scale;
+    bool neox, qk_norm;
+    int64_t n_ctx;            /* positions the caches hold */
+} moex_vk_attn_shape;
+
+/* QK-norm (q_norm/k_norm when qk_norm), RoPE at positions params[0] + t, and
+ * the KV append: q (n x n_head x hd) rotated in place, k and v (n x kv_dim)
+ * written to the cache rows params[0] + t. params: int32 on the GPU. */
+int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k, moex_vk_ptr v,
+                       moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm, moex_vk_ptr k_norm,
+                       moex_vk_ptr params, int64_t n, moex_error *err);
+/* Floats of scratch moex_vk_op_attention needs for n tokens. */
+size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n);
+/* Causal attention of n queries at positions params[0] + t over the caches; out like q. */
+int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k_cache,
+                         moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr params, int64_t n,
+                         moex_error *err);
+
+/* Router in one dispatch for small batches: logits = W x, softmax, top-k
+ * (ties: lower id), renormalised when norm. ids/weights: n x k. logits: n x
+ * n_expert floats; counter: one uint32 that must start at 0 (left at 0). */
+int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
+                      moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err);
+
+typedef struct moex_vk_experts {
+    moex_vk_matrix gate, up, down;   /* expert tensors: gate/up n_ff x d, down d x n_ff */
+    int n_expert;
+} moex_vk_experts;
+/* Bytes of scratch moex_vk_op_experts needs for n tokens choosing k experts. */
+size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k);
+/* y[t] = resid[t] + sum_j weights[t,j] * down(silu(gate x[t]) * up x[t]) of expert ids[t,j],
+ * summed in slot order; y may be resid. */
+int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                       moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err);
+
 #endif

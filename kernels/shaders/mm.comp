@@ -1,0 +1,122 @@
+// Tiled matrix-matrix product for prompt batches: a workgroup computes a
+// BM x BN tile of outputs (rows x tokens), staging BK columns of dequantized
+// weights and activations in shared memory; each thread owns 4 x 4 outputs.
+// MODE 0: y[t] = W x[t] (+ r[t])                  grid (rows/BM, n/BN)
+// MODE 1: experts gate+up over the pair list of expert z (moe_sort):
+//         y[p] = silu(Wg_z x[p/k]) * (Wu_z x[p/k])  grid (rows/BM, n/BN, n_expert)
+// MODE 2: experts down: y[p] = gw[p] * Wd_z x[p]    grid as MODE 1
+#define BM 64
+#define BN 64
+#define BK 32
+layout(local_size_x = 256) in;
+
+layout(push_constant) uniform PC {
+    U32 w; U32 w2; V4 x; F32 y; F32 r; I32 meta; F32 gw; U32 unused_;
+    uint rows, cols, n, xs, ys, flags, k, estride, n_expert;
+} pc;
+
+shared vec4 Ws[BK * BM / 4];
+#if MODE == 1
+shared vec4 Us[BK * BM / 4];
+#endif
+shared vec4 Xs[BK * BN / 4];
+shared int xrow[BN];   // activation row of each tile column, -1 past the end
+shared int orow[BN];   // output row (token or pair)
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x, tx = tid % 16u, ty = tid / 16u;
+    const uint row0 = gl_WorkGroupID.x * BM, col0 = gl_WorkGroupID.y * BN;
+#if MODE == 0
+    const uint estart = 0u;
+    const uint cnt = pc.n;
+#else
+    const uint e = gl_WorkGroupID.z;
+    const uint cnt = uint(pc.meta.v[e]), lbase = uint(pc.meta.v[pc.n_expert + e]);
+    const uint estart = e * pc.estride;
+#endif
+    if (col0 >= cnt) return;   // uniform: this expert has fewer pairs
+    if (tid < BN) {
+        const uint i = col0 + tid;
+        int xr = -1, orr = -1;
+        if (i < cnt) {
+#if MODE == 0
+            xr = int(i); orr = int(i);
+#else
+            const int p = pc.meta.v[2u * pc.n_expert + lbase + i];
+            orr = p;
+            xr = MODE == 1 ? p / int(pc.k) : p;
+#endif
+        }
+        xrow[tid] = xr;
+        orow[tid] = orr;
+    }
+    barrier();
+    vec4 acc[4];
+#if MODE == 1
+    vec4 accu[4];
+#endif
+    for (uint i = 0u; i < 4u; i++) {
+        acc[i] = vec4(0.0);
+#if MODE == 1
+        accu[i] = vec4(0.0);
+#endif
+    }
+    const uint lr = tid / 4u, lc = (tid % 4u) * 8u;     // loader: tile row / token and column
+    const uint wrow = row0 + lr;
+    const uint rb = estart + wrow * (pc.cols / BLK) * BLK_BYTES;
+    const int lx = xrow[lr];
+    for (uint k0 = 0u; k0 < pc.cols; k0 += BK) {
+        vec4 a = vec4(0.0), b = vec4(0.0);
+        if (wrow < pc.rows) dq8(pc.w, rb, k0 + lc, a, b);
+        for (uint i = 0u; i < 4u; i++) {
+            Ws[((lc + i) * BM + lr) / 4u][lr % 4u] = a[i];
+            Ws[((lc + 4u + i) * BM + lr) / 4u][lr % 4u] = b[i];
+        }
+#if MODE == 1
+        a = vec4(0.0); b = vec4(0.0);
+        if (wrow < pc.rows) dq8(pc.w2, rb, k0 + lc, a, b);
+        for (uint i = 0u; i < 4u; i++) {
+            Us[((lc + i) * BM + lr) / 4u][lr % 4u] = a[i];
+            Us[((lc + 4u + i) * BM + lr) / 4u][lr % 4u] = b[i];
+        }
+#endif
+        a = vec4(0.0); b = vec4(0.0);
+        if (lx >= 0) {
+            const uint xo = (uint(lx) * pc.xs + k0 + lc) / 4u;
+            a = pc.x.v[xo];
+            b = pc.x.v[xo + 1u];
+        }
+        for (uint i = 0u; i < 4u; i++) {
+            Xs[((lc + i) * BN + lr) / 4u][lr % 4u] = a[i];
+            Xs[((lc + 4u + i) * BN + lr) / 4u][lr % 4u] = b[i];
+        }
+        barrier();
+        for (uint kk = 0u; kk < BK; kk++) {
+            const vec4 wv = Ws[(kk * BM) / 4u + tx], xv = Xs[(kk * BN) / 4u + ty];
+            for (uint j = 0u; j < 4u; j++) acc[j] += wv * xv[j];
+#if MODE == 1
+            const vec4 uv = Us[(kk * BM) / 4u + tx];
+            for (uint j = 0u; j < 4u; j++) accu[j] += uv * xv[j];
+#endif
+        }
+        barrier();
+    }
+    for (uint j = 0u; j < 4u; j++) {
+        const int orr = orow[ty * 4u + j];
+        if (orr < 0) continue;
+        for (uint i = 0u; i < 4u; i++) {
+            const uint row = row0 + tx * 4u + i;
+            if (row >= pc.rows) continue;
+            const uint o = uint(orr) * pc.ys + row;
+#if MODE == 0
+            float v = acc[j][i];
+            if ((pc.flags & 1u) != 0u) v += pc.r.v[o];
+#elif MODE == 1
+            float v = silu(acc[j][i]) * accu[j][i];
+#else
+            float v = pc.gw.v[orr] * acc[j][i];
+#endif
+            pc.y.v[o] = v;
+        }
+    }
+}

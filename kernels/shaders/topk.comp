@@ -1,0 +1,9 @@
+// Router epilogue as its own dispatch (after an mm router product on big
+// batches): one workgroup per token. Same push constants as mv.comp.
+layout(local_size_x = WG) in;
+layout(push_constant) uniform PC {
+    U32 w; U32 w2; V4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
+    uint rows, cols, n, xs, ys, flags, k, estride, n_expert;
+} pc;
+#include "_topk.comp"
+void main() { route_token(gl_WorkGroupID.x); }

@@ -1,0 +1,453 @@
+/* Vulkan device, queue, buffers and command buffers: everything the kernels
+ * run on. One device, one compute queue, no descriptor sets (kernels take
+ * device addresses as push constants). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/vk_internal.h"
+
+#define STAGING_BYTES ((size_t)64 << 20)
+
+int vk_check(VkResult r, const char *what, moex_error *err) {
+    if (r == VK_SUCCESS) return 0;
+    return moex_fail(err, "vulkan: %s failed (VkResult %d)", what, (int)r);
+}
+
+static VkResult make_instance(VkInstance *inst) {
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "moex",
+                             .apiVersion = VK_API_VERSION_1_2};
+    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    return vkCreateInstance(&ci, NULL, inst);
+}
+
+static const char *type_name(VkPhysicalDeviceType t) {
+    switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
+    default: return "other";
+    }
+}
+
+/* Higher is better; lavapipe (CPU) last. */
+static int type_rank(VkPhysicalDeviceType t) {
+    switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 3;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 0;
+    default: return 1;
+    }
+}
+
+static int enumerate(VkInstance inst, VkPhysicalDevice **out, uint32_t *n, moex_error *err) {
+    if (vk_check(vkEnumeratePhysicalDevices(inst, n, NULL), "vkEnumeratePhysicalDevices", err)) return -1;
+    if (*n == 0) return moex_fail(err, "vulkan: no devices (install a driver, or mesa-vulkan-drivers for lavapipe)");
+    *out = calloc(*n, sizeof **out);
+    if (!*out) return moex_fail(err, "out of memory");
+    return vk_check(vkEnumeratePhysicalDevices(inst, n, *out), "vkEnumeratePhysicalDevices", err);
+}
+
+int moex_vk_list_devices(char *buf, size_t cap, moex_error *err) {
+    VkInstance inst;
+    if (vk_check(make_instance(&inst), "vkCreateInstance (is a Vulkan loader installed?)", err)) return -1;
+    VkPhysicalDevice *pds = NULL;
+    uint32_t n = 0;
+    int rc = enumerate(inst, &pds, &n, err);
+    size_t used = 0;
+    if (cap) buf[0] = 0;
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(pds[i], &p);
+        int w = snprintf(buf + used, used < cap ? cap - used : 0, "%u: %s (%s)\n", i, p.deviceName, type_name(p.deviceType));
+        if (w > 0) used += (size_t)w;
+    }
+    free(pds);
+    vkDestroyInstance(inst, NULL);
+    return rc ? -1 : (int)n;
+}
+
+/* Usable: Vulkan 1.2 with buffer device addresses and a compute queue. */
+static bool device_usable(VkPhysicalDevice pd, uint32_t *qfam) {
+    VkPhysicalDeviceProperties p;
+    vkGetPhysicalDeviceProperties(pd, &p);
+    if (p.apiVersion < VK_API_VERSION_1_2) return false;
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
+    vkGetPhysicalDeviceFeatures2(pd, &f);
+    if (!f12.bufferDeviceAddress) return false;
+    uint32_t nq = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, NULL);
+    VkQueueFamilyProperties qp[16];
+    if (nq > 16) nq = 16;
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, qp);
+    for (uint32_t i = 0; i < nq; i++)   /* prefer a compute-only queue family */
+        if ((qp[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && !(qp[i].queueFlags & VK_QUEUE_GRAPHICS_BIT)) {
+            *qfam = i;
+            return true;
+        }
+    for (uint32_t i = 0; i < nq; i++)
+        if (qp[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+            *qfam = i;
+            return true;
+        }
+    return false;
+}
+
+static int pick_device(moex_vk *vk, int want, moex_error *err) {
+    VkPhysicalDevice *pds = NULL;
+    uint32_t n = 0;
+    if (enumerate(vk->inst, &pds, &n, err)) {
+        free(pds);
+        return -1;
+    }
+    int best = -1, best_rank = -1;
+    uint32_t qf = 0;
+    if (want >= 0) {
+        if ((uint32_t)want >= n) {
+            free(pds);
+            return moex_fail(err, "vulkan: --device %d: only %u device(s) (moex-hub --list-devices)", want, n);
+        }
+        if (!device_usable(pds[want], &qf)) {
+            free(pds);
+            return moex_fail(err, "vulkan: device %d lacks Vulkan 1.2 buffer device addresses or a compute queue", want);
+        }
+        best = want;
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            VkPhysicalDeviceProperties p;
+            vkGetPhysicalDeviceProperties(pds[i], &p);
+            uint32_t q;
+            if (device_usable(pds[i], &q) && type_rank(p.deviceType) > best_rank) {
+                best = (int)i;
+                best_rank = type_rank(p.deviceType);
+            }
+        }
+        if (best < 0) {
+            free(pds);
+            return moex_fail(err, "vulkan: no device with Vulkan 1.2 buffer device addresses and a compute queue");
+        }
+        device_usable(pds[best], &qf);
+    }
+    vk->pd = pds[best];
+    vk->qfam = qf;
+    free(pds);
+    return 0;
+}
+
+static bool has_extension(VkPhysicalDevice pd, const char *name) {
+    uint32_t n = 0;
+    vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL);
+    VkExtensionProperties *e = calloc(n ? n : 1, sizeof *e);
+    if (!e) return false;
+    vkEnumerateDeviceExtensionProperties(pd, NULL, &n, e);
+    bool found = false;
+    for (uint32_t i = 0; i < n && !found; i++) found = strcmp(e[i].extensionName, name) == 0;
+    free(e);
+    return found;
+}
+
+/* Capabilities that choose kernel variants. */
+static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
+    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
+    vkGetPhysicalDeviceProperties2(vk->pd, &p2);
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
+    vkGetPhysicalDeviceFeatures2(vk->pd, &f);
+    moex_vk_info *in = &vk->info;
+    snprintf(in->name, sizeof in->name, "%s", p2.properties.deviceName);
+    snprintf(in->type, sizeof in->type, "%s", type_name(p2.properties.deviceType));
+    in->subgroup_size = sg.subgroupSize;
+    in->subgroup_arith = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                         (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+    in->f16 = f12.shaderFloat16;
+    in->int_dot = has_extension(vk->pd, "VK_KHR_shader_integer_dot_product");
+    in->shared_mem = p2.properties.limits.maxComputeSharedMemorySize;
+    vk->api_version = p2.properties.apiVersion;
+    vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->memprops);
+    for (uint32_t i = 0; i < vk->memprops.memoryHeapCount; i++)
+        if ((vk->memprops.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&
+            vk->memprops.memoryHeaps[i].size > in->device_mem)
+            in->device_mem = vk->memprops.memoryHeaps[i].size;
+    /* A row of mv.comp is one subgroup when the size is fixed and fits;
+     * otherwise rows reduce through shared memory. */
+    const uint32_t s = sg.subgroupSize;
+    vk->use_subgroup = !opt->no_subgroup && in->subgroup_arith && s >= 8 && s <= 64 && (s & (s - 1)) == 0;
+    vk->tpr = vk->use_subgroup ? (int)s : 32;
+}
+
+static int make_device(moex_vk *vk, moex_error *err) {
+    const float prio = 1.0f;
+    VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = vk->qfam,
+                                   .queueCount = 1, .pQueuePriorities = &prio};
+    VkPhysicalDeviceVulkan12Features have12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 have = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &have12};
+    vkGetPhysicalDeviceFeatures2(vk->pd, &have);
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                            .bufferDeviceAddress = VK_TRUE,
+                                            .scalarBlockLayout = have12.scalarBlockLayout};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
+    f.features.shaderInt64 = have.features.shaderInt64;
+    VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f, .queueCreateInfoCount = 1,
+                              .pQueueCreateInfos = &qci};
+    if (vk_check(vkCreateDevice(vk->pd, &dci, NULL, &vk->dev), "vkCreateDevice", err)) return -1;
+    vkGetDeviceQueue(vk->dev, vk->qfam, 0, &vk->queue);
+    VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                   .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                   .queueFamilyIndex = vk->qfam};
+    if (vk_check(vkCreateCommandPool(vk->dev, &pci, NULL, &vk->pool), "vkCreateCommandPool", err)) return -1;
+    VkPushConstantRange pcr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = sizeof(vk_pc)};
+    VkPipelineLayoutCreateInfo lci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                      .pushConstantRangeCount = 1, .pPushConstantRanges = &pcr};
+    if (vk_check(vkCreatePipelineLayout(vk->dev, &lci, NULL, &vk->layout), "vkCreatePipelineLayout", err)) return -1;
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = vk->pool,
+                                      .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    if (vk_check(vkAllocateCommandBuffers(vk->dev, &ai, &vk->xfer_cmd), "vkAllocateCommandBuffers", err)) return -1;
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    return vk_check(vkCreateFence(vk->dev, &fci, NULL, &vk->xfer_fence), "vkCreateFence", err);
+}
+
+static void set_cache_dir(moex_vk *vk, const char *dir) {
+    const char *env = getenv("MOEX_VK_CACHE"), *home = getenv("HOME");
+    if (dir) snprintf(vk->cache_dir, sizeof vk->cache_dir, "%s", dir);
+    else if (env) snprintf(vk->cache_dir, sizeof vk->cache_dir, "%s", env);
+    else if (home) snprintf(vk->cache_dir, sizeof vk->cache_dir, "%s/.cache/moex-vk", home);
+}
+
+moex_vk *moex_vk_create(const moex_vk_options *opt, moex_error *err) {
+    const moex_vk_options def = {.device = -1};
+    if (!opt) opt = &def;
+    moex_vk *vk = calloc(1, sizeof *vk);
+    if (!vk) {
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    vk->verbose = opt->verbose;
+    set_cache_dir(vk, opt->cache_dir);
+    if (vk_check(make_instance(&vk->inst), "vkCreateInstance (is a Vulkan loader installed?)", err) ||
+        pick_device(vk, opt->device, err)) {
+        moex_vk_free(vk);
+        return NULL;
+    }
+    read_caps(vk, opt);
+    if (make_device(vk, err)) {
+        moex_vk_free(vk);
+        return NULL;
+    }
+    vk_pipeline_cache_open(vk);
+    if (vk->verbose)
+        moex_log(MOEX_LOG_INFO, "vulkan: %s (%s), subgroup %u%s, f16 %d, int dot %d, shared %u KiB, %.1f GiB",
+                 vk->info.name, vk->info.type, vk->info.subgroup_size, vk->use_subgroup ? " (reductions)" : "",
+                 vk->info.f16, vk->info.int_dot, vk->info.shared_mem >> 10, vk->info.device_mem / 1073741824.0);
+    return vk;
+}
+
+void moex_vk_free(moex_vk *vk) {
+    if (!vk) return;
+    if (vk->dev) {
+        vkDeviceWaitIdle(vk->dev);
+        moex_vk_buffer_free(vk->staging);
+        moex_vk_buffer_free(vk->actq);
+        vk_pipelines_free(vk);
+        if (vk->pcache) {
+            vk_pipeline_cache_save(vk);
+            vkDestroyPipelineCache(vk->dev, vk->pcache, NULL);
+        }
+        if (vk->xfer_fence) vkDestroyFence(vk->dev, vk->xfer_fence, NULL);
+        if (vk->layout) vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
+        if (vk->pool) vkDestroyCommandPool(vk->dev, vk->pool, NULL);
+        vkDestroyDevice(vk->dev, NULL);
+    }
+    if (vk->inst) vkDestroyInstance(vk->inst, NULL);
+    free(vk);
+}
+
+const moex_vk_info *moex_vk_get_info(const moex_vk *vk) { return &vk->info; }
+
+/* ---- buffers ---- */
+
+static int find_memory(const moex_vk *vk, uint32_t bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags nice) {
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < vk->memprops.memoryTypeCount; i++) {
+            VkMemoryPropertyFlags f = vk->memprops.memoryTypes[i].propertyFlags;
+            if (!(bits & (1u << i)) || (f & want) != want) continue;
+            if (pass == 0 && (f & nice) != nice) continue;
+            return (int)i;
+        }
+    return -1;
+}
+
+moex_vk_buffer *moex_vk_buffer_create(moex_vk *vk, size_t bytes, int mem, moex_error *err) {
+    moex_vk_buffer *b = calloc(1, sizeof *b);
+    if (!b) {
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    b->vk = vk;
+    b->size = bytes;
+    /* 16 bytes of slack: unaligned 4-byte block reads may touch the next word. */
+    VkBufferCreateInfo bci = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = bytes + 16,
+                              .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                       VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT,
+                              .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    if (vk_check(vkCreateBuffer(vk->dev, &bci, NULL, &b->buf), "vkCreateBuffer", err)) goto fail;
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(vk->dev, b->buf, &req);
+    const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    int type = mem == MOEX_VK_MEM_HOST ? find_memory(vk, req.memoryTypeBits, host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+                                       : find_memory(vk, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+    if (type < 0 && mem != MOEX_VK_MEM_HOST) type = find_memory(vk, req.memoryTypeBits, 0, 0);
+    if (type < 0) {
+        moex_fail(err, "vulkan: no suitable memory type for a %zu-byte buffer", bytes);
+        goto fail;
+    }
+    VkMemoryAllocateFlagsInfo fi = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO,
+                                    .flags = VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT};
+    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .pNext = &fi,
+                               .allocationSize = req.size, .memoryTypeIndex = (uint32_t)type};
+    VkResult r = vkAllocateMemory(vk->dev, &ai, NULL, &b->mem);
+    if (r != VK_SUCCESS) {
+        moex_fail(err, "vulkan: cannot allocate %.1f MiB of %s memory (VkResult %d)", bytes / 1048576.0,
+                  mem == MOEX_VK_MEM_HOST ? "host-visible" : "device", (int)r);
+        goto fail;
+    }
+    if (vk_check(vkBindBufferMemory(vk->dev, b->buf, b->mem, 0), "vkBindBufferMemory", err)) goto fail;
+    if (vk->memprops.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+        if (vk_check(vkMapMemory(vk->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map), "vkMapMemory", err)) goto fail;
+    VkBufferDeviceAddressInfo dai = {.sType = VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO, .buffer = b->buf};
+    b->addr = vkGetBufferDeviceAddress(vk->dev, &dai);
+    return b;
+fail:
+    moex_vk_buffer_free(b);
+    return NULL;
+}
+
+void moex_vk_buffer_free(moex_vk_buffer *b) {
+    if (!b) return;
+    if (b->buf) vkDestroyBuffer(b->vk->dev, b->buf, NULL);
+    if (b->mem) vkFreeMemory(b->vk->dev, b->mem, NULL);
+    free(b);
+}
+
+moex_vk_ptr moex_vk_buffer_ptr(const moex_vk_buffer *b) { return b ? b->addr : 0; }
+size_t moex_vk_buffer_size(const moex_vk_buffer *b) { return b->size; }
+void *moex_vk_buffer_map(const moex_vk_buffer *b) { return b->map; }
+
+int vk_submit_wait(moex_vk *vk, VkCommandBuffer cb, VkFence fence, moex_error *err) {
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
+    if (vk_check(vkResetFences(vk->dev, 1, &fence), "vkResetFences", err) ||
+        vk_check(vkQueueSubmit(vk->queue, 1, &si, fence), "vkQueueSubmit", err))
+        return -1;
+    return vk_check(vkWaitForFences(vk->dev, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences (device lost?)", err);
+}
+
+/* One copy through the staging buffer: upload when to_device. */
+static int staged_copy(moex_vk *vk, moex_vk_buffer *b, size_t off, size_t n, bool to_device, moex_error *err) {
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    if (vk_check(vkBeginCommandBuffer(vk->xfer_cmd, &bi), "vkBeginCommandBuffer", err)) return -1;
+    VkBufferCopy r = {.srcOffset = to_device ? 0 : off, .dstOffset = to_device ? off : 0, .size = n};
+    vkCmdCopyBuffer(vk->xfer_cmd, to_device ? vk->staging->buf : b->buf, to_device ? b->buf : vk->staging->buf, 1, &r);
+    if (vk_check(vkEndCommandBuffer(vk->xfer_cmd), "vkEndCommandBuffer", err)) return -1;
+    return vk_submit_wait(vk, vk->xfer_cmd, vk->xfer_fence, err);
+}
+
+static int transfer(moex_vk *vk, moex_vk_buffer *b, size_t off, void *host, size_t n, bool to_device, moex_error *err) {
+    if (off > b->size || n > b->size - off)
+        return moex_fail(err, "vulkan: copy of %zu bytes at %zu overruns a %zu-byte buffer", n, off, b->size);
+    if (b->map) {
+        vkDeviceWaitIdle(vk->dev);   /* mapped: copy directly once the GPU is done with it */
+        if (to_device) memcpy((char *)b->map + off, host, n);
+        else memcpy(host, (const char *)b->map + off, n);
+        return 0;
+    }
+    if (!vk->staging && !(vk->staging = moex_vk_buffer_create(vk, STAGING_BYTES, MOEX_VK_MEM_HOST, err))) return -1;
+    for (size_t done = 0; done < n;) {
+        size_t part = n - done < STAGING_BYTES ? n - done : STAGING_BYTES;
+        if (to_device) memcpy(vk->staging->map, (const char *)host + done, part);
+        if (staged_copy(vk, b, off + done, part, to_device, err)) return -1;
+        if (!to_device) memcpy((char *)host + done, vk->staging->map, part);
+        done += part;
+    }
+    return 0;
+}
+
+int moex_vk_upload(moex_vk *vk, moex_vk_buffer *b, size_t off, const void *src, size_t n, moex_error *err) {
+    return transfer(vk, b, off, (void *)src, n, true, err);
+}
+
+int moex_vk_download(moex_vk *vk, moex_vk_buffer *b, size_t off, void *dst, size_t n, moex_error *err) {
+    return transfer(vk, b, off, dst, n, false, err);
+}
+
+/* ---- command buffers ---- */
+
+moex_vk_cmd *moex_vk_cmd_create(moex_vk *vk, moex_error *err) {
+    moex_vk_cmd *c = calloc(1, sizeof *c);
+    if (!c) {
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    c->vk = vk;
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = vk->pool,
+                                      .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    if (vk_check(vkAllocateCommandBuffers(vk->dev, &ai, &c->cb), "vkAllocateCommandBuffers", err) ||
+        vk_check(vkCreateFence(vk->dev, &fci, NULL, &c->fence), "vkCreateFence", err)) {
+        moex_vk_cmd_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void moex_vk_cmd_free(moex_vk_cmd *c) {
+    if (!c) return;
+    if (c->fence) vkDestroyFence(c->vk->dev, c->fence, NULL);
+    if (c->cb) vkFreeCommandBuffers(c->vk->dev, c->vk->pool, 1, &c->cb);
+    free(c);
+}
+
+int moex_vk_cmd_begin(moex_vk_cmd *c, moex_error *err) {
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    if (vk_check(vkBeginCommandBuffer(c->cb, &bi), "vkBeginCommandBuffer", err)) return -1;
+    c->recording = true;
+    c->bound = VK_NULL_HANDLE;
+    return 0;
+}
+
+int moex_vk_cmd_end(moex_vk_cmd *c, moex_error *err) {
+    /* Results become visible to the host once the fence signals. */
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    vkCmdPipelineBarrier(c->cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+    c->recording = false;
+    return vk_check(vkEndCommandBuffer(c->cb), "vkEndCommandBuffer", err);
+}
+
+int moex_vk_cmd_run(moex_vk_cmd *c, moex_error *err) {
+    if (c->recording && moex_vk_cmd_end(c, err)) return -1;
+    return vk_submit_wait(c->vk, c->cb, c->fence, err);
+}
+
+void moex_vk_barrier(moex_vk_cmd *c) {
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                                           VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
+    const VkPipelineStageFlags st = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    vkCmdPipelineBarrier(c->cb, st, st, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+void moex_vk_copy(moex_vk_cmd *c, moex_vk_buffer *dst, size_t doff, moex_vk_buffer *src, size_t soff, size_t n) {
+    VkBufferCopy r = {.srcOffset = soff, .dstOffset = doff, .size = n};
+    vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &r);
+}
+
+void moex_vk_fill(moex_vk_cmd *c, moex_vk_buffer *b, size_t off, size_t n, uint32_t value) {
+    vkCmdFillBuffer(c->cb, b->buf, off, n, value);
+}

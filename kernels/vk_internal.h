@@ -1,0 +1,91 @@
+/* Private to the Vulkan backend (kernels/vk_*.c): the device context, the
+ * pipeline table and the push-constant block every kernel shares. */
+#ifndef MOEX_VK_INTERNAL_H
+#define MOEX_VK_INTERNAL_H
+
+#include <vulkan/vulkan.h>
+
+#include "kernels/kernels.h"
+
+/* Every kernel's push constants: 8 device addresses then 12 words (floats as
+ * their bits). Each shader names the slots its own way; unused ones are 0. */
+typedef struct vk_pc {
+    uint64_t p[8];
+    uint32_t u[12];
+} vk_pc;
+_Static_assert(sizeof(vk_pc) == 112, "push constants must fit the 128 bytes every device has");
+
+typedef enum vk_kernel {
+    VK_K_DEQUANT, VK_K_MV, VK_K_MM, VK_K_TOPK, VK_K_RMSNORM, VK_K_QKROPE, VK_K_ATTN, VK_K_ATTN_MERGE,
+    VK_K_MOE_SORT, VK_K_MOE_COMBINE, VK_K_ELTWISE, VK_K_ARGMAX, VK_K_ACTQ, VK_K_COUNT
+} vk_kernel;
+
+#define VK_MODES 4
+#define VK_MV_NMAX 8        /* tokens per matrix-vector dispatch; more go to the tiled kernel */
+#define VK_MAX_EXPERTS 512  /* shared-memory arrays of the router and the expert grouping */
+#define VK_TYPE_SLOTS 32    /* moex_type ids fit below this after vk_type_slot() */
+
+/* Embedded GLSL sources (generated from kernels/shaders/ by CMake). */
+typedef struct vk_shader_src {
+    const char *name, *text;
+} vk_shader_src;
+extern const vk_shader_src moex_vk_shader_sources[];
+extern const int moex_vk_shader_source_count;
+
+typedef struct moex_vk_buffer {
+    moex_vk *vk;
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    VkDeviceAddress addr;
+    size_t size;
+    void *map;            /* host pointer when the memory is host visible */
+} moex_vk_buffer;
+
+struct moex_vk {
+    VkInstance inst;
+    VkPhysicalDevice pd;
+    VkDevice dev;
+    VkQueue queue;
+    uint32_t qfam;
+    VkCommandPool pool;
+    VkPipelineLayout layout;
+    VkPipelineCache pcache;
+    VkPhysicalDeviceMemoryProperties memprops;
+    moex_vk_info info;
+    uint32_t api_version;
+    int tpr;                      /* threads per row in mv.comp */
+    bool use_subgroup;
+    char cache_dir[512];          /* "" when caching is off */
+    void *shaderc;                /* shaderc_compiler_t, created on first compile */
+    VkPipeline pipes[VK_K_COUNT][VK_TYPE_SLOTS][VK_MODES];
+    moex_vk_buffer *actq;         /* activation rounding: regions for Q8_0, Q8_K, Q8_1 of actq_floats each */
+    size_t actq_floats;
+    moex_vk_buffer *staging;      /* uploads/downloads through it when memory is not mappable */
+    VkCommandBuffer xfer_cmd;
+    VkFence xfer_fence;
+    int verbose;
+};
+
+struct moex_vk_cmd {
+    moex_vk *vk;
+    VkCommandBuffer cb;
+    VkFence fence;
+    VkPipeline bound;
+    bool recording, pending;
+};
+
+/* vk_device.c */
+int vk_check(VkResult r, const char *what, moex_error *err);
+int vk_submit_wait(moex_vk *vk, VkCommandBuffer cb, VkFence fence, moex_error *err);
+
+/* vk_pipeline.c */
+int vk_type_slot(moex_type t);   /* -1 for types the GPU kernels do not read */
+VkPipeline vk_pipeline(moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err);
+void vk_pipelines_free(moex_vk *vk);
+int vk_pipeline_cache_open(moex_vk *vk);
+void vk_pipeline_cache_save(moex_vk *vk);
+
+/* vk_ops.c */
+void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz);
+
+#endif

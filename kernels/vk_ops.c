@@ -1,0 +1,331 @@
+/* Recording the kernels: each op checks its arguments, picks the variant
+ * (type, mode, matrix-vector or tiled) and dispatches it. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/vk_internal.h"
+
+#define MM_TILE 64   /* BM = BN of mm.comp */
+#define MV_RPW 4     /* rows per workgroup of mv.comp */
+
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static uint32_t ceil_div(int64_t a, int64_t b) { return (uint32_t)((a + b - 1) / b); }
+
+void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
+    if (c->bound != p) {
+        vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+        c->bound = p;
+    }
+    vkCmdPushConstants(c->cb, c->vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
+    vkCmdDispatch(c->cb, gx, gy, gz);
+}
+
+/* Dispatches must stay under the 65535 workgroups per dimension every device has. */
+static int check_grid(int64_t gx, int64_t gy, int64_t gz, moex_error *err) {
+    if (gx > 65535 || gy > 65535 || gz > 65535)
+        return moex_fail(err, "vulkan: dispatch of %lldx%lldx%lld workgroups is too large (split the batch)",
+                         (long long)gx, (long long)gy, (long long)gz);
+    return 0;
+}
+
+static int check_matrix(const moex_vk_matrix *w, moex_error *err) {
+    if (!moex_vk_type_supported(w->type)) {
+        const moex_type_traits *tt = moex_type_get(w->type);
+        return moex_fail(err, "vulkan: no GPU kernels for tensor type %s", tt ? tt->name : "?");
+    }
+    if (w->rows <= 0 || w->cols <= 0 || w->cols % 32)
+        return moex_fail(err, "vulkan: matrix %lldx%lld: columns must be a positive multiple of 32",
+                         (long long)w->rows, (long long)w->cols);
+    if (w->row_bytes != moex_row_bytes(w->type, w->cols) || w->rows * w->row_bytes > UINT32_MAX ||
+        (w->expert_stride && w->expert_stride % 4))
+        return moex_fail(err, "vulkan: matrix %lldx%lld has an inconsistent row size or is over 4 GiB",
+                         (long long)w->rows, (long long)w->cols);
+    if (!w->data || w->data % 4) return moex_fail(err, "vulkan: matrix data must be 4-byte aligned on the GPU");
+    return 0;
+}
+
+int moex_vk_set_activation_rounding(moex_vk *vk, size_t max_floats, moex_error *err) {
+    moex_vk_buffer_free(vk->actq);
+    vk->actq = NULL;
+    vk->actq_floats = 0;
+    if (max_floats == 0) return 0;
+    if (!(vk->actq = moex_vk_buffer_create(vk, 3 * max_floats * 4, MOEX_VK_MEM_DEVICE, err))) return -1;
+    vk->actq_floats = max_floats;
+    return 0;
+}
+
+/* The input a product of weight type t reads: x itself, or x rounded to the
+ * partner type (when rounding is on) in its region of the rounding buffer.
+ * Barriers on both sides: the region may still be read by the previous product. */
+static int round_input(moex_vk_cmd *c, moex_type t, moex_vk_ptr x, int64_t rows, int64_t cols, moex_vk_ptr *out,
+                       moex_error *err) {
+    moex_vk *vk = c->vk;
+    *out = x;
+    if (!vk->actq || t == MOEX_TYPE_F32 || t == MOEX_TYPE_F16 || t == MOEX_TYPE_BF16 || rows <= 0) return 0;
+    const int kq = t == MOEX_TYPE_Q4_K || t == MOEX_TYPE_Q5_K || t == MOEX_TYPE_Q6_K ? 1
+                   : t == MOEX_TYPE_Q4_1 || t == MOEX_TYPE_Q5_1                     ? 2 : 0;
+    if ((size_t)(rows * cols) > vk->actq_floats)
+        return moex_fail(err, "vulkan: activation rounding buffer holds %zu floats, a product needs %lld", vk->actq_floats,
+                         (long long)(rows * cols));
+    if (rows > 65535) return moex_fail(err, "vulkan: activation rounding of %lld rows", (long long)rows);
+    VkPipeline p = vk_pipeline(vk, VK_K_ACTQ, 0, kq, err);
+    if (!p) return -1;
+    *out = moex_vk_buffer_ptr(vk->actq) + (size_t)kq * vk->actq_floats * 4;
+    vk_pc pc = {.p = {x, *out}, .u = {(uint32_t)cols}};
+    moex_vk_barrier(c);
+    vk_dispatch(c, p, &pc, (uint32_t)((cols + 255) / 256), (uint32_t)rows, 1);
+    moex_vk_barrier(c);
+    return 0;
+}
+
+int moex_vk_op_dequant(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr ids, int64_t n, moex_vk_ptr out,
+                       moex_error *err) {
+    if (check_matrix(w, err) || check_grid(ceil_div(w->cols / 8, 64), n, 1, err)) return -1;
+    if (!ids && n > w->rows) return moex_fail(err, "vulkan: dequant of %lld rows of a %lld-row matrix", (long long)n,
+                                              (long long)w->rows);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_DEQUANT, w->type, 0, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {w->data, out, ids}, .u = {(uint32_t)w->cols, ids != 0}};
+    if (n > 0) vk_dispatch(c, p, &pc, ceil_div(w->cols / 8, 64), (uint32_t)n, 1);
+    return 0;
+}
+
+int moex_vk_op_rmsnorm(moex_vk_cmd *c, moex_vk_ptr out, moex_vk_ptr x, moex_vk_ptr w, int64_t n_rows, int64_t dim,
+                       float eps, moex_error *err) {
+    if (dim <= 0 || check_grid(n_rows, 1, 1, err)) return dim <= 0 ? moex_fail(err, "vulkan: rmsnorm of dim %lld", (long long)dim) : -1;
+    VkPipeline p = vk_pipeline(c->vk, VK_K_RMSNORM, 0, 0, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {x, out, w}, .u = {(uint32_t)dim, w != 0, fbits(eps)}};
+    if (n_rows > 0) vk_dispatch(c, p, &pc, (uint32_t)n_rows, 1, 1);
+    return 0;
+}
+
+/* mv.comp / mm.comp push constants: w w2 x y r ids gw counter | rows cols n xs ys flags k estride n_expert. */
+static vk_pc mat_pc(const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int64_t xs, moex_vk_ptr y, int64_t ys,
+                    moex_vk_ptr resid) {
+    vk_pc pc = {.p = {w->data, 0, x, y, resid}};
+    pc.u[0] = (uint32_t)w->rows;
+    pc.u[1] = (uint32_t)w->cols;
+    pc.u[2] = (uint32_t)n;
+    pc.u[3] = (uint32_t)xs;
+    pc.u[4] = (uint32_t)ys;
+    pc.u[5] = resid != 0;
+    pc.u[7] = (uint32_t)w->expert_stride;
+    return pc;
+}
+
+int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, moex_vk_ptr y,
+                      moex_vk_ptr resid, moex_error *err) {
+    if (check_matrix(w, err)) return -1;
+    if (n <= 0) return 0;
+    if (round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
+    vk_pc pc = mat_pc(w, x, n, w->cols, y, w->rows, resid);
+    if (n <= VK_MV_NMAX) {
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, 0, err);
+        if (!p || check_grid(ceil_div(w->rows, MV_RPW), 1, 1, err)) return -1;
+        vk_dispatch(c, p, &pc, ceil_div(w->rows, MV_RPW), 1, 1);
+        return 0;
+    }
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err);
+    if (!p || check_grid(ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), 1, err)) return -1;
+    vk_dispatch(c, p, &pc, ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), 1);
+    return 0;
+}
+
+int moex_vk_op_eltwise(moex_vk_cmd *c, int op, moex_vk_ptr a, moex_vk_ptr b, moex_vk_ptr y, int64_t n, moex_error *err) {
+    if (op != 0 && op != 1) return moex_fail(err, "vulkan: unknown elementwise op %d", op);
+    if (n <= 0) return 0;
+    if (n > UINT32_MAX) return moex_fail(err, "vulkan: elementwise op over %lld floats", (long long)n);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_ELTWISE, 0, op, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {a, b, y}, .u = {(uint32_t)n}};
+    const uint32_t groups = ceil_div(n, 256), gx = groups < 65535 ? groups : 65535;
+    vk_dispatch(c, p, &pc, gx, ceil_div(groups, gx), 1);
+    return 0;
+}
+
+int moex_vk_op_argmax(moex_vk_cmd *c, moex_vk_ptr x, int64_t n_rows, int64_t n, int64_t stride, moex_vk_ptr out,
+                      moex_error *err) {
+    if (n <= 0 || stride < n || check_grid(n_rows, 1, 1, err))
+        return moex_fail(err, "vulkan: argmax over rows of %lld (stride %lld)", (long long)n, (long long)stride);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_ARGMAX, 0, 0, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {x, out}, .u = {(uint32_t)n, (uint32_t)stride}};
+    if (n_rows > 0) vk_dispatch(c, p, &pc, (uint32_t)n_rows, 1, 1);
+    return 0;
+}
+
+static int check_attn_shape(const moex_vk_attn_shape *sh, moex_error *err) {
+    if (sh->n_head <= 0 || sh->n_head_kv <= 0 || sh->n_head % sh->n_head_kv || sh->head_dim <= 0 ||
+        sh->head_dim > 512 || sh->rope_dim > sh->head_dim || sh->rope_dim % 2 || sh->n_ctx <= 0)
+        return moex_fail(err, "vulkan: attention shape heads %d/%d x %d (rope %d) is not supported (head_dim <= 512)",
+                         sh->n_head, sh->n_head_kv, sh->head_dim, sh->rope_dim);
+    return 0;
+}
+
+int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k, moex_vk_ptr v,
+                       moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm, moex_vk_ptr k_norm,
+                       moex_vk_ptr params, int64_t n, moex_error *err) {
+    if (check_attn_shape(sh, err) || check_grid(n, sh->n_head + sh->n_head_kv, 1, err)) return -1;
+    if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
+    VkPipeline p = vk_pipeline(c->vk, VK_K_QKROPE, 0, 0, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {q, k, v, k_cache, v_cache, params, q_norm, k_norm},
+                .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)sh->rope_dim,
+                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u), fbits(sh->rope_base), fbits(sh->rms_eps)}};
+    if (n > 0) vk_dispatch(c, p, &pc, (uint32_t)n, (uint32_t)(sh->n_head + sh->n_head_kv), 1);
+    return 0;
+}
+
+/* Key positions per split: decode splits the context to fill the GPU. */
+static int64_t attn_splits(const moex_vk_attn_shape *sh, int64_t n) {
+    if (n > 1) return 1;
+    int64_t s = (sh->n_ctx + 127) / 128;
+    return s < 1 ? 1 : s > 32 ? 32 : s;
+}
+
+size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
+    return (size_t)n * (size_t)sh->n_head * (size_t)attn_splits(sh, n) * (size_t)(sh->head_dim + 2);
+}
+
+int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k_cache,
+                         moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr params, int64_t n,
+                         moex_error *err) {
+    const int64_t ns = attn_splits(sh, n), chunk = (sh->n_ctx + ns - 1) / ns;
+    if (check_attn_shape(sh, err) || check_grid(sh->n_head, n, ns, err)) return -1;
+    VkPipeline pa = vk_pipeline(c->vk, VK_K_ATTN, 0, 0, err), pm = vk_pipeline(c->vk, VK_K_ATTN_MERGE, 0, 0, err);
+    if (!pa || !pm) return -1;
+    if (n <= 0) return 0;
+    vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params},
+                .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)ns,
+                      (uint32_t)chunk, fbits(sh->scale)}};
+    vk_dispatch(c, pa, &pc, (uint32_t)sh->n_head, (uint32_t)n, (uint32_t)ns);
+    moex_vk_barrier(c);
+    vk_pc pm_pc = {.p = {scratch, out}, .u = {(uint32_t)sh->n_head, (uint32_t)sh->head_dim, (uint32_t)ns}};
+    vk_dispatch(c, pm, &pm_pc, (uint32_t)sh->n_head, (uint32_t)n, 1);
+    return 0;
+}
+
+int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
+                      moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err) {
+    if (check_matrix(w, err)) return -1;
+    if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows)
+        return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts)", (long long)w->rows, k,
+                         VK_MAX_EXPERTS);
+    if (n <= 0) return 0;
+    if (round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
+    vk_pc pc = mat_pc(w, x, n, w->cols, logits, w->rows, 0);
+    pc.p[5] = ids;
+    pc.p[6] = weights;
+    pc.p[7] = counter;
+    pc.u[5] = norm ? 2u : 0u;
+    pc.u[6] = (uint32_t)k;
+    if (n <= VK_MV_NMAX) {   /* one dispatch: the last workgroup routes */
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, 3, err);
+        if (!p) return -1;
+        vk_dispatch(c, p, &pc, ceil_div(w->rows, MV_RPW), 1, 1);
+        return 0;
+    }
+    VkPipeline pm = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err), pt = vk_pipeline(c->vk, VK_K_TOPK, 0, 0, err);
+    if (!pm || !pt || check_grid(ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), n, err)) return -1;
+    vk_dispatch(c, pm, &pc, ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), 1);
+    moex_vk_barrier(c);
+    vk_dispatch(c, pt, &pc, (uint32_t)n, 1, 1);
+    return 0;
+}
+
+/* Scratch of the expert FFN: h (n*k x n_ff floats), then for batches on the
+ * tiled path the per-pair outputs (n*k x d) and the grouping (2E + n*k ints). */
+static size_t experts_h_bytes(const moex_vk_experts *e, int64_t n, int k) {
+    return ((size_t)n * (size_t)k * (size_t)e->gate.rows * 4 + 255) & ~(size_t)255;
+}
+static size_t experts_po_bytes(const moex_vk_experts *e, int64_t n, int k) {
+    return ((size_t)n * (size_t)k * (size_t)e->down.rows * 4 + 255) & ~(size_t)255;
+}
+
+size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k) {
+    size_t s = experts_h_bytes(e, n, k);
+    if (n > VK_MV_NMAX) s += experts_po_bytes(e, n, k) + ((size_t)(2 * e->n_expert) + (size_t)n * (size_t)k) * 4;
+    return s;
+}
+
+static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
+    if (check_matrix(&e->gate, err) || check_matrix(&e->up, err) || check_matrix(&e->down, err)) return -1;
+    if (e->gate.type != e->up.type || e->gate.rows != e->up.rows || e->gate.cols != e->up.cols ||
+        e->gate.expert_stride != e->up.expert_stride || e->down.cols != e->gate.rows || e->down.rows != e->gate.cols)
+        return moex_fail(err, "vulkan: expert gate/up/down shapes or types do not match");
+    if (e->n_expert <= 0 || e->n_expert > VK_MAX_EXPERTS || k <= 0 || k > e->n_expert)
+        return moex_fail(err, "vulkan: %d experts choosing %d (at most %d experts)", e->n_expert, k, VK_MAX_EXPERTS);
+    if ((uint64_t)e->gate.expert_stride * (uint64_t)e->n_expert > UINT32_MAX ||
+        (uint64_t)e->down.expert_stride * (uint64_t)e->n_expert > UINT32_MAX)
+        return moex_fail(err, "vulkan: an expert tensor is over 4 GiB");
+    return 0;
+}
+
+/* Decode: gate+up per (token, slot), then down with the slot sum and residual fused. */
+static int experts_mv(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                      moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, moex_error *err) {
+    VkPipeline pg = vk_pipeline(c->vk, VK_K_MV, e->gate.type, 1, err), pd = vk_pipeline(c->vk, VK_K_MV, e->down.type, 2, err);
+    if (!pg || !pd || round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
+    vk_pc pc = mat_pc(&e->gate, x, n, e->gate.cols, h, e->gate.rows, 0);
+    pc.p[1] = e->up.data;
+    pc.p[5] = ids;
+    pc.u[6] = (uint32_t)k;
+    vk_dispatch(c, pg, &pc, ceil_div(e->gate.rows, MV_RPW), (uint32_t)(n * k), 1);
+    moex_vk_barrier(c);
+    moex_vk_ptr hq;
+    if (round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
+    pc = mat_pc(&e->down, hq, n, e->down.cols, y, e->down.rows, resid);
+    pc.p[5] = ids;
+    pc.p[6] = weights;
+    pc.u[6] = (uint32_t)k;
+    vk_dispatch(c, pd, &pc, ceil_div(e->down.rows, MV_RPW), (uint32_t)n, 1);
+    return 0;
+}
+
+/* Batches: group pairs by expert, tiled gate+up and down per expert, then fold the slots in order. */
+static int experts_mm(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                      moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
+    const moex_vk_ptr h = scratch, po = h + experts_h_bytes(e, n, k), meta = po + experts_po_bytes(e, n, k);
+    moex_vk_ptr hq;
+    VkPipeline ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), pg = vk_pipeline(c->vk, VK_K_MM, e->gate.type, 1, err),
+               pd = vk_pipeline(c->vk, VK_K_MM, e->down.type, 2, err), pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
+    const uint32_t tiles_n = ceil_div(n, MM_TILE);
+    if (!ps || !pg || !pd || !pc_ || check_grid(ceil_div(e->down.rows, MM_TILE), tiles_n, e->n_expert, err)) return -1;
+    if (round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
+    vk_pc sort = {.p = {ids, meta}, .u = {(uint32_t)(n * k), (uint32_t)e->n_expert}};
+    vk_dispatch(c, ps, &sort, 1, 1, 1);
+    moex_vk_barrier(c);
+    vk_pc pc = mat_pc(&e->gate, x, n, e->gate.cols, h, e->gate.rows, 0);
+    pc.p[1] = e->up.data;
+    pc.p[5] = meta;
+    pc.u[6] = (uint32_t)k;
+    pc.u[8] = (uint32_t)e->n_expert;
+    vk_dispatch(c, pg, &pc, ceil_div(e->gate.rows, MM_TILE), tiles_n, (uint32_t)e->n_expert);
+    moex_vk_barrier(c);
+    if (round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
+    pc = mat_pc(&e->down, hq, n, e->down.cols, po, e->down.rows, 0);
+    pc.p[5] = meta;
+    pc.p[6] = weights;
+    pc.u[6] = (uint32_t)k;
+    pc.u[8] = (uint32_t)e->n_expert;
+    vk_dispatch(c, pd, &pc, ceil_div(e->down.rows, MM_TILE), tiles_n, (uint32_t)e->n_expert);
+    moex_vk_barrier(c);
+    vk_pc comb = {.p = {po, resid, y}, .u = {(uint32_t)e->down.rows, (uint32_t)k}};
+    vk_dispatch(c, pc_, &comb, ceil_div(e->down.rows, 256), (uint32_t)n, 1);
+    return 0;
+}
+
+int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                       moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
+    if (check_experts(e, k, err) || check_grid(ceil_div(e->gate.rows, MV_RPW), n * k, 1, err)) return -1;
+    if (!resid) return moex_fail(err, "vulkan: the expert FFN adds into a residual stream (resid required)");
+    if (n <= 0) return 0;
+    if (n <= VK_MV_NMAX) return experts_mv(c, e, x, n, k, ids, weights, resid, y, scratch, err);
+    return experts_mm(c, e, x, n, k, ids, weights, resid, y, scratch, err);
+}

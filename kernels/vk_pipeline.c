@@ -1,0 +1,299 @@
+/* Compute pipelines: GLSL embedded in the binary, specialised with #defines
+ * chosen from the device's capabilities, compiled by shaderc on first use,
+ * with the SPIR-V cached on disk (keyed by a hash of the full source) and a
+ * VkPipelineCache kept beside it. */
+#include <errno.h>
+#include <shaderc/shaderc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels/vk_internal.h"
+
+static const char *const kernel_file[VK_K_COUNT] = {
+    [VK_K_DEQUANT] = "dequant.comp", [VK_K_MV] = "mv.comp", [VK_K_MM] = "mm.comp", [VK_K_TOPK] = "topk.comp",
+    [VK_K_RMSNORM] = "rmsnorm.comp", [VK_K_QKROPE] = "qkrope.comp", [VK_K_ATTN] = "attn.comp",
+    [VK_K_ATTN_MERGE] = "attn_merge.comp", [VK_K_MOE_SORT] = "moe_sort.comp",
+    [VK_K_MOE_COMBINE] = "moe_combine.comp", [VK_K_ELTWISE] = "eltwise.comp", [VK_K_ARGMAX] = "argmax.comp",
+    [VK_K_ACTQ] = "actq.comp",
+};
+
+int vk_type_slot(moex_type t) {
+    switch (t) {
+    case MOEX_TYPE_F32: case MOEX_TYPE_F16: case MOEX_TYPE_Q4_0: case MOEX_TYPE_Q4_1: case MOEX_TYPE_Q5_0:
+    case MOEX_TYPE_Q5_1: case MOEX_TYPE_Q8_0: case MOEX_TYPE_Q4_K: case MOEX_TYPE_Q5_K: case MOEX_TYPE_Q6_K:
+        return (int)t;
+    case MOEX_TYPE_BF16: return 15; /* slot 15 (Q8_K) is never a weight */
+    default: return -1;
+    }
+}
+
+bool moex_vk_type_supported(moex_type t) { return vk_type_slot(t) >= 0; }
+
+static const char *find_source(const char *name) {
+    for (int i = 0; i < moex_vk_shader_source_count; i++)
+        if (!strcmp(moex_vk_shader_sources[i].name, name)) return moex_vk_shader_sources[i].text;
+    return NULL;
+}
+
+/* A growing string; on allocation failure it stays NULL and the caller reports it. */
+typedef struct strbuf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} strbuf;
+
+static void sb_add(strbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *p = realloc(b->s, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(strbuf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0) sb_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* Appends a shader file, expanding its `#include "x"` lines (one level). */
+static int add_file(strbuf *b, const char *name, moex_error *err) {
+    const char *text = find_source(name);
+    if (!text) return moex_fail(err, "vulkan: shader %s is not embedded", name);
+    for (const char *line = text; *line;) {
+        const char *nl = strchr(line, '\n');
+        size_t n = nl ? (size_t)(nl - line + 1) : strlen(line);
+        char inc[64];
+        if (sscanf(line, "#include \"%63[^\"]\"", inc) == 1) {
+            const char *t = find_source(inc);
+            if (!t) return moex_fail(err, "vulkan: %s includes %s, which is not embedded", name, inc);
+            sb_add(b, t, strlen(t));
+        } else {
+            sb_add(b, line, n);
+        }
+        line += n;
+    }
+    return 0;
+}
+
+static int block_elems(moex_type t) { return moex_type_get(t)->block_elems; }
+static int block_bytes(moex_type t) { return moex_type_get(t)->block_bytes; }
+
+/* Full GLSL text of one variant. */
+static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
+    strbuf b = {0};
+    const bool typed = k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM;
+    sb_printf(&b, "#version 450\n#define MAXE %d\n#define NMAX %d\n#define MODE %d\n#define OP %d\n",
+              VK_MAX_EXPERTS, VK_MV_NMAX, mode, mode);
+    /* Subgroup variants where the device has them: the row reductions of mv,
+     * the router's top-k, attention's key dot products. */
+    if (vk->use_subgroup && (k == VK_K_MV || k == VK_K_TOPK || k == VK_K_ATTN))
+        sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
+    if (k == VK_K_MV) {
+        sb_printf(&b, "#define TPR %du\n#define RPW 4u\n#define WG (TPR * RPW)\n", vk->tpr);
+    } else if (k == VK_K_TOPK) {
+        sb_printf(&b, "#define WG 128u\n");
+    } else if (k == VK_K_ARGMAX) {
+        sb_printf(&b, "#define WG 512u\n");
+    }
+    if (typed)
+        sb_printf(&b, "#define TYPE %d\n#define BLK %du\n#define BLK_BYTES %du\n", (int)type, block_elems(type),
+                  block_bytes(type));
+    if (add_file(&b, "_common.comp", err) || (typed && add_file(&b, "_quant.comp", err)) ||
+        add_file(&b, kernel_file[k], err)) {
+        free(b.s);
+        return NULL;
+    }
+    if (b.oom) {
+        free(b.s);
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    return b.s;
+}
+
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static int mkdirs(const char *path) {
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+static void *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    void *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long len = ftell(f);
+        if (len > 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)len)) &&
+            fread(buf, 1, (size_t)len, f) != (size_t)len) {
+            free(buf);
+            buf = NULL;
+        }
+        *n = len > 0 ? (size_t)len : 0;
+    }
+    fclose(f);
+    return buf;
+}
+
+/* Best effort: a cache that cannot be written only costs compile time. */
+static void write_file(const char *path, const void *data, size_t n) {
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    bool ok = fwrite(data, 1, n, f) == n;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path)) remove(tmp);
+}
+
+static uint32_t *compile_glsl(moex_vk *vk, const char *src, const char *name, size_t *n_bytes, moex_error *err) {
+    if (!vk->shaderc && !(vk->shaderc = shaderc_compiler_initialize())) {
+        moex_fail(err, "vulkan: shaderc_compiler_initialize failed");
+        return NULL;
+    }
+    shaderc_compile_options_t o = shaderc_compile_options_initialize();
+    shaderc_compile_options_set_target_env(o, shaderc_target_env_vulkan, shaderc_env_version_vulkan_1_2);
+    shaderc_compile_options_set_optimization_level(o, shaderc_optimization_level_performance);
+    shaderc_compilation_result_t r =
+        shaderc_compile_into_spv(vk->shaderc, src, strlen(src), shaderc_compute_shader, name, "main", o);
+    shaderc_compile_options_release(o);
+    uint32_t *spv = NULL;
+    if (shaderc_result_get_compilation_status(r) != shaderc_compilation_status_success) {
+        moex_fail(err, "vulkan: compiling %s failed: %.400s", name, shaderc_result_get_error_message(r));
+    } else {
+        *n_bytes = shaderc_result_get_length(r);
+        if ((spv = malloc(*n_bytes))) memcpy(spv, shaderc_result_get_bytes(r), *n_bytes);
+        else moex_fail(err, "out of memory");
+    }
+    shaderc_result_release(r);
+    return spv;
+}
+
+/* SPIR-V of a variant: from the disk cache, else compiled (and cached). */
+static uint32_t *get_spirv(moex_vk *vk, const char *src, const char *name, size_t *n, moex_error *err) {
+    char path[600] = "";
+    if (vk->cache_dir[0]) {
+        uint64_t h = fnv1a(src, strlen(src), 0xcbf29ce484222325ULL);
+        snprintf(path, sizeof path, "%s/%016llx.spv", vk->cache_dir, (unsigned long long)h);
+        uint32_t *spv = read_file(path, n);
+        if (spv && *n >= 20 && *n % 4 == 0 && spv[0] == 0x07230203u) return spv;
+        free(spv);
+    }
+    uint32_t *spv = compile_glsl(vk, src, name, n, err);
+    if (spv && path[0] && mkdirs(vk->cache_dir) == 0) write_file(path, spv, *n);
+    return spv;
+}
+
+VkPipeline vk_pipeline(moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
+    const bool typed = k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM;
+    const int slot = typed ? vk_type_slot(type) : 0;
+    if (slot < 0) {
+        const moex_type_traits *tt = moex_type_get(type);
+        moex_fail(err, "vulkan: no GPU kernels for tensor type %s", tt ? tt->name : "?");
+        return VK_NULL_HANDLE;
+    }
+    if (vk->pipes[k][slot][mode]) return vk->pipes[k][slot][mode];
+    char *src = assemble(vk, k, type, mode, err);
+    if (!src) return VK_NULL_HANDLE;
+    char name[96];
+    snprintf(name, sizeof name, "%s[type %d mode %d]", kernel_file[k], (int)type, mode);
+    size_t n = 0;
+    uint32_t *spv = get_spirv(vk, src, name, &n, err);
+    free(src);
+    if (!spv) return VK_NULL_HANDLE;
+    VkShaderModuleCreateInfo mci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = n, .pCode = spv};
+    VkShaderModule mod;
+    VkResult r = vkCreateShaderModule(vk->dev, &mci, NULL, &mod);
+    free(spv);
+    if (vk_check(r, "vkCreateShaderModule", err)) return VK_NULL_HANDLE;
+    VkComputePipelineCreateInfo pci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = mod, .pName = "main"},
+        .layout = vk->layout};
+    VkPipeline p = VK_NULL_HANDLE;
+    r = vkCreateComputePipelines(vk->dev, vk->pcache, 1, &pci, NULL, &p);
+    vkDestroyShaderModule(vk->dev, mod, NULL);
+    if (vk_check(r, "vkCreateComputePipelines", err)) return VK_NULL_HANDLE;
+    vk->pipes[k][slot][mode] = p;
+    return p;
+}
+
+void vk_pipelines_free(moex_vk *vk) {
+    for (int k = 0; k < VK_K_COUNT; k++)
+        for (int t = 0; t < VK_TYPE_SLOTS; t++)
+            for (int m = 0; m < VK_MODES; m++)
+                if (vk->pipes[k][t][m]) vkDestroyPipeline(vk->dev, vk->pipes[k][t][m], NULL);
+    if (vk->shaderc) shaderc_compiler_release(vk->shaderc);
+    vk->shaderc = NULL;
+}
+
+static void pcache_path(const moex_vk *vk, char *path, size_t cap) {
+    VkPhysicalDeviceProperties p;
+    vkGetPhysicalDeviceProperties(vk->pd, &p);
+    uint64_t h = fnv1a(p.pipelineCacheUUID, VK_UUID_SIZE, fnv1a(&p.deviceID, sizeof p.deviceID, 0xcbf29ce484222325ULL));
+    snprintf(path, cap, "%s/pipelines-%016llx.bin", vk->cache_dir, (unsigned long long)h);
+}
+
+int vk_pipeline_cache_open(moex_vk *vk) {
+    size_t n = 0;
+    void *data = NULL;
+    char path[600];
+    if (vk->cache_dir[0]) {
+        pcache_path(vk, path, sizeof path);
+        data = read_file(path, &n);
+    }
+    VkPipelineCacheCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO,
+                                    .initialDataSize = data ? n : 0, .pInitialData = data};
+    VkResult r = vkCreatePipelineCache(vk->dev, &ci, NULL, &vk->pcache);
+    if (r != VK_SUCCESS && data) { /* stale or foreign data: start empty */
+        ci.initialDataSize = 0;
+        ci.pInitialData = NULL;
+        r = vkCreatePipelineCache(vk->dev, &ci, NULL, &vk->pcache);
+    }
+    free(data);
+    if (r != VK_SUCCESS) vk->pcache = VK_NULL_HANDLE;
+    return r == VK_SUCCESS ? 0 : -1;
+}
+
+void vk_pipeline_cache_save(moex_vk *vk) {
+    if (!vk->cache_dir[0] || !vk->pcache) return;
+    size_t n = 0;
+    if (vkGetPipelineCacheData(vk->dev, vk->pcache, &n, NULL) != VK_SUCCESS || n == 0) return;
+    void *data = malloc(n);
+    if (data && vkGetPipelineCacheData(vk->dev, vk->pcache, &n, data) == VK_SUCCESS && mkdirs(vk->cache_dir) == 0) {
+        char path[600];
+        pcache_path(vk, path, sizeof path);
+        write_file(path, data, n);
+    }
+    free(data);
+}

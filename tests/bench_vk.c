@@ -1,0 +1,234 @@
+/* Vulkan backend speed on a model file: pp (one prompt batch), tg (greedy
+ * decode from an empty context and after the prompt), and the achieved
+ * bandwidth of the main kernels on the model's own layer-0 weights against
+ * the device's buffer-copy bandwidth. Prints "key value" lines.
+ * usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--exact|--round] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hub/hub.h"
+
+static moex_error err;
+
+#define MUST(call)                                                        \
+    do {                                                                  \
+        if ((call) != 0) {                                                \
+            fprintf(stderr, "bench_vk: %s: %s\n", #call, err.msg);        \
+            exit(1);                                                      \
+        }                                                                 \
+    } while (0)
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Seconds per repetition of record(), timed over reps repetitions in one submit. */
+typedef int (*record_fn)(moex_vk_cmd *c, void *ctx);
+static double time_op(moex_vk *vk, record_fn record, void *ctx, int reps) {
+    moex_vk_cmd *c = moex_vk_cmd_create(vk, &err);
+    MUST(!c);
+    for (int pass = 0; pass < 2; pass++) { /* first pass: compile + warm up */
+        MUST(moex_vk_cmd_begin(c, &err));
+        for (int i = 0; i < (pass ? reps : 1); i++) {
+            MUST(record(c, ctx));
+            moex_vk_barrier(c);
+        }
+        MUST(moex_vk_cmd_end(c, &err));
+        double t0 = moex_time_s();
+        MUST(moex_vk_cmd_run(c, &err));
+        if (pass) {
+            double t = (moex_time_s() - t0) / reps;
+            moex_vk_cmd_free(c);
+            return t;
+        }
+    }
+    return 0;
+}
+
+typedef struct copy_ctx {
+    moex_vk_buffer *a, *b;
+    size_t n;
+} copy_ctx;
+static int rec_copy(moex_vk_cmd *c, void *p) {
+    copy_ctx *x = p;
+    moex_vk_copy(c, x->b, 0, x->a, 0, x->n);
+    return 0;
+}
+
+typedef struct add_ctx {
+    moex_vk_ptr a, b, y;
+    int64_t n;
+} add_ctx;
+static int rec_add(moex_vk_cmd *c, void *p) {
+    add_ctx *x = p;
+    return moex_vk_op_eltwise(c, 0, x->a, x->b, x->y, x->n, &err);
+}
+
+typedef struct mat_ctx {
+    const moex_vk_matrix *w;
+    moex_vk_ptr x, y;
+    int64_t n;
+} mat_ctx;
+static int rec_matmul(moex_vk_cmd *c, void *p) {
+    mat_ctx *m = p;
+    return moex_vk_op_matmul(c, m->w, m->x, m->n, m->y, 0, &err);
+}
+
+typedef struct ex_ctx {
+    moex_vk_experts e;
+    moex_vk_ptr x, ids, w, y, scratch;
+    int64_t n;
+    int k;
+} ex_ctx;
+static int rec_experts(moex_vk_cmd *c, void *p) {
+    ex_ctx *e = p;
+    return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, &err);
+}
+
+static moex_vk_matrix upload_matrix(moex_vk *vk, const moex_matrix *m, int n_mats, moex_vk_buffer **keep) {
+    const size_t bytes = (size_t)m->rows * m->row_bytes * (size_t)n_mats;
+    *keep = moex_vk_buffer_create(vk, bytes, MOEX_VK_MEM_DEVICE, &err);
+    MUST(!*keep);
+    MUST(moex_vk_upload(vk, *keep, 0, m->data, bytes, &err));
+    return (moex_vk_matrix){.type = m->type, .rows = m->rows, .cols = m->cols, .row_bytes = m->row_bytes,
+                            .data = moex_vk_buffer_ptr(*keep), .expert_stride = (size_t)m->rows * m->row_bytes};
+}
+
+/* Kernel bandwidths on layer 0: attn_q matvec, the expert FFN of k experts for one token, the output head. */
+static void bench_kernels(const moex_model *m, moex_vk *vk) {
+    const moex_hparams *hp = &m->hp;
+    const double gb = 1e9;
+    copy_ctx cc = {.n = (size_t)1 << 30};
+    cc.a = moex_vk_buffer_create(vk, cc.n, MOEX_VK_MEM_DEVICE, &err);
+    cc.b = moex_vk_buffer_create(vk, cc.n, MOEX_VK_MEM_DEVICE, &err);
+    MUST(!cc.a || !cc.b);
+    const double tc = time_op(vk, rec_copy, &cc, 10);
+    printf("vkCmdCopyBuffer_GBps %.1f\n", 2.0 * cc.n / tc / gb);
+    /* The ceiling for kernels: a shader streaming y = a + b (read 2, write 1). */
+    moex_vk_buffer *cy = moex_vk_buffer_create(vk, cc.n, MOEX_VK_MEM_DEVICE, &err);
+    MUST(!cy);
+    add_ctx ac = {moex_vk_buffer_ptr(cc.a), moex_vk_buffer_ptr(cc.b), moex_vk_buffer_ptr(cy), (int64_t)(cc.n / 4)};
+    const double ta = time_op(vk, rec_add, &ac, 10), copy_bw = 3.0 * cc.n / ta / gb;
+    printf("copy_GBps %.1f\n", copy_bw);
+    moex_vk_buffer_free(cy);
+    moex_vk_buffer_free(cc.a);
+    moex_vk_buffer_free(cc.b);
+
+    moex_vk_buffer *act = moex_vk_buffer_create(vk, (size_t)64 << 20, MOEX_VK_MEM_DEVICE, &err), *keep[4];
+    MUST(!act);
+    const moex_vk_ptr a0 = moex_vk_buffer_ptr(act);
+    const moex_layer *L = &m->layers[0];
+    moex_vk_matrix wq = upload_matrix(vk, &L->wq, 1, &keep[0]);
+    mat_ctx mq = {&wq, a0, a0 + ((size_t)16 << 20), 1};
+    const double tq = time_op(vk, rec_matmul, &mq, 200);
+    printf("kernel_attn_q_matvec_us %.2f\nkernel_attn_q_matvec_GBps %.1f\n", tq * 1e6,
+           wq.rows * wq.row_bytes / tq / gb);
+    /* a big matrix: the output head (n_vocab rows) */
+    moex_vk_buffer *hk;
+    moex_vk_matrix head = upload_matrix(vk, &m->output, 1, &hk);
+    moex_vk_buffer *hy = moex_vk_buffer_create(vk, (size_t)head.rows * 4, MOEX_VK_MEM_DEVICE, &err);
+    MUST(!hy);
+    mat_ctx mh = {&head, a0, moex_vk_buffer_ptr(hy), 1};
+    const double th = time_op(vk, rec_matmul, &mh, 50);
+    printf("kernel_output_matvec_us %.2f\nkernel_output_matvec_GBps %.1f\nkernel_output_matvec_vs_copy %.2f\n", th * 1e6,
+           head.rows * head.row_bytes / th / gb, head.rows * head.row_bytes / th / gb / copy_bw);
+    moex_vk_buffer_free(hy);
+    moex_vk_buffer_free(hk);
+    if (moex_hparams_is_moe(hp)) {
+        ex_ctx ex = {.n = 1, .k = hp->n_expert_used, .x = a0, .y = a0 + ((size_t)8 << 20)};
+        ex.e.gate = upload_matrix(vk, &L->experts[0].gate, hp->n_expert, &keep[1]);
+        ex.e.up = upload_matrix(vk, &L->experts[0].up, hp->n_expert, &keep[2]);
+        ex.e.down = upload_matrix(vk, &L->experts[0].down, hp->n_expert, &keep[3]);
+        ex.e.n_expert = hp->n_expert;
+        int32_t ids[64];
+        float w[64];
+        for (int j = 0; j < ex.k && j < 64; j++) ids[j] = (int32_t)((j * 37 + 11) % hp->n_expert), w[j] = 1.0f / ex.k;
+        ex.ids = a0 + ((size_t)12 << 20);
+        ex.w = ex.ids + 4096;
+        ex.scratch = a0 + ((size_t)32 << 20);
+        moex_vk_cmd *c = moex_vk_cmd_create(vk, &err);
+        MUST(moex_vk_upload(vk, act, (size_t)12 << 20, ids, (size_t)ex.k * 4, &err));
+        MUST(moex_vk_upload(vk, act, ((size_t)12 << 20) + 4096, w, (size_t)ex.k * 4, &err));
+        moex_vk_cmd_free(c);
+        const double te = time_op(vk, rec_experts, &ex, 200);
+        const double bytes = (double)ex.k * (2.0 * ex.e.gate.expert_stride + ex.e.down.expert_stride);
+        printf("kernel_experts_k%d_us %.2f\nkernel_experts_GBps %.1f\nkernel_experts_vs_copy %.2f\n", ex.k, te * 1e6,
+               bytes / te / gb, bytes / te / gb / copy_bw);
+        for (int i = 1; i < 4; i++) moex_vk_buffer_free(keep[i]);
+    }
+    moex_vk_buffer_free(keep[0]);
+    moex_vk_buffer_free(act);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--round]\n");
+        return 2;
+    }
+    int n_p = 512, n_g = 128, reps = 3;
+    moex_vk_options o = {.device = -1, .verbose = true};
+    for (int i = 2; i < argc; i++) {
+        const bool has = i + 1 < argc;
+        if (!strcmp(argv[i], "--device") && has) o.device = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-p") && has) n_p = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-n") && has) n_g = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && has) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--round")) o.round_activations = true;
+        else {
+            fprintf(stderr, "bench_vk: unknown argument %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (n_p < 1 || n_g < 1 || reps < 1 || reps > 64) return 2;
+    double t0 = moex_time_s();
+    moex_model *m = moex_model_load(argv[1], &err);
+    MUST(!m);
+    char desc[256];
+    moex_model_describe(m, desc, sizeof desc);
+    printf("model %s\n", desc);
+    moex_vk_state *s = moex_vk_state_create(m, n_p + n_g + 8, n_p, &o, &err);
+    MUST(!s);
+    printf("device %s\nload_s %.2f\n", moex_vk_get_info(moex_vk_state_device(s))->name, moex_time_s() - t0);
+    const int64_t V = m->hp.n_vocab;
+    int32_t *toks = malloc((size_t)n_p * sizeof *toks);
+    for (int i = 0; i < n_p; i++) toks[i] = (int32_t)((i * 7919 + 13) % V); /* like llama-bench */
+    double pp[64], tg0[64], tgd[64];
+    /* warm-up: compiles every variant used below */
+    MUST(moex_vk_forward(m, s, toks, n_p, 0, false, NULL, &err));
+    MUST(moex_vk_forward(m, s, toks, 1, 0, false, NULL, &err));
+    for (int r = 0; r < reps; r++) {
+        double t = moex_time_s();
+        int32_t tok = toks[0];
+        for (int i = 0; i < n_g; i++) {   /* decode from an empty context */
+            MUST(moex_vk_forward(m, s, &tok, 1, i, false, NULL, &err));
+            tok = moex_vk_last_argmax(s);
+        }
+        tg0[r] = n_g / (moex_time_s() - t);
+        t = moex_time_s();
+        MUST(moex_vk_forward(m, s, toks, n_p, 0, false, NULL, &err));
+        pp[r] = n_p / (moex_time_s() - t);
+        tok = moex_vk_last_argmax(s);
+        t = moex_time_s();
+        for (int i = 0; i < n_g; i++) {   /* decode after the prompt */
+            MUST(moex_vk_forward(m, s, &tok, 1, n_p + i, false, NULL, &err));
+            tok = moex_vk_last_argmax(s);
+        }
+        tgd[r] = n_g / (moex_time_s() - t);
+        fprintf(stderr, "bench_vk: rep %d: pp%d %.1f tok/s, tg%d %.1f tok/s, tg%d@%d %.1f tok/s\n", r + 1, n_p, pp[r],
+                n_g, tg0[r], n_g, n_p, tgd[r]);
+    }
+    printf("pp%d_tok_s %.2f\ntg%d_tok_s %.2f\ntg%d_after_pp%d_tok_s %.2f\n", n_p, median(pp, reps), n_g,
+           median(tg0, reps), n_g, n_p, median(tgd, reps));
+    bench_kernels(m, moex_vk_state_device(s));
+    free(toks);
+    moex_vk_state_free(s);
+    moex_model_free(m);
+    return 0;
+}

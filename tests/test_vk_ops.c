@@ -1,0 +1,312 @@
+/* The Vulkan forward-pass kernels other than the matrix products, each
+ * against the CPU backend or a float64 reference on fresh random inputs.
+ * One subtest per argument: norm, rope, attention, router, experts. */
+#include "tests/vk/vk_test_util.h"
+
+static moex_vk *vk;
+static rng R;
+
+static moex_vk_cmd *begin(void) {
+    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
+    MUST(!c);
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    return c;
+}
+
+static void run_free(moex_vk_cmd *c) {
+    MUST(moex_vk_cmd_run(c, &g_err));
+    moex_vk_cmd_free(c);
+}
+
+#define P(b) moex_vk_buffer_ptr(b)
+
+/* RMSNorm (with and without weights), the residual add, SwiGLU and argmax. */
+static void test_norm(void) {
+    const int64_t rows = 5, dim = 1000, n = rows * dim;
+    float *x = malloc(n * 4), *w = malloc(dim * 4), *b = malloc(n * 4), *got = malloc(n * 4), *ref = malloc(n * 4);
+    fill_gauss(&R, x, n, 3.0f);
+    fill_gauss(&R, w, dim, 1.0f);
+    fill_gauss(&R, b, n, 1.0f);
+    moex_vk_buffer *xb = gpu_from(vk, x, n * 4), *wb = gpu_from(vk, w, dim * 4), *bb = gpu_from(vk, b, n * 4),
+                   *o1 = gpu_from(vk, NULL, n * 4), *o2 = gpu_from(vk, NULL, n * 4), *o3 = gpu_from(vk, NULL, n * 4),
+                   *o4 = gpu_from(vk, NULL, n * 4), *am = gpu_from(vk, NULL, rows * 4);
+    moex_vk_cmd *c = begin();
+    MUST(moex_vk_op_rmsnorm(c, P(o1), P(xb), P(wb), rows, dim, 1e-6f, &g_err));
+    MUST(moex_vk_op_rmsnorm(c, P(o2), P(xb), 0, rows, dim, 1e-6f, &g_err));
+    MUST(moex_vk_op_eltwise(c, 0, P(xb), P(bb), P(o3), n, &g_err));
+    MUST(moex_vk_op_eltwise(c, 1, P(xb), P(bb), P(o4), n, &g_err));
+    MUST(moex_vk_op_argmax(c, P(xb), rows, dim, dim, P(am), &g_err));
+    run_free(c);
+    for (int64_t r = 0; r < rows; r++) moex_rmsnorm(ref + r * dim, x + r * dim, w, dim, 1e-6f);
+    gpu_read(vk, o1, got, n * 4);
+    double e = rel_l2_f(got, ref, n);
+    CHECK(e < 1e-6, "rmsnorm with weights: rel err %.3g", e);
+    printf("  rmsnorm %.2g", e);
+    for (int64_t r = 0; r < rows; r++) moex_rmsnorm(ref + r * dim, x + r * dim, NULL, dim, 1e-6f);
+    gpu_read(vk, o2, got, n * 4);
+    e = rel_l2_f(got, ref, n);
+    CHECK(e < 1e-6, "rmsnorm without weights: rel err %.3g", e);
+    for (int64_t i = 0; i < n; i++) ref[i] = x[i] + b[i];
+    gpu_read(vk, o3, got, n * 4);
+    CHECK(rel_l2_f(got, ref, n) == 0, "add must be exact");
+    moex_swiglu(ref, x, b, n);
+    gpu_read(vk, o4, got, n * 4);
+    e = rel_l2_f(got, ref, n);
+    CHECK(e < 1e-6, "swiglu: rel err %.3g", e);
+    printf("  swiglu %.2g", e);
+    int32_t idx[5];
+    gpu_read(vk, am, idx, sizeof idx);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < dim; i++)
+            if (x[r * dim + i] > x[r * dim + best]) best = i;
+        CHECK(idx[r] == best, "argmax row %lld: %d, expected %lld", (long long)r, idx[r], (long long)best);
+    }
+    printf("  argmax ok\n");
+    moex_vk_buffer *all[] = {xb, wb, bb, o1, o2, o3, o4, am};
+    for (int i = 0; i < 8; i++) moex_vk_buffer_free(all[i]);
+    free(x), free(w), free(b), free(got), free(ref);
+}
+
+/* QK-norm + RoPE (neox and adjacent pairs) + KV append against moex_rmsnorm/moex_rope. */
+static void test_rope(void) {
+    for (int neox = 0; neox < 2; neox++) {
+        moex_vk_attn_shape sh = {.n_head = 4, .n_head_kv = 2, .head_dim = 64, .rope_dim = neox ? 64 : 48,
+                                 .rope_base = 10000.0f, .rms_eps = 1e-6f, .neox = neox, .qk_norm = neox, .n_ctx = 40};
+        const int64_t n = 3, pos0 = 29, qd = 4 * 64, kvd = 2 * 64, hd = 64;
+        float *q = malloc(n * qd * 4), *k = malloc(n * kvd * 4), *v = malloc(n * kvd * 4), *qn = malloc(hd * 4),
+              *kn = malloc(hd * 4), *kc = calloc(sh.n_ctx * kvd, 4), *vc = calloc(sh.n_ctx * kvd, 4);
+        fill_gauss(&R, q, n * qd, 1.0f);
+        fill_gauss(&R, k, n * kvd, 1.0f);
+        fill_gauss(&R, v, n * kvd, 1.0f);
+        fill_gauss(&R, qn, hd, 1.0f);
+        fill_gauss(&R, kn, hd, 1.0f);
+        int32_t params = (int32_t)pos0;
+        moex_vk_buffer *qb = gpu_from(vk, q, n * qd * 4), *kb = gpu_from(vk, k, n * kvd * 4),
+                       *vb = gpu_from(vk, v, n * kvd * 4), *qnb = gpu_from(vk, qn, hd * 4), *knb = gpu_from(vk, kn, hd * 4),
+                       *kcb = gpu_from(vk, NULL, sh.n_ctx * kvd * 4), *vcb = gpu_from(vk, NULL, sh.n_ctx * kvd * 4),
+                       *pb = gpu_from(vk, &params, 4);
+        moex_vk_cmd *c = begin();
+        MUST(moex_vk_op_qk_rope(c, &sh, P(qb), P(kb), P(vb), P(kcb), P(vcb), P(qnb), P(knb), P(pb), n, &g_err));
+        run_free(c);
+        for (int64_t t = 0; t < n; t++) {
+            float *qt = q + t * qd, *kt = k + t * kvd;
+            if (sh.qk_norm) {
+                for (int h = 0; h < 4; h++) moex_rmsnorm(qt + h * hd, qt + h * hd, qn, hd, 1e-6f);
+                for (int h = 0; h < 2; h++) moex_rmsnorm(kt + h * hd, kt + h * hd, kn, hd, 1e-6f);
+            }
+            moex_rope(qt, 4, (int)hd, sh.rope_dim, pos0 + t, 10000.0f, neox);
+            moex_rope(kt, 2, (int)hd, sh.rope_dim, pos0 + t, 10000.0f, neox);
+            memcpy(kc + (pos0 + t) * kvd, kt, kvd * 4);
+            memcpy(vc + (pos0 + t) * kvd, v + t * kvd, kvd * 4);
+        }
+        float *gq = malloc(n * qd * 4), *gk = malloc(sh.n_ctx * kvd * 4), *gv = malloc(sh.n_ctx * kvd * 4);
+        gpu_read(vk, qb, gq, n * qd * 4);
+        gpu_read(vk, kcb, gk, sh.n_ctx * kvd * 4);
+        gpu_read(vk, vcb, gv, sh.n_ctx * kvd * 4);
+        const double eq = rel_l2_f(gq, q, n * qd), ek = rel_l2_f(gk, kc, sh.n_ctx * kvd);
+        /* angles up to 31 rad in f32 (the CPU multiplies iteratively): ~1e-6 */
+        CHECK(eq < 1e-5 && ek < 1e-5, "rope (neox %d): q err %.3g, k err %.3g", neox, eq, ek);
+        CHECK(rel_l2_f(gv, vc, sh.n_ctx * kvd) == 0, "v append must be an exact copy to rows %lld..", (long long)pos0);
+        printf("  rope neox=%d qk_norm=%d: q %.2g k %.2g\n", neox, neox, eq, ek);
+        moex_vk_buffer *all[] = {qb, kb, vb, qnb, knb, kcb, vcb, pb};
+        for (int i = 0; i < 8; i++) moex_vk_buffer_free(all[i]);
+        free(q), free(k), free(v), free(qn), free(kn), free(kc), free(vc), free(gq), free(gk), free(gv);
+    }
+}
+
+/* Split-K decode (several splits) and a prompt batch, against moex_attention. */
+static void test_attention(void) {
+    const int64_t cases[][3] = {{1, 300, 600}, {37, 5, 64}, {1, 0, 16}, {3, 700, 1024}};  /* n, pos0, n_ctx */
+    for (int ci = 0; ci < 4; ci++) {
+        const int64_t n = cases[ci][0], pos0 = cases[ci][1];
+        moex_vk_attn_shape sh = {.n_head = 8, .n_head_kv = 2, .head_dim = 128, .rope_dim = 128, .scale = 0.0883883f,
+                                 .n_ctx = cases[ci][2]};
+        const int64_t qd = 8 * 128, kvd = 2 * 128, npos = pos0 + n;
+        float *q = malloc(n * qd * 4), *kc = malloc(sh.n_ctx * kvd * 4), *vc = malloc(sh.n_ctx * kvd * 4),
+              *ref = malloc(n * qd * 4), *got = malloc(n * qd * 4);
+        fill_gauss(&R, q, n * qd, 1.0f);
+        fill_gauss(&R, kc, sh.n_ctx * kvd, 1.0f);
+        fill_gauss(&R, vc, sh.n_ctx * kvd, 1.0f);
+        int32_t params = (int32_t)pos0;
+        moex_vk_buffer *qb = gpu_from(vk, q, n * qd * 4), *kb = gpu_from(vk, kc, sh.n_ctx * kvd * 4),
+                       *vb = gpu_from(vk, vc, sh.n_ctx * kvd * 4), *ob = gpu_from(vk, NULL, n * qd * 4),
+                       *sb = gpu_from(vk, NULL, moex_vk_attention_scratch(&sh, n) * 4), *pb = gpu_from(vk, &params, 4);
+        moex_vk_cmd *c = begin();
+        MUST(moex_vk_op_attention(c, &sh, P(qb), P(kb), P(vb), P(ob), P(sb), P(pb), n, &g_err));
+        run_free(c);
+        (void)npos;
+        MUST(moex_attention(NULL, q, kc, vc, ref, n, pos0, 8, 2, 128, sh.scale));
+        gpu_read(vk, ob, got, n * qd * 4);
+        const double e = rel_l2_f(got, ref, n * qd);
+        CHECK(e < 1e-5, "attention n=%lld pos0=%lld: rel err %.3g", (long long)n, (long long)pos0, e);
+        printf("  attention n=%lld pos0=%lld ctx=%lld: %.2g\n", (long long)n, (long long)pos0, (long long)sh.n_ctx, e);
+        moex_vk_buffer *all[] = {qb, kb, vb, ob, sb, pb};
+        for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
+        free(q), free(kc), free(vc), free(ref), free(got);
+    }
+}
+
+/* Router: one fused dispatch (small batches) and mm + top-k (large), against route_token's rule in float64. */
+static void test_router(void) {
+    const int64_t ns[] = {1, 5, 20};
+    for (int ci = 0; ci < 3; ci++) {
+        const int64_t n = ns[ci], E = 60, d = 256;
+        const int k = 4;
+        test_matrix m = make_matrix(&R, MOEX_TYPE_F32, E, d);
+        float *x = malloc(n * d * 4);
+        fill_gauss(&R, x, n * d, 1.0f);
+        moex_vk_buffer *wb = gpu_from(vk, m.data, E * m.row_bytes), *xb = gpu_from(vk, x, n * d * 4),
+                       *lb = gpu_from(vk, NULL, n * E * 4), *cb = gpu_from(vk, NULL, 4), *ib = gpu_from(vk, NULL, n * k * 4),
+                       *gb = gpu_from(vk, NULL, n * k * 4);
+        moex_vk_matrix vm = vk_matrix_of(&m, wb);
+        moex_vk_cmd *c = begin();
+        MUST(moex_vk_op_router(c, &vm, P(xb), n, k, true, P(lb), P(cb), P(ib), P(gb), &g_err));
+        moex_vk_barrier(c);   /* a second run must find the counter back at 0 */
+        MUST(moex_vk_op_router(c, &vm, P(xb), n, k, true, P(lb), P(cb), P(ib), P(gb), &g_err));
+        run_free(c);
+        int32_t ids[20 * 4];
+        float gw[20 * 4];
+        uint32_t counter;
+        gpu_read(vk, ib, ids, n * k * 4);
+        gpu_read(vk, gb, gw, n * k * 4);
+        gpu_read(vk, cb, &counter, 4);
+        CHECK(counter == 0, "router counter left at %u", counter);
+        double max_w = 0;
+        int bad = 0;
+        for (int64_t t = 0; t < n; t++) {
+            double lg[60], mx = -1e300, s = 0;
+            for (int e = 0; e < E; e++) {
+                lg[e] = 0;
+                for (int64_t j = 0; j < d; j++) lg[e] += (double)m.deq[e * d + j] * x[t * d + j];
+                mx = lg[e] > mx ? lg[e] : mx;
+            }
+            for (int e = 0; e < E; e++) s += (lg[e] = exp(lg[e] - mx));
+            double sel = 0, w[4];
+            int id[4];
+            for (int j = 0; j < k; j++) {
+                int best = -1;
+                for (int e = 0; e < E; e++)
+                    if (lg[e] >= 0 && (best < 0 || lg[e] > lg[best])) best = e;
+                id[j] = best;
+                w[j] = lg[best] / s;
+                sel += w[j];
+                lg[best] = -1;
+            }
+            for (int j = 0; j < k; j++) {
+                bad += ids[t * k + j] != id[j];
+                const double err = fabs(gw[t * k + j] - w[j] / sel);
+                max_w = err > max_w ? err : max_w;
+            }
+        }
+        CHECK(bad == 0, "router n=%lld: %d expert ids differ", (long long)n, bad);
+        CHECK(max_w < 1e-5, "router n=%lld: gate weight error %.3g", (long long)n, max_w);
+        printf("  router n=%lld: ids ok, max weight err %.2g\n", (long long)n, max_w);
+        moex_vk_buffer *all[] = {wb, xb, lb, cb, ib, gb};
+        for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
+        free(x);
+        free_matrix(&m);
+    }
+}
+
+/* Expert FFN: many experts in one dispatch (mv path, n <= 8) and grouped tiles (mm path), against float64. */
+static void test_experts(void) {
+    const moex_type types[][2] = {{MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K}, {MOEX_TYPE_Q8_0, MOEX_TYPE_Q5_0}};
+    const int64_t ns[] = {1, 3, 70};
+    for (int ci = 0; ci < 3; ci++) {
+        const moex_type tg = types[ci % 2][0], td = types[ci % 2][1];
+        const int64_t n = ns[ci], d = 256, f = 256;
+        const int E = 10, k = 3;
+        test_matrix g[10], u[10], dn[10];
+        const size_t sgu = moex_row_bytes(tg, d) * f, sd = moex_row_bytes(td, f) * d;
+        uint8_t *gall = malloc(E * sgu), *uall = malloc(E * sgu), *dall = malloc(E * sd);
+        for (int e = 0; e < E; e++) {
+            g[e] = make_matrix(&R, tg, f, d);
+            u[e] = make_matrix(&R, tg, f, d);
+            dn[e] = make_matrix(&R, td, d, f);
+            memcpy(gall + e * sgu, g[e].data, sgu);
+            memcpy(uall + e * sgu, u[e].data, sgu);
+            memcpy(dall + e * sd, dn[e].data, sd);
+        }
+        float *x = malloc(n * d * 4), *res = malloc(n * d * 4), *gw = malloc(n * k * 4), *got = malloc(n * d * 4);
+        int32_t *ids = malloc(n * k * 4);
+        double *ref = malloc(n * d * 8);
+        fill_gauss(&R, x, n * d, 1.0f);
+        fill_gauss(&R, res, n * d, 1.0f);
+        for (int64_t t = 0; t < n; t++)
+            for (int j = 0; j < k; j++) {   /* k distinct experts per token */
+                int e;
+                bool dup;
+                do {
+                    e = (int)(rng_next(&R) % E);
+                    dup = false;
+                    for (int i = 0; i < j; i++) dup |= ids[t * k + i] == e;
+                } while (dup);
+                ids[t * k + j] = e;
+                gw[t * k + j] = (float)rng_uniform(&R);
+            }
+        for (int64_t t = 0; t < n; t++) {
+            double o[256] = {0};
+            for (int j = 0; j < k; j++) {
+                const int e = ids[t * k + j];
+                double h[256];
+                for (int64_t r = 0; r < f; r++) {
+                    double a = 0, b = 0;
+                    for (int64_t c = 0; c < d; c++) {
+                        a += (double)g[e].deq[r * d + c] * x[t * d + c];
+                        b += (double)u[e].deq[r * d + c] * x[t * d + c];
+                    }
+                    h[r] = a / (1 + exp(-a)) * b;
+                }
+                for (int64_t r = 0; r < d; r++) {
+                    double s = 0;
+                    for (int64_t c = 0; c < f; c++) s += (double)dn[e].deq[r * f + c] * h[c];
+                    o[r] += gw[t * k + j] * s;
+                }
+            }
+            for (int64_t r = 0; r < d; r++) ref[t * d + r] = res[t * d + r] + o[r];
+        }
+        moex_vk_buffer *gb = gpu_from(vk, gall, E * sgu), *ub = gpu_from(vk, uall, E * sgu), *db = gpu_from(vk, dall, E * sd),
+                       *xb = gpu_from(vk, x, n * d * 4), *rb = gpu_from(vk, res, n * d * 4), *ib = gpu_from(vk, ids, n * k * 4),
+                       *wb = gpu_from(vk, gw, n * k * 4);
+        moex_vk_experts ex = {
+            .gate = {tg, f, d, moex_row_bytes(tg, d), P(gb), sgu},
+            .up = {tg, f, d, moex_row_bytes(tg, d), P(ub), sgu},
+            .down = {td, d, f, moex_row_bytes(td, f), P(db), sd},
+            .n_expert = E};
+        moex_vk_buffer *sb = gpu_from(vk, NULL, moex_vk_experts_scratch(&ex, n, k));
+        moex_vk_cmd *c = begin();
+        /* y aliases the residual, as the forward pass uses it */
+        MUST(moex_vk_op_experts(c, &ex, P(xb), n, k, P(ib), P(wb), P(rb), P(rb), P(sb), &g_err));
+        run_free(c);
+        gpu_read(vk, rb, got, n * d * 4);
+        const double e = rel_l2(got, ref, n * d);
+        CHECK(e < 1e-5, "experts n=%lld (%s/%s): rel err %.3g", (long long)n, moex_type_get(tg)->name,
+              moex_type_get(td)->name, e);
+        printf("  experts n=%lld %s/%s: %.2g\n", (long long)n, moex_type_get(tg)->name, moex_type_get(td)->name, e);
+        moex_vk_buffer *all[] = {gb, ub, db, xb, rb, ib, wb, sb};
+        for (int i = 0; i < 8; i++) moex_vk_buffer_free(all[i]);
+        for (int i = 0; i < E; i++) free_matrix(&g[i]), free_matrix(&u[i]), free_matrix(&dn[i]);
+        free(gall), free(uall), free(dall), free(x), free(res), free(gw), free(got), free(ids), free(ref);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_vk_ops norm|rope|attention|router|experts\n");
+        return 2;
+    }
+    R = test_rng(argv[1]);
+    vk = test_vk(false);
+    if (!strcmp(argv[1], "norm")) test_norm();
+    else if (!strcmp(argv[1], "rope")) test_rope();
+    else if (!strcmp(argv[1], "attention")) test_attention();
+    else if (!strcmp(argv[1], "router")) test_router();
+    else if (!strcmp(argv[1], "experts")) test_experts();
+    else {
+        fprintf(stderr, "unknown subtest %s\n", argv[1]);
+        return 2;
+    }
+    moex_vk_free(vk);
+    return test_finish(argv[1]);
+}

@@ -1,0 +1,60 @@
+#!/bin/sh
+# Vulkan backend vs llama.cpp's Vulkan backend on one GPU machine, in one run:
+# correctness on generated test models (the lavapipe suite, on this GPU), then
+# pp512 / tg128 / tg128 after a 512-token prompt and per-kernel bandwidth on a
+# Qwen3-30B-A3B-shaped Q4_K_M model generated here (~17 GB, reused if present).
+#
+# usage: tests/vk/bench_h200.sh BIN_DIR [MODEL]
+#   BIN_DIR holds moex-gguf, bench_vk, test_vk_* (a build's bin/ and tests/, or
+#   the unpacked carry of the device tool), and optionally llama_bench_vk with
+#   llvk.tar.xz (llama.cpp's Vulkan libraries from npm @node-llama-cpp/linux-x64-vulkan).
+# Loaders: when no libvulkan.so.1 is installed, <repo>/.gl/*.deb are unpacked
+# (see the device tool's README). Output: "key value" lines.
+set -eu
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+bin=$(cd "$1" && pwd)
+model=${2:-/tmp/q30.gguf}
+export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MOEX_VK_CACHE=${MOEX_VK_CACHE:-/tmp/moex-vk-cache}
+
+if ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
+    for f in "$repo"/.gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+fi
+nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$nvidia_icd" ] && ! ls /usr/share/vulkan/icd.d/*nvidia* >/dev/null 2>&1; then
+    export VK_DRIVER_FILES=$nvidia_icd
+fi
+echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null | sed 's/^/gpu /' || true
+echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
+
+# 1. correctness on this GPU (the same checks as the lavapipe suite)
+mkdir -p /tmp/vkm
+"$bin/moex-gguf" gen --arch qwen3moe --preset test --vocab "$repo/tests/data/vocab/ggml-vocab-llama-spm.gguf" \
+    --type q4_K_M --seed 1 --quiet -o /tmp/vkm/qwen3moe.gguf
+"$bin/moex-gguf" gen --arch llama --preset test --vocab "$repo/tests/data/vocab/ggml-vocab-llama-spm.gguf" \
+    --type mixed --seed 1 --quiet -o /tmp/vkm/llama.gguf
+for t in "test_vk_layout" "test_vk_matmul" "test_vk_matmul --no-subgroup" "test_vk_ops norm" "test_vk_ops rope" \
+         "test_vk_ops attention" "test_vk_ops router" "test_vk_ops experts" "test_vk_forward /tmp/vkm/qwen3moe.gguf" \
+         "test_vk_forward /tmp/vkm/llama.gguf --loose"; do
+    if $bin/$t > /tmp/vkm/log 2>&1; then echo "test ok: $t"; else echo "test FAILED: $t"; tail -n 15 /tmp/vkm/log; fi
+done
+grep -h "teacher-forced\|greedy" /tmp/vkm/log || true
+
+# 2. the Qwen3-30B-A3B-shaped model
+if [ ! -f "$model" ]; then
+    t0=$(date +%s)
+    "$bin/moex-gguf" gen --arch qwen3moe --preset qwen3-30b-a3b --vocab "$repo/tests/data/vocab/ggml-vocab-qwen2.gguf" \
+        --type q4_K_M --seed 1 --quiet -o "$model"
+    echo "gen_s $(( $(date +%s) - t0 ))"
+fi
+echo "model_bytes $(stat -c %s "$model")"
+
+# 3. moex (Vulkan) then llama.cpp (Vulkan), same file, same measurements
+"$bin/bench_vk" "$model" -p 512 -n 128 -r 3
+if [ -x "$bin/llama_bench_vk" ] && [ -f "$bin/llvk.tar.xz" ]; then
+    mkdir -p /tmp/llvk
+    tar -xJf "$bin/llvk.tar.xz" -C /tmp/llvk
+    "$bin/llama_bench_vk" /tmp/llvk "$model" -p 512 -n 128 -r 3 || echo "llama_bench_vk failed"
+fi

@@ -1,0 +1,171 @@
+/* Shared by the Vulkan tests: device setup (exit 77 = skip when no Vulkan
+ * device exists), seeded random data, GPU buffers from host arrays, error
+ * measures. Header-only; each test includes it once. */
+#ifndef MOEX_VK_TEST_UTIL_H
+#define MOEX_VK_TEST_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/kernels.h"
+
+static int g_failures;
+
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (!(cond)) {                                           \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fprintf(stderr, "\n");                               \
+            g_failures++;                                        \
+        }                                                        \
+    } while (0)
+
+#define MUST(call)                                                                \
+    do {                                                                          \
+        if ((call) != 0) {                                                        \
+            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, g_err.msg); \
+            exit(1);                                                              \
+        }                                                                         \
+    } while (0)
+
+static moex_error g_err;
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static inline uint64_t rng_next(rng *r) { /* splitmix64 */
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static inline double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+static inline float rng_gauss(rng *r) {
+    double u1 = rng_uniform(r), u2 = rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+static inline void fill_gauss(rng *r, float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = scale * rng_gauss(r);
+}
+
+/* Seed from MOEX_TEST_SEED or the clock, printed so a failure can be replayed. */
+static inline rng test_rng(const char *name) {
+    const char *env = getenv("MOEX_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    printf("%s: seed %llu (MOEX_TEST_SEED to replay)\n", name, (unsigned long long)seed);
+    return (rng){seed};
+}
+
+/* The device for tests: MOEX_VK_DEVICE or the default pick; exit 77 (skip) without one. */
+static inline moex_vk *test_vk(bool no_subgroup) {
+    const char *dev = getenv("MOEX_VK_DEVICE");
+    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .no_subgroup = no_subgroup};
+    moex_vk *vk = moex_vk_create(&o, &g_err);
+    if (!vk) {
+        printf("SKIP: no Vulkan device: %s\n", g_err.msg);
+        exit(77);
+    }
+    const moex_vk_info *in = moex_vk_get_info(vk);
+    printf("device: %s (%s), subgroup %u, arith %d, f16 %d, int dot %d, shared %u\n", in->name, in->type,
+           in->subgroup_size, in->subgroup_arith, in->f16, in->int_dot, in->shared_mem);
+    return vk;
+}
+
+static inline moex_vk_buffer *gpu_from(moex_vk *vk, const void *src, size_t bytes) {
+    moex_vk_buffer *b = moex_vk_buffer_create(vk, bytes ? bytes : 4, MOEX_VK_MEM_DEVICE, &g_err);
+    if (!b) {
+        fprintf(stderr, "FATAL: %s\n", g_err.msg);
+        exit(1);
+    }
+    if (src) MUST(moex_vk_upload(vk, b, 0, src, bytes, &g_err));
+    else {
+        void *z = calloc(1, bytes ? bytes : 4);
+        MUST(moex_vk_upload(vk, b, 0, z, bytes, &g_err));
+        free(z);
+    }
+    return b;
+}
+
+static inline void gpu_read(moex_vk *vk, moex_vk_buffer *b, void *dst, size_t bytes) {
+    MUST(moex_vk_download(vk, b, 0, dst, bytes, &g_err));
+}
+
+/* ||a - ref|| / ||ref|| in float64. */
+static inline double rel_l2(const float *a, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static inline double rel_l2_f(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* A random rows x cols matrix of type t (quantized from gaussians) and its exact f32 values. */
+typedef struct test_matrix {
+    moex_type type;
+    int64_t rows, cols;
+    size_t row_bytes;
+    uint8_t *data;
+    float *deq;
+} test_matrix;
+
+static inline test_matrix make_matrix(rng *r, moex_type t, int64_t rows, int64_t cols) {
+    test_matrix m = {.type = t, .rows = rows, .cols = cols, .row_bytes = moex_row_bytes(t, cols)};
+    m.data = malloc((size_t)rows * m.row_bytes);
+    m.deq = malloc((size_t)rows * (size_t)cols * sizeof(float));
+    float *row = malloc((size_t)cols * sizeof(float));
+    for (int64_t i = 0; i < rows; i++) {
+        fill_gauss(r, row, (size_t)cols, 0.5f);
+        if (moex_quantize_row(t, row, m.data + (size_t)i * m.row_bytes, cols) ||
+            moex_dequantize_row(t, m.data + (size_t)i * m.row_bytes, m.deq + (size_t)i * cols, cols)) {
+            fprintf(stderr, "FATAL: quantize/dequantize %s failed\n", moex_type_get(t)->name);
+            exit(1);
+        }
+    }
+    free(row);
+    return m;
+}
+
+static inline void free_matrix(test_matrix *m) {
+    free(m->data);
+    free(m->deq);
+}
+
+static inline moex_vk_matrix vk_matrix_of(const test_matrix *m, moex_vk_buffer *b) {
+    return (moex_vk_matrix){.type = m->type, .rows = m->rows, .cols = m->cols, .row_bytes = m->row_bytes,
+                            .data = moex_vk_buffer_ptr(b)};
+}
+
+static const moex_type k_all_types[] = {MOEX_TYPE_F32,  MOEX_TYPE_F16,  MOEX_TYPE_BF16, MOEX_TYPE_Q8_0,
+                                        MOEX_TYPE_Q4_0, MOEX_TYPE_Q4_1, MOEX_TYPE_Q5_0, MOEX_TYPE_Q5_1,
+                                        MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K};
+#define N_ALL_TYPES ((int)(sizeof k_all_types / sizeof k_all_types[0]))
+
+static inline int test_finish(const char *name) {
+    if (g_failures) {
+        fprintf(stderr, "%s: %d failure(s)\n", name, g_failures);
+        return 1;
+    }
+    printf("%s: ok\n", name);
+    return 0;
+}
+
+#endif
