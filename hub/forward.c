@@ -207,3 +207,13 @@ int moex_forward(const moex_model *m, moex_state *s, const int32_t *tokens, int6
     if (output_head(m, s, n, all_logits, logits)) return moex_fail(err, "output head failed");
     return 0;
 }
+
+static int cpu_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+                       moex_error *err) {
+    moex_state *s = ctx;
+    return moex_forward(s->m, s, tokens, n, pos, all_logits, logits, err);
+}
+
+moex_engine moex_engine_cpu(moex_state *s) {
+    return (moex_engine){.ctx = s, .forward = cpu_forward, .n_ctx = s->n_ctx, .n_batch = s->n_batch};
+}

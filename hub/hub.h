@@ -113,8 +113,20 @@ typedef struct moex_gen_params {
     void *cb_ctx;
 } moex_gen_params;
 
-int moex_generate(const moex_model *m, moex_state *s, moex_sampler *smp, const int32_t *prompt, int64_t n_prompt,
-                  const moex_gen_params *gp, moex_gen_stats *stats, moex_error *err);
+/* What generation runs on: a forward function with the moex_forward contract
+ * (the CPU state, or the Vulkan state with --backend vulkan). */
+typedef struct moex_engine {
+    void *ctx;
+    int (*forward)(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+                   moex_error *err);
+    int64_t n_ctx, n_batch;
+} moex_engine;
+
+/* The CPU engine over a state (moex_forward with the state's model). */
+moex_engine moex_engine_cpu(moex_state *s);
+
+int moex_generate(const moex_model *m, const moex_engine *eng, moex_sampler *smp, const int32_t *prompt,
+                  int64_t n_prompt, const moex_gen_params *gp, moex_gen_stats *stats, moex_error *err);
 
 /* ---- the distributed hub: workers over WebSockets ---- */
 

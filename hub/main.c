@@ -20,6 +20,8 @@ typedef struct options {
     moex_sampler_params sp;
     moex_hub_config hub;
     int wire_dtype;
+    bool vulkan;
+    int device;
     int64_t min_workers;
     double wait_s;
 } options;
@@ -48,6 +50,7 @@ static void usage(FILE *f) {
             "  --wire-dtype T          expert inputs/outputs as f16 (default), bf16, int8, f32, or exact (--local only);\n"
             "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"
             "  --local                 run the whole model in this process\n"
+            "  --backend cpu|vulkan    where --local runs (default cpu); --device N picks the GPU (default: best)\n"
             "distributed (without --local): serve workers, and generate once --min-workers are ready\n"
             "  --host ADDR             listen address (default 127.0.0.1)\n"
             "  --port N                listen port (default 8765)\n"
@@ -89,7 +92,7 @@ static int parse_f32(const char *flag, const char *s, float lo, float hi, float 
 /* Returns 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, options *o) {
     *o = (options){.n_predict = 128, .n_batch = 512, .parse_special = true, .wire_dtype = MOEX_WIRE_DEFAULT,
-                   .min_workers = 1, .wait_s = 120,
+                   .min_workers = 1, .wait_s = 120, .device = -1,
                    .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = (uint64_t)time(NULL)}};
     moex_hub_config_default(&o->hub);
     for (int i = 1; i < argc; i++) {
@@ -168,6 +171,18 @@ static int parse_args(int argc, char **argv, options *o) {
                 fprintf(stderr, "moex-hub: --wire-dtype expects f16, bf16, int8, f32 or exact, got '%s'\n", v);
                 return -1;
             }
+        } else if (!strcmp(a, "--backend")) {
+            NEED_VALUE();
+            if (!strcmp(v, "vulkan")) o->vulkan = true;
+            else if (!strcmp(v, "cpu")) o->vulkan = false;
+            else {
+                fprintf(stderr, "moex-hub: --backend expects cpu or vulkan, got '%s'\n", v);
+                return -1;
+            }
+        } else if (!strcmp(a, "--device")) {
+            NEED_VALUE();
+            if (parse_i64(a, v, 0, 64, &n)) return -1;
+            o->device = (int)n;
         } else if (!strcmp(a, "--host")) {
             NEED_VALUE();
             o->hub.host = v;
@@ -222,6 +237,10 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     if (o->local && !o->prompt && !o->prompt_tokens) {
         fprintf(stderr, "moex-hub: --local needs a prompt: -p TEXT or --prompt-tokens A,B,C\n");
+        return -1;
+    }
+    if (o->vulkan && !o->local) {
+        fprintf(stderr, "moex-hub: --backend vulkan runs with --local (the distributed hub on Vulkan is not built yet)\n");
         return -1;
     }
     if (!o->local && o->wire_dtype == MOEX_WIRE_EXACT) {
@@ -281,6 +300,18 @@ static int64_t tokenize_prompt(const moex_model *m, const options *o, int32_t **
     return n;
 }
 
+/* --backend vulkan: the Vulkan state behind the engine interface. */
+typedef struct vk_engine {
+    const moex_model *m;
+    moex_vk_state *vs;
+} vk_engine;
+
+static int vk_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+                      moex_error *err) {
+    vk_engine *v = ctx;
+    return moex_vk_forward(v->m, v->vs, tokens, n, pos, all_logits, logits, err);
+}
+
 typedef struct output_ctx {
     const moex_model *m;
     bool print_tokens;
@@ -327,6 +358,8 @@ static int run(const options *o) {
     moex_local_executor *le = NULL;
     moex_hub *hub = NULL;
     moex_state *s = NULL;
+    vk_engine vk = {.m = m};
+    moex_engine eng;
     moex_sampler *smp = NULL;
     output_ctx oc = {.m = m, .print_tokens = o->print_tokens};
     if (!(pool = moex_pool_create(o->threads))) {
@@ -364,10 +397,21 @@ static int run(const options *o) {
             goto done;
         }
     }
-    moex_expert_executor exec = hub ? moex_hub_executor(hub) : moex_local_executor_iface(le);
-    if (!(s = moex_state_create(m, n_ctx, o->n_batch, pool, exec, &err))) {
-        fprintf(stderr, "moex-hub: %s\n", err.msg);
-        goto done;
+    if (o->vulkan) {
+        moex_vk_options vo = {.device = o->device};
+        if (!(vk.vs = moex_vk_state_create(m, n_ctx, o->n_batch, &vo, &err))) {
+            fprintf(stderr, "moex-hub: Vulkan: %s\n", err.msg);
+            goto done;
+        }
+        eng = (moex_engine){.ctx = &vk, .forward = vk_forward, .n_ctx = moex_vk_state_n_ctx(vk.vs),
+                            .n_batch = moex_vk_state_n_batch(vk.vs)};
+    } else {
+        moex_expert_executor exec = hub ? moex_hub_executor(hub) : moex_local_executor_iface(le);
+        if (!(s = moex_state_create(m, n_ctx, o->n_batch, pool, exec, &err))) {
+            fprintf(stderr, "moex-hub: %s\n", err.msg);
+            goto done;
+        }
+        eng = moex_engine_cpu(s);
     }
     if (o->dump_logits && !(oc.logits = fopen(o->dump_logits, "wb"))) {
         fprintf(stderr, "moex-hub: cannot write %s: %s\n", o->dump_logits, strerror(errno));
@@ -377,7 +421,7 @@ static int run(const options *o) {
     moex_gen_params gp = {.n_predict = o->n_predict, .ignore_eos = o->ignore_eos, .on_token = on_token,
                           .on_logits = o->dump_logits ? on_logits : NULL, .cb_ctx = &oc};
     moex_gen_stats st;
-    if (moex_generate(m, s, smp, prompt, n_prompt, &gp, &st, &err)) {
+    if (moex_generate(m, &eng, smp, prompt, n_prompt, &gp, &st, &err)) {
         fprintf(stderr, "\nmoex-hub: generation failed: %s\n", err.msg);
         goto done;
     }
@@ -386,7 +430,7 @@ static int run(const options *o) {
     fprintf(stderr, "moex-hub: load %.2f s | prompt %lld tokens %.1f tok/s | decode %lld tokens %.1f tok/s | threads %d | %s%s\n",
             load_s, (long long)st.n_prompt, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0,
             (long long)st.n_generated, st.decode_s > 0 ? st.n_decode_evals / st.decode_s : 0.0, moex_pool_size(pool),
-            moex_kernels_simd_name(), hub ? " | distributed" : "");
+            o->vulkan ? "vulkan" : moex_kernels_simd_name(), hub ? " | distributed" : "");
     rc = interrupted ? 130 : 0;
 done:
     if (oc.logits && fclose(oc.logits) && rc == 0) {
@@ -399,6 +443,7 @@ done:
     }
     moex_sampler_free(smp);
     moex_state_free(s);
+    moex_vk_state_free(vk.vs);
     moex_local_executor_free(le);
     moex_pool_destroy(pool);
     free(prompt);
