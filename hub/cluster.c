@@ -230,7 +230,7 @@ int hub_handle_frame(moex_hub *hub, hub_worker *w, const uint8_t *frame, size_t 
     /* Workers send no compressed frames larger than the limits; scratch for them is the task's result. */
     static _Thread_local uint8_t *scratch;
     static _Thread_local size_t scratch_cap;
-    moex_proto_header h;
+    moex_proto_header h = {0};
     if (len >= MOEX_PROTO_HEADER_BYTES) {
         moex_proto_header_read(frame, &h);
         size_t need = moex_proto_header_check(&h, &hub->limits, NULL) == 0 ? moex_proto_scratch_bytes(&h) : 0;
@@ -248,7 +248,7 @@ int hub_handle_frame(moex_hub *hub, hub_worker *w, const uint8_t *frame, size_t 
         hub->metrics.bad_frames++;
         moex_log(MOEX_LOG_WARN, "worker %s (%s): bad frame (%s): %s; closing", w->name[0] ? w->name : "?", w->peer,
                  moex_proto_strerror(rc), err.msg);
-        send_error(hub, w, len >= 16 ? h.seq : 0, rc, moex_proto_strerror(rc));
+        send_error(hub, w, h.seq, rc, moex_proto_strerror(rc));
         return -1;
     }
     if (!w->joined && msg.h.type != MOEX_MSG_JOIN) {
