@@ -44,5 +44,5 @@ foreach(case qwen3moe:f32 mixtral:q4_K_M)
                    --fixtures ${MOEX_FIXTURES} --workdir ${CMAKE_CURRENT_BINARY_DIR}/models/ref_vs_llamacpp_${arch}
                    --arch ${arch} --type ${wtype} --seed 4)
   set_tests_properties(ref_vs_llamacpp_${arch}_${wtype} PROPERTIES TIMEOUT 120 LABELS "ref;peer"
-                       SKIP_RETURN_CODE 77 RESOURCE_LOCK moex_peer)
+                       SKIP_RETURN_CODE 77 RESOURCE_LOCK moex_peer DEPENDS peer_setup)
 endforeach()
