@@ -1,0 +1,42 @@
+#!/bin/sh
+# moex-hub's command line: bad flags exit 2, bad files and bad tokens exit 1,
+# each with a message that names the problem; a good run exits 0.
+# usage: hub_cli_test.sh BIN_DIR VOCAB_DIR WORK_DIR
+set -u
+B=$1 V=$2 W=$3
+mkdir -p "$W"
+fails=0
+expect() { # expect CODE PATTERN -- command...
+    code=$1 pat=$2; shift 3
+    out=$("$@" 2>&1 >/dev/null); rc=$?
+    if [ "$rc" -ne "$code" ] || ! printf '%s' "$out" | grep -q -- "$pat"; then
+        echo "FAIL: $* -> rc $rc (want $code), stderr: $out"; fails=$((fails + 1))
+    else
+        echo "ok: $* -> $code ($pat)"
+    fi
+}
+M=$W/cli.gguf
+"$B/moex-gguf" gen --arch qwen3 --preset test --vocab "$V/ggml-vocab-llama-spm.gguf" --type q8_0 --seed 2 -o "$M" --quiet || exit 1
+head -c 200000 "$M" > "$W/truncated.gguf"
+printf 'GGUF\003\000\000\000' > "$W/tiny.gguf"
+
+expect 2 "unknown option" -- "$B/moex-hub" --bogus
+expect 2 "no model" -- "$B/moex-hub" --local -p hi
+expect 2 "expects an integer" -- "$B/moex-hub" --local -m "$M" -p hi -n lots
+expect 2 "expects a number" -- "$B/moex-hub" --local -m "$M" -p hi --temp -1
+expect 2 "needs a value" -- "$B/moex-hub" --local -m "$M" -p
+expect 2 "only one of" -- "$B/moex-hub" --local -m "$M" -p hi --prompt-tokens 1,2
+expect 2 "wire-dtype" -- "$B/moex-hub" --local -m "$M" -p hi --wire-dtype f8
+expect 2 "backend" -- "$B/moex-hub" --local -m "$M" -p hi --backend tpu
+expect 1 "cannot load" -- "$B/moex-hub" --local -m "$W/missing.gguf" -p hi
+expect 1 "truncated" -- "$B/moex-hub" --local -m "$W/truncated.gguf" -p hi
+expect 1 "cannot load" -- "$B/moex-hub" --local -m "$W/tiny.gguf" -p hi
+expect 1 "outside the vocabulary" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,32000 -n 2
+expect 1 "not a list of token ids" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,x -n 2
+expect 1 "raise --ctx" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,2,3 -n 8 --ctx 4
+expect 1 "dense model" -- "$B/moex-hub" -m "$M" --port 0 -p hi
+# a good run: exactly -n ids on stdout
+ids=$("$B/moex-hub" --local -m "$M" --prompt-tokens 1,2,3 -n 5 --temp 0 --print-tokens --ignore-eos 2>/dev/null)
+if [ "$(printf '%s' "$ids" | wc -w)" -ne 5 ]; then echo "FAIL: good run printed '$ids'"; fails=$((fails + 1)); else echo "ok: good run"; fi
+echo "$fails failed"
+[ "$fails" -eq 0 ]
