@@ -163,6 +163,21 @@ static void dot_q5_1(int64_t n, const void *w, const void *a, float *out) {
  * do not depend on how tokens are grouped. */
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define FOR_T for (int t = 0; t < nt; t++)
+/* Tokens per kernel call: the accumulators of 4 fill the 16 ymm registers. */
+#define AVX2_TOKENS 4
+_Static_assert(MOEX_DOT_MAX_TOKENS <= 2 * AVX2_TOKENS, "multi kernels below split nt into at most two groups");
+
+/* Runs call(a, nt, out) over groups of at most AVX2_TOKENS tokens (each
+ * token's result does not depend on its group). */
+#define SPLIT_TOKENS(nt, a, out, call)                                                                               \
+    do {                                                                                                             \
+        if ((nt) > AVX2_TOKENS) {                                                                                    \
+            call((a), AVX2_TOKENS, (out));                                                                           \
+            call((a) + AVX2_TOKENS, (nt) - AVX2_TOKENS, (out) + AVX2_TOKENS);                                        \
+        } else {                                                                                                     \
+            call((a), (nt), (out));                                                                                  \
+        }                                                                                                            \
+    } while (0)
 
 static ALWAYS_INLINE void q8_0_multi(int64_t n, const moex_block_q8_0 *x, const void *const *a, int nt, float *const *out) {
     const moex_block_q8_0 *y[MOEX_DOT_MAX_TOKENS];
@@ -199,7 +214,7 @@ static ALWAYS_INLINE void q8_0_multi(int64_t n, const moex_block_q8_0 *x, const 
 
 static void dot_q8_0(int64_t n, const void *w, const void *a, float *out) { q8_0_multi(n, w, &a, 1, &out); }
 
-static void dot_q8_0_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+static void dot_q8_0_multi_upto4(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
     switch (nt) {
     case 1: q8_0_multi(n, w, a, 1, out); break;
     case 2: q8_0_multi(n, w, a, 2, out); break;
@@ -208,18 +223,13 @@ static void dot_q8_0_multi(int64_t n, const void *w, const void *const *a, int n
     }
 }
 
-/* ---- K-quants with Q8_K ---- */
-
-/* Unpacks Q4_K/Q5_K scales: bytes 0..7 scales, 8..15 mins (6 bits each). */
-static inline void k4_scales_mins(const uint8_t packed[12], uint32_t u[4]) {
-    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    memcpy(u, packed, 12);
-    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-    const uint32_t mins_lo = u[1] & kmask1;
-    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    u[2] = mins_lo;
-    u[0] &= kmask1;
+static void dot_q8_0_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+#define CALL(a_, nt_, out_) dot_q8_0_multi_upto4(n, w, a_, nt_, out_)
+    SPLIT_TOKENS(nt, a, out, CALL);
+#undef CALL
 }
+
+/* ---- K-quants with Q8_K ---- */
 
 /* sum_j mins[j] * (bsums[2j] + bsums[2j+1]) as 4 s32 (mins in the high half of
  * the 16 s16 scales_mins). */
@@ -261,7 +271,7 @@ static ALWAYS_INLINE void k4_multi(int64_t n, const uint8_t *xb, size_t block_by
         const moex_block_q4_K *x = (const moex_block_q4_K *)xb;
         const uint8_t *qs = five_bit ? ((const moex_block_q5_K *)xb)->qs : x->qs;
         uint32_t u[4];
-        k4_scales_mins(x->scales, u);
+        moex_k4_unpack_scales_mins(x->scales, u);
         /* from registers, not memory: a 16-byte load of four 4-byte stores stalls */
         const __m256i scales_mins = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
         const __m256i scales = _mm256_permute2x128_si256(scales_mins, scales_mins, 0x00);
@@ -306,7 +316,7 @@ static void dot_q5_K(int64_t n, const void *w, const void *a, float *out) {
     k4_multi(n, w, sizeof(moex_block_q5_K), 1, &a, 1, &out);
 }
 
-static void dot_q4_K_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+static void dot_q4_K_multi_upto4(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
     switch (nt) {
     case 1: k4_multi(n, w, sizeof(moex_block_q4_K), 0, a, 1, out); break;
     case 2: k4_multi(n, w, sizeof(moex_block_q4_K), 0, a, 2, out); break;
@@ -315,13 +325,25 @@ static void dot_q4_K_multi(int64_t n, const void *w, const void *const *a, int n
     }
 }
 
-static void dot_q5_K_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+static void dot_q4_K_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+#define CALL(a_, nt_, out_) dot_q4_K_multi_upto4(n, w, a_, nt_, out_)
+    SPLIT_TOKENS(nt, a, out, CALL);
+#undef CALL
+}
+
+static void dot_q5_K_multi_upto4(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
     switch (nt) {
     case 1: k4_multi(n, w, sizeof(moex_block_q5_K), 1, a, 1, out); break;
     case 2: k4_multi(n, w, sizeof(moex_block_q5_K), 1, a, 2, out); break;
     case 3: k4_multi(n, w, sizeof(moex_block_q5_K), 1, a, 3, out); break;
     default: k4_multi(n, w, sizeof(moex_block_q5_K), 1, a, 4, out); break;
     }
+}
+
+static void dot_q5_K_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+#define CALL(a_, nt_, out_) dot_q5_K_multi_upto4(n, w, a_, nt_, out_)
+    SPLIT_TOKENS(nt, a, out, CALL);
+#undef CALL
 }
 
 /* vpshufb masks for Q6_K: low lane broadcasts s16 2k, high lane s16 2k+1. */
@@ -386,13 +408,19 @@ static ALWAYS_INLINE void q6_K_multi(int64_t n, const moex_block_q6_K *x, const 
 
 static void dot_q6_K(int64_t n, const void *w, const void *a, float *out) { q6_K_multi(n, w, &a, 1, &out); }
 
-static void dot_q6_K_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+static void dot_q6_K_multi_upto4(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
     switch (nt) {
     case 1: q6_K_multi(n, w, a, 1, out); break;
     case 2: q6_K_multi(n, w, a, 2, out); break;
     case 3: q6_K_multi(n, w, a, 3, out); break;
     default: q6_K_multi(n, w, a, 4, out); break;
     }
+}
+
+static void dot_q6_K_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+#define CALL(a_, nt_, out_) dot_q6_K_multi_upto4(n, w, a_, nt_, out_)
+    SPLIT_TOKENS(nt, a, out, CALL);
+#undef CALL
 }
 
 /* ---- activation quantizers ---- */

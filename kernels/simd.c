@@ -40,13 +40,68 @@ const moex_simd_table *moex_simd_avx2(void) {
     return NULL;
 }
 
+/* AVX-512 F/BW/VL/VNNI in cpuid, and the OS saving the opmask and zmm
+ * registers (XCR0 bits 1, 2, 5, 6, 7): cpuid alone does not say the OS
+ * enabled them. */
+static bool cpu_has_avx512_vnni(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const unsigned ebx_bits = (1u << 16) | (1u << 30) | (1u << 31); /* avx512f, avx512bw, avx512vl */
+    if ((b & ebx_bits) != ebx_bits || !(c & (1u << 11)))            /* avx512_vnni */
+        return false;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    return (xcr0_lo & 0xE6) == 0xE6;
+#else
+    return false;
+#endif
+}
+
+static pthread_once_t vnni_once = PTHREAD_ONCE_INIT;
+static moex_simd_table vnni_table;           /* built once, under vnni_once */
+static const moex_simd_table *vnni_available; /* &vnni_table or NULL */
+
+/* The AVX2 table with every entry dot_vnni.c defines put in its place. */
+static void build_vnni_table(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    const moex_simd_table *base = moex_simd_avx2(), *over = &moex_simd_table_vnni;
+    if (!base || !cpu_has_avx512_vnni()) return;
+    vnni_table = *base;
+    vnni_table.name = over->name;
+    for (int t = 0; t < MOEX_TYPE_COUNT; t++) {
+        if (over->vec_dot[t]) vnni_table.vec_dot[t] = over->vec_dot[t];
+        if (over->vec_dot_multi[t]) vnni_table.vec_dot_multi[t] = over->vec_dot_multi[t];
+        if (over->quantize_act[t]) vnni_table.quantize_act[t] = over->quantize_act[t];
+    }
+    vnni_available = &vnni_table;
+#endif
+}
+
+const moex_simd_table *moex_simd_vnni(void) {
+    pthread_once(&vnni_once, build_vnni_table);
+    return vnni_available;
+}
+
 static pthread_once_t active_once = PTHREAD_ONCE_INIT;
 static const moex_simd_table *active_table; /* written once, under active_once */
 
+/* Best path of this CPU, or a lower one that MOEX_SIMD asks for. */
 static void choose_table(void) {
     const char *forced = getenv("MOEX_SIMD");
     const moex_simd_table *t = NULL;
-    if (!forced || strcmp(forced, "portable") != 0) t = moex_simd_avx2();
+    if (forced && !strcmp(forced, "portable")) {
+        t = NULL;
+    } else if (forced && !strcmp(forced, "avx2")) {
+        t = moex_simd_avx2();
+    } else {
+        if (forced && *forced && strcmp(forced, "avx512vnni") != 0)
+            moex_log(MOEX_LOG_WARN, "kernels: MOEX_SIMD=%s is not avx512vnni, avx2 or portable; using the best path",
+                     forced);
+        t = moex_simd_vnni();
+        if (!t) t = moex_simd_avx2();
+    }
     active_table = t ? t : moex_simd_portable();
 }
 

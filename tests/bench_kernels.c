@@ -3,6 +3,7 @@
  *
  *   bench_kernels           full table (LM head 151936x1024 and 2048x1024)
  *   bench_kernels --quick   tiny sizes, one pass (ctest smoke run)
+ *   bench_kernels --prefill only the prefill table (compare paths with MOEX_SIMD)
  *
  * Weights are random bytes with sane block scales: speed does not depend on
  * the values, and quantizing 150M elements properly would take minutes. */
@@ -16,7 +17,7 @@
 #include "kernels/kernels_internal.h"
 
 typedef struct bench_cfg {
-    int quick;
+    int quick, prefill_only;
     double min_seconds; /* per measurement */
 } bench_cfg;
 
@@ -194,12 +195,58 @@ static double pool_overhead_us(moex_pool *pool, int runs) {
     return best;
 }
 
+/* ---- tables ---- */
+
+static const moex_type k_types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F16};
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+/* Read bandwidth baseline, then matvecs (n = 1) on an LM head and a layer. */
+static void bench_decode_table(const bench_cfg *cfg, moex_pool *pools[2]) {
+    const size_t bw_bytes = cfg->quick ? (1u << 20) : (size_t)256 << 20;
+    double read_bw[2];
+    for (int p = 0; p < 2; p++) read_bw[p] = read_bandwidth(cfg, pools[p], bw_bytes);
+    printf("baseline: read %.1f GB/s (1 thread), %.1f GB/s (2 threads); memcpy %.1f GB/s (read+write, 1 thread)\n",
+           read_bw[0], read_bw[1], memcpy_bandwidth(cfg, bw_bytes));
+    const int64_t shapes[2][2] = {{cfg->quick ? 1024 : 151936, 1024}, {cfg->quick ? 256 : 2048, 1024}};
+    printf("\nmatvec (n = 1): weight GB/s, %% of read bandwidth, ms per call\n");
+    printf("%-6s %-12s %22s %22s\n", "type", "shape", "1 thread", "2 threads");
+    for (size_t k = 0; k < N_TYPES; k++) {
+        for (int s = 0; s < 2; s++) {
+            printf("%-6s %6lldx%-5lld", moex_type_get(k_types[k])->name, (long long)shapes[s][0], (long long)shapes[s][1]);
+            for (int p = 0; p < 2; p++) {
+                double gbs;
+                const double sec = bench_matmul(cfg, pools[p], k_types[k], shapes[s][0], shapes[s][1], 1, &gbs);
+                printf("   %6.1f GB/s %3.0f%% %6.3f ms", gbs, 100 * gbs / read_bw[p], sec * 1e3);
+            }
+            printf("\n");
+        }
+    }
+}
+
+/* Prefill: 64 tokens through a 2048 x 1024 matrix (the multi-token kernels). */
+static void bench_prefill_table(const bench_cfg *cfg, moex_pool *pools[2]) {
+    static const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F16};
+    const int64_t rows = cfg->quick ? 256 : 2048, cols = 1024, n = cfg->quick ? 4 : 64;
+    printf("\nprefill matmul (n = %lld, %lldx%lld): GFLOP/s\n", (long long)n, (long long)rows, (long long)cols);
+    printf("%-6s %12s %12s\n", "type", "1 thread", "2 threads");
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        printf("%-6s", moex_type_get(types[k])->name);
+        for (int p = 0; p < 2; p++) {
+            double gbs;
+            const double sec = bench_matmul(cfg, pools[p], types[k], rows, cols, n, &gbs);
+            printf(" %12.1f", 2.0 * (double)rows * (double)cols * (double)n / sec / 1e9);
+        }
+        printf("\n");
+    }
+}
+
 int main(int argc, char **argv) {
-    bench_cfg cfg = {0, 0.4};
+    bench_cfg cfg = {0, 0, 0.4};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) cfg = (bench_cfg){1, 0};
+        if (!strcmp(argv[i], "--quick")) cfg.quick = 1, cfg.min_seconds = 0;
+        else if (!strcmp(argv[i], "--prefill")) cfg.prefill_only = 1;
         else {
-            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--prefill]\n", argv[0]);
             return 2;
         }
     }
@@ -210,44 +257,13 @@ int main(int argc, char **argv) {
     }
     printf("simd: %s\n", moex_kernels_simd_name());
 
-    const size_t bw_bytes = cfg.quick ? (1u << 20) : (size_t)256 << 20;
-    double read_bw[2];
-    for (int p = 0; p < 2; p++) read_bw[p] = read_bandwidth(&cfg, pools[p], bw_bytes);
-    printf("baseline: read %.1f GB/s (1 thread), %.1f GB/s (2 threads); memcpy %.1f GB/s (read+write, 1 thread)\n",
-           read_bw[0], read_bw[1], memcpy_bandwidth(&cfg, bw_bytes));
-
-    static const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F16};
-    const int64_t shapes[2][2] = {{cfg.quick ? 1024 : 151936, 1024}, {cfg.quick ? 256 : 2048, 1024}};
-    printf("\nmatvec (n = 1): weight GB/s, %% of read bandwidth, ms per call\n");
-    printf("%-6s %-12s %22s %22s\n", "type", "shape", "1 thread", "2 threads");
-    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
-        for (int s = 0; s < 2; s++) {
-            printf("%-6s %6lldx%-5lld", moex_type_get(types[k])->name, (long long)shapes[s][0], (long long)shapes[s][1]);
-            for (int p = 0; p < 2; p++) {
-                double gbs;
-                const double sec = bench_matmul(&cfg, pools[p], types[k], shapes[s][0], shapes[s][1], 1, &gbs);
-                printf("   %6.1f GB/s %3.0f%% %6.3f ms", gbs, 100 * gbs / read_bw[p], sec * 1e3);
-            }
-            printf("\n");
-        }
+    if (!cfg.prefill_only) bench_decode_table(&cfg, pools);
+    bench_prefill_table(&cfg, pools);
+    if (!cfg.prefill_only) {
+        const int runs = cfg.quick ? 100 : 100000;
+        printf("\npool_run overhead (empty task): %.3f us (1 thread), %.3f us (2 threads)\n",
+               pool_overhead_us(pools[0], runs), pool_overhead_us(pools[1], runs));
     }
-
-    printf("\nprefill matmul (n = 64, 2048x1024): GFLOP/s\n");
-    printf("%-6s %12s %12s\n", "type", "1 thread", "2 threads");
-    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
-        printf("%-6s", moex_type_get(types[k])->name);
-        for (int p = 0; p < 2; p++) {
-            double gbs;
-            const int64_t rows = shapes[1][0], cols = shapes[1][1], n = cfg.quick ? 4 : 64;
-            const double sec = bench_matmul(&cfg, pools[p], types[k], rows, cols, n, &gbs);
-            printf(" %12.1f", 2.0 * (double)rows * (double)cols * (double)n / sec / 1e9);
-        }
-        printf("\n");
-    }
-
-    const int runs = cfg.quick ? 100 : 100000;
-    printf("\npool_run overhead (empty task): %.3f us (1 thread), %.3f us (2 threads)\n",
-           pool_overhead_us(pools[0], runs), pool_overhead_us(pools[1], runs));
     moex_pool_destroy(pools[0]);
     moex_pool_destroy(pools[1]);
     return 0;

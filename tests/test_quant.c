@@ -3,10 +3,15 @@
  *    (expected values computed here from the documented layout);
  *  - dequantize(quantize(x)) error per type;
  *  - AVX2 activation quantizers agree with the reference ones;
- *  - vec_dot of every type on both SIMD paths vs a float64 reference on the
+ *  - vec_dot of every type on every SIMD path vs a float64 reference on the
  *    dequantized weights and exact activations, and AVX2 vs portable on
- *    identical quantized inputs.
+ *    identical quantized inputs;
+ *  - multi-token kernels equal vec_dot bit for bit on each path, and the
+ *    AVX-512 VNNI ones equal the AVX2 vec_dot bit for bit, also on blocks of
+ *    random bits and saturated activations (the integer extremes);
+ *  - MOEX_SIMD picks the path it names.
  * Usage: test_quant [seed] */
+#include <stddef.h>
 #include <string.h>
 
 #include "test_quant_util.h"
@@ -200,6 +205,9 @@ static void test_roundtrips(rng *r) {
     free(q);
 }
 
+/* portable, AVX2, AVX-512 VNNI (the SIMD ones NULL where the CPU lacks them) */
+#define N_PATHS 3
+
 /* ---- activation quantizers: AVX2 vs reference ---- */
 
 static void test_act_quantizers(rng *r) {
@@ -248,11 +256,11 @@ static void test_act_quantizers(rng *r) {
 /* ---- dot products ---- */
 
 static void test_vec_dots(rng *r) {
-    const moex_simd_table *paths[2] = {moex_simd_portable(), moex_simd_avx2()};
+    const moex_simd_table *paths[N_PATHS] = {moex_simd_portable(), moex_simd_avx2(), moex_simd_vnni()};
     const int64_t rows = 64, cols = 1024 + 512; /* 6 K-blocks: exercises odd block counts per unroll */
     float *w = malloc(sizeof(float) * rows * cols), *x = malloc(sizeof(float) * cols);
     double *want = malloc(sizeof(double) * rows);
-    float *got[2] = {malloc(sizeof(float) * rows), malloc(sizeof(float) * rows)};
+    float *got[N_PATHS] = {malloc(sizeof(float) * rows), malloc(sizeof(float) * rows), malloc(sizeof(float) * rows)};
     fill_weights(r, w, rows, cols);
     fill_gauss(r, x, cols, 1.0f);
     for (int k = 0; k < N_WEIGHT_TYPES; k++) {
@@ -271,7 +279,7 @@ static void test_vec_dots(rng *r) {
             xq = malloc(moex_row_bytes(at, cols));
             moex_quantize_row(at, x, xq, cols);
         }
-        for (int p = 0; p < 2; p++) {
+        for (int p = 0; p < N_PATHS; p++) {
             if (!paths[p]) continue;
             CHECK(paths[p]->vec_dot[t] != NULL, "%s path lacks vec_dot for %s", paths[p]->name, moex_type_get(t)->name);
             if (!paths[p]->vec_dot[t]) continue;
@@ -283,9 +291,11 @@ static void test_vec_dots(rng *r) {
             CHECK(err <= dot_error_bound(t), "%s vec_dot %s error %.4g > %.4g", paths[p]->name, moex_type_get(t)->name,
                   err, dot_error_bound(t));
         }
-        if (paths[1] && paths[1]->vec_dot[t]) {
-            const double diff = rel_l2_f(got[1], got[0], rows);
-            CHECK(diff <= 1e-5, "%s: avx2 and portable differ by %.3g (relative L2)", moex_type_get(t)->name, diff);
+        for (int p = 1; p < N_PATHS; p++) {
+            if (!paths[p] || !paths[p]->vec_dot[t]) continue;
+            const double diff = rel_l2_f(got[p], got[0], rows);
+            CHECK(diff <= 1e-5, "%s: %s and portable differ by %.3g (relative L2)", moex_type_get(t)->name,
+                  paths[p]->name, diff);
         }
         if (xq != x) free(xq);
         free(wd);
@@ -294,20 +304,19 @@ static void test_vec_dots(rng *r) {
     free(w);
     free(x);
     free(want);
-    free(got[0]);
-    free(got[1]);
+    for (int p = 0; p < N_PATHS; p++) free(got[p]);
 }
 
 /* Multi-token kernels must equal the one-token kernel bit for bit, for every
  * group size (matmul groups tokens by 4 with a remainder). */
 static void test_vec_dot_multi(rng *r) {
-    const moex_simd_table *paths[2] = {moex_simd_portable(), moex_simd_avx2()};
+    const moex_simd_table *paths[N_PATHS] = {moex_simd_portable(), moex_simd_avx2(), moex_simd_vnni()};
     const int64_t cols = 1024 + 256, nt_max = MOEX_DOT_MAX_TOKENS;
     float *w = malloc(sizeof(float) * cols), *x = malloc(sizeof(float) * cols * nt_max);
     fill_weights(r, w, 1, cols);
     fill_gauss(r, x, cols * nt_max, 1.0f);
     int tested = 0;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < N_PATHS; p++) {
         if (!paths[p]) continue;
         for (int k = 0; k < N_WEIGHT_TYPES; k++) {
             const moex_type t = k_weight_types[k];
@@ -339,6 +348,123 @@ static void test_vec_dot_multi(rng *r) {
     free(x);
 }
 
+/* ---- AVX-512 VNNI kernels vs AVX2 at the integer extremes ---- */
+
+/* A weight row of random bytes (every nibble, 6-bit scale and min, Q6_K
+ * scale -128..127 and Q8_0 value -128..127 occurs) with sane f16 scales. */
+static void fill_random_blocks(rng *r, moex_type t, uint8_t *row, int64_t cols) {
+    const moex_type_traits *tt = moex_type_get(t);
+    const int64_t nb = cols / tt->block_elems;
+    for (int64_t i = 0; i < nb * tt->block_bytes; i++) row[i] = (uint8_t)rng_next(r);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *blk = row + b * tt->block_bytes;
+        const moex_f16 d = moex_f32_to_f16((float)(1e-3 * (1 + rng_uniform(r))));
+        const moex_f16 dmin = moex_f32_to_f16((float)(1e-3 * (1 + rng_uniform(r))));
+        switch (t) {
+        case MOEX_TYPE_Q4_K:
+        case MOEX_TYPE_Q5_K:
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dmin, 2);
+            break;
+        case MOEX_TYPE_Q6_K: memcpy(blk + offsetof(moex_block_q6_K, d), &d, 2); break;
+        default: memcpy(blk, &d, 2); break; /* Q8_0: d first */
+        }
+    }
+}
+
+/* Activation row k of 4 kinds: gaussian, saturated (every |value| 127),
+ * saturated with all signs equal, and gaussian with zero blocks. */
+static void fill_activation_kind(rng *r, int kind, float *x, int64_t cols) {
+    for (int64_t j = 0; j < cols; j++) {
+        switch (kind % 4) {
+        case 0: x[j] = rng_gauss(r); break;
+        case 1: x[j] = rng_uniform(r) < 0.5 ? -2.0f : 2.0f; break;
+        case 2: x[j] = kind & 4 ? -2.0f : 2.0f; break;
+        default: x[j] = (j / 256) % 2 ? 0.0f : rng_gauss(r); break;
+        }
+    }
+}
+
+/* The multi-token VNNI kernels must equal the AVX2 one-token kernel bit for
+ * bit (same exact integer lanes, same float steps), for every group size. */
+static void test_vnni_matches_avx2(rng *r) {
+    const moex_simd_table *vnni = moex_simd_vnni(), *avx2 = moex_simd_avx2(), *ref = moex_simd_portable();
+    if (!vnni) {
+        printf("  (no AVX-512 VNNI on this CPU: VNNI kernels not tested)\n");
+        return;
+    }
+    CHECK(avx2 != NULL, "VNNI without AVX2");
+    if (!avx2) return;
+    static const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0};
+    const int64_t cols = 256 * 5, n_rows = 8, nt_max = MOEX_DOT_MAX_TOKENS;
+    float *x = malloc(sizeof(float) * cols);
+    int checked = 0;
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const moex_type t = types[k];
+        const int at = moex_vec_dot_type(t);
+        const size_t wrb = moex_row_bytes(t, cols), arb = moex_row_bytes(at, cols);
+        CHECK(vnni->vec_dot_multi[t] != NULL, "VNNI table lacks a multi-token %s kernel", moex_type_get(t)->name);
+        if (!vnni->vec_dot_multi[t]) continue;
+        uint8_t *w = malloc(wrb), *aq = malloc(arb * nt_max);
+        double num = 0, den = 0; /* L2 of VNNI - portable, of portable */
+        for (int64_t row = 0; row < n_rows; row++) {
+            if (row % 2) fill_random_blocks(r, t, w, cols);
+            else {
+                fill_weights(r, x, 1, cols);
+                moex_quantize_row(t, x, w, cols);
+            }
+            for (int i = 0; i < nt_max; i++) {
+                fill_activation_kind(r, (int)(row * nt_max + i), x, cols);
+                moex_quantize_row(at, x, aq + i * arb, cols);
+            }
+            for (int nt = 1; nt <= nt_max; nt++) {
+                const void *a[MOEX_DOT_MAX_TOKENS];
+                float got[MOEX_DOT_MAX_TOKENS], want[MOEX_DOT_MAX_TOKENS], exact[MOEX_DOT_MAX_TOKENS];
+                float *out[MOEX_DOT_MAX_TOKENS];
+                for (int i = 0; i < nt; i++) {
+                    a[i] = aq + ((i + nt) % nt_max) * arb;
+                    out[i] = &got[i];
+                    avx2->vec_dot[t](cols, w, a[i], &want[i]);
+                    ref->vec_dot[t](cols, w, a[i], &exact[i]);
+                }
+                vnni->vec_dot_multi[t](cols, w, a, nt, out);
+                for (int i = 0; i < nt; i++) {
+                    CHECK(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                          "%s row %lld, %d tokens, token %d: VNNI %.9g != AVX2 %.9g", moex_type_get(t)->name,
+                          (long long)row, nt, i, got[i], want[i]);
+                    num += ((double)got[i] - exact[i]) * ((double)got[i] - exact[i]);
+                    den += (double)exact[i] * exact[i];
+                }
+                checked++;
+            }
+        }
+        /* integer sums are exact on both (a saturating s16 step would show
+         * here): only the float summation order differs from portable */
+        const double diff = sqrt(num / den);
+        CHECK(diff < 2e-6, "%s: VNNI vs portable relative L2 difference %.3g", moex_type_get(t)->name, diff);
+        printf("  vnni %-5s multi == avx2 vec_dot bit for bit (random bits, saturated rows); vs portable %.2g\n",
+               moex_type_get(t)->name, diff);
+        free(w);
+        free(aq);
+    }
+    printf("  VNNI groups checked: %d\n", checked);
+    free(x);
+}
+
+/* The active path is the best of this CPU unless MOEX_SIMD names a lower one. */
+static void test_path_choice(void) {
+    const char *forced = getenv("MOEX_SIMD");
+    const char *name = moex_kernels_simd_name();
+    const moex_simd_table *best = moex_simd_vnni() ? moex_simd_vnni() : moex_simd_avx2();
+    const char *want = best ? best->name : "portable";
+    if (forced && !strcmp(forced, "portable")) want = "portable";
+    if (forced && !strcmp(forced, "avx2")) want = moex_simd_avx2() ? "avx2" : "portable";
+    CHECK(!strcmp(name, want), "MOEX_SIMD=%s: path %s, expected %s", forced ? forced : "(unset)", name, want);
+    CHECK(moex_simd_active() == (!strcmp(want, "portable") ? moex_simd_portable()
+                                 : !strcmp(want, "avx2") ? moex_simd_avx2() : moex_simd_vnni()),
+          "moex_simd_active is not the table named %s", want);
+}
+
 int main(int argc, char **argv) {
     rng r = {seed_from_args(argc, argv)};
     printf("simd path in use: %s\n", moex_kernels_simd_name());
@@ -350,6 +476,8 @@ int main(int argc, char **argv) {
     test_act_quantizers(&r);
     test_vec_dots(&r);
     test_vec_dot_multi(&r);
+    test_vnni_matches_avx2(&r);
+    test_path_choice();
     if (g_failures) {
         printf("%d failure(s)\n", g_failures);
         return 1;
