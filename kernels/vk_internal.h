@@ -20,8 +20,12 @@ typedef enum vk_kernel {
     VK_K_MOE_SORT, VK_K_MOE_COMBINE, VK_K_ELTWISE, VK_K_ARGMAX, VK_K_ACTQ, VK_K_COUNT
 } vk_kernel;
 
-#define VK_MODES 4
+#define VK_MODES 8
 #define VK_MV_NMAX 8        /* tokens per matrix-vector dispatch; more go to the tiled kernel */
+#define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup */
+#define VK_MV_GENERIC 4     /* mv.comp mode flag: 8-element dq8 units (weights not 16-byte aligned) */
+/* Weight rows per row group of mv.comp: mode 0 (plain products) reuses each x load for two rows. */
+#define VK_MV_RPT(mode) (((mode) & 3) == 0 ? 2 : 1)
 #define VK_MAX_EXPERTS 512  /* shared-memory arrays of the router and the expert grouping */
 #define VK_TYPE_SLOTS 32    /* moex_type ids fit below this after vk_type_slot() */
 

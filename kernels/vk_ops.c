@@ -6,7 +6,6 @@
 #include "kernels/vk_internal.h"
 
 #define MM_TILE 64   /* BM = BN of mm.comp */
-#define MV_RPW 4     /* rows per workgroup of mv.comp */
 
 static uint32_t fbits(float f) {
     uint32_t u;
@@ -15,6 +14,17 @@ static uint32_t fbits(float f) {
 }
 
 static uint32_t ceil_div(int64_t a, int64_t b) { return (uint32_t)((a + b - 1) / b); }
+
+/* mv.comp reads Q4_K and f32 rows through 16-byte loads; weights placed at
+ * other offsets take the 8-element variant of the same mode. */
+static int mv_mode(int mode, const moex_vk_matrix *w, const moex_vk_matrix *w2) {
+    const bool wide = w->type == MOEX_TYPE_Q4_K || w->type == MOEX_TYPE_F32;
+    const bool aligned = w->data % 16 == 0 && w->expert_stride % 16 == 0 && (!w2 || w2->data % 16 == 0);
+    return wide && !aligned ? mode | VK_MV_GENERIC : mode;
+}
+
+/* Workgroups of mv.comp along the rows. */
+static uint32_t mv_groups(int64_t rows, int mode) { return ceil_div(rows, VK_MV_GROUPS * VK_MV_RPT(mode)); }
 
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
     if (c->bound != p) {
@@ -126,9 +136,9 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     if (round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
     vk_pc pc = mat_pc(w, x, n, w->cols, y, w->rows, resid);
     if (n <= VK_MV_NMAX) {
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, 0, err);
-        if (!p || check_grid(ceil_div(w->rows, MV_RPW), 1, 1, err)) return -1;
-        vk_dispatch(c, p, &pc, ceil_div(w->rows, MV_RPW), 1, 1);
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode(0, w, NULL), err);
+        if (!p || check_grid(mv_groups(w->rows, 0), 1, 1, err)) return -1;
+        vk_dispatch(c, p, &pc, mv_groups(w->rows, 0), 1, 1);
         return 0;
     }
     VkPipeline p = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err);
@@ -162,9 +172,9 @@ int moex_vk_op_argmax(moex_vk_cmd *c, moex_vk_ptr x, int64_t n_rows, int64_t n, 
 
 static int check_attn_shape(const moex_vk_attn_shape *sh, moex_error *err) {
     if (sh->n_head <= 0 || sh->n_head_kv <= 0 || sh->n_head % sh->n_head_kv || sh->head_dim <= 0 ||
-        sh->head_dim > 512 || sh->rope_dim > sh->head_dim || sh->rope_dim % 2 || sh->n_ctx <= 0)
-        return moex_fail(err, "vulkan: attention shape heads %d/%d x %d (rope %d) is not supported (head_dim <= 512)",
-                         sh->n_head, sh->n_head_kv, sh->head_dim, sh->rope_dim);
+        sh->head_dim > 512 || sh->head_dim % 4 || sh->rope_dim > sh->head_dim || sh->rope_dim % 2 || sh->n_ctx <= 0)
+        return moex_fail(err, "vulkan: attention shape heads %d/%d x %d (rope %d) is not supported "
+                         "(head_dim a multiple of 4, <= 512)", sh->n_head, sh->n_head_kv, sh->head_dim, sh->rope_dim);
     return 0;
 }
 
@@ -182,11 +192,12 @@ int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr
     return 0;
 }
 
-/* Key positions per split: decode splits the context to fill the GPU. */
+/* Splits of the key positions: decode gives each workgroup about 64 keys
+ * (short serial chains fill the GPU; empty splits past the position exit at once). */
 static int64_t attn_splits(const moex_vk_attn_shape *sh, int64_t n) {
     if (n > 1) return 1;
-    int64_t s = (sh->n_ctx + 127) / 128;
-    return s < 1 ? 1 : s > 32 ? 32 : s;
+    int64_t s = (sh->n_ctx + 63) / 64;
+    return s < 1 ? 1 : s > 64 ? 64 : s;
 }
 
 size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
@@ -198,6 +209,7 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
                          moex_error *err) {
     const int64_t ns = attn_splits(sh, n), chunk = (sh->n_ctx + ns - 1) / ns;
     if (check_attn_shape(sh, err) || check_grid(sh->n_head, n, ns, err)) return -1;
+    if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
     VkPipeline pa = vk_pipeline(c->vk, VK_K_ATTN, 0, 0, err), pm = vk_pipeline(c->vk, VK_K_ATTN_MERGE, 0, 0, err);
     if (!pa || !pm) return -1;
     if (n <= 0) return 0;
@@ -226,9 +238,9 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     pc.u[5] = norm ? 2u : 0u;
     pc.u[6] = (uint32_t)k;
     if (n <= VK_MV_NMAX) {   /* one dispatch: the last workgroup routes */
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, 3, err);
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode(3, w, NULL), err);
         if (!p) return -1;
-        vk_dispatch(c, p, &pc, ceil_div(w->rows, MV_RPW), 1, 1);
+        vk_dispatch(c, p, &pc, mv_groups(w->rows, 3), 1, 1);
         return 0;
     }
     VkPipeline pm = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err), pt = vk_pipeline(c->vk, VK_K_TOPK, 0, 0, err);
@@ -270,13 +282,14 @@ static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
 /* Decode: gate+up per (token, slot), then down with the slot sum and residual fused. */
 static int experts_mv(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                       moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, moex_error *err) {
-    VkPipeline pg = vk_pipeline(c->vk, VK_K_MV, e->gate.type, 1, err), pd = vk_pipeline(c->vk, VK_K_MV, e->down.type, 2, err);
+    VkPipeline pg = vk_pipeline(c->vk, VK_K_MV, e->gate.type, mv_mode(1, &e->gate, &e->up), err),
+               pd = vk_pipeline(c->vk, VK_K_MV, e->down.type, mv_mode(2, &e->down, NULL), err);
     if (!pg || !pd || round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
     vk_pc pc = mat_pc(&e->gate, x, n, e->gate.cols, h, e->gate.rows, 0);
     pc.p[1] = e->up.data;
     pc.p[5] = ids;
     pc.u[6] = (uint32_t)k;
-    vk_dispatch(c, pg, &pc, ceil_div(e->gate.rows, MV_RPW), (uint32_t)(n * k), 1);
+    vk_dispatch(c, pg, &pc, mv_groups(e->gate.rows, 1), (uint32_t)(n * k), 1);
     moex_vk_barrier(c);
     moex_vk_ptr hq;
     if (round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
@@ -284,7 +297,7 @@ static int experts_mv(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, i
     pc.p[5] = ids;
     pc.p[6] = weights;
     pc.u[6] = (uint32_t)k;
-    vk_dispatch(c, pd, &pc, ceil_div(e->down.rows, MV_RPW), (uint32_t)n, 1);
+    vk_dispatch(c, pd, &pc, mv_groups(e->down.rows, 2), (uint32_t)n, 1);
     return 0;
 }
 
@@ -323,7 +336,7 @@ static int experts_mm(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, i
 
 int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                        moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
-    if (check_experts(e, k, err) || check_grid(ceil_div(e->gate.rows, MV_RPW), n * k, 1, err)) return -1;
+    if (check_experts(e, k, err) || check_grid(mv_groups(e->gate.rows, 1), n * k, 1, err)) return -1;
     if (!resid) return moex_fail(err, "vulkan: the expert FFN adds into a residual stream (resid required)");
     if (n <= 0) return 0;
     if (n <= VK_MV_NMAX) return experts_mv(c, e, x, n, k, ids, weights, resid, y, scratch, err);

@@ -100,14 +100,16 @@ static int block_bytes(moex_type t) { return moex_type_get(t)->block_bytes; }
 static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
     strbuf b = {0};
     const bool typed = k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM;
+    const int m = k == VK_K_MV ? mode & 3 : mode;
     sb_printf(&b, "#version 450\n#define MAXE %d\n#define NMAX %d\n#define MODE %d\n#define OP %d\n",
-              VK_MAX_EXPERTS, VK_MV_NMAX, mode, mode);
+              VK_MAX_EXPERTS, VK_MV_NMAX, m, m);
     /* Subgroup variants where the device has them: the row reductions of mv,
      * the router's top-k, attention's key dot products. */
     if (vk->use_subgroup && (k == VK_K_MV || k == VK_K_TOPK || k == VK_K_ATTN))
         sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
     if (k == VK_K_MV) {
-        sb_printf(&b, "#define TPR %du\n#define RPW 4u\n#define WG (TPR * RPW)\n", vk->tpr);
+        sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n",
+                  vk->tpr, VK_MV_GROUPS, VK_MV_RPT(mode), !(mode & VK_MV_GENERIC));
     } else if (k == VK_K_TOPK) {
         sb_printf(&b, "#define WG 128u\n");
     } else if (k == VK_K_ARGMAX) {

@@ -81,6 +81,34 @@ static int rec_matmul(moex_vk_cmd *c, void *p) {
     return moex_vk_op_matmul(c, m->w, m->x, m->n, m->y, 0, &err);
 }
 
+typedef struct norm_ctx {
+    moex_vk_ptr x, y;
+    int64_t rows, dim;
+} norm_ctx;
+static int rec_norm(moex_vk_cmd *c, void *p) {
+    norm_ctx *x = p;
+    return moex_vk_op_rmsnorm(c, x->y, x->x, 0, x->rows, x->dim, 1e-6f, &err);
+}
+
+typedef struct router_ctx {
+    const moex_vk_matrix *w;
+    moex_vk_ptr x, logits, counter, ids, gw;
+    int k;
+} router_ctx;
+static int rec_router(moex_vk_cmd *c, void *p) {
+    router_ctx *r = p;
+    return moex_vk_op_router(c, r->w, r->x, 1, r->k, true, r->logits, r->counter, r->ids, r->gw, &err);
+}
+
+typedef struct attn_ctx {
+    moex_vk_attn_shape sh;
+    moex_vk_ptr q, kc, vc, out, scratch, params;
+} attn_ctx;
+static int rec_attn(moex_vk_cmd *c, void *p) {
+    attn_ctx *a = p;
+    return moex_vk_op_attention(c, &a->sh, a->q, a->kc, a->vc, a->out, a->scratch, a->params, 1, &err);
+}
+
 typedef struct ex_ctx {
     moex_vk_experts e;
     moex_vk_ptr x, ids, w, y, scratch;
@@ -125,6 +153,39 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
     MUST(!act);
     const moex_vk_ptr a0 = moex_vk_buffer_ptr(act);
     const moex_layer *L = &m->layers[0];
+    MUST(moex_vk_upload(vk, act, 0, (float[4]){0}, 16, &err));
+    /* What one tiny dispatch plus the barrier after it costs: the floor under every op of a token. */
+    norm_ctx nc = {a0, a0 + ((size_t)1 << 20), 1, hp->n_embd};
+    const double tn = time_op(vk, rec_norm, &nc, 500);
+    printf("dispatch_barrier_us %.2f\n", tn * 1e6);
+    {   /* decode attention over a 512-position context (split-K + merge) */
+        attn_ctx at = {.sh = {.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                              .rope_dim = hp->rope_dim, .scale = 0.088f, .n_ctx = 520}};
+        const size_t kvb = (size_t)at.sh.n_ctx * hp->n_head_kv * hp->head_dim * 4;
+        moex_vk_buffer *kv = moex_vk_buffer_create(vk, 2 * kvb + 4096, MOEX_VK_MEM_DEVICE, &err);
+        MUST(!kv);
+        int32_t pos = 511;
+        MUST(moex_vk_upload(vk, kv, 2 * kvb, &pos, 4, &err));
+        at.kc = moex_vk_buffer_ptr(kv);
+        at.vc = at.kc + kvb;
+        at.params = at.kc + 2 * kvb;
+        at.q = a0;
+        at.out = a0 + ((size_t)1 << 20);
+        at.scratch = a0 + ((size_t)2 << 20);
+        const double tt = time_op(vk, rec_attn, &at, 200);
+        printf("kernel_attn_decode_ctx512_us %.2f\n", tt * 1e6);
+        moex_vk_buffer_free(kv);
+    }
+    if (moex_hparams_is_moe(hp)) {
+        moex_vk_buffer *rk;
+        moex_vk_matrix rw = upload_matrix(vk, &L->router, 1, &rk);
+        router_ctx rc = {&rw, a0, a0 + ((size_t)1 << 20), a0 + ((size_t)2 << 20), a0 + ((size_t)2 << 20) + 256,
+                         a0 + ((size_t)2 << 20) + 4096, hp->n_expert_used};
+        MUST(moex_vk_upload(vk, act, (size_t)2 << 20, (uint32_t[1]){0}, 4, &err));
+        const double tr = time_op(vk, rec_router, &rc, 200);
+        printf("kernel_router_us %.2f\nkernel_router_GBps %.1f\n", tr * 1e6, rw.rows * rw.row_bytes / tr / gb);
+        moex_vk_buffer_free(rk);
+    }
     moex_vk_matrix wq = upload_matrix(vk, &L->wq, 1, &keep[0]);
     mat_ctx mq = {&wq, a0, a0 + ((size_t)16 << 20), 1};
     const double tq = time_op(vk, rec_matmul, &mq, 200);
@@ -161,6 +222,20 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
         const double bytes = (double)ex.k * (2.0 * ex.e.gate.expert_stride + ex.e.down.expert_stride);
         printf("kernel_experts_k%d_us %.2f\nkernel_experts_GBps %.1f\nkernel_experts_vs_copy %.2f\n", ex.k, te * 1e6,
                bytes / te / gb, bytes / te / gb / copy_bw);
+        /* The same FFN over every expert at once (a 64-token batch on the tiled path): its weights once, compute-bound. */
+        enum { NT = 64 };
+        int32_t bids[NT * 64];
+        float bw[NT * 64];
+        for (int t = 0; t < NT; t++)
+            for (int j = 0; j < ex.k && j < 64; j++)
+                bids[t * ex.k + j] = (int32_t)((t * 7 + j * 37 + 11) % hp->n_expert), bw[t * ex.k + j] = 1.0f / ex.k;
+        MUST(moex_vk_upload(vk, act, (size_t)12 << 20, bids, (size_t)(NT * ex.k) * 4, &err));
+        MUST(moex_vk_upload(vk, act, ((size_t)12 << 20) + 65536, bw, (size_t)(NT * ex.k) * 4, &err));
+        ex.w = ex.ids + 65536;
+        ex.n = NT;
+        const double tb = time_op(vk, rec_experts, &ex, 20);
+        const double flops = 2.0 * NT * ex.k * 3.0 * (double)ex.e.gate.rows * ex.e.gate.cols;
+        printf("kernel_experts_batch%d_us %.2f\nkernel_experts_batch%d_TFLOPs %.2f\n", NT, tb * 1e6, NT, flops / tb / 1e12);
         for (int i = 1; i < 4; i++) moex_vk_buffer_free(keep[i]);
     }
     moex_vk_buffer_free(keep[0]);

@@ -1,7 +1,9 @@
 /* Matrix products on the GPU for every weight type, against a float64
  * reference on the exactly dequantized weights: the matrix-vector kernel
  * (1..8 tokens, with and without the residual add; subgroup and
- * shared-memory reductions) and the tiled kernel (ragged tiles). */
+ * shared-memory reductions; weights 16-byte aligned or not) and the tiled
+ * kernel (ragged tiles); then with activation rounding, against the CPU
+ * backend (inputs without rounding ties) and the reference quantizer (ties). */
 #include "tests/vk/vk_test_util.h"
 
 static double check_product(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t cols, int64_t n, bool resid) {
@@ -40,11 +42,39 @@ static double check_product(moex_vk *vk, rng *r, moex_type t, int64_t rows, int6
     return e;
 }
 
+/* The 32-element partners (Q8_0, Q8_1) round x * (127 / amax) to an integer;
+ * at an exact tie the CPU's SIMD path rounds to even where the reference
+ * quantizer (and the GPU) round away from zero: a legitimate one-step
+ * difference that moves a whole output row by ~1e-3. Nudges x until no
+ * element of any 32-block is a tie, so the comparison stays tight. Returns
+ * the number of elements nudged. */
+static int remove_q8_ties(float *x, int64_t n) {
+    int nudged = 0;
+    for (int64_t b = 0; b < n; b += 32) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
+        const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            if (fabsf(x[b + j]) == amax) continue;   /* the extreme maps to +-127: never a tie */
+            for (float p = x[b + j] * id; fabsf(p - truncf(p)) == 0.5f; p = x[b + j] * id) {
+                x[b + j] = nextafterf(x[b + j], 0.0f);
+                nudged++;
+            }
+        }
+    }
+    return nudged;
+}
+
+static bool q8_partner(moex_type t) {
+    return t == MOEX_TYPE_Q4_0 || t == MOEX_TYPE_Q4_1 || t == MOEX_TYPE_Q5_0 || t == MOEX_TYPE_Q5_1 || t == MOEX_TYPE_Q8_0;
+}
+
 /* With activation rounding on, the GPU must track the CPU backend's quantized products closely. */
 static double check_vs_cpu(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t cols, int64_t n) {
     test_matrix m = make_matrix(r, t, rows, cols);
     float *x = malloc((size_t)(n * cols) * 4), *y = malloc((size_t)(n * rows) * 4), *ref = malloc((size_t)(n * rows) * 4);
     fill_gauss(r, x, (size_t)(n * cols), 1.0f);
+    if (q8_partner(t)) remove_q8_ties(x, n * cols);
     moex_matrix cm = {.type = t, .rows = rows, .cols = cols, .row_bytes = m.row_bytes, .data = m.data};
     MUST(moex_matmul(NULL, &cm, x, n, ref));
     moex_vk_buffer *wb = gpu_from(vk, m.data, (size_t)rows * m.row_bytes), *xb = gpu_from(vk, x, (size_t)(n * cols) * 4),
@@ -64,6 +94,74 @@ static double check_vs_cpu(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64
     return e;
 }
 
+/* Exact ties and near-ties of the Q8_0 rounding: the GPU must round as the
+ * reference quantizer does (roundf: half away from zero), in every block. */
+static void check_rounding_ties(moex_vk *vk, rng *r) {
+    enum { ROWS = 16, COLS = 64 };
+    test_matrix m = make_matrix(r, MOEX_TYPE_Q4_0, ROWS, COLS);
+    float x[COLS], xq[COLS], y[ROWS];
+    /* amax 127 gives d = 1 exactly: x * id is x, so these (+-2) are ties and near-ties of the rounding */
+    const float ties[] = {0.5f, -0.5f, 2.5f, -3.5f, 100.5f, -99.5f, 0.49999997f, -0.49999997f, 1.5f, 64.5f};
+    for (int j = 0; j < COLS; j++) x[j] = j % 32 == 0 ? 127.0f : ties[j % 10] + (float)((j / 10) % 3 - 1) * 2.0f;
+    x[40] = -127.0f;   /* the second block's extreme is negative */
+    moex_block_q8_0 q[COLS / 32];
+    MUST(moex_quantize_row(MOEX_TYPE_Q8_0, x, q, COLS));
+    MUST(moex_dequantize_row(MOEX_TYPE_Q8_0, q, xq, COLS));
+    double ref[ROWS];
+    for (int i = 0; i < ROWS; i++) {
+        ref[i] = 0;
+        for (int j = 0; j < COLS; j++) ref[i] += (double)m.deq[i * COLS + j] * xq[j];
+    }
+    moex_vk_buffer *wb = gpu_from(vk, m.data, ROWS * m.row_bytes), *xb = gpu_from(vk, x, sizeof x),
+                   *yb = gpu_from(vk, NULL, sizeof y);
+    moex_vk_matrix vm = vk_matrix_of(&m, wb);
+    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
+    MUST(!c);
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    MUST(moex_vk_op_matmul(c, &vm, moex_vk_buffer_ptr(xb), 1, moex_vk_buffer_ptr(yb), 0, &g_err));
+    MUST(moex_vk_cmd_run(c, &g_err));
+    gpu_read(vk, yb, y, sizeof y);
+    const double e = rel_l2(y, ref, ROWS);
+    /* one element a step off moves the result by ~1e-3 */
+    CHECK(e < 1e-5, "q8_0 rounding of exact ties differs from the reference quantizer: rel err %.3g", e);
+    printf("  q8_0 rounding ties like the reference quantizer: %.2g\n", e);
+    moex_vk_cmd_free(c);
+    moex_vk_buffer_free(wb), moex_vk_buffer_free(xb), moex_vk_buffer_free(yb);
+    free_matrix(&m);
+}
+
+/* Weights at an offset that is 4- but not 16-byte aligned take the 8-element kernel variant. */
+static void check_unaligned(moex_vk *vk, rng *r, moex_type t) {
+    enum { ROWS = 9, COLS = 512 };
+    test_matrix m = make_matrix(r, t, ROWS, COLS);
+    float x[COLS], y[ROWS];
+    double ref[ROWS];
+    fill_gauss(r, x, COLS, 1.0f);
+    for (int i = 0; i < ROWS; i++) {
+        ref[i] = 0;
+        for (int j = 0; j < COLS; j++) ref[i] += (double)m.deq[i * COLS + j] * x[j];
+    }
+    const size_t bytes = ROWS * m.row_bytes;
+    uint8_t *padded = calloc(1, bytes + 4);
+    memcpy(padded + 4, m.data, bytes);
+    moex_vk_buffer *wb = gpu_from(vk, padded, bytes + 4), *xb = gpu_from(vk, x, sizeof x), *yb = gpu_from(vk, NULL, sizeof y);
+    moex_vk_matrix vm = vk_matrix_of(&m, wb);
+    vm.data += 4;
+    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
+    MUST(!c);
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    MUST(moex_vk_op_matmul(c, &vm, moex_vk_buffer_ptr(xb), 1, moex_vk_buffer_ptr(yb), 0, &g_err));
+    MUST(moex_vk_cmd_run(c, &g_err));
+    gpu_read(vk, yb, y, sizeof y);
+    const double e = rel_l2(y, ref, ROWS);
+    CHECK(e < 2e-6, "%s weights at a 4-byte offset: rel err %.3g", moex_type_get(t)->name, e);
+    printf("  %-5s weights at a 4-byte offset: %.2g\n", moex_type_get(t)->name, e);
+    moex_vk_cmd_free(c);
+    moex_vk_buffer_free(wb), moex_vk_buffer_free(xb), moex_vk_buffer_free(yb);
+    free(padded);
+    free_matrix(&m);
+}
+
 int main(int argc, char **argv) {
     const bool no_subgroup = argc > 1 && !strcmp(argv[1], "--no-subgroup");
     rng r = test_rng("test_vk_matmul");
@@ -77,7 +175,9 @@ int main(int argc, char **argv) {
         printf("  %-5s mv n=1 %.2g  n=3+res %.2g  n=8 %.2g  mm n=70+res %.2g\n", moex_type_get(t)->name, e1, e3, e8, em);
         CHECK(e1 < 2e-6 && e3 < 2e-6 && e8 < 2e-6 && em < 2e-6, "%s: relative L2 error too large", moex_type_get(t)->name);
     }
+    for (int i = 0; i < N_ALL_TYPES; i++) check_unaligned(vk, &r, k_all_types[i]);
     MUST(moex_vk_set_activation_rounding(vk, 70 * 512, &g_err));
+    check_rounding_ties(vk, &r);
     for (int i = 0; i < N_ALL_TYPES; i++) {
         const moex_type t = k_all_types[i];
         const double e1 = check_vs_cpu(vk, &r, t, 40, 512, 1), e20 = no_subgroup ? 0 : check_vs_cpu(vk, &r, t, 70, 256, 20);

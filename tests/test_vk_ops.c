@@ -136,6 +136,13 @@ static void test_attention(void) {
         MUST(moex_vk_op_attention(c, &sh, P(qb), P(kb), P(vb), P(ob), P(sb), P(pb), n, &g_err));
         run_free(c);
         (void)npos;
+        if (ci == 0) {   /* the K cache is read 16 bytes at a time: misplaced caches are refused, not misread */
+            moex_vk_cmd *bad = begin();
+            CHECK(moex_vk_op_attention(bad, &sh, P(qb), P(kb) + 4, P(vb), P(ob), P(sb), P(pb), n, &g_err) == -1 &&
+                      strstr(g_err.msg, "aligned"), "a K cache 4 bytes off must be refused (got '%s')", g_err.msg);
+            MUST(moex_vk_cmd_end(bad, &g_err));
+            moex_vk_cmd_free(bad);
+        }
         MUST(moex_attention(NULL, q, kc, vc, ref, n, pos0, 8, 2, 128, sh.scale));
         gpu_read(vk, ob, got, n * qd * 4);
         const double e = rel_l2_f(got, ref, n * qd);

@@ -13,10 +13,35 @@ layout(push_constant) uniform PC {
 } pc;
 // GPU division may be off by an ulp or two (Vulkan allows 2.5 ulp) and
 // packHalf2x16 need not round to nearest: both would move values across a
-// rounding step, so do them the way the CPU does (correctly rounded).
+// rounding step, so do them the way the CPU does (correctly rounded). fma()
+// need not be fused in Vulkan, so exact products use Dekker's split (f32
+// add, sub and mul are correctly rounded; `precise` forbids contraction).
+vec2 two_prod(float a, float b) {   // a * b = p + e exactly
+    precise float p = a * b, ca = 4097.0 * a, cb = 4097.0 * b;
+    precise float ah = ca - (ca - a), al = a - ah, bh = cb - (cb - b), bl = b - bh;
+    precise float e = ((ah * bh - p) + ah * bl + al * bh) + al * bl;
+    return vec2(p, e);
+}
+float remainder_of(float a, float b, float q) {   // a - q * b, exact enough to compare neighbours
+    const vec2 pe = two_prod(q, b);
+    precise float r = (a - pe.x) - pe.y;
+    return r;
+}
 float div_rn(float a, float b) {
-    const float q = a / b, r = fma(-q, b, a);
-    return q + r / b;
+    if (a == 0.0) return a / b;
+    float q = a / b;
+    q += remainder_of(a, b, q) / b;   // now within an ulp
+    // of q and its two neighbours, the one leaving the smallest remainder is the rounded quotient
+    const uint u = floatBitsToUint(q);
+    float best = q, rb = abs(remainder_of(a, b, q));
+    for (int k = -1; k <= 1; k += 2) {
+        const float c = uintBitsToFloat(uint(int(u) + k)), rc = abs(remainder_of(a, b, c));
+        if (rc < rb) {
+            best = c;
+            rb = rc;
+        }
+    }
+    return best;
 }
 float f16_rne(float x) {   // nearest f16 value, ties to even (moex_f32_to_f16)
     uint h = packHalf2x16(vec2(x, 0.0)) & 0xffffu;
@@ -53,7 +78,8 @@ void main() {
     const uint head = tid - lane;
 #if MODE != 1
     const float d = div_rn(va[head], 127.0), id = d != 0.0 ? div_rn(1.0, d) : 0.0;
-    const float q = sign(v * id) * floor(abs(v * id) + 0.5);
+    // roundf (half away from zero), exactly: floor(|p| + 0.5) rounds 0.49999997 up
+    const float p = v * id, tp = trunc(p), q = tp + (abs(p - tp) >= 0.5 ? sign(p) : 0.0);
     const float d16 = f16_rne(d);
 #if MODE == 2
     qsum[tid] = q;

@@ -1,105 +1,128 @@
-// Matrix-vector products for decode and small batches: each group of TPR
-// threads owns one output row, walks the row 8 elements at a time with the
-// weights dequantized in registers, and accumulates in f32.
-// MODE 0: y[t] = W x[t] (+ r[t])             grid (rows/RPW, ceil(n/NMAX))
-// MODE 1: experts gate+up: y[p] = silu(Wg_e x[p/k]) * (Wu_e x[p/k]),  e = ids[p]; grid (.., n*k)
-// MODE 2: experts down + combine: y[t] = r[t] + sum_j gw[t*k+j] * Wd_e x[t*k+j]; grid (.., n)
+// Matrix-vector products for decode and small batches. A workgroup holds
+// GROUPS row groups of TPR threads (a subgroup each, where subgroups are
+// used); a row group owns NR weight rows, and each of its threads walks them
+// one weight unit at a time (_mvunit.comp: whole blocks through wide loads),
+// dotting each unit with x in registers and accumulating in f32. One
+// reduction per output at the end; no barriers in the loop.
+// MODE 0: y[t] = W x[t] (+ r[t])             grid (rows/(GROUPS*RPT), ceil(n/NMAX))
+// MODE 1: experts gate+up: y[p] = silu(Wg_e x[p/k]) * (Wu_e x[p/k]),  e = ids[p]; grid (rows/GROUPS, n*k)
+// MODE 2: experts down + combine: y[t] = r[t] + sum_j gw[t*k+j] * Wd_e x[t*k+j]; grid (rows/GROUPS, n)
 // MODE 3: router: MODE 0 into y, then the last workgroup does softmax + top-k.
-layout(local_size_x = TPR * RPW) in;
+layout(local_size_x = WG) in;
+
+#if MODE == 1
+#define NR 2   // the gate row and the up row share x
+#elif MODE == 2
+#define NR 1
+#else
+#define NR RPT
+#endif
+#include "_mvunit.comp"
 
 layout(push_constant) uniform PC {
-    U32 w; U32 w2; V4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
+    WT w; WT w2; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
     uint rows, cols, n, xs, ys, flags, k, estride, n_expert;
 } pc;
 
-#if MODE == 1
-#define NV 2
-#elif MODE == 2
-#define NV 1
+#if MODE == 0 || MODE == 3
+#define NACC (NMAX * NR)
 #else
-#define NV NMAX
+#define NACC NR
 #endif
 
-shared float red[NV][TPR * RPW];
+shared float red[WG];
 shared bool last_group;
 
-float row_reduce(float v, uint i) {
+// Sum over the TPR threads of a row group (every thread of the workgroup calls it).
+float group_sum(float v) {
 #ifdef USE_SUBGROUP
     return subgroupAdd(v);
 #else
     const uint tid = gl_LocalInvocationID.x, lane = tid % TPR;
-    red[i][tid] = v;
+    red[tid] = v;
     barrier();
     for (uint s = TPR / 2u; s > 0u; s >>= 1) {
-        if (lane < s) red[i][tid] += red[i][tid + s];
+        if (lane < s) red[tid] += red[tid + s];
         barrier();
     }
-    float out_ = red[i][tid - lane];
+    const float out_ = red[tid - lane];
     barrier();
     return out_;
 #endif
 }
-
-float dot8(vec4 a, vec4 b, uint xo) { return dot(a, pc.x.v[xo]) + dot(b, pc.x.v[xo + 1u]); }
 
 #if MODE == 3
 #include "_topk.comp"
 #endif
 
 void main() {
-    const uint tid = gl_LocalInvocationID.x, lane = tid % TPR;
-    const uint row = gl_WorkGroupID.x * RPW + tid / TPR;
-    const bool live = row < pc.rows;
-    const uint units = pc.cols / 8u, xs4 = pc.xs / 4u;
-    float acc[NV];
-    for (uint i = 0u; i < NV; i++) acc[i] = 0.0;
+    const uint tid = gl_LocalInvocationID.x;
+#ifdef USE_SUBGROUP
+    const uint lane = gl_SubgroupInvocationID, grp = gl_SubgroupID;
+#else
+    const uint lane = tid % TPR, grp = tid / TPR;
+#endif
+    const uint units = pc.cols / UNIT, xs4 = pc.xs / 4u, row_bytes = (pc.cols / BLK) * BLK_BYTES;
+    float acc[NACC];
+    for (uint i = 0u; i < NACC; i++) acc[i] = 0.0;
 #if MODE == 0 || MODE == 3
-    const uint t0 = gl_WorkGroupID.y * NMAX, nt = min(NMAX, pc.n - t0);
-    const uint rb = row * (pc.cols / BLK) * BLK_BYTES;
-    if (live)
+    const uint row0 = (gl_WorkGroupID.x * GROUPS + grp) * NR, t0 = gl_WorkGroupID.y * NMAX;
+    const uint nt = min(NMAX, pc.n - t0);
+    uint rb[NR];
+    for (uint r = 0u; r < NR; r++) rb[r] = min(row0 + r, pc.rows - 1u) * row_bytes;   // past the end: read the last row, drop the result
+    if (row0 < pc.rows)
         for (uint u = lane; u < units; u += TPR) {
-            vec4 a, b;
-            dq8(pc.w, rb, u * 8u, a, b);
-            for (uint t = 0u; t < NMAX; t++)
-                if (t < nt) acc[t] += dot8(a, b, (t0 + t) * xs4 + u * 2u);
+            WU w[NR];
+            for (uint r = 0u; r < NR; r++) w[r] = wload(pc.w, rb[r], u);
+            const uint xo = t0 * xs4 + ubase(u) / 4u;
+            for (uint t = 0u; t < NMAX; t++) {
+                if (t >= nt) break;
+                float a[NR];
+                for (uint r = 0u; r < NR; r++) a[r] = acc[t * NR + r];
+                wdot(pc.x, w, xo + t * xs4, a);
+                for (uint r = 0u; r < NR; r++) acc[t * NR + r] = a[r];
+            }
         }
     for (uint t = 0u; t < NMAX; t++) {
-        float s = row_reduce(acc[t], t);
-        if (live && lane == 0u && t < nt) {
-            if ((pc.flags & 1u) != 0u) s += pc.r.v[(t0 + t) * pc.ys + row];
-            pc.y.v[(t0 + t) * pc.ys + row] = s;
+        if (t >= nt) break;   // uniform: every thread reduces the same outputs
+        for (uint r = 0u; r < NR; r++) {
+            float s = group_sum(acc[t * NR + r]);
+            const uint row = row0 + r, o = (t0 + t) * pc.ys + row;
+            if (lane == 0u && row < pc.rows) {
+                if ((pc.flags & 1u) != 0u) s += pc.r.v[o];
+                pc.y.v[o] = s;
+            }
         }
     }
 #elif MODE == 1
-    const uint p = gl_WorkGroupID.y, tok = p / pc.k, e = uint(pc.ids.v[p]);
-    const uint rb = e * pc.estride + row * (pc.cols / BLK) * BLK_BYTES;
-    if (live)
+    const uint row = gl_WorkGroupID.x * GROUPS + grp, p = gl_WorkGroupID.y, tok = p / pc.k;
+    const uint rb = uint(pc.ids.v[p]) * pc.estride + min(row, pc.rows - 1u) * row_bytes;
+    if (row < pc.rows)
         for (uint u = lane; u < units; u += TPR) {
-            vec4 a, b;
-            const uint xo = tok * xs4 + u * 2u;
-            dq8(pc.w, rb, u * 8u, a, b);
-            acc[0] += dot8(a, b, xo);
-            dq8(pc.w2, rb, u * 8u, a, b);
-            acc[1] += dot8(a, b, xo);
+            WU w[2];
+            w[0] = wload(pc.w, rb, u);
+            w[1] = wload(pc.w2, rb, u);
+            wdot(pc.x, w, tok * xs4 + ubase(u) / 4u, acc);
         }
-    float g = row_reduce(acc[0], 0u), up = row_reduce(acc[1], 1u);
-    if (live && lane == 0u) pc.y.v[p * pc.ys + row] = silu(g) * up;
+    const float g = group_sum(acc[0]), up = group_sum(acc[1]);
+    if (lane == 0u && row < pc.rows) pc.y.v[p * pc.ys + row] = silu(g) * up;
 #else
-    const uint tok = gl_WorkGroupID.y;
-    const uint rrow = row * (pc.cols / BLK) * BLK_BYTES;
-    for (uint j = 0u; j < pc.k; j++) {
-        const uint p = tok * pc.k + j, rb = uint(pc.ids.v[p]) * pc.estride + rrow;
-        float part = 0.0;
-        if (live)
-            for (uint u = lane; u < units; u += TPR) {
-                vec4 a, b;
-                dq8(pc.w, rb, u * 8u, a, b);
-                part += dot8(a, b, p * xs4 + u * 2u);
-            }
-        acc[0] += pc.gw.v[p] * part;
-    }
-    float s = row_reduce(acc[0], 0u);
-    if (live && lane == 0u) {
+    // The k experts' units of a row form one list, so short rows (down has
+    // n_ff columns) still keep every thread busy.
+    const uint row = gl_WorkGroupID.x * GROUPS + grp, tok = gl_WorkGroupID.y;
+    const uint rrow = min(row, pc.rows - 1u) * row_bytes;
+    if (row < pc.rows)
+        for (uint i = lane; i < pc.k * units; i += TPR) {
+            const uint j = i / units, u = i - j * units, p = tok * pc.k + j;
+            WU w[1];
+            w[0] = wload(pc.w, uint(pc.ids.v[p]) * pc.estride + rrow, u);
+            float part[1];
+            part[0] = 0.0;
+            wdot(pc.x, w, p * xs4 + ubase(u) / 4u, part);
+            acc[0] += pc.gw.v[p] * part[0];
+        }
+    float s = group_sum(acc[0]);
+    if (lane == 0u && row < pc.rows) {
         if ((pc.flags & 1u) != 0u) s += pc.r.v[tok * pc.ys + row];
         pc.y.v[tok * pc.ys + row] = s;
     }

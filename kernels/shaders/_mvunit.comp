@@ -1,0 +1,192 @@
+// Weight "units" of the matrix-vector kernels: the stretch of a row one
+// thread reads and dots with x in one step. The hot types read whole
+// blocks through wide loads (Q4_K: 16-byte loads of its 144-byte blocks;
+// Q6_K and Q8_0, only 2-byte aligned, through 32-bit words shifted into
+// place); the other types fall back to dq8() from _quant.comp, 8 elements
+// per unit. Interface, per type:
+//   WT                  the weights' buffer reference type
+//   UNIT                elements per unit (a divisor of the block or a multiple of 8)
+//   WU wload(p, rb, u)  unit u of the row at byte rb, in registers
+//   uint ubase(u)       element of the row where unit u starts
+//   void wdot(x, w[NR], xo, inout acc[NR])  acc[i] += row i's unit . x from vec4 xo
+// NR (weight rows sharing one x, defined by the includer) lets gate and up,
+// or several rows, reuse each x load.
+
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer UV4 { uvec4 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV4 { vec4 v[]; };
+
+// 32 bits at byte offset 4*i + sh/8 of words lo, hi (sh 0 or 16); the double shift keeps every shift below 32.
+uint funnel(uint lo, uint hi, uint sh) { return (lo >> sh) | ((hi << 1u) << (31u - sh)); }
+// 16 bytes at a 2-aligned byte offset.
+uvec4 ld16B(U32 p, uint o) {
+    const uint i = o >> 2, sh = (o & 2u) * 8u;
+    const uint w0 = p.v[i], w1 = p.v[i + 1u], w2 = p.v[i + 2u], w3 = p.v[i + 3u], w4 = p.v[i + 4u];
+    return uvec4(funnel(w0, w1, sh), funnel(w1, w2, sh), funnel(w2, w3, sh), funnel(w3, w4, sh));
+}
+float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+// Small integers to floats without int-to-float conversions (a quarter-rate
+// instruction on NVIDIA, which made the kernels ALU-bound): the field of bits
+// at position s (ending below bit 23) ORed into the float 2^(23-s) gives
+// exactly 2^(23-s) + field; one subtraction (of that plus an offset) leaves
+// field - offset. One LOP3 and one FADD per element.
+#define PBITS(s) ((150u - (s)) << 23)
+float field(uint w, uint mask, uint s, float off) {
+    return uintBitsToFloat((w & (mask << s)) | PBITS(s)) - (uintBitsToFloat(PBITS(s)) + off);
+}
+// Four bytes of w (each below 2^mbits) minus off.
+vec4 bytes4(uint w, uint mask, float off) {
+    const uint hi = w >> 16;
+    return vec4(field(w, mask, 0u, off), field(w, mask, 8u, off), field(hi, mask, 0u, off), field(hi, mask, 8u, off));
+}
+
+#if FAST && TYPE == T_Q4_K
+// Unit = one 64-element group g of a block: 32 bytes of qs (low nibbles
+// elements 0..31 with sub-block 2g's scale, high nibbles 32..63 with 2g+1's).
+#define WT UV4
+#define UNIT 64u
+struct WU { uvec4 q0, q1; vec4 s; };   // s: d*sc, dmin*m of sub-block 2g, then 2g+1
+uint ubase(uint u) { return u * 64u; }
+WU wload(UV4 p, uint rb, uint u) {
+    const uint bi = (rb >> 4) + (u >> 2) * 9u, g = u & 3u;
+    const uvec4 h = p.v[bi];           // d, dmin, scales[0..11]
+    WU r;
+    r.q0 = p.v[bi + 1u + 2u * g];
+    r.q1 = p.v[bi + 2u + 2u * g];
+    const vec2 dm = unpackHalf2x16(h.x);
+    uvec4 sm;   // sc0, m0, sc1, m1 (ggml's get_scale_min_k4 for j = 2g, 2g + 1)
+    if (g < 2u) {
+        const uint sh = 16u * g;
+        sm = uvec4(h.y >> sh, h.z >> sh, h.y >> (sh + 8u), h.z >> (sh + 8u)) & 63u;
+    } else {
+        const uint sh = 16u * (g - 2u);
+        sm = uvec4(((h.w >> sh) & 15u) | (((h.y >> (sh + 6u)) & 3u) << 4),
+                   ((h.w >> (sh + 4u)) & 15u) | (((h.z >> (sh + 6u)) & 3u) << 4),
+                   ((h.w >> (sh + 8u)) & 15u) | (((h.y >> (sh + 14u)) & 3u) << 4),
+                   ((h.w >> (sh + 12u)) & 15u) | (((h.z >> (sh + 14u)) & 3u) << 4));
+    }
+    r.s = vec4(dm.x * float(sm.x), dm.y * float(sm.y), dm.x * float(sm.z), dm.y * float(sm.w));
+    return r;
+}
+void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
+    vec4 xl = vec4(0.0), xh = vec4(0.0), ql[NR], qh[NR];
+    for (uint r = 0u; r < NR; r++) { ql[r] = vec4(0.0); qh[r] = vec4(0.0); }
+    for (uint i = 0u; i < 8u; i++) {
+        const vec4 a = x.v[xo + i], b = x.v[xo + 8u + i];
+        xl += a;
+        xh += b;
+        for (uint r = 0u; r < NR; r++) {
+            const uint q = i < 4u ? w[r].q0[i] : w[r].q1[i - 4u], q2 = q >> 16;
+            ql[r] += vec4(field(q, 15u, 0u, 0.0), field(q, 15u, 8u, 0.0), field(q2, 15u, 0u, 0.0), field(q2, 15u, 8u, 0.0)) * a;
+            qh[r] += vec4(field(q, 15u, 4u, 0.0), field(q, 15u, 12u, 0.0), field(q2, 15u, 4u, 0.0), field(q2, 15u, 12u, 0.0)) * b;
+        }
+    }
+    const float sl = hsum(xl), sh = hsum(xh);
+    for (uint r = 0u; r < NR; r++)
+        acc[r] += (w[r].s.x * hsum(ql[r]) - w[r].s.y * sl) + (w[r].s.z * hsum(qh[r]) - w[r].s.w * sh);
+}
+
+#elif FAST && TYPE == T_Q6_K
+// Unit = 16 positions l0..l0+15 of half hf of a block: 64 elements in 4 runs
+// of 16 (elements 128hf + l0 + 32k), from ql[64hf + l0], ql[64hf + 32 + l0],
+// qh[32hf + l0] (16 bytes each) and the runs' 4 scales.
+#define WT U32
+#define UNIT 64u
+struct WU { uvec4 a, b, h; vec4 s; };   // s: d * scale of runs 0..3
+uint ubase(uint u) { return (u >> 2) * 256u + ((u >> 1) & 1u) * 128u + (u & 1u) * 16u; }
+WU wload(U32 p, uint rb, uint u) {
+    const uint bo = rb + (u >> 2) * 210u, hf = (u >> 1) & 1u, l0 = (u & 1u) * 16u;
+    WU r;
+    r.a = ld16B(p, bo + 64u * hf + l0);
+    r.b = ld16B(p, bo + 64u * hf + 32u + l0);
+    r.h = ld16B(p, bo + 128u + 32u * hf + l0);
+    // scales[16] and d: 18 bytes from bo + 192 (the last word may reach 2 bytes past the block, as ld16 does)
+    const uint i = (bo + 192u) >> 2, sh = ((bo + 192u) & 2u) * 8u;
+    const uint w0 = p.v[i + 2u * hf], w1 = p.v[i + 2u * hf + 1u], w2 = p.v[i + 2u * hf + 2u], w4 = p.v[i + 4u];
+    const uint lo = funnel(w0, w1, sh), hi = funnel(w1, w2, sh), bs = l0 >> 1;   // scales[8hf ..], [8hf + 4 ..]
+    const float d = unpackHalf2x16((w4 >> sh) & 0xffffu).x;
+    r.s = d * vec4(bitfieldExtract(int(lo), int(bs), 8), bitfieldExtract(int(lo), int(bs + 16u), 8),
+                   bitfieldExtract(int(hi), int(bs), 8), bitfieldExtract(int(hi), int(bs + 16u), 8));
+    return r;
+}
+void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
+    vec4 qs[NR][4];
+    for (uint r = 0u; r < NR; r++)
+        for (uint k = 0u; k < 4u; k++) qs[r][k] = vec4(0.0);
+    for (uint i = 0u; i < 4u; i++) {
+        const vec4 x0 = x.v[xo + i], x1 = x.v[xo + 8u + i], x2 = x.v[xo + 16u + i], x3 = x.v[xo + 24u + i];
+        for (uint r = 0u; r < NR; r++) {   // q - 32 of runs 0..3, q = 4 bits of ql | 2 bits of qh << 4
+            const uint a = w[r].a[i], b = w[r].b[i], h = w[r].h[i];
+            qs[r][0] += bytes4((a & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u), 63u, 32.0) * x0;
+            qs[r][1] += bytes4((b & 0x0f0f0f0fu) | ((h << 2) & 0x30303030u), 63u, 32.0) * x1;
+            qs[r][2] += bytes4(((a >> 4) & 0x0f0f0f0fu) | (h & 0x30303030u), 63u, 32.0) * x2;
+            qs[r][3] += bytes4(((b >> 4) & 0x0f0f0f0fu) | ((h >> 2) & 0x30303030u), 63u, 32.0) * x3;
+        }
+    }
+    for (uint r = 0u; r < NR; r++)
+        acc[r] += dot(w[r].s, vec4(hsum(qs[r][0]), hsum(qs[r][1]), hsum(qs[r][2]), hsum(qs[r][3])));
+}
+
+#elif FAST && TYPE == T_Q8_0
+// Unit = one 34-byte block: 9 words from the block's word, shifted into place.
+#define WT U32
+#define UNIT 32u
+struct WU { uint q[8]; float d; };
+uint ubase(uint u) { return u * 32u; }
+WU wload(U32 p, uint rb, uint u) {
+    const uint o = rb + u * 34u, i = o >> 2, sh = (o & 2u) * 8u;
+    uint w[9];
+    for (uint j = 0u; j < 9u; j++) w[j] = p.v[i + j];   // the 9th word may reach 2 bytes past the block
+    WU r;
+    r.d = unpackHalf2x16((w[0] >> sh) & 0xffffu).x;
+    // qs start 2 bytes after d: a funnel shift by 16 + sh, written as shifts below 32
+    for (uint j = 0u; j < 8u; j++) r.q[j] = ((w[j] >> 16u) >> sh) | (w[j + 1u] << (16u - sh));
+    return r;
+}
+void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
+    vec4 s[NR];
+    for (uint r = 0u; r < NR; r++) s[r] = vec4(0.0);
+    for (uint j = 0u; j < 8u; j++) {
+        const vec4 xv = x.v[xo + j];
+        for (uint r = 0u; r < NR; r++) s[r] += bytes4(w[r].q[j] ^ 0x80808080u, 255u, 128.0) * xv;   // int8 = (byte ^ 0x80) - 128
+    }
+    for (uint r = 0u; r < NR; r++) acc[r] += w[r].d * hsum(s[r]);
+}
+
+#elif FAST && TYPE == T_F32
+// Units of 32 floats: 8 loads in flight per thread (the router has few rows).
+#define WT UV4
+#define UNIT 32u
+struct WU { vec4 v[8]; };
+uint ubase(uint u) { return u * 32u; }
+WU wload(UV4 p, uint rb, uint u) {
+    const uint i = (rb >> 4) + 8u * u;
+    WU r;
+    for (uint j = 0u; j < 8u; j++) r.v[j] = uintBitsToFloat(p.v[i + j]);
+    return r;
+}
+void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
+    vec4 s[NR];
+    for (uint r = 0u; r < NR; r++) s[r] = vec4(0.0);
+    for (uint j = 0u; j < 8u; j++) {
+        const vec4 a = x.v[xo + j];
+        for (uint r = 0u; r < NR; r++) s[r] += w[r].v[j] * a;
+    }
+    for (uint r = 0u; r < NR; r++) acc[r] += hsum(s[r]);
+}
+
+#else
+// Any type, 8 elements per unit through dq8() (4-byte alignment is enough).
+#define WT U32
+#define UNIT 8u
+struct WU { vec4 a, b; };
+uint ubase(uint u) { return u * 8u; }
+WU wload(U32 p, uint rb, uint u) {
+    WU r;
+    dq8(p, rb, u * 8u, r.a, r.b);
+    return r;
+}
+void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
+    const vec4 a = x.v[xo], b = x.v[xo + 1u];
+    for (uint r = 0u; r < NR; r++) acc[r] += dot(w[r].a, a) + dot(w[r].b, b);
+}
+#endif
