@@ -195,6 +195,7 @@ static int handle_join(moex_hub *hub, hub_worker *w, const moex_proto_msg *msg) 
             return 0;
         }
     w->capacity = j->capacity_centi / 100.0f;
+    w->backend = j->backend;
     w->id = id_for_name(hub, w->name);
     w->joined = true;
     moex_log(MOEX_LOG_INFO, "worker %s joined from %s (id %08x, capacity %.2f, backend %u)", w->name, w->peer, w->id,

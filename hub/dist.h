@@ -31,6 +31,7 @@ typedef struct hub_worker {
     char peer[64];               /* address, for logs */
     bool joined, closing, evicted;
     float capacity;
+    uint8_t backend;             /* moex_proto_backend from JOIN */
     uint32_t assigned_gen;       /* generation of the last ASSIGN sent */
     uint32_t ready_gen;          /* generation the worker reported READY for */
     uint8_t *assigned;           /* bitmap [layer][expert]: current assignment */

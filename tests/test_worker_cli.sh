@@ -27,7 +27,8 @@ expect 2 "unknown option '--bogus'" $H --model "$MODEL" --bogus 1
 expect 2 "--threads: 'abc'" $H --model "$MODEL" --threads abc
 expect 2 "--capacity" $H --model "$MODEL" --capacity 0
 expect 2 "--inject-delay-prob" $H --model "$MODEL" --inject-delay-ms 5 --inject-delay-prob 1.5
-expect 2 "--backend: 'vulkan'" $H --model "$MODEL" --backend vulkan
+expect 2 "--backend: 'webgpu'" $H --model "$MODEL" --backend webgpu
+expect 2 "--device is for --backend vulkan" $H --model "$MODEL" --device 0
 expect 2 "--memory-budget" $H --model "$MODEL" --memory-budget 12Q
 expect 2 "not a ws:// or wss:// URL" --hub http://x/ws --token t --model "$MODEL"
 expect 2 "token is required" --hub ws://127.0.0.1:1/ws --model "$MODEL"

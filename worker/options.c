@@ -20,7 +20,8 @@ void moex_worker_usage(FILE *f) {
             "  --capacity W             placement weight, > 0 (default 1)\n"
             "  --memory-budget BYTES    bytes for experts, suffix K/M/G allowed (default: all the model's);\n"
             "                           downloaded experts no longer assigned stay cached up to it\n"
-            "  --backend cpu            compute backend (only cpu for now)\n"
+            "  --backend cpu|vulkan     compute backend (default cpu); vulkan keeps the assigned experts on the GPU\n"
+            "  --device N               --backend vulkan: the GPU to use (default: the best; the log names it)\n"
             "  --backlog N              dispatches queued at most, 1..4096 (default 64)\n"
             "  --reconnect-max-s S      give up after S seconds without a connection (default: never)\n"
             "  --seed S                 seed of the fault injection (default: from time and pid)\n"
@@ -79,13 +80,14 @@ static void set_defaults(moex_worker_options *o) {
     memset(o, 0, sizeof *o);
     o->capacity = 1.0;
     o->backend = MOEX_BACKEND_CPU;
+    o->device = -1;
     o->backlog = 64;
     o->seed = (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
 }
 
 static const char *const known_flags[] = {
     "--hub", "--token", "--model", "--cache-dir", "--name", "--threads", "--capacity", "--memory-budget",
-    "--backend", "--backlog", "--reconnect-max-s", "--seed", "--inject-delay-ms", "--inject-delay-prob",
+    "--backend", "--device", "--backlog", "--reconnect-max-s", "--seed", "--inject-delay-ms", "--inject-delay-prob",
     "--inject-exit-after", "--inject-corrupt-prob",
 };
 
@@ -117,9 +119,12 @@ static int apply_flag(moex_worker_options *o, const char *flag, const char *val,
     } else if (!strcmp(flag, "--memory-budget")) {
         if (parse_bytes(flag, val, &o->memory_budget, err)) return -1;
     } else if (!strcmp(flag, "--backend")) {
-        if (strcmp(val, "cpu"))
-            return moex_fail(err, "--backend: '%s' is not available (this build has: cpu)", val);
-        o->backend = MOEX_BACKEND_CPU;
+        if (!strcmp(val, "cpu")) o->backend = MOEX_BACKEND_CPU;
+        else if (!strcmp(val, "vulkan")) o->backend = MOEX_BACKEND_VULKAN;
+        else return moex_fail(err, "--backend: '%s' is not a backend (cpu or vulkan)", val);
+    } else if (!strcmp(flag, "--device")) {
+        if (parse_int(flag, val, 0, 255, &i, err)) return -1;
+        o->device = (int)i;
     } else if (!strcmp(flag, "--backlog")) {
         if (parse_int(flag, val, 1, 4096, &i, err)) return -1;
         o->backlog = (int)i;
@@ -154,6 +159,7 @@ static int check_required(const moex_worker_options *o, moex_error *err) {
     if (o->model_path && o->download)
         return moex_fail(err, "--model and --download exclude each other (--download fetches the experts from the hub)");
     if (o->model_path && o->cache_dir) return moex_fail(err, "--cache-dir is for downloads: leave out --model");
+    if (o->device >= 0 && o->backend != MOEX_BACKEND_VULKAN) return moex_fail(err, "--device is for --backend vulkan");
     if (o->inject_delay_prob > 0 && o->inject_delay_ms <= 0)
         return moex_fail(err, "--inject-delay-prob needs --inject-delay-ms");
     return 0;

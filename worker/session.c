@@ -77,7 +77,8 @@ static void send_heartbeat(session *s) {
     double load = span > 0 ? s->busy_s / span : 0;
     moex_proto_heartbeat hb = {
         .timestamp_us = now_us(), .echo_us = s->peer_ts_us,
-        .queue_depth = (uint32_t)moex_worker_backlog_depth(s->backlog) + (s->running ? 1u : 0u),
+        .queue_depth = (uint32_t)moex_worker_backlog_depth(s->backlog) +
+                       (s->running ? (s->batch_n > 1 ? (uint32_t)s->batch_n : 1u) : 0u),
         .load_permille = (uint16_t)lround(1000.0 * (load > 1 ? 1 : load)), .state = s->state,
     };
     const uint32_t g = s->g;
@@ -255,6 +256,9 @@ static void on_cancel(session *s, uint32_t seq) {
     } else if (s->running && s->running_seq == seq) {
         s->running_cancelled = true; /* counted when its result is discarded */
         pthread_cond_broadcast(&s->cv);
+    } else if (s->running) {
+        for (int i = 1; i < s->batch_n; i++)
+            if (s->batch_seqs[i] == seq) s->batch_cancelled[i] = true;
     }
     pthread_mutex_unlock(&s->mu);
 }
@@ -490,6 +494,7 @@ static int session_init(session *s, const moex_worker_options *o, const moex_mod
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     *own = *o;
+    s->budget_given = o->memory_budget;
     if (!own->memory_budget) own->memory_budget = all_experts_bytes(m);
     s->o = own;
     s->m = m;

@@ -18,6 +18,7 @@ typedef struct session {
     volatile sig_atomic_t *stop;
     moex_proto_limits lim;
     uint64_t model_hash;
+    uint64_t budget_given;           /* --memory-budget as given, 0 when left out (o's is then the model's) */
     char name[256];
 
     /* ---- lws thread ---- */
@@ -56,6 +57,9 @@ typedef struct session {
     bool quit;                       /* compute thread: exit */
     bool running, running_cancelled;
     uint32_t running_seq;
+    const uint32_t *batch_seqs;      /* --backend vulkan: the dispatches running together (batch_n, */
+    bool *batch_cancelled;           /* the first is running_seq); CANCEL marks them here */
+    int batch_n;
     bool assign_pending;
     uint32_t assign_g, assign_n, assign_cap;
     moex_proto_expert *assign_list;

@@ -4,6 +4,8 @@
  *  - the core (core.c): transport-free and thread-free (it is also built for
  *    WASM): holds a set of experts and turns a DISPATCH frame into a RESULT
  *    frame, computing exactly what the hub's local executor computes;
+ *  - the Vulkan core (core_vk.c): the same on a GPU (--backend vulkan), the
+ *    experts resident in device memory, queued dispatches run as one batch;
  *  - the backlog (backlog.c) and outbox (outbox.c): plain data structures
  *    for the dispatches waiting to be computed and the frames waiting to be
  *    sent (the caller locks);
@@ -66,6 +68,51 @@ int moex_worker_encode_result(const moex_proto_msg *dispatch, const float *value
 /* run + encode. */
 int moex_worker_core_compute(moex_worker_core *c, const moex_proto_msg *dispatch, uint8_t *out, size_t cap,
                              size_t *out_len, moex_error *err);
+
+/* ---- Vulkan core (core_vk.c): experts resident on the GPU -------------------
+ *
+ * The same DISPATCH -> values as the core, on a Vulkan device: held experts
+ * are uploaded once into slots of one device-local allocation (each slot
+ * sized for the model's largest expert), and a batch of dispatches (a
+ * prefill sends several per layer) runs in one submission. Activation
+ * rounding is on: most rows match the CPU core to ~3e-7, a few percent are
+ * off by one rounding step of the down product's input (~5e-3; core_vk.c). */
+
+typedef struct moex_worker_vk moex_worker_vk;
+
+/* A GPU core for m's experts (shapes and types only: no weights are read
+ * here, and no slots are allocated yet). opt: the device (NULL: the best). */
+moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options *opt, moex_error *err);
+void moex_worker_vk_free(moex_worker_vk *g);
+const char *moex_worker_vk_device_name(const moex_worker_vk *g);
+size_t moex_worker_vk_slot_bytes(const moex_worker_vk *g);
+/* Grows the slot allocation to n_slots (one new allocation; held experts are
+ * copied over on the GPU). A no-op when it already has that many. */
+int moex_worker_vk_reserve(moex_worker_vk *g, int n_slots, moex_error *err);
+int moex_worker_vk_capacity(const moex_worker_vk *g);
+/* Uploads an expert into a free slot (a no-op when held). */
+int moex_worker_vk_hold(moex_worker_vk *g, int layer, int expert, const moex_expert_weights *w, moex_error *err);
+/* Frees the expert's slot; a no-op when it was not held. */
+void moex_worker_vk_drop(moex_worker_vk *g, int layer, int expert);
+bool moex_worker_vk_holds(const moex_worker_vk *g, int layer, int expert);
+int moex_worker_vk_n_held(const moex_worker_vk *g);
+
+/* A batch: begin, add decoded DISPATCHes (their x and gates are copied, so
+ * the messages may go), run once, then read each one's n_tokens x hidden
+ * gate-weighted values (valid until the next run; the caller may modify
+ * them). A dispatch add refuses (expert not held, bad shape) is simply not
+ * part of the batch. Hold, drop and reserve between batches, not inside one. */
+void moex_worker_vk_batch_begin(moex_worker_vk *g);
+int moex_worker_vk_batch_add(moex_worker_vk *g, const moex_proto_msg *dispatch, moex_error *err);
+int moex_worker_vk_batch_run(moex_worker_vk *g, moex_error *err);
+int moex_worker_vk_batch_count(const moex_worker_vk *g);
+float *moex_worker_vk_batch_values(const moex_worker_vk *g, int i);
+/* Runs every kernel the held experts need once (a 1-token and a 16-token
+ * batch per weight type), so that the first dispatches do not wait for
+ * pipeline compilation. */
+int moex_worker_vk_warm_up(moex_worker_vk *g, moex_error *err);
+/* One dispatch: begin + add + run. */
+int moex_worker_vk_run(moex_worker_vk *g, const moex_proto_msg *dispatch, float **values, moex_error *err);
 
 /* ---- model identity --------------------------------------------------------- */
 
@@ -166,8 +213,9 @@ typedef struct moex_worker_options {
     const char *name;           /* NULL: worker-<hostname>-<pid> */
     int threads;                /* compute pool size; <= 0: all cores */
     double capacity;            /* placement weight, JOIN capacity_centi = round(100 x) */
-    uint64_t memory_budget;     /* 0: all the model's experts */
-    int backend;                /* moex_proto_backend; only CPU for now */
+    uint64_t memory_budget;     /* 0: all the model's experts; vulkan: also sizes the GPU's expert slots */
+    int backend;                /* moex_proto_backend: CPU or VULKAN */
+    int device;                 /* --backend vulkan: device index (moex_vk_list_devices), -1: the best */
     double reconnect_max_s;     /* <= 0: retry forever */
     int backlog;                /* queued dispatches at most */
     int inject_delay_ms;
