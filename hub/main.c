@@ -51,6 +51,7 @@ static void usage(FILE *f) {
             "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"
             "  --local                 run the whole model in this process\n"
             "  --backend cpu|vulkan    where --local runs (default cpu); --device N picks the GPU (default: best)\n"
+            "  --list-devices          list the Vulkan devices and exit\n"
             "distributed (without --local): serve workers, and generate once --min-workers are ready\n"
             "  --host ADDR             listen address (default 127.0.0.1)\n"
             "  --port N                listen port (default 8765)\n"
@@ -109,6 +110,15 @@ static int parse_args(int argc, char **argv, options *o) {
     } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "--list-devices")) {
+            char buf[4096];
+            moex_error err = {0};
+            if (moex_vk_list_devices(buf, sizeof buf, &err) < 0) {
+                fprintf(stderr, "moex-hub: no Vulkan devices: %s\n", err.msg);
+                return -1;
+            }
+            fputs(buf, stdout);
             return 1;
         } else if (!strcmp(a, "--local")) {
             o->local = true;
