@@ -329,11 +329,19 @@ static int record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *
     const size_t layer_cache = (size_t)s->n_ctx * (size_t)hp->n_head_kv * hp->head_dim * 4;
     const moex_vk_ptr kc = moex_vk_buffer_ptr(s->kv) + (size_t)il * layer_cache,
                       vc = kc + (size_t)hp->n_layer * layer_cache;
-    if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->attn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
-    moex_vk_barrier(c);
-    if (moex_vk_op_matmul(c, &L->wq, ACT(xn), n, ACT(q), 0, err) || moex_vk_op_matmul(c, &L->wk, ACT(xn), n, ACT(k), 0, err) ||
-        moex_vk_op_matmul(c, &L->wv, ACT(xn), n, ACT(v), 0, err))
-        return -1;
+    if (moex_vk_norm_fusable(s->vk, n, hp->n_embd)) {   /* decode: each product normalises x itself */
+        if (moex_vk_op_norm_matmul(c, &L->wq, ACT(x), L->attn_norm, hp->rms_eps, ACT(q), 0, err) ||
+            moex_vk_op_norm_matmul(c, &L->wk, ACT(x), L->attn_norm, hp->rms_eps, ACT(k), 0, err) ||
+            moex_vk_op_norm_matmul(c, &L->wv, ACT(x), L->attn_norm, hp->rms_eps, ACT(v), 0, err))
+            return -1;
+    } else {
+        if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->attn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
+        moex_vk_barrier(c);
+        if (moex_vk_op_matmul(c, &L->wq, ACT(xn), n, ACT(q), 0, err) ||
+            moex_vk_op_matmul(c, &L->wk, ACT(xn), n, ACT(k), 0, err) ||
+            moex_vk_op_matmul(c, &L->wv, ACT(xn), n, ACT(v), 0, err))
+            return -1;
+    }
     moex_vk_barrier(c);
     if (moex_vk_op_qk_rope(c, &s->sh, ACT(q), ACT(k), ACT(v), kc, vc, L->q_norm, L->k_norm, IO(IO_PARAMS), n, err))
         return -1;
@@ -349,10 +357,18 @@ static int record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *
 static int record_ffn(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err) {
     const moex_hparams *hp = &m->hp;
     const vk_layer *L = &s->layers[il];
-    if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->ffn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
-    moex_vk_barrier(c);
-    if (moex_hparams_is_moe(hp)) {
-        if (moex_vk_op_router(c, &L->router, ACT(xn), n, hp->n_expert_used, hp->norm_topk, ACT(router_logits),
+    const bool moe = moex_hparams_is_moe(hp);
+    if (moe && moex_vk_norm_fusable(s->vk, n, hp->n_embd)) {   /* decode: the router normalises x and writes xn */
+        if (moex_vk_op_norm_router(c, &L->router, ACT(x), L->ffn_norm, hp->rms_eps, hp->n_expert_used, hp->norm_topk,
+                                   ACT(router_logits), ACT(counter), ACT(ids), ACT(gw), ACT(xn), err))
+            return -1;
+    } else {
+        if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->ffn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
+        moex_vk_barrier(c);
+    }
+    if (moe) {
+        if (!moex_vk_norm_fusable(s->vk, n, hp->n_embd) &&
+            moex_vk_op_router(c, &L->router, ACT(xn), n, hp->n_expert_used, hp->norm_topk, ACT(router_logits),
                               ACT(counter), ACT(ids), ACT(gw), err))
             return -1;
         moex_vk_barrier(c);
@@ -398,9 +414,15 @@ static int record_forward(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c,
     for (int il = 0; il < hp->n_layer; il++)
         if (record_attention(m, s, c, il, n, err) || record_ffn(m, s, c, il, n, err)) return -1;
     const moex_vk_ptr last = ACT(x) + (size_t)(all_logits ? 0 : n - 1) * (size_t)d * 4;
-    if (moex_vk_op_rmsnorm(c, ACT(xn), last, s->output_norm, rows, d, hp->rms_eps, err)) return -1;
-    moex_vk_barrier(c);
-    if (moex_vk_op_matmul(c, &s->output, ACT(xn), rows, moex_vk_buffer_ptr(s->logits_dev), 0, err)) return -1;
+    if (moex_vk_norm_fusable(s->vk, rows, d)) {
+        if (moex_vk_op_norm_matmul(c, &s->output, last, s->output_norm, hp->rms_eps, moex_vk_buffer_ptr(s->logits_dev),
+                                   0, err))
+            return -1;
+    } else {
+        if (moex_vk_op_rmsnorm(c, ACT(xn), last, s->output_norm, rows, d, hp->rms_eps, err)) return -1;
+        moex_vk_barrier(c);
+        if (moex_vk_op_matmul(c, &s->output, ACT(xn), rows, moex_vk_buffer_ptr(s->logits_dev), 0, err)) return -1;
+    }
     moex_vk_barrier(c);
     const moex_vk_ptr last_row = moex_vk_buffer_ptr(s->logits_dev) + (size_t)(rows - 1) * (size_t)hp->n_vocab * 4;
     if (moex_vk_op_argmax(c, last_row, 1, hp->n_vocab, hp->n_vocab, IO(IO_ARGMAX), err)) return -1;

@@ -198,6 +198,20 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
 int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
                       moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err);
 
+/* Decode with the RMSNorm fused into the next product's prologue (each
+ * workgroup normalises x itself: one dispatch instead of rmsnorm + barrier +
+ * product). x is one token's row of w->cols floats, normalised with weight
+ * nw (required) and eps. moex_vk_norm_fusable says whether the fused kernels
+ * apply: n == 1, activation rounding off, dim small enough for shared memory. */
+bool moex_vk_norm_fusable(const moex_vk *vk, int64_t n, int64_t dim);
+/* y = W (rmsnorm(x) * nw) (+ resid) for one token. */
+int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
+                           moex_vk_ptr y, moex_vk_ptr resid, moex_error *err);
+/* moex_vk_op_router for one token of x with the norm fused; xn receives rmsnorm(x) * nw (the experts' input). */
+int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int k,
+                           bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,
+                           moex_vk_ptr xn, moex_error *err);
+
 typedef struct moex_vk_experts {
     moex_vk_matrix gate, up, down;   /* expert tensors: gate/up n_ff x d, down d x n_ff */
     int n_expert;

@@ -415,6 +415,7 @@ int moex_vk_cmd_begin(moex_vk_cmd *c, moex_error *err) {
     if (vk_check(vkBeginCommandBuffer(c->cb, &bi), "vkBeginCommandBuffer", err)) return -1;
     c->recording = true;
     c->bound = VK_NULL_HANDLE;
+    c->transfer_since_barrier = false;
     return 0;
 }
 
@@ -434,20 +435,35 @@ int moex_vk_cmd_run(moex_vk_cmd *c, moex_error *err) {
     return vk_submit_wait(c->vk, c->cb, c->fence, err);
 }
 
-void moex_vk_barrier(moex_vk_cmd *c) {
+static void barrier(moex_vk_cmd *c, VkPipelineStageFlags src, VkPipelineStageFlags dst) {
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                           .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
                           .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
                                            VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
-    const VkPipelineStageFlags st = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
-    vkCmdPipelineBarrier(c->cb, st, st, 0, 1, &mb, 0, NULL, 0, NULL);
+    vkCmdPipelineBarrier(c->cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+/* Between kernels the barrier names the compute stage alone (a transfer stage
+ * in it costs a heavier wait on some drivers); copies and fills order
+ * themselves after earlier kernels, and the barrier after them covers them. */
+void moex_vk_barrier(moex_vk_cmd *c) {
+    const VkPipelineStageFlags cs = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, tr = VK_PIPELINE_STAGE_TRANSFER_BIT;
+    barrier(c, c->transfer_since_barrier ? cs | tr : cs, c->transfer_since_barrier ? cs | tr : cs);
+    c->transfer_since_barrier = false;
+}
+
+static void before_transfer(moex_vk_cmd *c) {
+    barrier(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT);
+    c->transfer_since_barrier = true;
 }
 
 void moex_vk_copy(moex_vk_cmd *c, moex_vk_buffer *dst, size_t doff, moex_vk_buffer *src, size_t soff, size_t n) {
     VkBufferCopy r = {.srcOffset = soff, .dstOffset = doff, .size = n};
+    before_transfer(c);
     vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &r);
 }
 
 void moex_vk_fill(moex_vk_cmd *c, moex_vk_buffer *b, size_t off, size_t n, uint32_t value) {
+    before_transfer(c);
     vkCmdFillBuffer(c->cb, b->buf, off, n, value);
 }

@@ -20,12 +20,15 @@ typedef enum vk_kernel {
     VK_K_MOE_SORT, VK_K_MOE_COMBINE, VK_K_ELTWISE, VK_K_ARGMAX, VK_K_ACTQ, VK_K_COUNT
 } vk_kernel;
 
-#define VK_MODES 8
+#define VK_MODES 16
 #define VK_MV_NMAX 8        /* tokens per matrix-vector dispatch; more go to the tiled kernel */
 #define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup */
 #define VK_MV_GENERIC 4     /* mv.comp mode flag: 8-element dq8 units (weights not 16-byte aligned) */
-/* Weight rows per row group of mv.comp: mode 0 (plain products) reuses each x load for two rows. */
-#define VK_MV_RPT(mode) (((mode) & 3) == 0 ? 2 : 1)
+#define VK_MV_NORM 8        /* mv.comp mode flag: RMSNorm of x in the prologue (modes 0 and 3, one token) */
+/* Weight rows per row group of mv.comp: plain products and the experts' gate+up
+ * reuse each x load for two rows (and keep both rows' loads in flight). */
+#define VK_MV_RPT(mode) (((mode) & 3) <= 1 ? 2 : 1)
+#define VK_MV_DU 4          /* units the experts' down product loads before using them */
 #define VK_MAX_EXPERTS 512  /* shared-memory arrays of the router and the expert grouping */
 #define VK_TYPE_SLOTS 32    /* moex_type ids fit below this after vk_type_slot() */
 
@@ -76,6 +79,7 @@ struct moex_vk_cmd {
     VkFence fence;
     VkPipeline bound;
     bool recording, pending;
+    bool transfer_since_barrier;   /* a copy or fill since the last moex_vk_barrier: the next one covers transfers */
 };
 
 /* vk_device.c */
@@ -90,6 +94,7 @@ int vk_pipeline_cache_open(moex_vk *vk);
 void vk_pipeline_cache_save(moex_vk *vk);
 
 /* vk_ops.c */
+int vk_norm_max_cols(const moex_vk *vk);   /* widest x the fused-norm products stage in shared memory */
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz);
 
 #endif

@@ -147,6 +147,39 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     return 0;
 }
 
+/* Shared memory of the fused-norm products: x (NORM_MAXC floats) plus the
+ * router's ~8 KiB of top-k arrays; capped at 16 KiB of x so occupancy stays high. */
+int vk_norm_max_cols(const moex_vk *vk) {
+    int c = 4096;
+    while (c > 256 && (size_t)c * 4 + 8192 > vk->info.shared_mem) c /= 2;
+    return c;
+}
+
+bool moex_vk_norm_fusable(const moex_vk *vk, int64_t n, int64_t dim) {
+    return n == 1 && !vk->actq && dim % 4 == 0 && dim <= vk_norm_max_cols(vk);
+}
+
+static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr nw, moex_error *err) {
+    if (check_matrix(w, err)) return -1;
+    if (!nw) return moex_fail(err, "vulkan: the fused RMSNorm needs its weight");
+    if (!moex_vk_norm_fusable(c->vk, 1, w->cols))
+        return moex_fail(err, "vulkan: RMSNorm of %lld columns cannot be fused here (rounding on or too wide)",
+                         (long long)w->cols);
+    return 0;
+}
+
+int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
+                           moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
+    if (check_norm_fused(c, w, nw, err)) return -1;
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode(0, w, NULL) | VK_MV_NORM, err);
+    if (!p || check_grid(mv_groups(w->rows, 0), 1, 1, err)) return -1;
+    vk_pc pc = mat_pc(w, x, 1, w->cols, y, w->rows, resid);
+    pc.p[1] = nw;
+    pc.u[9] = fbits(eps);
+    vk_dispatch(c, p, &pc, mv_groups(w->rows, 0), 1, 1);
+    return 0;
+}
+
 int moex_vk_op_eltwise(moex_vk_cmd *c, int op, moex_vk_ptr a, moex_vk_ptr b, moex_vk_ptr y, int64_t n, moex_error *err) {
     if (op != 0 && op != 1) return moex_fail(err, "vulkan: unknown elementwise op %d", op);
     if (n <= 0) return 0;
@@ -248,6 +281,27 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     vk_dispatch(c, pm, &pc, ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), 1);
     moex_vk_barrier(c);
     vk_dispatch(c, pt, &pc, (uint32_t)n, 1, 1);
+    return 0;
+}
+
+int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int k,
+                           bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,
+                           moex_vk_ptr xn, moex_error *err) {
+    if (check_norm_fused(c, w, nw, err)) return -1;
+    if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows || !xn)
+        return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts; xn required)",
+                         (long long)w->rows, k, VK_MAX_EXPERTS);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode(3, w, NULL) | VK_MV_NORM, err);
+    if (!p) return -1;
+    vk_pc pc = mat_pc(w, x, 1, w->cols, logits, w->rows, xn);
+    pc.p[1] = nw;
+    pc.p[5] = ids;
+    pc.p[6] = weights;
+    pc.p[7] = counter;
+    pc.u[5] = norm ? 2u : 0u;   /* bit 0 (add r) stays off: r is the xn output here */
+    pc.u[6] = (uint32_t)k;
+    pc.u[9] = fbits(eps);
+    vk_dispatch(c, p, &pc, mv_groups(w->rows, 3), 1, 1);
     return 0;
 }
 

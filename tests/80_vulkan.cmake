@@ -16,7 +16,7 @@ set_tests_properties(test_vk_matmul_shared PROPERTIES SKIP_RETURN_CODE 77 LABELS
 add_executable(test_vk_ops ${CMAKE_CURRENT_LIST_DIR}/test_vk_ops.c)
 target_link_libraries(test_vk_ops PRIVATE moex_kernels Threads::Threads ${MATH_LIB})
 set_target_properties(test_vk_ops PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
-foreach(sub norm rope attention router experts)
+foreach(sub norm rope attention router experts fused)
   add_test(NAME test_vk_${sub} COMMAND test_vk_ops ${sub})
   set_tests_properties(test_vk_${sub} PROPERTIES SKIP_RETURN_CODE 77 LABELS vulkan TIMEOUT 120
                        ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")

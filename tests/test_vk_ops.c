@@ -1,6 +1,6 @@
 /* The Vulkan forward-pass kernels other than the matrix products, each
  * against the CPU backend or a float64 reference on fresh random inputs.
- * One subtest per argument: norm, rope, attention, router, experts. */
+ * One subtest per argument: norm, rope, attention, router, experts, fused. */
 #include "tests/vk/vk_test_util.h"
 
 static moex_vk *vk;
@@ -298,9 +298,101 @@ static void test_experts(void) {
     }
 }
 
+/* float64 rmsnorm(x) * w of one row. */
+static void norm_ref(double *out, const float *x, const float *w, int64_t d, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < d; i++) ss += (double)x[i] * x[i];
+    const double inv = 1.0 / sqrt(ss / d + eps);
+    for (int64_t i = 0; i < d; i++) out[i] = x[i] * inv * w[i];
+}
+
+/* Decode products with the RMSNorm fused into their prologue (every mv.comp
+ * unit type, with the residual), the fused router (ids, weights, and the xn
+ * it writes for the experts), and refusal where fusion does not apply. */
+static void test_fused_norm(void) {
+    const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F32, MOEX_TYPE_Q5_0};
+    const int64_t d = 512, rows = 77;
+    const float eps = 1e-5f;
+    float *x = malloc(d * 4), *nw = malloc(d * 4), *res = malloc(rows * 4), *got = malloc(rows * 4);
+    double *xn = malloc(d * sizeof *xn), *ref = malloc(rows * sizeof *ref);
+    fill_gauss(&R, x, d, 4.0f);
+    fill_gauss(&R, nw, d, 1.0f);
+    fill_gauss(&R, res, rows, 1.0f);
+    norm_ref(xn, x, nw, d, eps);
+    CHECK(moex_vk_norm_fusable(vk, 1, d) && !moex_vk_norm_fusable(vk, 2, d), "fusable: one token of 512 only");
+    moex_vk_buffer *xb = gpu_from(vk, x, d * 4), *wb = gpu_from(vk, nw, d * 4), *rb = gpu_from(vk, res, rows * 4),
+                   *yb = gpu_from(vk, NULL, rows * 4);
+    for (int ti = 0; ti < (int)(sizeof types / sizeof types[0]); ti++) {
+        test_matrix m = make_matrix(&R, types[ti], rows, d);
+        moex_vk_buffer *mb = gpu_from(vk, m.data, rows * m.row_bytes);
+        moex_vk_matrix vm = vk_matrix_of(&m, mb);
+        moex_vk_cmd *c = begin();
+        MUST(moex_vk_op_norm_matmul(c, &vm, P(xb), P(wb), eps, P(yb), P(rb), &g_err));
+        run_free(c);
+        gpu_read(vk, yb, got, rows * 4);
+        for (int64_t r = 0; r < rows; r++) {
+            ref[r] = res[r];
+            for (int64_t j = 0; j < d; j++) ref[r] += (double)m.deq[r * d + j] * xn[j];
+        }
+        const double e = rel_l2(got, ref, rows);
+        CHECK(e < 1e-5, "norm+matvec %s: rel err %.3g", moex_type_get(types[ti])->name, e);
+        printf("  norm+matvec %s: %.2g\n", moex_type_get(types[ti])->name, e);
+        moex_vk_buffer_free(mb);
+        free_matrix(&m);
+    }
+    /* the router: logits of 60 experts, top 4, renormalised; xn for the experts */
+    const int E = 60, k = 4;
+    test_matrix m = make_matrix(&R, MOEX_TYPE_F32, E, d);
+    moex_vk_buffer *mb = gpu_from(vk, m.data, E * m.row_bytes), *lb = gpu_from(vk, NULL, E * 4),
+                   *cb = gpu_from(vk, NULL, 4), *ib = gpu_from(vk, NULL, k * 4), *gb = gpu_from(vk, NULL, k * 4),
+                   *xnb = gpu_from(vk, NULL, d * 4);
+    moex_vk_matrix vm = vk_matrix_of(&m, mb);
+    moex_vk_cmd *c = begin();
+    MUST(moex_vk_op_norm_router(c, &vm, P(xb), P(wb), eps, k, true, P(lb), P(cb), P(ib), P(gb), P(xnb), &g_err));
+    run_free(c);
+    int32_t ids[4];
+    float gw[4], *xg = malloc(d * 4);
+    gpu_read(vk, ib, ids, sizeof ids);
+    gpu_read(vk, gb, gw, sizeof gw);
+    gpu_read(vk, xnb, xg, d * 4);
+    const double exn = rel_l2(xg, xn, d);
+    CHECK(exn < 1e-6, "fused router: xn rel err %.3g", exn);
+    double lg[60], mx = -1e300, sel = 0, w[4];
+    for (int e = 0; e < E; e++) {
+        lg[e] = 0;
+        for (int64_t j = 0; j < d; j++) lg[e] += (double)m.deq[e * d + j] * xn[j];
+        mx = lg[e] > mx ? lg[e] : mx;
+    }
+    for (int e = 0; e < E; e++) lg[e] = exp(lg[e] - mx);
+    int bad = 0;
+    for (int j = 0; j < k; j++) {
+        int best = 0;
+        for (int e = 1; e < E; e++)
+            if (lg[e] > lg[best]) best = e;
+        bad += ids[j] != best;
+        sel += (w[j] = lg[best]);
+        lg[best] = -1;
+    }
+    double max_w = 0;
+    for (int j = 0; j < k; j++) max_w = fmax(max_w, fabs(gw[j] - w[j] / sel));
+    CHECK(bad == 0 && max_w < 1e-5, "fused router: %d ids differ, weight err %.3g", bad, max_w);
+    printf("  fused router: ids ok, xn %.2g, weights %.2g\n", exn, max_w);
+    /* too wide for the shared-memory row: refused with a message, nothing recorded */
+    moex_vk_matrix wide = {.type = MOEX_TYPE_F32, .rows = 1, .cols = 1 << 16, .row_bytes = 4 << 16, .data = P(mb)};
+    c = begin();
+    CHECK(moex_vk_op_norm_matmul(c, &wide, P(xb), P(wb), eps, P(yb), 0, &g_err) == -1 && strstr(g_err.msg, "fused"),
+          "a 65536-wide fused norm must be refused");
+    CHECK(moex_vk_op_norm_matmul(c, &vm, P(xb), 0, eps, P(yb), 0, &g_err) == -1, "a fused norm without weight");
+    run_free(c);
+    moex_vk_buffer *all[] = {xb, wb, rb, yb, mb, lb, cb, ib, gb, xnb};
+    for (int i = 0; i < 10; i++) moex_vk_buffer_free(all[i]);
+    free_matrix(&m);
+    free(x), free(nw), free(res), free(got), free(xn), free(ref), free(xg);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_vk_ops norm|rope|attention|router|experts\n");
+        fprintf(stderr, "usage: test_vk_ops norm|rope|attention|router|experts|fused\n");
         return 2;
     }
     R = test_rng(argv[1]);
@@ -310,6 +402,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "attention")) test_attention();
     else if (!strcmp(argv[1], "router")) test_router();
     else if (!strcmp(argv[1], "experts")) test_experts();
+    else if (!strcmp(argv[1], "fused")) test_fused_norm();
     else {
         fprintf(stderr, "unknown subtest %s\n", argv[1]);
         return 2;

@@ -10,7 +10,11 @@
 //   uint ubase(u)       element of the row where unit u starts
 //   void wdot(x, w[NR], xo, inout acc[NR])  acc[i] += row i's unit . x from vec4 xo
 // NR (weight rows sharing one x, defined by the includer) lets gate and up,
-// or several rows, reuse each x load.
+// or several rows, reuse each x load. XV(x, i) reads vec4 i of x: from the
+// buffer, or from shared memory where the includer staged a normalised x.
+#ifndef XV
+#define XV(x, i) x.v[i]
+#endif
 
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer UV4 { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV4 { vec4 v[]; };
@@ -71,7 +75,7 @@ void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     vec4 xl = vec4(0.0), xh = vec4(0.0), ql[NR], qh[NR];
     for (uint r = 0u; r < NR; r++) { ql[r] = vec4(0.0); qh[r] = vec4(0.0); }
     for (uint i = 0u; i < 8u; i++) {
-        const vec4 a = x.v[xo + i], b = x.v[xo + 8u + i];
+        const vec4 a = XV(x, xo + i), b = XV(x, xo + 8u + i);
         xl += a;
         xh += b;
         for (uint r = 0u; r < NR; r++) {
@@ -113,7 +117,7 @@ void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     for (uint r = 0u; r < NR; r++)
         for (uint k = 0u; k < 4u; k++) qs[r][k] = vec4(0.0);
     for (uint i = 0u; i < 4u; i++) {
-        const vec4 x0 = x.v[xo + i], x1 = x.v[xo + 8u + i], x2 = x.v[xo + 16u + i], x3 = x.v[xo + 24u + i];
+        const vec4 x0 = XV(x, xo + i), x1 = XV(x, xo + 8u + i), x2 = XV(x, xo + 16u + i), x3 = XV(x, xo + 24u + i);
         for (uint r = 0u; r < NR; r++) {   // q - 32 of runs 0..3, q = 4 bits of ql | 2 bits of qh << 4
             const uint a = w[r].a[i], b = w[r].b[i], h = w[r].h[i];
             qs[r][0] += bytes4((a & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u), 63u, 32.0) * x0;
@@ -146,7 +150,7 @@ void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     vec4 s[NR];
     for (uint r = 0u; r < NR; r++) s[r] = vec4(0.0);
     for (uint j = 0u; j < 8u; j++) {
-        const vec4 xv = x.v[xo + j];
+        const vec4 xv = XV(x, xo + j);
         for (uint r = 0u; r < NR; r++) s[r] += bytes4(w[r].q[j] ^ 0x80808080u, 255u, 128.0) * xv;   // int8 = (byte ^ 0x80) - 128
     }
     for (uint r = 0u; r < NR; r++) acc[r] += w[r].d * hsum(s[r]);
@@ -168,7 +172,7 @@ void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     vec4 s[NR];
     for (uint r = 0u; r < NR; r++) s[r] = vec4(0.0);
     for (uint j = 0u; j < 8u; j++) {
-        const vec4 a = x.v[xo + j];
+        const vec4 a = XV(x, xo + j);
         for (uint r = 0u; r < NR; r++) s[r] += w[r].v[j] * a;
     }
     for (uint r = 0u; r < NR; r++) acc[r] += hsum(s[r]);
@@ -186,7 +190,7 @@ WU wload(U32 p, uint rb, uint u) {
     return r;
 }
 void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
-    const vec4 a = x.v[xo], b = x.v[xo + 1u];
+    const vec4 a = XV(x, xo), b = XV(x, xo + 1u);
     for (uint r = 0u; r < NR; r++) acc[r] += dot(w[r].a, a) + dot(w[r].b, b);
 }
 #endif

@@ -3,25 +3,40 @@
 // used); a row group owns NR weight rows, and each of its threads walks them
 // one weight unit at a time (_mvunit.comp: whole blocks through wide loads),
 // dotting each unit with x in registers and accumulating in f32. One
-// reduction per output at the end; no barriers in the loop.
+// reduction per output at the end; no barriers in the loop. Loads of several
+// rows (or units) are issued together before their dots: decode is
+// latency-bound, so each thread keeps several loads in flight.
 // MODE 0: y[t] = W x[t] (+ r[t])             grid (rows/(GROUPS*RPT), ceil(n/NMAX))
-// MODE 1: experts gate+up: y[p] = silu(Wg_e x[p/k]) * (Wu_e x[p/k]),  e = ids[p]; grid (rows/GROUPS, n*k)
+// MODE 1: experts gate+up: y[p] = silu(Wg_e x[p/k]) * (Wu_e x[p/k]),  e = ids[p]; RPT rows per group,
+//         grid (rows/(GROUPS*RPT), n*k)
 // MODE 2: experts down + combine: y[t] = r[t] + sum_j gw[t*k+j] * Wd_e x[t*k+j]; grid (rows/GROUPS, n)
 // MODE 3: router: MODE 0 into y, then the last workgroup does softmax + top-k.
+// NORM (MODE 0 and 3, one token): x is RMS-normalised in the prologue
+// (weight nw, eps) into shared memory, which the dots read; MODE 3 also
+// writes the normalised row to r (for the experts). Saves the norm's
+// dispatch and barrier.
 layout(local_size_x = WG) in;
 
 #if MODE == 1
-#define NR 2   // the gate row and the up row share x
+#define NR (2 * RPT)   // gate and up rows share x: w[2i] gate, w[2i+1] up of row i
 #elif MODE == 2
 #define NR 1
 #else
 #define NR RPT
 #endif
+#ifdef NORM
+shared vec4 xsh[NORM_MAXC / 4];
+#define XV(x, i) xsh[i]
+#endif
 #include "_mvunit.comp"
 
 layout(push_constant) uniform PC {
+#ifdef NORM
+    WT w; F32 nw; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
+#else
     WT w; WT w2; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
-    uint rows, cols, n, xs, ys, flags, k, estride, n_expert;
+#endif
+    uint rows, cols, n, xs, ys, flags, k, estride, n_expert, eps_bits;
 } pc;
 
 #if MODE == 0 || MODE == 3
@@ -32,6 +47,10 @@ layout(push_constant) uniform PC {
 
 shared float red[WG];
 shared bool last_group;
+#if MODE == 2
+shared uint sbase[MAXE];   // byte offset of each slot's expert
+shared float sgw[MAXE];
+#endif
 
 // Sum over the TPR threads of a row group (every thread of the workgroup calls it).
 float group_sum(float v) {
@@ -51,6 +70,37 @@ float group_sum(float v) {
 #endif
 }
 
+#ifdef NORM
+// xsh = rmsnorm(x row 0) * nw, as rmsnorm.comp computes it (whole workgroup).
+void norm_prologue() {
+    const uint tid = gl_LocalInvocationID.x, c4 = pc.cols / 4u;
+    float s = 0.0;
+    for (uint i = tid; i < c4; i += WG) {
+        const vec4 v = pc.x.v[i];
+        xsh[i] = v;
+        s += dot(v, v);
+    }
+    red[tid] = s;
+    barrier();
+    for (uint h = WG / 2u; h > 0u; h >>= 1) {
+        if (tid < h) red[tid] += red[tid + h];
+        barrier();
+    }
+    const float inv = 1.0 / sqrt(red[0] / float(pc.cols) + uintBitsToFloat(pc.eps_bits));
+    for (uint i = tid; i < c4; i += WG) {
+        const uint o = 4u * i;
+        const vec4 v = xsh[i] * inv * vec4(pc.nw.v[o], pc.nw.v[o + 1u], pc.nw.v[o + 2u], pc.nw.v[o + 3u]);
+        xsh[i] = v;
+#if MODE == 3
+        if (gl_WorkGroupID.x == 0u) {
+            pc.r.v[o] = v.x; pc.r.v[o + 1u] = v.y; pc.r.v[o + 2u] = v.z; pc.r.v[o + 3u] = v.w;
+        }
+#endif
+    }
+    barrier();
+}
+#endif
+
 #if MODE == 3
 #include "_topk.comp"
 #endif
@@ -65,21 +115,31 @@ void main() {
     const uint units = pc.cols / UNIT, xs4 = pc.xs / 4u, row_bytes = (pc.cols / BLK) * BLK_BYTES;
     float acc[NACC];
     for (uint i = 0u; i < NACC; i++) acc[i] = 0.0;
+#ifdef NORM
+    norm_prologue();
+#endif
 #if MODE == 0 || MODE == 3
     const uint row0 = (gl_WorkGroupID.x * GROUPS + grp) * NR, t0 = gl_WorkGroupID.y * NMAX;
     const uint nt = min(NMAX, pc.n - t0);
     uint rb[NR];
     for (uint r = 0u; r < NR; r++) rb[r] = min(row0 + r, pc.rows - 1u) * row_bytes;   // past the end: read the last row, drop the result
+    // Two units per step (each row's unit u and u + TPR), both loaded before either is used.
     if (row0 < pc.rows)
-        for (uint u = lane; u < units; u += TPR) {
-            WU w[NR];
-            for (uint r = 0u; r < NR; r++) w[r] = wload(pc.w, rb[r], u);
-            const uint xo = t0 * xs4 + ubase(u) / 4u;
+        for (uint u = lane; u < units; u += 2u * TPR) {
+            const bool two = u + TPR < units;
+            const uint u2 = two ? u + TPR : u;
+            WU w[NR], w2[NR];
+            for (uint r = 0u; r < NR; r++) {
+                w[r] = wload(pc.w, rb[r], u);
+                if (two) w2[r] = wload(pc.w, rb[r], u2);
+            }
+            const uint xo = t0 * xs4 + ubase(u) / 4u, xo2 = t0 * xs4 + ubase(u2) / 4u;
             for (uint t = 0u; t < NMAX; t++) {
                 if (t >= nt) break;
                 float a[NR];
                 for (uint r = 0u; r < NR; r++) a[r] = acc[t * NR + r];
                 wdot(pc.x, w, xo + t * xs4, a);
+                if (two) wdot(pc.x, w2, xo2 + t * xs4, a);
                 for (uint r = 0u; r < NR; r++) acc[t * NR + r] = a[r];
             }
         }
@@ -95,31 +155,54 @@ void main() {
         }
     }
 #elif MODE == 1
-    const uint row = gl_WorkGroupID.x * GROUPS + grp, p = gl_WorkGroupID.y, tok = p / pc.k;
-    const uint rb = uint(pc.ids.v[p]) * pc.estride + min(row, pc.rows - 1u) * row_bytes;
-    if (row < pc.rows)
+    const uint row0 = (gl_WorkGroupID.x * GROUPS + grp) * RPT, p = gl_WorkGroupID.y, tok = p / pc.k;
+    const uint eb = uint(pc.ids.v[p]) * pc.estride;
+    uint rb[RPT];
+    for (uint r = 0u; r < RPT; r++) rb[r] = eb + min(row0 + r, pc.rows - 1u) * row_bytes;
+    if (row0 < pc.rows)
         for (uint u = lane; u < units; u += TPR) {
-            WU w[2];
-            w[0] = wload(pc.w, rb, u);
-            w[1] = wload(pc.w2, rb, u);
+            WU w[NR];
+            for (uint r = 0u; r < RPT; r++) {
+                w[2u * r] = wload(pc.w, rb[r], u);
+                w[2u * r + 1u] = wload(pc.w2, rb[r], u);
+            }
             wdot(pc.x, w, tok * xs4 + ubase(u) / 4u, acc);
         }
-    const float g = group_sum(acc[0]), up = group_sum(acc[1]);
-    if (lane == 0u && row < pc.rows) pc.y.v[p * pc.ys + row] = silu(g) * up;
+    for (uint r = 0u; r < RPT; r++) {
+        const float g = group_sum(acc[2u * r]), up = group_sum(acc[2u * r + 1u]);
+        if (lane == 0u && row0 + r < pc.rows) pc.y.v[p * pc.ys + row0 + r] = silu(g) * up;
+    }
 #else
     // The k experts' units of a row form one list, so short rows (down has
-    // n_ff columns) still keep every thread busy.
+    // n_ff columns) still keep every thread busy; DU units are loaded before
+    // any is used. The slots' expert offsets and gate weights are read once
+    // per workgroup.
     const uint row = gl_WorkGroupID.x * GROUPS + grp, tok = gl_WorkGroupID.y;
-    const uint rrow = min(row, pc.rows - 1u) * row_bytes;
+    for (uint j = tid; j < pc.k; j += WG) {
+        sbase[j] = uint(pc.ids.v[tok * pc.k + j]) * pc.estride;
+        sgw[j] = pc.gw.v[tok * pc.k + j];
+    }
+    barrier();
+    const uint rrow = min(row, pc.rows - 1u) * row_bytes, total = pc.k * units;
     if (row < pc.rows)
-        for (uint i = lane; i < pc.k * units; i += TPR) {
-            const uint j = i / units, u = i - j * units, p = tok * pc.k + j;
-            WU w[1];
-            w[0] = wload(pc.w, uint(pc.ids.v[p]) * pc.estride + rrow, u);
-            float part[1];
-            part[0] = 0.0;
-            wdot(pc.x, w, p * xs4 + ubase(u) / 4u, part);
-            acc[0] += pc.gw.v[p] * part[0];
+        for (uint i0 = lane; i0 < total; i0 += TPR * DU) {
+            WU w[DU];
+            uint xo[DU];
+            float g[DU];
+            for (uint d = 0u; d < DU; d++) {
+                const uint i = min(i0 + d * TPR, total - 1u), j = i / units, u = i - j * units;
+                w[d] = wload(pc.w, sbase[j] + rrow, u);
+                xo[d] = (tok * pc.k + j) * xs4 + ubase(u) / 4u;
+                g[d] = i0 + d * TPR < total ? sgw[j] : 0.0;   // clamped repeats count 0
+            }
+            for (uint d = 0u; d < DU; d++) {
+                WU wd[1];
+                wd[0] = w[d];
+                float part[1];
+                part[0] = 0.0;
+                wdot(pc.x, wd, xo[d], part);
+                acc[0] += g[d] * part[0];
+            }
         }
     float s = group_sum(acc[0]);
     if (lane == 0u && row < pc.rows) {

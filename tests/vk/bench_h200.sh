@@ -36,7 +36,7 @@ mkdir -p /tmp/vkm
 "$bin/moex-gguf" gen --arch llama --preset test --vocab "$repo/tests/data/vocab/ggml-vocab-llama-spm.gguf" \
     --type mixed --seed 1 --quiet -o /tmp/vkm/llama.gguf
 for t in "test_vk_layout" "test_vk_matmul" "test_vk_matmul --no-subgroup" "test_vk_ops norm" "test_vk_ops rope" \
-         "test_vk_ops attention" "test_vk_ops router" "test_vk_ops experts" "test_vk_forward /tmp/vkm/qwen3moe.gguf" \
+         "test_vk_ops attention" "test_vk_ops router" "test_vk_ops experts" "test_vk_ops fused" "test_vk_forward /tmp/vkm/qwen3moe.gguf" \
          "test_vk_forward /tmp/vkm/llama.gguf --loose"; do
     if $bin/$t > /tmp/vkm/log 2>&1; then echo "test ok: $t"; else echo "test FAILED: $t"; tail -n 15 /tmp/vkm/log; fi
 done
