@@ -180,17 +180,23 @@ static int output_head(const moex_model *m, moex_state *s, int64_t n, bool all_l
     return moex_matmul(s->pool, &m->output, s->xn, rows, logits);
 }
 
+int moex_forward_check(const moex_model *m, int64_t n_batch, int64_t n_ctx, const int32_t *tokens, int64_t n,
+                       int64_t pos, moex_error *err) {
+    if (n <= 0 || n > n_batch) return moex_fail(err, "batch of %lld tokens (limit %lld)", (long long)n, (long long)n_batch);
+    if (pos < 0 || pos + n > n_ctx)
+        return moex_fail(err, "positions %lld..%lld exceed the context of %lld (use a larger --ctx)", (long long)pos,
+                         (long long)(pos + n - 1), (long long)n_ctx);
+    for (int64_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->hp.n_vocab)
+            return moex_fail(err, "token id %d at index %lld is outside the vocabulary (0..%d)", tokens[t],
+                             (long long)t, m->hp.n_vocab - 1);
+    return 0;
+}
+
 int moex_forward(const moex_model *m, moex_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                  bool all_logits, float *logits, moex_error *err) {
     const moex_hparams *hp = &m->hp;
-    if (n <= 0 || n > s->n_batch) return moex_fail(err, "batch of %lld tokens (limit %lld)", (long long)n, (long long)s->n_batch);
-    if (pos < 0 || pos + n > s->n_ctx)
-        return moex_fail(err, "positions %lld..%lld exceed the context of %lld (use a larger --ctx)", (long long)pos,
-                         (long long)(pos + n - 1), (long long)s->n_ctx);
-    for (int64_t t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
-            return moex_fail(err, "token id %d at index %lld is outside the vocabulary (0..%d)", tokens[t],
-                             (long long)t, hp->n_vocab - 1);
+    if (moex_forward_check(m, s->n_batch, s->n_ctx, tokens, n, pos, err)) return -1;
     if (embed_tokens(m, s, tokens, n)) return moex_fail(err, "embedding lookup failed");
     const int64_t nd = n * hp->n_embd;
     for (int il = 0; il < hp->n_layer; il++) {

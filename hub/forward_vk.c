@@ -453,14 +453,7 @@ static moex_vk_cmd *get_recording(const moex_model *m, moex_vk_state *s, int64_t
 int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                     bool all_logits, float *logits, moex_error *err) {
     const moex_hparams *hp = &m->hp;
-    if (n <= 0 || n > s->n_batch) return moex_fail(err, "batch of %lld tokens (limit %lld)", (long long)n, (long long)s->n_batch);
-    if (pos < 0 || pos + n > s->n_ctx)
-        return moex_fail(err, "positions %lld..%lld exceed the context of %lld (use a larger --ctx)", (long long)pos,
-                         (long long)(pos + n - 1), (long long)s->n_ctx);
-    for (int64_t t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
-            return moex_fail(err, "token id %d at index %lld is outside the vocabulary (0..%d)", tokens[t],
-                             (long long)t, hp->n_vocab - 1);
+    if (moex_forward_check(m, s->n_batch, s->n_ctx, tokens, n, pos, err)) return -1;
     const int64_t rows = all_logits ? n : 1;
     if (reserve_logits(m, s, rows, err)) return -1;
     moex_vk_cmd *c = get_recording(m, s, n, all_logits, logits != NULL, err);

@@ -88,6 +88,11 @@ void moex_state_free(moex_state *s);
 int64_t moex_state_n_ctx(const moex_state *s);
 int64_t moex_state_n_batch(const moex_state *s);
 
+/* The checks every forward makes before anything changes: batch size,
+ * positions within the context, token ids within the vocabulary. */
+int moex_forward_check(const moex_model *m, int64_t n_batch, int64_t n_ctx, const int32_t *tokens, int64_t n,
+                       int64_t pos, moex_error *err);
+
 /* Evaluates n tokens at positions pos .. pos+n-1 (n <= n_batch, pos+n <= n_ctx).
  * logits: n x n_vocab when all_logits, else n_vocab for the last token.
  * Tokens are validated (0 <= id < n_vocab) before anything changes. */
