@@ -337,7 +337,13 @@ static int on_token(void *ctx, int32_t id) {
     } else if (oc->m->tok) {
         char buf[256];
         int n = moex_token_to_piece(oc->m->tok, id, false, buf, sizeof buf);
-        if (n > 0 && n <= (int)sizeof buf) fwrite(buf, 1, (size_t)n, stdout);
+        if (n > (int)sizeof buf) { /* a long piece (runs of spaces, code): ask again with room */
+            char *big = malloc((size_t)n);
+            if (big && moex_token_to_piece(oc->m->tok, id, false, big, n) == n) fwrite(big, 1, (size_t)n, stdout);
+            free(big);
+        } else if (n > 0) {
+            fwrite(buf, 1, (size_t)n, stdout);
+        }
     }
     fflush(stdout);
     return 0;
