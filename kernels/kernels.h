@@ -134,6 +134,9 @@ int moex_vk_cmd_end(moex_vk_cmd *c, moex_error *err);
 /* Submits the recorded work (again, if already run) and waits for it. */
 int moex_vk_cmd_run(moex_vk_cmd *c, moex_error *err);
 void moex_vk_barrier(moex_vk_cmd *c);
+/* Names the ops recorded next (a string that outlives c) in the MOEX_VK_PROFILE=1
+ * table of GPU time per op, printed to stderr when c is freed. */
+void moex_vk_cmd_label(moex_vk_cmd *c, const char *label);
 void moex_vk_copy(moex_vk_cmd *c, moex_vk_buffer *dst, size_t doff, moex_vk_buffer *src, size_t soff, size_t n);
 /* Sets n bytes (a multiple of 4) at off to repeated value. */
 void moex_vk_fill(moex_vk_cmd *c, moex_vk_buffer *b, size_t off, size_t n, uint32_t value);

@@ -166,6 +166,19 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     in->f16 = f12.shaderFloat16;
     in->int_dot = has_extension(vk->pd, "VK_KHR_shader_integer_dot_product");
     in->shared_mem = p2.properties.limits.maxComputeSharedMemorySize;
+    uint32_t nq = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(vk->pd, &nq, NULL);
+    VkQueueFamilyProperties *qp = calloc(nq ? nq : 1, sizeof *qp);
+    if (qp) vkGetPhysicalDeviceQueueFamilyProperties(vk->pd, &nq, qp);
+    const bool timestamps = qp && vk->qfam < nq && qp[vk->qfam].timestampValidBits > 0 &&
+                            p2.properties.limits.timestampPeriod > 0;
+    free(qp);
+    vk->ts_period = p2.properties.limits.timestampPeriod;
+    vk->profile = vk_prof_wanted();
+    if (vk->profile && !timestamps) {
+        moex_log(MOEX_LOG_WARN, "vulkan profile: the queue has no timestamps, MOEX_VK_PROFILE ignored");
+        vk->profile = false;
+    }
     vk->api_version = p2.properties.apiVersion;
     vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->memprops);
     for (uint32_t i = 0; i < vk->memprops.memoryHeapCount; i++)
@@ -392,6 +405,7 @@ moex_vk_cmd *moex_vk_cmd_create(moex_vk *vk, moex_error *err) {
         return NULL;
     }
     c->vk = vk;
+    c->prof = vk_prof_create(vk);
     VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = vk->pool,
                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
     VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
@@ -405,6 +419,7 @@ moex_vk_cmd *moex_vk_cmd_create(moex_vk *vk, moex_error *err) {
 
 void moex_vk_cmd_free(moex_vk_cmd *c) {
     if (!c) return;
+    vk_prof_free(c);
     if (c->fence) vkDestroyFence(c->vk->dev, c->fence, NULL);
     if (c->cb) vkFreeCommandBuffers(c->vk->dev, c->vk->pool, 1, &c->cb);
     free(c);
@@ -416,6 +431,7 @@ int moex_vk_cmd_begin(moex_vk_cmd *c, moex_error *err) {
     c->recording = true;
     c->bound = VK_NULL_HANDLE;
     c->transfer_since_barrier = false;
+    if (c->prof) vk_prof_begin(c);
     return 0;
 }
 
@@ -432,8 +448,14 @@ int moex_vk_cmd_end(moex_vk_cmd *c, moex_error *err) {
 
 int moex_vk_cmd_run(moex_vk_cmd *c, moex_error *err) {
     if (c->recording && moex_vk_cmd_end(c, err)) return -1;
-    return vk_submit_wait(c->vk, c->cb, c->fence, err);
+    if (!c->prof) return vk_submit_wait(c->vk, c->cb, c->fence, err);
+    vk_prof_submitted(c);
+    if (vk_submit_wait(c->vk, c->cb, c->fence, err)) return -1;
+    vk_prof_collect(c);
+    return 0;
 }
+
+void moex_vk_cmd_label(moex_vk_cmd *c, const char *label) { c->label = label; }
 
 static void barrier(moex_vk_cmd *c, VkPipelineStageFlags src, VkPipelineStageFlags dst) {
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
@@ -461,9 +483,11 @@ void moex_vk_copy(moex_vk_cmd *c, moex_vk_buffer *dst, size_t doff, moex_vk_buff
     VkBufferCopy r = {.srcOffset = soff, .dstOffset = doff, .size = n};
     before_transfer(c);
     vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &r);
+    if (c->prof) vk_prof_mark(c, VK_NULL_HANDLE);
 }
 
 void moex_vk_fill(moex_vk_cmd *c, moex_vk_buffer *b, size_t off, size_t n, uint32_t value) {
     before_transfer(c);
     vkCmdFillBuffer(c->cb, b->buf, off, n, value);
+    if (c->prof) vk_prof_mark(c, VK_NULL_HANDLE);
 }

@@ -67,14 +67,20 @@ struct moex_vk {
     VkPipeline pipes[VK_K_COUNT][VK_TYPE_SLOTS][VK_MODES];
     moex_vk_buffer *actq;         /* activation rounding: regions for Q8_0, Q8_K, Q8_1 of actq_floats each */
     size_t actq_floats;
+    bool profile;                 /* MOEX_VK_PROFILE set and timestamps supported: recordings time their ops */
+    double ts_period;             /* ns per timestamp tick */
     moex_vk_buffer *staging;      /* uploads/downloads through it when memory is not mappable */
     VkCommandBuffer xfer_cmd;
     VkFence xfer_fence;
     int verbose;
 };
 
+typedef struct vk_prof vk_prof;
+
 struct moex_vk_cmd {
     moex_vk *vk;
+    vk_prof *prof;                 /* NULL unless profiling */
+    const char *label;             /* names the ops recorded next (moex_vk_cmd_label) */
     VkCommandBuffer cb;
     VkFence fence;
     VkPipeline bound;
@@ -85,6 +91,15 @@ struct moex_vk_cmd {
 /* vk_device.c */
 int vk_check(VkResult r, const char *what, moex_error *err);
 int vk_submit_wait(moex_vk *vk, VkCommandBuffer cb, VkFence fence, moex_error *err);
+
+/* vk_prof.c: timestamps around every op when MOEX_VK_PROFILE is set */
+bool vk_prof_wanted(void);
+vk_prof *vk_prof_create(moex_vk *vk);
+void vk_prof_begin(moex_vk_cmd *c);
+void vk_prof_mark(moex_vk_cmd *c, VkPipeline pipe);   /* after an op; pipe is VK_NULL_HANDLE for transfers */
+void vk_prof_submitted(moex_vk_cmd *c);
+void vk_prof_collect(moex_vk_cmd *c);
+void vk_prof_free(moex_vk_cmd *c);                   /* prints the table */
 
 /* vk_pipeline.c */
 int vk_type_slot(moex_type t);   /* -1 for types the GPU kernels do not read */

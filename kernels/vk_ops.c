@@ -33,6 +33,7 @@ void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uin
     }
     vkCmdPushConstants(c->cb, c->vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
     vkCmdDispatch(c->cb, gx, gy, gz);
+    if (c->prof) vk_prof_mark(c, p);
 }
 
 /* Dispatches must stay under the 65535 workgroups per dimension every device has. */

@@ -52,3 +52,9 @@ file(MAKE_DIRECTORY ${moex_vk_model_dir})
 # Speed (not a test): tests/vk/bench_h200.sh runs it on a GPU machine.
 add_executable(bench_vk ${CMAKE_CURRENT_LIST_DIR}/bench_vk.c)
 target_link_libraries(bench_vk PRIVATE moex_hub Threads::Threads ${MATH_LIB})
+
+# GPU timestamps per op (MOEX_VK_PROFILE=1): same model test, tables checked.
+add_test(NAME test_vk_profile COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/vk/check_vkprof.py
+         $<TARGET_FILE:test_vk_forward> ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
+set_tests_properties(test_vk_profile PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77 LABELS vulkan
+                     TIMEOUT 180 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")

@@ -244,10 +244,11 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--round]\n");
+        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--round] [--no-kernels]\n");
         return 2;
     }
     int n_p = 512, n_g = 128, reps = 3;
+    bool kernels = true;
     moex_vk_options o = {.device = -1, .verbose = true};
     for (int i = 2; i < argc; i++) {
         const bool has = i + 1 < argc;
@@ -256,6 +257,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-n") && has) n_g = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && has) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--round")) o.round_activations = true;
+        else if (!strcmp(argv[i], "--no-kernels")) kernels = false;
         else {
             fprintf(stderr, "bench_vk: unknown argument %s\n", argv[i]);
             return 2;
@@ -301,7 +303,7 @@ int main(int argc, char **argv) {
     }
     printf("pp%d_tok_s %.2f\ntg%d_tok_s %.2f\ntg%d_after_pp%d_tok_s %.2f\n", n_p, median(pp, reps), n_g,
            median(tg0, reps), n_g, n_p, median(tgd, reps));
-    bench_kernels(m, moex_vk_state_device(s));
+    if (kernels) bench_kernels(m, moex_vk_state_device(s));
     free(toks);
     moex_vk_state_free(s);
     moex_model_free(m);

@@ -11,8 +11,21 @@ void main() {
     const uint tid = gl_LocalInvocationID.x, r = gl_WorkGroupID.x;
     float bv = -3.4e38;
     uint bi = 0xffffffffu;
-    for (uint i = tid; i < pc.n; i += WG) {
-        const float v = pc.x.v[r * pc.stride + i];
+    // Four loads in flight per thread (one workgroup streams the whole row:
+    // 38 µs for 151936 logits on an H200 with one load at a time). Each
+    // thread still visits its indices in increasing order, so ties keep the lowest.
+    const uint base = r * pc.stride;
+    uint i = tid;
+    for (; i + 3u * WG < pc.n; i += 4u * WG) {
+        const float v0 = pc.x.v[base + i], v1 = pc.x.v[base + i + WG], v2 = pc.x.v[base + i + 2u * WG],
+                    v3 = pc.x.v[base + i + 3u * WG];
+        if (v0 > bv) { bv = v0; bi = i; }
+        if (v1 > bv) { bv = v1; bi = i + WG; }
+        if (v2 > bv) { bv = v2; bi = i + 2u * WG; }
+        if (v3 > bv) { bv = v3; bi = i + 3u * WG; }
+    }
+    for (; i < pc.n; i += WG) {
+        const float v = pc.x.v[base + i];
         if (v > bv) { bv = v; bi = i; }
     }
     rv[tid] = bv;

@@ -10,6 +10,8 @@
 #   llvk.tar.xz (llama.cpp's Vulkan libraries from npm @node-llama-cpp/linux-x64-vulkan).
 # Loaders: when no libvulkan.so.1 is installed, <repo>/.gl/*.deb are unpacked
 # (see the device tool's README). Output: "key value" lines.
+# MOEX_BENCH_QUICK=1 skips the correctness checks (step 1). Step 3 first runs
+# a short bench with MOEX_VK_PROFILE=1: GPU timestamps per op ("vkprof" lines).
 set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(cd "$1" && pwd)
@@ -31,6 +33,7 @@ echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x 
 
 # 1. correctness on this GPU (the same checks as the lavapipe suite)
 mkdir -p /tmp/vkm
+if [ "${MOEX_BENCH_QUICK:-0}" = 0 ]; then
 "$bin/moex-gguf" gen --arch qwen3moe --preset test --vocab "$repo/tests/data/vocab/ggml-vocab-llama-spm.gguf" \
     --type q4_K_M --seed 1 --quiet -o /tmp/vkm/qwen3moe.gguf
 "$bin/moex-gguf" gen --arch llama --preset test --vocab "$repo/tests/data/vocab/ggml-vocab-llama-spm.gguf" \
@@ -41,6 +44,7 @@ for t in "test_vk_layout" "test_vk_matmul" "test_vk_matmul --no-subgroup" "test_
     if $bin/$t > /tmp/vkm/log 2>&1; then echo "test ok: $t"; else echo "test FAILED: $t"; tail -n 15 /tmp/vkm/log; fi
 done
 grep -h "teacher-forced\|greedy" /tmp/vkm/log || true
+fi
 
 # 2. the Qwen3-30B-A3B-shaped model
 if [ ! -f "$model" ]; then
@@ -51,7 +55,10 @@ if [ ! -f "$model" ]; then
 fi
 echo "model_bytes $(stat -c %s "$model")"
 
-# 3. moex (Vulkan) then llama.cpp (Vulkan), same file, same measurements
+# 3. where a token's GPU time goes (timestamps slow it a little), then moex
+#    (Vulkan) and llama.cpp (Vulkan), same file, same measurements
+MOEX_VK_PROFILE=1 "$bin/bench_vk" "$model" -p 512 -n 32 -r 1 --no-kernels 2>&1 | grep -v "^bench_vk: rep" |
+    sed 's/^\([a-z]\)/profiled_\1/; s/^profiled_vkprof/vkprof/'
 "$bin/bench_vk" "$model" -p 512 -n 128 -r 3
 if [ -x "$bin/llama_bench_vk" ] && [ -f "$bin/llvk.tar.xz" ]; then
     mkdir -p /tmp/llvk
