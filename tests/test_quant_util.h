@@ -11,37 +11,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/kernels_internal.h"
-
-static int g_failures;
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);             \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-            g_failures++;                                                    \
-        }                                                                    \
-    } while (0)
-
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static inline uint64_t rng_next(rng *r) { /* splitmix64 */
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static inline double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
-
-static inline float rng_gauss(rng *r) {
-    double u1 = rng_uniform(r), u2 = rng_uniform(r);
-    if (u1 < 1e-300) u1 = 1e-300;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
+#include "tests/test_util.h"
 
 /* Gaussian rows with a per-row scale and occasional outliers (like weights). */
 static inline void fill_weights(rng *r, float *x, int64_t rows, int64_t cols) {
