@@ -13,50 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hub/hub.h"
+#include "hub/forward_vk_internal.h"
 
 #define CHUNK_BYTES ((size_t)1 << 30)
 #define STAGE_BYTES ((size_t)64 << 20)
 #define ALIGN 256
-#define N_RECORDINGS 4
-
-typedef struct vk_layer {
-    moex_vk_ptr attn_norm, ffn_norm, q_norm, k_norm;
-    moex_vk_matrix wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down, router;
-    moex_vk_experts experts;
-} vk_layer;
-
-typedef struct recording {
-    moex_vk_cmd *cmd;
-    int64_t n;
-    bool all_logits, copy_logits, valid;
-    uint64_t last_use;
-} recording;
-
-/* Offsets (bytes) into the activation buffer. */
-typedef struct act_plan {
-    size_t x, xn, q, k, v, att, attn_scratch, router_logits, counter, ids, gw, ex_scratch, ff_g, ff_u, argmax, total;
-} act_plan;
-
-struct moex_vk_state {
-    moex_vk *vk;
-    int64_t n_ctx, n_batch;
-    moex_vk_buffer **chunks;
-    int n_chunks;
-    moex_vk_buffer *kv, *act, *io, *logits_dev, *logits_host;
-    int64_t logit_rows;               /* rows logits_dev/logits_host hold */
-    act_plan a;
-    moex_vk_attn_shape sh;
-    vk_layer *layers;
-    moex_vk_matrix tok_embd, output;
-    moex_vk_ptr output_norm;
-    recording rec[N_RECORDINGS];
-    uint64_t clock;
-    int32_t last_argmax;
-};
-
-/* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
-enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
 
 /* ---- weight upload: place every tensor, allocate the chunks, copy through a staging buffer ---- */
 
@@ -318,83 +279,6 @@ static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err
     return rc;
 }
 
-/* ---- recording the forward pass ---- */
-
-#define ACT(field) (moex_vk_buffer_ptr(s->act) + s->a.field)
-#define IO(word) (moex_vk_buffer_ptr(s->io) + (word) * 4)
-
-static int record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err) {
-    const moex_hparams *hp = &m->hp;
-    const vk_layer *L = &s->layers[il];
-    const size_t layer_cache = (size_t)s->n_ctx * (size_t)hp->n_head_kv * hp->head_dim * 4;
-    const moex_vk_ptr kc = moex_vk_buffer_ptr(s->kv) + (size_t)il * layer_cache,
-                      vc = kc + (size_t)hp->n_layer * layer_cache;
-    moex_vk_cmd_label(c, "attn_norm_qkv");
-    if (moex_vk_norm_fusable(s->vk, n, hp->n_embd)) {   /* decode: each product normalises x itself */
-        if (moex_vk_op_norm_matmul(c, &L->wq, ACT(x), L->attn_norm, hp->rms_eps, ACT(q), 0, err) ||
-            moex_vk_op_norm_matmul(c, &L->wk, ACT(x), L->attn_norm, hp->rms_eps, ACT(k), 0, err) ||
-            moex_vk_op_norm_matmul(c, &L->wv, ACT(x), L->attn_norm, hp->rms_eps, ACT(v), 0, err))
-            return -1;
-    } else {
-        if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->attn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
-        moex_vk_barrier(c);
-        if (moex_vk_op_matmul(c, &L->wq, ACT(xn), n, ACT(q), 0, err) ||
-            moex_vk_op_matmul(c, &L->wk, ACT(xn), n, ACT(k), 0, err) ||
-            moex_vk_op_matmul(c, &L->wv, ACT(xn), n, ACT(v), 0, err))
-            return -1;
-    }
-    moex_vk_barrier(c);
-    moex_vk_cmd_label(c, "qk_norm_rope");
-    if (moex_vk_op_qk_rope(c, &s->sh, ACT(q), ACT(k), ACT(v), kc, vc, L->q_norm, L->k_norm, IO(IO_PARAMS), n, err))
-        return -1;
-    moex_vk_barrier(c);
-    moex_vk_cmd_label(c, "attention");
-    if (moex_vk_op_attention(c, &s->sh, ACT(q), kc, vc, ACT(att), ACT(attn_scratch), IO(IO_PARAMS), n, err)) return -1;
-    moex_vk_barrier(c);
-    /* x += Wo att: the residual add is fused into the product */
-    moex_vk_cmd_label(c, "attn_out");
-    if (moex_vk_op_matmul(c, &L->wo, ACT(att), n, ACT(x), ACT(x), err)) return -1;
-    moex_vk_barrier(c);
-    return 0;
-}
-
-static int record_ffn(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err) {
-    const moex_hparams *hp = &m->hp;
-    const vk_layer *L = &s->layers[il];
-    const bool moe = moex_hparams_is_moe(hp);
-    moex_vk_cmd_label(c, moe ? "ffn_norm_router" : "ffn_norm");
-    if (moe && moex_vk_norm_fusable(s->vk, n, hp->n_embd)) {   /* decode: the router normalises x and writes xn */
-        if (moex_vk_op_norm_router(c, &L->router, ACT(x), L->ffn_norm, hp->rms_eps, hp->n_expert_used, hp->norm_topk,
-                                   ACT(router_logits), ACT(counter), ACT(ids), ACT(gw), ACT(xn), err))
-            return -1;
-    } else {
-        if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->ffn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
-        moex_vk_barrier(c);
-    }
-    if (moe) {
-        if (!moex_vk_norm_fusable(s->vk, n, hp->n_embd) &&
-            moex_vk_op_router(c, &L->router, ACT(xn), n, hp->n_expert_used, hp->norm_topk, ACT(router_logits),
-                              ACT(counter), ACT(ids), ACT(gw), err))
-            return -1;
-        moex_vk_barrier(c);
-        moex_vk_cmd_label(c, "experts");
-        if (moex_vk_op_experts(c, &L->experts, ACT(xn), n, hp->n_expert_used, ACT(ids), ACT(gw), ACT(x), ACT(x),
-                               ACT(ex_scratch), err))
-            return -1;
-    } else {
-        moex_vk_cmd_label(c, "ffn");
-        if (moex_vk_op_matmul(c, &L->ffn_gate, ACT(xn), n, ACT(ff_g), 0, err) ||
-            moex_vk_op_matmul(c, &L->ffn_up, ACT(xn), n, ACT(ff_u), 0, err))
-            return -1;
-        moex_vk_barrier(c);
-        if (moex_vk_op_eltwise(c, 1, ACT(ff_g), ACT(ff_u), ACT(ff_g), n * hp->n_ff, err)) return -1;
-        moex_vk_barrier(c);
-        if (moex_vk_op_matmul(c, &L->ffn_down, ACT(ff_g), n, ACT(x), ACT(x), err)) return -1;
-    }
-    moex_vk_barrier(c);
-    return 0;
-}
-
 /* Grows the logit buffers to rows (only when a larger all-logits batch first appears). */
 static int reserve_logits(const moex_model *m, moex_vk_state *s, int64_t rows, moex_error *err) {
     if (rows <= s->logit_rows) return 0;
@@ -413,28 +297,13 @@ static int reserve_logits(const moex_model *m, moex_vk_state *s, int64_t rows, m
 
 static int record_forward(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits,
                           bool copy_logits, moex_error *err) {
-    const moex_hparams *hp = &m->hp;
-    const int64_t rows = all_logits ? n : 1, d = hp->n_embd;
-    if (moex_vk_cmd_begin(c, err)) return -1;
-    moex_vk_cmd_label(c, "embed");
-    if (moex_vk_op_dequant(c, &s->tok_embd, IO(IO_TOKENS), n, ACT(x), err)) return -1;
-    moex_vk_barrier(c);
-    for (int il = 0; il < hp->n_layer; il++)
-        if (record_attention(m, s, c, il, n, err) || record_ffn(m, s, c, il, n, err)) return -1;
-    moex_vk_cmd_label(c, "output_head");
-    const moex_vk_ptr last = ACT(x) + (size_t)(all_logits ? 0 : n - 1) * (size_t)d * 4;
-    /* The output norm is not fused into the head: with ~19000 workgroups each
-     * normalising x again, the fused head took 289 µs per token on an H200
-     * against 185 µs for the plain product (MOEX_VK_PROFILE=1). */
-    if (moex_vk_op_rmsnorm(c, ACT(xn), last, s->output_norm, rows, d, hp->rms_eps, err)) return -1;
-    moex_vk_barrier(c);
-    if (moex_vk_op_matmul(c, &s->output, ACT(xn), rows, moex_vk_buffer_ptr(s->logits_dev), 0, err)) return -1;
-    moex_vk_barrier(c);
-    const moex_vk_ptr last_row = moex_vk_buffer_ptr(s->logits_dev) + (size_t)(rows - 1) * (size_t)hp->n_vocab * 4;
-    moex_vk_cmd_label(c, "argmax");
-    if (moex_vk_op_argmax(c, last_row, 1, hp->n_vocab, hp->n_vocab, IO(IO_ARGMAX), err)) return -1;
+    if (moex_vk_cmd_begin(c, err) || vk_record_embed(m, s, c, n, err)) return -1;
+    for (int il = 0; il < m->hp.n_layer; il++)
+        if (vk_record_attention(m, s, c, il, n, err) || vk_record_ffn(m, s, c, il, n, err)) return -1;
+    if (vk_record_head(m, s, c, n, all_logits, err)) return -1;
     moex_vk_cmd_label(c, "logits_copy");
-    if (copy_logits) moex_vk_copy(c, s->logits_host, 0, s->logits_dev, 0, (size_t)rows * (size_t)hp->n_vocab * 4);
+    if (copy_logits)
+        moex_vk_copy(c, s->logits_host, 0, s->logits_dev, 0, (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);
     return moex_vk_cmd_end(c, err);
 }
 

@@ -17,7 +17,10 @@ _Static_assert(sizeof(vk_pc) == 112, "push constants must fit the 128 bytes ever
 
 typedef enum vk_kernel {
     VK_K_DEQUANT, VK_K_MV, VK_K_MM, VK_K_TOPK, VK_K_RMSNORM, VK_K_QKROPE, VK_K_ATTN, VK_K_ATTN_MERGE,
-    VK_K_MOE_SORT, VK_K_MOE_COMBINE, VK_K_ELTWISE, VK_K_ARGMAX, VK_K_ACTQ, VK_K_COUNT
+    VK_K_MOE_SORT, VK_K_MOE_COMBINE, VK_K_ELTWISE, VK_K_ARGMAX, VK_K_ACTQ,
+    VK_K_EXPERTS_MV,   /* experts_mv.comp: the decode expert FFN */
+    VK_K_MM_COOP,      /* mm_coop.comp: prompt-batch products on cooperative matrices */
+    VK_K_COUNT
 } vk_kernel;
 
 #define VK_MODES 16
@@ -108,8 +111,30 @@ void vk_pipelines_free(moex_vk *vk);
 int vk_pipeline_cache_open(moex_vk *vk);
 void vk_pipeline_cache_save(moex_vk *vk);
 
-/* vk_ops.c */
+/* vk_ops.c: the ops and the helpers every op file shares */
 int vk_norm_max_cols(const moex_vk *vk);   /* widest x the fused-norm products stage in shared memory */
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz);
+uint32_t vk_fbits(float f);                /* a float's bits, for push constants */
+uint32_t vk_ceil_div(int64_t a, int64_t b);
+int vk_mv_mode(int mode, const moex_vk_matrix *w, const moex_vk_matrix *w2);   /* mode | VK_MV_GENERIC when unaligned */
+uint32_t vk_mv_groups(int64_t rows, int mode);                                /* mv.comp workgroups along the rows */
+int vk_check_grid(int64_t gx, int64_t gy, int64_t gz, moex_error *err);
+int vk_check_matrix(const moex_vk_matrix *w, moex_error *err);
+/* x, or x rounded to the partner type of weight type t when rounding is on. */
+int vk_round_input(moex_vk_cmd *c, moex_type t, moex_vk_ptr x, int64_t rows, int64_t cols, moex_vk_ptr *out,
+                   moex_error *err);
+/* mv.comp / mm.comp push constants: w w2 x y r ids gw counter | rows cols n xs ys flags k estride n_expert. */
+vk_pc vk_mat_pc(const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int64_t xs, moex_vk_ptr y, int64_t ys,
+                moex_vk_ptr resid);
+
+/* vk_experts.c: scratch regions of the expert FFN */
+size_t vk_experts_h_bytes(const moex_vk_experts *e, int64_t n, int k);
+size_t vk_experts_po_bytes(const moex_vk_experts *e, int64_t n, int k);
+
+/* vk_mm.c: the tiled products for more than VK_MV_NMAX tokens (pc from vk_mat_pc) */
+int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err);
+int vk_router_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err);
+int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                     moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err);
 
 #endif

@@ -1,30 +1,29 @@
 /* Recording the kernels: each op checks its arguments, picks the variant
- * (type, mode, matrix-vector or tiled) and dispatches it. */
+ * (type, mode, matrix-vector or tiled) and dispatches it. The expert FFN is
+ * in vk_experts.c, the tiled (prompt batch) products in vk_mm.c. */
 #include <math.h>
 #include <string.h>
 
 #include "kernels/vk_internal.h"
 
-#define MM_TILE 64   /* BM = BN of mm.comp */
-
-static uint32_t fbits(float f) {
+uint32_t vk_fbits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-static uint32_t ceil_div(int64_t a, int64_t b) { return (uint32_t)((a + b - 1) / b); }
+uint32_t vk_ceil_div(int64_t a, int64_t b) { return (uint32_t)((a + b - 1) / b); }
 
 /* mv.comp reads Q4_K and f32 rows through 16-byte loads; weights placed at
  * other offsets take the 8-element variant of the same mode. */
-static int mv_mode(int mode, const moex_vk_matrix *w, const moex_vk_matrix *w2) {
+int vk_mv_mode(int mode, const moex_vk_matrix *w, const moex_vk_matrix *w2) {
     const bool wide = w->type == MOEX_TYPE_Q4_K || w->type == MOEX_TYPE_F32;
     const bool aligned = w->data % 16 == 0 && w->expert_stride % 16 == 0 && (!w2 || w2->data % 16 == 0);
     return wide && !aligned ? mode | VK_MV_GENERIC : mode;
 }
 
 /* Workgroups of mv.comp along the rows. */
-static uint32_t mv_groups(int64_t rows, int mode) { return ceil_div(rows, VK_MV_GROUPS * VK_MV_RPT(mode)); }
+uint32_t vk_mv_groups(int64_t rows, int mode) { return vk_ceil_div(rows, VK_MV_GROUPS * VK_MV_RPT(mode)); }
 
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
     if (c->bound != p) {
@@ -37,14 +36,14 @@ void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uin
 }
 
 /* Dispatches must stay under the 65535 workgroups per dimension every device has. */
-static int check_grid(int64_t gx, int64_t gy, int64_t gz, moex_error *err) {
+int vk_check_grid(int64_t gx, int64_t gy, int64_t gz, moex_error *err) {
     if (gx > 65535 || gy > 65535 || gz > 65535)
         return moex_fail(err, "vulkan: dispatch of %lldx%lldx%lld workgroups is too large (split the batch)",
                          (long long)gx, (long long)gy, (long long)gz);
     return 0;
 }
 
-static int check_matrix(const moex_vk_matrix *w, moex_error *err) {
+int vk_check_matrix(const moex_vk_matrix *w, moex_error *err) {
     if (!moex_vk_type_supported(w->type)) {
         const moex_type_traits *tt = moex_type_get(w->type);
         return moex_fail(err, "vulkan: no GPU kernels for tensor type %s", tt ? tt->name : "?");
@@ -73,7 +72,7 @@ int moex_vk_set_activation_rounding(moex_vk *vk, size_t max_floats, moex_error *
 /* The input a product of weight type t reads: x itself, or x rounded to the
  * partner type (when rounding is on) in its region of the rounding buffer.
  * Barriers on both sides: the region may still be read by the previous product. */
-static int round_input(moex_vk_cmd *c, moex_type t, moex_vk_ptr x, int64_t rows, int64_t cols, moex_vk_ptr *out,
+int vk_round_input(moex_vk_cmd *c, moex_type t, moex_vk_ptr x, int64_t rows, int64_t cols, moex_vk_ptr *out,
                        moex_error *err) {
     moex_vk *vk = c->vk;
     *out = x;
@@ -96,28 +95,28 @@ static int round_input(moex_vk_cmd *c, moex_type t, moex_vk_ptr x, int64_t rows,
 
 int moex_vk_op_dequant(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr ids, int64_t n, moex_vk_ptr out,
                        moex_error *err) {
-    if (check_matrix(w, err) || check_grid(ceil_div(w->cols / 8, 64), n, 1, err)) return -1;
+    if (vk_check_matrix(w, err) || vk_check_grid(vk_ceil_div(w->cols / 8, 64), n, 1, err)) return -1;
     if (!ids && n > w->rows) return moex_fail(err, "vulkan: dequant of %lld rows of a %lld-row matrix", (long long)n,
                                               (long long)w->rows);
     VkPipeline p = vk_pipeline(c->vk, VK_K_DEQUANT, w->type, 0, err);
     if (!p) return -1;
     vk_pc pc = {.p = {w->data, out, ids}, .u = {(uint32_t)w->cols, ids != 0}};
-    if (n > 0) vk_dispatch(c, p, &pc, ceil_div(w->cols / 8, 64), (uint32_t)n, 1);
+    if (n > 0) vk_dispatch(c, p, &pc, vk_ceil_div(w->cols / 8, 64), (uint32_t)n, 1);
     return 0;
 }
 
 int moex_vk_op_rmsnorm(moex_vk_cmd *c, moex_vk_ptr out, moex_vk_ptr x, moex_vk_ptr w, int64_t n_rows, int64_t dim,
                        float eps, moex_error *err) {
-    if (dim <= 0 || check_grid(n_rows, 1, 1, err)) return dim <= 0 ? moex_fail(err, "vulkan: rmsnorm of dim %lld", (long long)dim) : -1;
+    if (dim <= 0 || vk_check_grid(n_rows, 1, 1, err)) return dim <= 0 ? moex_fail(err, "vulkan: rmsnorm of dim %lld", (long long)dim) : -1;
     VkPipeline p = vk_pipeline(c->vk, VK_K_RMSNORM, 0, 0, err);
     if (!p) return -1;
-    vk_pc pc = {.p = {x, out, w}, .u = {(uint32_t)dim, w != 0, fbits(eps)}};
+    vk_pc pc = {.p = {x, out, w}, .u = {(uint32_t)dim, w != 0, vk_fbits(eps)}};
     if (n_rows > 0) vk_dispatch(c, p, &pc, (uint32_t)n_rows, 1, 1);
     return 0;
 }
 
 /* mv.comp / mm.comp push constants: w w2 x y r ids gw counter | rows cols n xs ys flags k estride n_expert. */
-static vk_pc mat_pc(const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int64_t xs, moex_vk_ptr y, int64_t ys,
+vk_pc vk_mat_pc(const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int64_t xs, moex_vk_ptr y, int64_t ys,
                     moex_vk_ptr resid) {
     vk_pc pc = {.p = {w->data, 0, x, y, resid}};
     pc.u[0] = (uint32_t)w->rows;
@@ -132,20 +131,17 @@ static vk_pc mat_pc(const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int64_t x
 
 int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, moex_vk_ptr y,
                       moex_vk_ptr resid, moex_error *err) {
-    if (check_matrix(w, err)) return -1;
+    if (vk_check_matrix(w, err)) return -1;
     if (n <= 0) return 0;
-    if (round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
-    vk_pc pc = mat_pc(w, x, n, w->cols, y, w->rows, resid);
+    if (vk_round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
+    vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);
     if (n <= VK_MV_NMAX) {
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode(0, w, NULL), err);
-        if (!p || check_grid(mv_groups(w->rows, 0), 1, 1, err)) return -1;
-        vk_dispatch(c, p, &pc, mv_groups(w->rows, 0), 1, 1);
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w, NULL), err);
+        if (!p || vk_check_grid(vk_mv_groups(w->rows, 0), 1, 1, err)) return -1;
+        vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 0), 1, 1);
         return 0;
     }
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err);
-    if (!p || check_grid(ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), 1, err)) return -1;
-    vk_dispatch(c, p, &pc, ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), 1);
-    return 0;
+    return vk_matmul_tiled(c, w, &pc, n, err);
 }
 
 /* Shared memory of the fused-norm products: x (NORM_MAXC floats) plus the
@@ -161,7 +157,7 @@ bool moex_vk_norm_fusable(const moex_vk *vk, int64_t n, int64_t dim) {
 }
 
 static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr nw, moex_error *err) {
-    if (check_matrix(w, err)) return -1;
+    if (vk_check_matrix(w, err)) return -1;
     if (!nw) return moex_fail(err, "vulkan: the fused RMSNorm needs its weight");
     if (!moex_vk_norm_fusable(c->vk, 1, w->cols))
         return moex_fail(err, "vulkan: RMSNorm of %lld columns cannot be fused here (rounding on or too wide)",
@@ -172,12 +168,12 @@ static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr
 int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
                            moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
     if (check_norm_fused(c, w, nw, err)) return -1;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode(0, w, NULL) | VK_MV_NORM, err);
-    if (!p || check_grid(mv_groups(w->rows, 0), 1, 1, err)) return -1;
-    vk_pc pc = mat_pc(w, x, 1, w->cols, y, w->rows, resid);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w, NULL) | VK_MV_NORM, err);
+    if (!p || vk_check_grid(vk_mv_groups(w->rows, 0), 1, 1, err)) return -1;
+    vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
     pc.p[1] = nw;
-    pc.u[9] = fbits(eps);
-    vk_dispatch(c, p, &pc, mv_groups(w->rows, 0), 1, 1);
+    pc.u[9] = vk_fbits(eps);
+    vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 0), 1, 1);
     return 0;
 }
 
@@ -188,14 +184,14 @@ int moex_vk_op_eltwise(moex_vk_cmd *c, int op, moex_vk_ptr a, moex_vk_ptr b, moe
     VkPipeline p = vk_pipeline(c->vk, VK_K_ELTWISE, 0, op, err);
     if (!p) return -1;
     vk_pc pc = {.p = {a, b, y}, .u = {(uint32_t)n}};
-    const uint32_t groups = ceil_div(n, 256), gx = groups < 65535 ? groups : 65535;
-    vk_dispatch(c, p, &pc, gx, ceil_div(groups, gx), 1);
+    const uint32_t groups = vk_ceil_div(n, 256), gx = groups < 65535 ? groups : 65535;
+    vk_dispatch(c, p, &pc, gx, vk_ceil_div(groups, gx), 1);
     return 0;
 }
 
 int moex_vk_op_argmax(moex_vk_cmd *c, moex_vk_ptr x, int64_t n_rows, int64_t n, int64_t stride, moex_vk_ptr out,
                       moex_error *err) {
-    if (n <= 0 || stride < n || check_grid(n_rows, 1, 1, err))
+    if (n <= 0 || stride < n || vk_check_grid(n_rows, 1, 1, err))
         return moex_fail(err, "vulkan: argmax over rows of %lld (stride %lld)", (long long)n, (long long)stride);
     VkPipeline p = vk_pipeline(c->vk, VK_K_ARGMAX, 0, 0, err);
     if (!p) return -1;
@@ -215,13 +211,13 @@ static int check_attn_shape(const moex_vk_attn_shape *sh, moex_error *err) {
 int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k, moex_vk_ptr v,
                        moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm, moex_vk_ptr k_norm,
                        moex_vk_ptr params, int64_t n, moex_error *err) {
-    if (check_attn_shape(sh, err) || check_grid(n, sh->n_head + sh->n_head_kv, 1, err)) return -1;
+    if (check_attn_shape(sh, err) || vk_check_grid(n, sh->n_head + sh->n_head_kv, 1, err)) return -1;
     if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
     VkPipeline p = vk_pipeline(c->vk, VK_K_QKROPE, 0, 0, err);
     if (!p) return -1;
     vk_pc pc = {.p = {q, k, v, k_cache, v_cache, params, q_norm, k_norm},
                 .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)sh->rope_dim,
-                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u), fbits(sh->rope_base), fbits(sh->rms_eps)}};
+                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u), vk_fbits(sh->rope_base), vk_fbits(sh->rms_eps)}};
     if (n > 0) vk_dispatch(c, p, &pc, (uint32_t)n, (uint32_t)(sh->n_head + sh->n_head_kv), 1);
     return 0;
 }
@@ -242,14 +238,14 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
                          moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr params, int64_t n,
                          moex_error *err) {
     const int64_t ns = attn_splits(sh, n), chunk = (sh->n_ctx + ns - 1) / ns;
-    if (check_attn_shape(sh, err) || check_grid(sh->n_head, n, ns, err)) return -1;
+    if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, n, ns, err)) return -1;
     if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
     VkPipeline pa = vk_pipeline(c->vk, VK_K_ATTN, 0, 0, err), pm = vk_pipeline(c->vk, VK_K_ATTN_MERGE, 0, 0, err);
     if (!pa || !pm) return -1;
     if (n <= 0) return 0;
     vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params},
                 .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)ns,
-                      (uint32_t)chunk, fbits(sh->scale)}};
+                      (uint32_t)chunk, vk_fbits(sh->scale)}};
     vk_dispatch(c, pa, &pc, (uint32_t)sh->n_head, (uint32_t)n, (uint32_t)ns);
     moex_vk_barrier(c);
     vk_pc pm_pc = {.p = {scratch, out}, .u = {(uint32_t)sh->n_head, (uint32_t)sh->head_dim, (uint32_t)ns}};
@@ -259,30 +255,25 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
 
 int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
                       moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err) {
-    if (check_matrix(w, err)) return -1;
+    if (vk_check_matrix(w, err)) return -1;
     if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows)
         return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts)", (long long)w->rows, k,
                          VK_MAX_EXPERTS);
     if (n <= 0) return 0;
-    if (round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
-    vk_pc pc = mat_pc(w, x, n, w->cols, logits, w->rows, 0);
+    if (vk_round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
+    vk_pc pc = vk_mat_pc(w, x, n, w->cols, logits, w->rows, 0);
     pc.p[5] = ids;
     pc.p[6] = weights;
     pc.p[7] = counter;
     pc.u[5] = norm ? 2u : 0u;
     pc.u[6] = (uint32_t)k;
     if (n <= VK_MV_NMAX) {   /* one dispatch: the last workgroup routes */
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode(3, w, NULL), err);
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w, NULL), err);
         if (!p) return -1;
-        vk_dispatch(c, p, &pc, mv_groups(w->rows, 3), 1, 1);
+        vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 3), 1, 1);
         return 0;
     }
-    VkPipeline pm = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err), pt = vk_pipeline(c->vk, VK_K_TOPK, 0, 0, err);
-    if (!pm || !pt || check_grid(ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), n, err)) return -1;
-    vk_dispatch(c, pm, &pc, ceil_div(w->rows, MM_TILE), ceil_div(n, MM_TILE), 1);
-    moex_vk_barrier(c);
-    vk_dispatch(c, pt, &pc, (uint32_t)n, 1, 1);
-    return 0;
+    return vk_router_tiled(c, w, &pc, n, err);
 }
 
 int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int k,
@@ -292,108 +283,16 @@ int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows || !xn)
         return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts; xn required)",
                          (long long)w->rows, k, VK_MAX_EXPERTS);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode(3, w, NULL) | VK_MV_NORM, err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w, NULL) | VK_MV_NORM, err);
     if (!p) return -1;
-    vk_pc pc = mat_pc(w, x, 1, w->cols, logits, w->rows, xn);
+    vk_pc pc = vk_mat_pc(w, x, 1, w->cols, logits, w->rows, xn);
     pc.p[1] = nw;
     pc.p[5] = ids;
     pc.p[6] = weights;
     pc.p[7] = counter;
     pc.u[5] = norm ? 2u : 0u;   /* bit 0 (add r) stays off: r is the xn output here */
     pc.u[6] = (uint32_t)k;
-    pc.u[9] = fbits(eps);
-    vk_dispatch(c, p, &pc, mv_groups(w->rows, 3), 1, 1);
+    pc.u[9] = vk_fbits(eps);
+    vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 3), 1, 1);
     return 0;
-}
-
-/* Scratch of the expert FFN: h (n*k x n_ff floats), then for batches on the
- * tiled path the per-pair outputs (n*k x d) and the grouping (2E + n*k ints). */
-static size_t experts_h_bytes(const moex_vk_experts *e, int64_t n, int k) {
-    return ((size_t)n * (size_t)k * (size_t)e->gate.rows * 4 + 255) & ~(size_t)255;
-}
-static size_t experts_po_bytes(const moex_vk_experts *e, int64_t n, int k) {
-    return ((size_t)n * (size_t)k * (size_t)e->down.rows * 4 + 255) & ~(size_t)255;
-}
-
-size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k) {
-    size_t s = experts_h_bytes(e, n, k);
-    if (n > VK_MV_NMAX) s += experts_po_bytes(e, n, k) + ((size_t)(2 * e->n_expert) + (size_t)n * (size_t)k) * 4;
-    return s;
-}
-
-static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
-    if (check_matrix(&e->gate, err) || check_matrix(&e->up, err) || check_matrix(&e->down, err)) return -1;
-    if (e->gate.type != e->up.type || e->gate.rows != e->up.rows || e->gate.cols != e->up.cols ||
-        e->gate.expert_stride != e->up.expert_stride || e->down.cols != e->gate.rows || e->down.rows != e->gate.cols)
-        return moex_fail(err, "vulkan: expert gate/up/down shapes or types do not match");
-    if (e->n_expert <= 0 || e->n_expert > VK_MAX_EXPERTS || k <= 0 || k > e->n_expert)
-        return moex_fail(err, "vulkan: %d experts choosing %d (at most %d experts)", e->n_expert, k, VK_MAX_EXPERTS);
-    if ((uint64_t)e->gate.expert_stride * (uint64_t)e->n_expert > UINT32_MAX ||
-        (uint64_t)e->down.expert_stride * (uint64_t)e->n_expert > UINT32_MAX)
-        return moex_fail(err, "vulkan: an expert tensor is over 4 GiB");
-    return 0;
-}
-
-/* Decode: gate+up per (token, slot), then down with the slot sum and residual fused. */
-static int experts_mv(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                      moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, moex_error *err) {
-    VkPipeline pg = vk_pipeline(c->vk, VK_K_MV, e->gate.type, mv_mode(1, &e->gate, &e->up), err),
-               pd = vk_pipeline(c->vk, VK_K_MV, e->down.type, mv_mode(2, &e->down, NULL), err);
-    if (!pg || !pd || round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
-    vk_pc pc = mat_pc(&e->gate, x, n, e->gate.cols, h, e->gate.rows, 0);
-    pc.p[1] = e->up.data;
-    pc.p[5] = ids;
-    pc.u[6] = (uint32_t)k;
-    vk_dispatch(c, pg, &pc, mv_groups(e->gate.rows, 1), (uint32_t)(n * k), 1);
-    moex_vk_barrier(c);
-    moex_vk_ptr hq;
-    if (round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
-    pc = mat_pc(&e->down, hq, n, e->down.cols, y, e->down.rows, resid);
-    pc.p[5] = ids;
-    pc.p[6] = weights;
-    pc.u[6] = (uint32_t)k;
-    vk_dispatch(c, pd, &pc, mv_groups(e->down.rows, 2), (uint32_t)n, 1);
-    return 0;
-}
-
-/* Batches: group pairs by expert, tiled gate+up and down per expert, then fold the slots in order. */
-static int experts_mm(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                      moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
-    const moex_vk_ptr h = scratch, po = h + experts_h_bytes(e, n, k), meta = po + experts_po_bytes(e, n, k);
-    moex_vk_ptr hq;
-    VkPipeline ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), pg = vk_pipeline(c->vk, VK_K_MM, e->gate.type, 1, err),
-               pd = vk_pipeline(c->vk, VK_K_MM, e->down.type, 2, err), pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
-    const uint32_t tiles_n = ceil_div(n, MM_TILE);
-    if (!ps || !pg || !pd || !pc_ || check_grid(ceil_div(e->down.rows, MM_TILE), tiles_n, e->n_expert, err)) return -1;
-    if (round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
-    vk_pc sort = {.p = {ids, meta}, .u = {(uint32_t)(n * k), (uint32_t)e->n_expert}};
-    vk_dispatch(c, ps, &sort, 1, 1, 1);
-    moex_vk_barrier(c);
-    vk_pc pc = mat_pc(&e->gate, x, n, e->gate.cols, h, e->gate.rows, 0);
-    pc.p[1] = e->up.data;
-    pc.p[5] = meta;
-    pc.u[6] = (uint32_t)k;
-    pc.u[8] = (uint32_t)e->n_expert;
-    vk_dispatch(c, pg, &pc, ceil_div(e->gate.rows, MM_TILE), tiles_n, (uint32_t)e->n_expert);
-    moex_vk_barrier(c);
-    if (round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
-    pc = mat_pc(&e->down, hq, n, e->down.cols, po, e->down.rows, 0);
-    pc.p[5] = meta;
-    pc.p[6] = weights;
-    pc.u[6] = (uint32_t)k;
-    pc.u[8] = (uint32_t)e->n_expert;
-    vk_dispatch(c, pd, &pc, ceil_div(e->down.rows, MM_TILE), tiles_n, (uint32_t)e->n_expert);
-    moex_vk_barrier(c);
-    vk_pc comb = {.p = {po, resid, y}, .u = {(uint32_t)e->down.rows, (uint32_t)k}};
-    vk_dispatch(c, pc_, &comb, ceil_div(e->down.rows, 256), (uint32_t)n, 1);
-    return 0;
-}
-
-int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                       moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
-    if (check_experts(e, k, err) || check_grid(mv_groups(e->gate.rows, 1), n * k, 1, err)) return -1;
-    if (!resid) return moex_fail(err, "vulkan: the expert FFN adds into a residual stream (resid required)");
-    if (n <= 0) return 0;
-    if (n <= VK_MV_NMAX) return experts_mv(c, e, x, n, k, ids, weights, resid, y, scratch, err);
-    return experts_mm(c, e, x, n, k, ids, weights, resid, y, scratch, err);
 }

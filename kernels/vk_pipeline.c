@@ -18,8 +18,13 @@ static const char *const kernel_file[VK_K_COUNT] = {
     [VK_K_RMSNORM] = "rmsnorm.comp", [VK_K_QKROPE] = "qkrope.comp", [VK_K_ATTN] = "attn.comp",
     [VK_K_ATTN_MERGE] = "attn_merge.comp", [VK_K_MOE_SORT] = "moe_sort.comp",
     [VK_K_MOE_COMBINE] = "moe_combine.comp", [VK_K_ELTWISE] = "eltwise.comp", [VK_K_ARGMAX] = "argmax.comp",
-    [VK_K_ACTQ] = "actq.comp",
+    [VK_K_ACTQ] = "actq.comp", [VK_K_EXPERTS_MV] = "experts_mv.comp", [VK_K_MM_COOP] = "mm_coop.comp",
 };
+
+/* Kernels specialised by weight type (TYPE, BLK, BLK_BYTES and _quant.comp). */
+static bool is_typed(vk_kernel k) {
+    return k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM || k == VK_K_EXPERTS_MV || k == VK_K_MM_COOP;
+}
 
 int vk_type_slot(moex_type t) {
     switch (t) {
@@ -99,7 +104,7 @@ static int block_bytes(moex_type t) { return moex_type_get(t)->block_bytes; }
 /* Full GLSL text of one variant. */
 static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
     strbuf b = {0};
-    const bool typed = k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM;
+    const bool typed = is_typed(k);
     const int m = k == VK_K_MV ? mode & 3 : mode;
     sb_printf(&b, "#version 450\n#define MAXE %d\n#define NMAX %d\n#define MODE %d\n#define OP %d\n",
               VK_MAX_EXPERTS, VK_MV_NMAX, m, m);
@@ -217,7 +222,7 @@ static uint32_t *get_spirv(moex_vk *vk, const char *src, const char *name, size_
 }
 
 VkPipeline vk_pipeline(moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
-    const bool typed = k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM;
+    const bool typed = is_typed(k);
     const int slot = typed ? vk_type_slot(type) : 0;
     if (slot < 0) {
         const moex_type_traits *tt = moex_type_get(type);

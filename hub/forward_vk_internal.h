@@ -1,0 +1,66 @@
+/* Private to hub/forward_vk*.c: the Vulkan forward state and the recording
+ * of each piece of a forward pass (forward_vk_record.c), which the local
+ * path (one recording per token) and the distributed path (one recording per
+ * layer segment) both assemble. */
+#ifndef MOEX_FORWARD_VK_INTERNAL_H
+#define MOEX_FORWARD_VK_INTERNAL_H
+
+#include "hub/hub.h"
+
+#define N_RECORDINGS 4
+
+typedef struct vk_layer {
+    moex_vk_ptr attn_norm, ffn_norm, q_norm, k_norm;
+    moex_vk_matrix wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down, router;
+    moex_vk_experts experts;
+} vk_layer;
+
+typedef struct recording {
+    moex_vk_cmd *cmd;
+    int64_t n;
+    bool all_logits, copy_logits, valid;
+    uint64_t last_use;
+} recording;
+
+/* Offsets (bytes) into the activation buffer. */
+typedef struct act_plan {
+    size_t x, xn, q, k, v, att, attn_scratch, router_logits, counter, ids, gw, ex_scratch, ff_g, ff_u, argmax, total;
+} act_plan;
+
+struct moex_vk_state {
+    moex_vk *vk;
+    int64_t n_ctx, n_batch;
+    moex_vk_buffer **chunks;
+    int n_chunks;
+    moex_vk_buffer *kv, *act, *io, *logits_dev, *logits_host;
+    int64_t logit_rows;               /* rows logits_dev/logits_host hold */
+    act_plan a;
+    moex_vk_attn_shape sh;
+    vk_layer *layers;
+    moex_vk_matrix tok_embd, output;
+    moex_vk_ptr output_norm;
+    recording rec[N_RECORDINGS];
+    uint64_t clock;
+    int32_t last_argmax;
+};
+
+/* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
+enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
+
+#define ACT(field) (moex_vk_buffer_ptr(s->act) + s->a.field)
+#define IO(word) (moex_vk_buffer_ptr(s->io) + (word) * 4)
+
+/* forward_vk_record.c: each appends its ops (and the barrier after them) to c. */
+int vk_record_embed(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, moex_error *err);
+/* Attention of layer il: x += Wo attention(norm(x)). */
+int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+/* MoE layers: xn = norm(x), then ids, gw = top-k of the router over xn. */
+int vk_record_router(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+/* MoE layers: x += experts(xn) over ids and gw (the experts on this GPU). */
+int vk_record_experts(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+/* The FFN of layer il: router + experts, or the dense FFN. */
+int vk_record_ffn(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+/* Output norm and head over the last token (or all when all_logits) into logits_dev, argmax into the I/O buffer. */
+int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits, moex_error *err);
+
+#endif

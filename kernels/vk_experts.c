@@ -1,0 +1,63 @@
+/* The expert FFN of MoE layers: many experts in one dispatch, indexed by the
+ * router's expert ids. Decode (a few tokens) runs the matrix-vector kernels
+ * here; prompt batches take the tiled path in vk_mm.c. */
+#include "kernels/vk_internal.h"
+
+/* Scratch of the expert FFN: h (n*k x n_ff floats), then for batches on the
+ * tiled path the per-pair outputs (n*k x d) and the grouping (2E + n*k ints). */
+size_t vk_experts_h_bytes(const moex_vk_experts *e, int64_t n, int k) {
+    return ((size_t)n * (size_t)k * (size_t)e->gate.rows * 4 + 255) & ~(size_t)255;
+}
+size_t vk_experts_po_bytes(const moex_vk_experts *e, int64_t n, int k) {
+    return ((size_t)n * (size_t)k * (size_t)e->down.rows * 4 + 255) & ~(size_t)255;
+}
+
+size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k) {
+    size_t s = vk_experts_h_bytes(e, n, k);
+    if (n > VK_MV_NMAX) s += vk_experts_po_bytes(e, n, k) + ((size_t)(2 * e->n_expert) + (size_t)n * (size_t)k) * 4;
+    return s;
+}
+
+static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
+    if (vk_check_matrix(&e->gate, err) || vk_check_matrix(&e->up, err) || vk_check_matrix(&e->down, err)) return -1;
+    if (e->gate.type != e->up.type || e->gate.rows != e->up.rows || e->gate.cols != e->up.cols ||
+        e->gate.expert_stride != e->up.expert_stride || e->down.cols != e->gate.rows || e->down.rows != e->gate.cols)
+        return moex_fail(err, "vulkan: expert gate/up/down shapes or types do not match");
+    if (e->n_expert <= 0 || e->n_expert > VK_MAX_EXPERTS || k <= 0 || k > e->n_expert)
+        return moex_fail(err, "vulkan: %d experts choosing %d (at most %d experts)", e->n_expert, k, VK_MAX_EXPERTS);
+    if ((uint64_t)e->gate.expert_stride * (uint64_t)e->n_expert > UINT32_MAX ||
+        (uint64_t)e->down.expert_stride * (uint64_t)e->n_expert > UINT32_MAX)
+        return moex_fail(err, "vulkan: an expert tensor is over 4 GiB");
+    return 0;
+}
+
+/* Decode: gate+up per (token, slot), then down with the slot sum and residual fused. */
+static int experts_mv(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                      moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, moex_error *err) {
+    VkPipeline pg = vk_pipeline(c->vk, VK_K_MV, e->gate.type, vk_mv_mode(1, &e->gate, &e->up), err),
+               pd = vk_pipeline(c->vk, VK_K_MV, e->down.type, vk_mv_mode(2, &e->down, NULL), err);
+    if (!pg || !pd || vk_round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
+    vk_pc pc = vk_mat_pc(&e->gate, x, n, e->gate.cols, h, e->gate.rows, 0);
+    pc.p[1] = e->up.data;
+    pc.p[5] = ids;
+    pc.u[6] = (uint32_t)k;
+    vk_dispatch(c, pg, &pc, vk_mv_groups(e->gate.rows, 1), (uint32_t)(n * k), 1);
+    moex_vk_barrier(c);
+    moex_vk_ptr hq;
+    if (vk_round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
+    pc = vk_mat_pc(&e->down, hq, n, e->down.cols, y, e->down.rows, resid);
+    pc.p[5] = ids;
+    pc.p[6] = weights;
+    pc.u[6] = (uint32_t)k;
+    vk_dispatch(c, pd, &pc, vk_mv_groups(e->down.rows, 2), (uint32_t)n, 1);
+    return 0;
+}
+
+int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                       moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
+    if (check_experts(e, k, err) || vk_check_grid(vk_mv_groups(e->gate.rows, 1), n * k, 1, err)) return -1;
+    if (!resid) return moex_fail(err, "vulkan: the expert FFN adds into a residual stream (resid required)");
+    if (n <= 0) return 0;
+    if (n <= VK_MV_NMAX) return experts_mv(c, e, x, n, k, ids, weights, resid, y, scratch, err);
+    return vk_experts_tiled(c, e, x, n, k, ids, weights, resid, y, scratch, err);
+}

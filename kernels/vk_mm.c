@@ -1,0 +1,55 @@
+/* Tiled matrix-matrix products for prompt batches (more than VK_MV_NMAX
+ * tokens): dense products, the router's logits and the expert FFN grouped by
+ * expert. mm.comp holds the kernels. */
+#include "kernels/vk_internal.h"
+
+#define MM_TILE 64   /* BM = BN of mm.comp */
+
+int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err) {
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err);
+    if (!p || vk_check_grid(vk_ceil_div(w->rows, MM_TILE), vk_ceil_div(n, MM_TILE), 1, err)) return -1;
+    vk_dispatch(c, p, pc, vk_ceil_div(w->rows, MM_TILE), vk_ceil_div(n, MM_TILE), 1);
+    return 0;
+}
+
+int vk_router_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err) {
+    VkPipeline pm = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err), pt = vk_pipeline(c->vk, VK_K_TOPK, 0, 0, err);
+    if (!pm || !pt || vk_check_grid(vk_ceil_div(w->rows, MM_TILE), vk_ceil_div(n, MM_TILE), n, err)) return -1;
+    vk_dispatch(c, pm, pc, vk_ceil_div(w->rows, MM_TILE), vk_ceil_div(n, MM_TILE), 1);
+    moex_vk_barrier(c);
+    vk_dispatch(c, pt, pc, (uint32_t)n, 1, 1);
+    return 0;
+}
+
+/* Batches: group pairs by expert, tiled gate+up and down per expert, then fold the slots in order. */
+int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                      moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
+    const moex_vk_ptr h = scratch, po = h + vk_experts_h_bytes(e, n, k), meta = po + vk_experts_po_bytes(e, n, k);
+    moex_vk_ptr hq;
+    VkPipeline ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), pg = vk_pipeline(c->vk, VK_K_MM, e->gate.type, 1, err),
+               pd = vk_pipeline(c->vk, VK_K_MM, e->down.type, 2, err), pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
+    const uint32_t tiles_n = vk_ceil_div(n, MM_TILE);
+    if (!ps || !pg || !pd || !pc_ || vk_check_grid(vk_ceil_div(e->down.rows, MM_TILE), tiles_n, e->n_expert, err)) return -1;
+    if (vk_round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
+    vk_pc sort = {.p = {ids, meta}, .u = {(uint32_t)(n * k), (uint32_t)e->n_expert}};
+    vk_dispatch(c, ps, &sort, 1, 1, 1);
+    moex_vk_barrier(c);
+    vk_pc pc = vk_mat_pc(&e->gate, x, n, e->gate.cols, h, e->gate.rows, 0);
+    pc.p[1] = e->up.data;
+    pc.p[5] = meta;
+    pc.u[6] = (uint32_t)k;
+    pc.u[8] = (uint32_t)e->n_expert;
+    vk_dispatch(c, pg, &pc, vk_ceil_div(e->gate.rows, MM_TILE), tiles_n, (uint32_t)e->n_expert);
+    moex_vk_barrier(c);
+    if (vk_round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
+    pc = vk_mat_pc(&e->down, hq, n, e->down.cols, po, e->down.rows, 0);
+    pc.p[5] = meta;
+    pc.p[6] = weights;
+    pc.u[6] = (uint32_t)k;
+    pc.u[8] = (uint32_t)e->n_expert;
+    vk_dispatch(c, pd, &pc, vk_ceil_div(e->down.rows, MM_TILE), tiles_n, (uint32_t)e->n_expert);
+    moex_vk_barrier(c);
+    vk_pc comb = {.p = {po, resid, y}, .u = {(uint32_t)e->down.rows, (uint32_t)k}};
+    vk_dispatch(c, pc_, &comb, vk_ceil_div(e->down.rows, 256), (uint32_t)n, 1);
+    return 0;
+}
