@@ -242,6 +242,7 @@ static void plan_activations(const moex_model *m, moex_vk_state *s) {
     size_t as = moex_vk_attention_scratch(&s->sh, s->n_batch), as1 = moex_vk_attention_scratch(&s->sh, 1);
     a->attn_scratch = take(&t, (as > as1 ? as : as1) * f);
     a->argmax = take(&t, 4);
+    a->sync = take(&t, SYNC_BYTES);
     if (moex_hparams_is_moe(hp)) {
         const int k = hp->n_expert_used;
         a->router_logits = take(&t, nb * (size_t)hp->n_expert * f);

@@ -8,6 +8,7 @@
 #include "hub/hub.h"
 
 #define N_RECORDINGS 4
+#define SYNC_BYTES ((size_t)64 << 10)
 
 typedef struct vk_layer {
     moex_vk_ptr attn_norm, ffn_norm, q_norm, k_norm;
@@ -24,7 +25,11 @@ typedef struct recording {
 
 /* Offsets (bytes) into the activation buffer. */
 typedef struct act_plan {
-    size_t x, xn, q, k, v, att, attn_scratch, router_logits, counter, ids, gw, ex_scratch, ff_g, ff_u, argmax, total;
+    size_t x, xn, q, k, v, att, attn_scratch, router_logits, counter, ids, gw, ex_scratch, ff_g, ff_u, argmax;
+    /* SYNC_BYTES of zeros for kernels' completion counters (last-workgroup
+     * patterns); a kernel that uses a counter resets it to 0 before it ends. */
+    size_t sync;
+    size_t total;
 } act_plan;
 
 struct moex_vk_state {
