@@ -10,16 +10,7 @@
 
 #include "common/common.h"
 
-static int g_failures;
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (!(cond)) {                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);  \
-            fprintf(stderr, __VA_ARGS__);                         \
-            fprintf(stderr, "\n");                                \
-            g_failures++;                                         \
-        }                                                         \
-    } while (0)
+#include "test_util.h"
 
 #define MAX_THREADS 8
 

@@ -11,32 +11,15 @@
 #include <string.h>
 #include <time.h>
 
-static int g_failures;
-
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (!(cond)) {                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                         \
-            fprintf(stderr, "\n");                                \
-            g_failures++;                                         \
-        }                                                         \
-    } while (0)
+#include "test_util.h"
 
 /* ---- random inputs ---- */
 
-static uint64_t g_rng;
-
-static uint64_t rng_next(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static rng g_rng;
 
 /* Uniform in [lo, hi). */
 static float rand_uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) * 0x1.0p-53);
+    return lo + (hi - lo) * (float)((double)(rng_next(&g_rng) >> 11) * 0x1.0p-53);
 }
 
 /* Approximately N(0, 1) (sum of 4 uniforms), enough for test data. */
@@ -316,7 +299,7 @@ static void test_attention(void) {
 int main(void) {
     const char *env = getenv("MOEX_TEST_SEED");
     const uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ (uint64_t)clock();
-    g_rng = seed;
+    g_rng.s = seed;
     printf("test_ops seed %llu (replay with MOEX_TEST_SEED)\n", (unsigned long long)seed);
     test_rmsnorm();
     test_softmax();

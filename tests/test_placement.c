@@ -7,16 +7,7 @@
 
 #include "placement/placement.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                         \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            failures++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
-            fprintf(stderr, __VA_ARGS__);                                        \
-            fprintf(stderr, "\n");                                               \
-        }                                                                        \
-    } while (0)
+#include "test_util.h"
 
 enum { LAYERS = 48, EXPERTS = 128, R = 2 };
 
@@ -286,7 +277,7 @@ int main(void) {
     test_weights();
     test_queries();
     test_bad_input();
-    if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
+    if (g_failures) fprintf(stderr, "%d check(s) failed\n", g_failures);
     else printf("all placement checks passed\n");
-    return failures != 0;
+    return g_failures != 0;
 }

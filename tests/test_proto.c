@@ -12,16 +12,7 @@
 #include "common/types.h"
 #include "proto/proto.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                         \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            failures++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
-            fprintf(stderr, __VA_ARGS__);                                        \
-            fprintf(stderr, "\n");                                               \
-        }                                                                        \
-    } while (0)
+#include "test_util.h"
 
 /* ---- helpers ---- */
 
@@ -702,7 +693,7 @@ int main(int argc, char **argv) {
     test_malformed_lz4();
     test_malformed_control();
     test_encoder_errors();
-    if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
+    if (g_failures) fprintf(stderr, "%d check(s) failed\n", g_failures);
     else printf("all proto checks passed\n");
-    return failures != 0;
+    return g_failures != 0;
 }

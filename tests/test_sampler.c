@@ -11,29 +11,12 @@
 #include <string.h>
 #include <time.h>
 
-static int g_failures;
+#include "test_util.h"
 
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (!(cond)) {                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                         \
-            fprintf(stderr, "\n");                                \
-            g_failures++;                                         \
-        }                                                         \
-    } while (0)
-
-static uint64_t g_rng;
-
-static uint64_t rng_next(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static rng g_rng;
 
 static float rand_uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) * 0x1.0p-53);
+    return lo + (hi - lo) * (float)((double)(rng_next(&g_rng) >> 11) * 0x1.0p-53);
 }
 
 static float *rand_logits(int32_t n, float lo, float hi) {
@@ -71,7 +54,7 @@ static void test_greedy(void) {
         CHECK(moex_sampler_sample(gneg, l) == want, "temp < 0 is not argmax");
         const float temps[] = {0.3f, 1.0f, 7.0f};
         for (int t = 0; t < 3; t++) {
-            moex_sampler *k1 = make(temps[t], 1, 0.9f, 0.0f, rng_next(), n);
+            moex_sampler *k1 = make(temps[t], 1, 0.9f, 0.0f, rng_next(&g_rng), n);
             CHECK(moex_sampler_sample(k1, l) == want, "top_k=1 at temp %g is not greedy", temps[t]);
             moex_sampler_free(k1);
         }
@@ -103,7 +86,7 @@ static void test_greedy(void) {
 static void test_determinism(void) {
     enum { N = 64, DRAWS = 1000 };
     float *l = rand_logits(N, -2.0f, 2.0f);
-    const uint64_t seed = rng_next();
+    const uint64_t seed = rng_next(&g_rng);
     moex_sampler *a = make(1.0f, 0, 1.0f, 0.0f, seed, N), *b = make(1.0f, 0, 1.0f, 0.0f, seed, N);
     moex_sampler *c = make(1.0f, 0, 1.0f, 0.0f, seed + 1, N);
     int same_ab = 1, same_ac = 1;
@@ -182,7 +165,7 @@ static void test_distribution(void) {
         char what[64];
         snprintf(what, sizeof what, "temp %.1f", temps[t]);
         ref_probs(p, l, all, N, temps[t]);
-        moex_sampler *s = make(temps[t], 0, 1.0f, 0.0f, rng_next(), N);
+        moex_sampler *s = make(temps[t], 0, 1.0f, 0.0f, rng_next(&g_rng), N);
         check_distribution(s, l, N, p, DRAWS, what);
         moex_sampler_free(s);
     }
@@ -197,7 +180,7 @@ static void test_distribution(void) {
             }
     for (int i = 0; i < N; i++) top3[order[i]] = i < 3;
     ref_probs(p, l, top3, N, 1.5);
-    moex_sampler *s = make(1.5f, 3, 1.0f, 0.0f, rng_next(), N);
+    moex_sampler *s = make(1.5f, 3, 1.0f, 0.0f, rng_next(&g_rng), N);
     check_distribution(s, l, N, p, DRAWS, "top_k 3, temp 1.5");
     moex_sampler_free(s);
 }
@@ -268,7 +251,7 @@ static void check_allowed(const char *what, const float *l, int32_t n, int top_k
     CHECK(expect_size < 0 || size == expect_size, "%s: reference allowed set %d, constructed for %d", what, size,
           expect_size);
     const float temp = 4.0f;
-    moex_sampler *s = make(temp, top_k, top_p, min_p, rng_next(), n);
+    moex_sampler *s = make(temp, top_k, top_p, min_p, rng_next(&g_rng), n);
     int outside = 0, distinct = 0;
     for (int i = 0; i < draws; i++) {
         const int32_t t = moex_sampler_sample(s, l);
@@ -287,7 +270,7 @@ static void test_filters(void) {
     {
         const int32_t n = 32000;
         float *l = rand_logits(n, -10.0f, 0.0f);
-        for (int i = 0; i < 10; i++) l[rng_next() % n] = 8.0f + (float)i * 0.3f;
+        for (int i = 0; i < 10; i++) l[rng_next(&g_rng) % n] = 8.0f + (float)i * 0.3f;
         check_allowed("top_p, peaked, 32000", l, n, 0, top_p_between(l, n, 6), 0.0f, 6, 2000);
         free(l);
     }
@@ -306,11 +289,11 @@ static void test_filters(void) {
         float *l = malloc((size_t)n * sizeof *l);
         int32_t inside = 0;
         for (int32_t i = 0; i < n; i++) {
-            const bool in = rng_next() % 1000 == 0;
+            const bool in = rng_next(&g_rng) % 1000 == 0;
             l[i] = in ? rand_uniform(cut + 0.2f, 0.0f) : rand_uniform(-12.0f, cut - 0.2f);
             inside += in;
         }
-        const int32_t top = (int32_t)(rng_next() % n);
+        const int32_t top = (int32_t)(rng_next(&g_rng) % n);
         if (l[top] < cut) inside++;
         l[top] = 0.0f;   /* the maximum, so the threshold sits at ln(min_p) */
         check_allowed("min_p 0.05, 20000", l, n, 0, 1.0f, min_p, inside, 2000);
@@ -320,7 +303,7 @@ static void test_filters(void) {
     {
         const int32_t n = 151936;
         float *l = rand_logits(n, -15.0f, 5.0f);
-        for (int i = 0; i < 30; i++) l[rng_next() % n] = rand_uniform(5.0f, 12.0f);
+        for (int i = 0; i < 30; i++) l[rng_next(&g_rng) % n] = rand_uniform(5.0f, 12.0f);
         check_allowed("top_k 40, top_p 0.9, min_p 0.01", l, n, 40, 0.9f, 0.01f, -1, 1000);
         check_allowed("top_k 20, top_p 0.5", l, n, 20, 0.5f, 0.0f, -1, 1000);
         free(l);
@@ -347,7 +330,7 @@ static void report_speed(void) {
 int main(void) {
     const char *env = getenv("MOEX_TEST_SEED");
     const uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ (uint64_t)clock();
-    g_rng = seed;
+    g_rng.s = seed;
     printf("test_sampler seed %llu (replay with MOEX_TEST_SEED)\n", (unsigned long long)seed);
     test_greedy();
     test_determinism();

@@ -10,16 +10,7 @@
 #include "common/tokenizer_impl.h"
 #include "common/unicode.h"
 
-static int g_failures = 0;
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, "\n");                                              \
-            g_failures++;                                                       \
-        }                                                                       \
-    } while (0)
+#include "test_util.h"
 
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");

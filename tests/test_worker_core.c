@@ -9,17 +9,7 @@
 
 #include "worker/worker.h"
 
-static int g_failures;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);           \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fprintf(stderr, "\n");                                         \
-            g_failures++;                                                  \
-        }                                                                  \
-    } while (0)
+#include "test_util.h"
 
 static uint64_t g_rng = 0x1234567;
 static double rand01(void) {

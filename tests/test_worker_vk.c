@@ -28,17 +28,7 @@
 #define FLIP_BOUND 2e-2    /* any row: one rounding step of the down product's input */
 #define MIN_TRACKING 0.9   /* share of rows within BOUND */
 
-static int g_failures;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);           \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fprintf(stderr, "\n");                                         \
-            g_failures++;                                                  \
-        }                                                                  \
-    } while (0)
+#include "test_util.h"
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static double rand01(void) {
