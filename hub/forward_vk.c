@@ -7,7 +7,9 @@
  * Memory plan (allocated once in moex_vk_state_create): weights in chunks of
  * at most 1 GiB (every device allows that allocation size), one KV cache,
  * one activation buffer sub-allocated statically, one host-visible I/O
- * buffer; all-position logits get a buffer sized on first use. */
+ * buffer; all-position logits get a buffer sized on first use. A state for
+ * the distributed hub (moex_vk_state_create_remote) skips the experts'
+ * weights and scratch; its layer segments live in forward_vk_dist.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,7 +189,7 @@ static int plan_weights(const moex_model *m, moex_vk_state *s, uploader *u, moex
             return -1;
         if (moex_hparams_is_moe(hp)) {
             if (add_matrix(u, &L->router, &ml->router, "ffn_gate_inp", il, err) ||
-                add_experts(u, L, ml, hp->n_expert, il, err))
+                (!s->experts_remote && add_experts(u, L, ml, hp->n_expert, il, err)))
                 return -1;
         } else if (add_matrix(u, &L->ffn_gate, &ml->ffn_gate, "ffn_gate", il, err) ||
                    add_matrix(u, &L->ffn_up, &ml->ffn_up, "ffn_up", il, err) ||
@@ -250,7 +252,8 @@ static void plan_activations(const moex_model *m, moex_vk_state *s) {
         a->ids = take(&t, nb * (size_t)k * 4);
         a->gw = take(&t, nb * (size_t)k * 4);
         const moex_vk_experts *ex = &s->layers[0].experts;
-        size_t e1 = moex_vk_experts_scratch(ex, s->n_batch, k), e2 = moex_vk_experts_scratch(ex, 1, k);
+        size_t e1 = 0, e2 = 0;
+        if (!s->experts_remote) e1 = moex_vk_experts_scratch(ex, s->n_batch, k), e2 = moex_vk_experts_scratch(ex, 1, k);
         a->ex_scratch = take(&t, e1 > e2 ? e1 : e2);
     } else {
         a->ff_g = take(&t, nb * (size_t)hp->n_ff * f);
@@ -288,6 +291,7 @@ static int reserve_logits(const moex_model *m, moex_vk_state *s, int64_t rows, m
     s->logits_host = NULL;
     s->logit_rows = 0;
     for (int i = 0; i < N_RECORDINGS; i++) s->rec[i].valid = false; /* they point at the old buffers */
+    vk_dist_invalidate(s);
     const size_t bytes = (size_t)rows * (size_t)m->hp.n_vocab * 4;
     if (!(s->logits_dev = moex_vk_buffer_create(s->vk, bytes, MOEX_VK_MEM_DEVICE, err)) ||
         !(s->logits_host = moex_vk_buffer_create(s->vk, bytes, MOEX_VK_MEM_HOST, err)))
@@ -334,6 +338,7 @@ int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
     if (moex_forward_check(m, s->n_batch, s->n_ctx, tokens, n, pos, err)) return -1;
     const int64_t rows = all_logits ? n : 1;
     if (reserve_logits(m, s, rows, err)) return -1;
+    if (vk_dist_active(s)) return vk_dist_forward(m, s, tokens, n, pos, all_logits, logits, err);
     moex_vk_cmd *c = get_recording(m, s, n, all_logits, logits != NULL, err);
     if (!c) return -1;
     int32_t *io = moex_vk_buffer_map(s->io);
@@ -369,8 +374,9 @@ static int set_rounding(const moex_model *m, moex_vk_state *s, moex_error *err) 
     return moex_vk_set_activation_rounding(s->vk, (size_t)(s->n_batch * w), err);
 }
 
-moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
-                                    moex_error *err) {
+/* experts_remote: the experts' weights stay off the GPU (an executor runs them). */
+static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
+                                   bool experts_remote, moex_error *err) {
     const moex_hparams *hp = &m->hp;
     if (n_ctx <= 0 || n_batch <= 0) {
         moex_fail(err, "context (%lld) and batch (%lld) must be positive", (long long)n_ctx, (long long)n_batch);
@@ -386,6 +392,7 @@ moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t 
     }
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
+    s->experts_remote = experts_remote && moex_hparams_is_moe(hp);
     s->sh = (moex_vk_attn_shape){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                                  .rope_dim = hp->rope_dim, .rope_base = hp->rope_freq_base, .rms_eps = hp->rms_eps,
                                  .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = hp->rope_neox,
@@ -398,8 +405,28 @@ moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t 
     return s;
 }
 
+moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
+                                    moex_error *err) {
+    return create_state(m, n_ctx, n_batch, opt, false, err);
+}
+
+moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch,
+                                           const moex_vk_options *opt, moex_expert_executor exec, moex_error *err) {
+    if (!exec.run) {
+        moex_fail(err, "vulkan: a state without the experts needs an expert executor");
+        return NULL;
+    }
+    moex_vk_state *s = create_state(m, n_ctx, n_batch, opt, true, err);
+    if (s && moex_vk_state_set_executor(m, s, exec, err)) {
+        moex_vk_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
 void moex_vk_state_free(moex_vk_state *s) {
     if (!s) return;
+    vk_dist_free(s);
     for (int i = 0; i < N_RECORDINGS; i++) moex_vk_cmd_free(s->rec[i].cmd);
     for (int i = 0; i < s->n_chunks; i++) moex_vk_buffer_free(s->chunks[i]);
     free(s->chunks);

@@ -10,6 +10,8 @@
 #define N_RECORDINGS 4
 #define SYNC_BYTES ((size_t)64 << 10)
 
+typedef struct vk_dist vk_dist;   /* forward_vk_dist.c */
+
 typedef struct vk_layer {
     moex_vk_ptr attn_norm, ffn_norm, q_norm, k_norm;
     moex_vk_matrix wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down, router;
@@ -47,6 +49,9 @@ struct moex_vk_state {
     recording rec[N_RECORDINGS];
     uint64_t clock;
     int32_t last_argmax;
+    /* Distributed path (forward_vk_dist.c): experts through an executor. */
+    bool experts_remote;              /* created without the experts' weights on the GPU */
+    vk_dist *dist;                    /* NULL until an executor is set */
 };
 
 /* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
@@ -67,5 +72,12 @@ int vk_record_experts(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int
 int vk_record_ffn(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
 /* Output norm and head over the last token (or all when all_logits) into logits_dev, argmax into the I/O buffer. */
 int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits, moex_error *err);
+
+/* forward_vk_dist.c: the forward pass as layer segments with the experts run by s->dist's executor. */
+bool vk_dist_active(const moex_vk_state *s);
+int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                    bool all_logits, float *logits, moex_error *err);
+void vk_dist_invalidate(moex_vk_state *s);   /* the logit buffers moved: record the head segments again */
+void vk_dist_free(moex_vk_state *s);
 
 #endif

@@ -4,6 +4,12 @@
  * recording per token (--local) or one per layer segment (distributed hub). */
 #include "hub/forward_vk_internal.h"
 
+/* Completion counters of the decode kernels in the zeroed sync region: the
+ * upper half (the lower is left to the other kernels' counters). Attention
+ * and the head never run at once, but each keeps its own words anyway. */
+#define SYNC_ATTN (SYNC_BYTES / 2)
+#define SYNC_HEAD (SYNC_BYTES / 2 + 4096)
+
 int vk_record_embed(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, moex_error *err) {
     (void)m;
     moex_vk_cmd_label(c, "embed");
@@ -19,20 +25,29 @@ int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, i
     const moex_vk_ptr kc = moex_vk_buffer_ptr(s->kv) + (size_t)il * layer_cache,
                       vc = kc + (size_t)hp->n_layer * layer_cache;
     moex_vk_cmd_label(c, "attn_norm_qkv");
-    if (moex_vk_norm_fusable(s->vk, n, hp->n_embd)) {   /* decode: each product normalises x itself */
-        if (moex_vk_op_norm_matmul(c, &L->wq, ACT(x), L->attn_norm, hp->rms_eps, ACT(q), 0, err) ||
-            moex_vk_op_norm_matmul(c, &L->wk, ACT(x), L->attn_norm, hp->rms_eps, ACT(k), 0, err) ||
-            moex_vk_op_norm_matmul(c, &L->wv, ACT(x), L->attn_norm, hp->rms_eps, ACT(v), 0, err))
-            return -1;
-    } else {
-        if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->attn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
-        moex_vk_barrier(c);
-        if (moex_vk_op_matmul(c, &L->wq, ACT(xn), n, ACT(q), 0, err) ||
-            moex_vk_op_matmul(c, &L->wk, ACT(xn), n, ACT(k), 0, err) ||
-            moex_vk_op_matmul(c, &L->wv, ACT(xn), n, ACT(v), 0, err))
-            return -1;
-    }
+    /* Decode normalises x once and runs the plain products: with the norm
+     * fused, each of q's 2048 row groups also reads the norm weight beside x,
+     * and the three products took 21.5 µs against 17.9 µs for rmsnorm +
+     * barrier + products (H200, tests/vk/bench_decode.c). */
+    if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->attn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
     moex_vk_barrier(c);
+    if (moex_vk_op_matmul(c, &L->wq, ACT(xn), n, ACT(q), 0, err) ||
+        moex_vk_op_matmul(c, &L->wk, ACT(xn), n, ACT(k), 0, err) ||
+        moex_vk_op_matmul(c, &L->wv, ACT(xn), n, ACT(v), 0, err))
+        return -1;
+    moex_vk_barrier(c);
+    if (n == 1 && (size_t)s->sh.n_head * 4 <= SYNC_HEAD - SYNC_ATTN) {
+        /* decode: QK-norm, RoPE, KV append, attention and merge in one dispatch, the result over q */
+        moex_vk_cmd_label(c, "attention");
+        if (moex_vk_op_attention_decode(c, &s->sh, ACT(q), ACT(k), ACT(v), kc, vc, L->q_norm, L->k_norm,
+                                        ACT(attn_scratch), ACT(sync) + SYNC_ATTN, IO(IO_PARAMS), err))
+            return -1;
+        moex_vk_barrier(c);
+        moex_vk_cmd_label(c, "attn_out");
+        if (moex_vk_op_matmul(c, &L->wo, ACT(q), n, ACT(x), ACT(x), err)) return -1;
+        moex_vk_barrier(c);
+        return 0;
+    }
     moex_vk_cmd_label(c, "qk_norm_rope");
     if (moex_vk_op_qk_rope(c, &s->sh, ACT(q), ACT(k), ACT(v), kc, vc, L->q_norm, L->k_norm, IO(IO_PARAMS), n, err))
         return -1;
@@ -110,6 +125,15 @@ int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_
      * against 185 µs for the plain product (MOEX_VK_PROFILE=1). */
     if (moex_vk_op_rmsnorm(c, ACT(xn), last, s->output_norm, rows, d, hp->rms_eps, err)) return -1;
     moex_vk_barrier(c);
+    const size_t head_sync = SYNC_BYTES - SYNC_HEAD;
+    if (rows == 1 && moex_vk_argmax_sync_bytes(s->output.rows) <= head_sync) {
+        /* one row of logits: the argmax rides on the head (its last workgroups reduce the maxima) */
+        if (moex_vk_op_matmul_argmax(c, &s->output, ACT(xn), 0, 0.0f, moex_vk_buffer_ptr(s->logits_dev), IO(IO_ARGMAX),
+                                     ACT(sync) + SYNC_HEAD, head_sync, err))
+            return -1;
+        moex_vk_barrier(c);
+        return 0;
+    }
     if (moex_vk_op_matmul(c, &s->output, ACT(xn), rows, moex_vk_buffer_ptr(s->logits_dev), 0, err)) return -1;
     moex_vk_barrier(c);
     const moex_vk_ptr last_row = moex_vk_buffer_ptr(s->logits_dev) + (size_t)(rows - 1) * (size_t)hp->n_vocab * 4;

@@ -32,6 +32,7 @@ static void on_signal(int sig) { interrupted = sig; }
 static void usage(FILE *f) {
     fprintf(f,
             "usage: moex-hub --local -m MODEL.gguf (-p TEXT | --prompt-tokens A,B,C) [options]\n"
+            "       moex-hub -m MODEL.gguf [--backend vulkan] --port P --token T [-p TEXT] [options]  (distributed)\n"
             "  -m, --model FILE        GGUF model\n"
             "  -p, --prompt TEXT       prompt text (special tokens like <|im_start|> are parsed; --no-special to spell them)\n"
             "  --prompt-tokens LIST    prompt as comma-separated token ids (bypasses the tokenizer)\n"
@@ -50,7 +51,9 @@ static void usage(FILE *f) {
             "  --wire-dtype T          expert inputs/outputs as f16 (default), bf16, int8, f32, or exact (--local only);\n"
             "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"
             "  --local                 run the whole model in this process\n"
-            "  --backend cpu|vulkan    where --local runs (default cpu); --device N picks the GPU (default: best)\n"
+            "  --backend cpu|vulkan    where the hub's part runs (default cpu); --device N picks the GPU (default: best).\n"
+            "                          vulkan with --local: the whole model on the GPU; without --local: embeddings,\n"
+            "                          attention, norms, router and head on the GPU, the experts on the workers\n"
             "  --list-devices          list the Vulkan devices and exit\n"
             "distributed (without --local): serve workers, and generate once --min-workers are ready\n"
             "  --host ADDR             listen address (default 127.0.0.1)\n"
@@ -249,10 +252,6 @@ static int parse_args(int argc, char **argv, options *o) {
         fprintf(stderr, "moex-hub: --local needs a prompt: -p TEXT or --prompt-tokens A,B,C\n");
         return -1;
     }
-    if (o->vulkan && !o->local) {
-        fprintf(stderr, "moex-hub: --backend vulkan runs with --local (the distributed hub on Vulkan is not built yet)\n");
-        return -1;
-    }
     if (!o->local && o->wire_dtype == MOEX_WIRE_EXACT) {
         fprintf(stderr, "moex-hub: --wire-dtype exact exists only with --local; workers need a wire dtype\n");
         return -1;
@@ -414,8 +413,13 @@ static int run(const options *o) {
         }
     }
     if (o->vulkan) {
-        moex_vk_options vo = {.device = o->device};
-        if (!(vk.vs = moex_vk_state_create(m, n_ctx, o->n_batch, &vo, &err))) {
+        /* distributed: products round their inputs to 8 bits as the CPU does, so hub + workers print the tokens
+         * of --local (the workers' experts see the same xn); --local keeps the faster f32 activations */
+        moex_vk_options vo = {.device = o->device, .round_activations = hub != NULL};
+        /* distributed: the experts' weights stay off the GPU, the workers (or this CPU, as fallback) run them */
+        vk.vs = hub ? moex_vk_state_create_remote(m, n_ctx, o->n_batch, &vo, moex_hub_executor(hub), &err)
+                    : moex_vk_state_create(m, n_ctx, o->n_batch, &vo, &err);
+        if (!vk.vs) {
             fprintf(stderr, "moex-hub: Vulkan: %s\n", err.msg);
             goto done;
         }

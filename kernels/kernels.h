@@ -109,6 +109,12 @@ typedef struct moex_vk_info {
     bool int_dot;                 /* VK_KHR_shader_integer_dot_product */
     uint32_t shared_mem;          /* bytes of shared memory per workgroup */
     uint64_t device_mem;          /* bytes of the largest device-local heap */
+    /* Prompt-batch products on cooperative matrices (f16 x f16 -> f32, tiles of
+     * coop_m x coop_n x coop_k): 0 no (the f32 tiles), 1 VK_NV_cooperative_matrix
+     * (tensor cores), 2 emulated in shared memory (MOEX_VK_COOP_EMULATE=1 on a
+     * device without them: tests the kernel in CI). MOEX_VK_NO_COOP=1 forces 0. */
+    int coop;
+    uint32_t coop_m, coop_n, coop_k;
 } moex_vk_info;
 
 /* Writes one line per device ("N: name (type)") into buf; returns the count or -1. */
@@ -195,17 +201,29 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
                          moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr params, int64_t n,
                          moex_error *err);
 
+/* One decode token's whole attention step in one dispatch: QK-norm and RoPE
+ * of q and of the new k at position params[0], the KV append (k, v: one
+ * row of n_head_kv x head_dim each), split-K attention over positions
+ * 0..params[0] and the merge of the splits. The result overwrites q.
+ * scratch: moex_vk_attention_scratch(sh, 1) floats; counters: n_head
+ * uint32 that must be 0 (left at 0). */
+int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
+                                moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
+                                moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params,
+                                moex_error *err);
+
 /* Router in one dispatch for small batches: logits = W x, softmax, top-k
  * (ties: lower id), renormalised when norm. ids/weights: n x k. logits: n x
  * n_expert floats; counter: one uint32 that must start at 0 (left at 0). */
 int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
                       moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err);
 
-/* Decode with the RMSNorm fused into the next product's prologue (each
- * workgroup normalises x itself: one dispatch instead of rmsnorm + barrier +
- * product). x is one token's row of w->cols floats, normalised with weight
- * nw (required) and eps. moex_vk_norm_fusable says whether the fused kernels
- * apply: n == 1, activation rounding off, dim small enough for shared memory. */
+/* Decode with the RMSNorm fused into the product (each row group sums x^2
+ * as it reads x and scales its dots: one dispatch instead of rmsnorm +
+ * barrier + product). x is one token's row of w->cols floats, normalised
+ * with weight nw (required) and eps; x and nw 16-byte aligned.
+ * moex_vk_norm_fusable says whether the fused kernels apply: n == 1,
+ * activation rounding off, dim a multiple of 4. */
 bool moex_vk_norm_fusable(const moex_vk *vk, int64_t n, int64_t dim);
 /* y = W (rmsnorm(x) * nw) (+ resid) for one token. */
 int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
@@ -214,6 +232,13 @@ int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
 int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int k,
                            bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,
                            moex_vk_ptr xn, moex_error *err);
+
+/* Decode head: y = W (rmsnorm(x) * nw) (nw 0: y = W x) for one token, and the
+ * index of the largest y (ties: lower) into out (int32), in one dispatch.
+ * sync: moex_vk_argmax_sync_bytes(w->rows) bytes of zeros (left zero). */
+size_t moex_vk_argmax_sync_bytes(int64_t rows);
+int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
+                             moex_vk_ptr y, moex_vk_ptr out, moex_vk_ptr sync, size_t sync_bytes, moex_error *err);
 
 typedef struct moex_vk_experts {
     moex_vk_matrix gate, up, down;   /* expert tensors: gate/up n_ff x d, down d x n_ff */
@@ -225,5 +250,28 @@ size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k);
  * summed in slot order; y may be resid. */
 int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                        moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err);
+
+/* Host <-> GPU hand-offs without a submit on the critical path (kernels/vk_timeline.c):
+ * recordings are submitted ahead on one Vulkan 1.2 timeline semaphore, each
+ * starting once the semaphore reaches its wait value (signalled by the host or
+ * by an earlier recording) and setting it to its signal value when done. */
+typedef struct moex_vk_timeline moex_vk_timeline;
+/* Whether the device has timeline semaphores (moex_vk_timeline_create fails otherwise). */
+bool moex_vk_timeline_supported(const moex_vk *vk);
+/* max_pending: most recordings in flight at once (their profiles are collected by moex_vk_timeline_wait). */
+moex_vk_timeline *moex_vk_timeline_create(moex_vk *vk, int max_pending, moex_error *err);
+void moex_vk_timeline_free(moex_vk_timeline *t);   /* waits for the queue first */
+uint64_t moex_vk_timeline_value(const moex_vk_timeline *t);   /* the semaphore's current value */
+/* One vkQueueSubmit of n ended recordings; cmds[i] waits for waits[i] (0: none) and signals signals[i]. */
+int moex_vk_timeline_submit(moex_vk_timeline *t, moex_vk_cmd *const *cmds, const uint64_t *waits,
+                            const uint64_t *signals, int n, moex_error *err);
+int moex_vk_timeline_signal(moex_vk_timeline *t, uint64_t value, moex_error *err);   /* from the host */
+/* Blocks until the semaphore reaches value; host reads of what those recordings wrote are then safe. */
+int moex_vk_timeline_wait(moex_vk_timeline *t, uint64_t value, moex_error *err);
+/* Host writes made after a recording was submitted (into host-visible memory,
+ * before a host signal it waits for) become visible to its later commands:
+ * a host signal, unlike vkQueueSubmit, carries no host-to-device memory
+ * domain operation, and the GPU may still cache the buffer from earlier reads. */
+void moex_vk_host_write_barrier(moex_vk_cmd *c);
 
 #endif

@@ -149,6 +149,69 @@ static bool has_extension(VkPhysicalDevice pd, const char *name) {
     return found;
 }
 
+/* Shared memory of mm_coop.comp's largest variant (gate+up): weight and up
+ * tiles, activations (f16, rows padded by 8), accumulator staging, row maps. */
+static uint32_t coop_shared_bytes(uint32_t bm) {
+    const uint32_t lds = VK_COOP_BK + 8;
+    return 2u * bm * lds * 2u + VK_COOP_BN * lds * 2u + 4u * 16u * 16u * 4u + 2u * VK_COOP_BN * 4u;
+}
+
+/* The NV cooperative-matrix shape mm_coop.comp uses: f16 x f16 -> f32 on a
+ * subgroup, 16 x 16 x 16 (or 16 x 8 x 16); 0 when the device lists neither. */
+static uint32_t coop_pick_n(moex_vk *vk) {
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV get = (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)
+        vkGetInstanceProcAddr(vk->inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV");
+    uint32_t n = 0, best = 0;
+    if (!get || get(vk->pd, &n, NULL) != VK_SUCCESS || n == 0) return 0;
+    VkCooperativeMatrixPropertiesNV *p = calloc(n, sizeof *p);
+    if (!p) return 0;
+    for (uint32_t i = 0; i < n; i++) p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
+    if (get(vk->pd, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++)
+            if (p[i].MSize == 16 && p[i].KSize == 16 && (p[i].NSize == 16 || p[i].NSize == 8) &&
+                p[i].AType == VK_COMPONENT_TYPE_FLOAT16_NV && p[i].BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                p[i].CType == VK_COMPONENT_TYPE_FLOAT32_NV && p[i].DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                p[i].scope == VK_SCOPE_SUBGROUP_NV && p[i].NSize > best)
+                best = p[i].NSize;
+    free(p);
+    return best;
+}
+
+static bool env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Cooperative matrices for the prompt-batch products: the extension and its
+ * feature for compute, the Vulkan memory model its SPIR-V declares, f16
+ * arithmetic, 32-wide subgroups (mm_coop.comp's warps) and enough shared memory. */
+static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12) {
+    moex_vk_info *in = &vk->info;
+    const char *bm = getenv("MOEX_VK_COOP_BM");   /* tile rows, for comparisons: 64 (default) or 128 */
+    vk->coop_bm = bm && atoi(bm) == 128 ? 128 : VK_COOP_BM;
+    if (env_on("MOEX_VK_NO_COOP") || !f12->shaderFloat16 || in->shared_mem < coop_shared_bytes((uint32_t)vk->coop_bm))
+        return;
+    if (f12->vulkanMemoryModel && in->subgroup_size == 32 && has_extension(vk->pd, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME)) {
+        VkPhysicalDeviceCooperativeMatrixFeaturesNV cf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+        VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &cf};
+        vkGetPhysicalDeviceFeatures2(vk->pd, &f);
+        VkPhysicalDeviceCooperativeMatrixPropertiesNV cp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &cp};
+        vkGetPhysicalDeviceProperties2(vk->pd, &p2);
+        const uint32_t n = cf.cooperativeMatrix && (cp.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT)
+                               ? coop_pick_n(vk) : 0;
+        if (n) {
+            in->coop = 1;
+            in->coop_m = 16, in->coop_n = n, in->coop_k = 16;
+            return;
+        }
+    }
+    if (env_on("MOEX_VK_COOP_EMULATE")) {
+        in->coop = 2;
+        in->coop_m = 16, in->coop_n = 16, in->coop_k = 16;
+    }
+}
+
 /* Capabilities that choose kernel variants. */
 static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
@@ -190,6 +253,7 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     const uint32_t s = sg.subgroupSize;
     vk->use_subgroup = !opt->no_subgroup && in->subgroup_arith && s >= 8 && s <= 64 && (s & (s - 1)) == 0;
     vk->tpr = vk->use_subgroup ? (int)s : 32;
+    read_coop(vk, &f12);
 }
 
 static int make_device(moex_vk *vk, moex_error *err) {
@@ -201,11 +265,22 @@ static int make_device(moex_vk *vk, moex_error *err) {
     vkGetPhysicalDeviceFeatures2(vk->pd, &have);
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
                                             .bufferDeviceAddress = VK_TRUE,
-                                            .scalarBlockLayout = have12.scalarBlockLayout};
+                                            .scalarBlockLayout = have12.scalarBlockLayout,
+                                            .timelineSemaphore = have12.timelineSemaphore};   /* vk_timeline.c */
     VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
     f.features.shaderInt64 = have.features.shaderInt64;
+    /* mm_coop.comp: f16 in shared memory; on the matrix unit also the extension and the Vulkan memory model */
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
+                                                      .cooperativeMatrix = VK_TRUE};
+    const char *coop_ext = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+    f12.shaderFloat16 = vk->info.coop != 0;
+    if (vk->info.coop == 1) {
+        f12.vulkanMemoryModel = VK_TRUE;
+        f12.pNext = &cf;
+    }
     VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f, .queueCreateInfoCount = 1,
-                              .pQueueCreateInfos = &qci};
+                              .pQueueCreateInfos = &qci, .enabledExtensionCount = vk->info.coop == 1,
+                              .ppEnabledExtensionNames = &coop_ext};
     if (vk_check(vkCreateDevice(vk->pd, &dci, NULL, &vk->dev), "vkCreateDevice", err)) return -1;
     vkGetDeviceQueue(vk->dev, vk->qfam, 0, &vk->queue);
     VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
@@ -252,9 +327,12 @@ moex_vk *moex_vk_create(const moex_vk_options *opt, moex_error *err) {
     }
     vk_pipeline_cache_open(vk);
     if (vk->verbose)
-        moex_log(MOEX_LOG_INFO, "vulkan: %s (%s), subgroup %u%s, f16 %d, int dot %d, shared %u KiB, %.1f GiB",
-                 vk->info.name, vk->info.type, vk->info.subgroup_size, vk->use_subgroup ? " (reductions)" : "",
-                 vk->info.f16, vk->info.int_dot, vk->info.shared_mem >> 10, vk->info.device_mem / 1073741824.0);
+        moex_log(MOEX_LOG_INFO, "vulkan: %s (%s), subgroup %u%s, f16 %d, int dot %d, shared %u KiB, %.1f GiB, "
+                 "coop %s %ux%ux%u", vk->info.name, vk->info.type, vk->info.subgroup_size,
+                 vk->use_subgroup ? " (reductions)" : "", vk->info.f16, vk->info.int_dot, vk->info.shared_mem >> 10,
+                 vk->info.device_mem / 1073741824.0,
+                 vk->info.coop == 1 ? "nv" : vk->info.coop == 2 ? "emulated" : "off", vk->info.coop_m,
+                 vk->info.coop_n, vk->info.coop_k);
     return vk;
 }
 

@@ -1,6 +1,7 @@
 /* The expert FFN of MoE layers: many experts in one dispatch, indexed by the
  * router's expert ids. Decode (a few tokens) runs the matrix-vector kernels
  * here; prompt batches take the tiled path in vk_mm.c. */
+#include "kernels/vk_experts.h"
 #include "kernels/vk_internal.h"
 
 /* Scratch of the expert FFN: h (n*k x n_ff floats), then for batches on the
@@ -31,9 +32,11 @@ static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
     return 0;
 }
 
-/* Decode: gate+up per (token, slot), then down with the slot sum and residual fused. */
-static int experts_mv(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                      moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, moex_error *err) {
+/* The previous decode path (mv.comp modes 1 and 2): gate+up per (token, slot),
+ * then down with the slot sum and residual fused. Only bench_vk still calls it. */
+int vk_experts_mv_legacy(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                         moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, moex_error *err) {
+    if (check_experts(e, k, err) || vk_check_grid(vk_mv_groups(e->gate.rows, 1), n * k, 1, err)) return -1;
     VkPipeline pg = vk_pipeline(c->vk, VK_K_MV, e->gate.type, vk_mv_mode(1, &e->gate, &e->up), err),
                pd = vk_pipeline(c->vk, VK_K_MV, e->down.type, vk_mv_mode(2, &e->down, NULL), err);
     if (!pg || !pd || vk_round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
@@ -53,11 +56,61 @@ static int experts_mv(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, i
     return 0;
 }
 
+/* Input columns per position of experts_mv.comp (its PE). */
+static int64_t ex_pe(moex_type t, bool generic) {
+    return t == MOEX_TYPE_Q4_K && !generic ? 32 : t == MOEX_TYPE_Q6_K ? 16 : 8;
+}
+
+/* Positions per thread for npos positions over wg threads (more than the maximum: an outer loop). */
+static int ex_ppt(int64_t npos, int wg) {
+    const int64_t p = (npos + wg - 1) / wg;
+    return p < 1 ? 1 : p > VK_EX_PPT_MAX ? VK_EX_PPT_MAX : (int)p;
+}
+
+/* Decode (n <= VK_MV_NMAX): experts_mv.comp's gate+up over every (token, slot)
+ * pair, then its down with the slot sum and the residual fused. halves: 1
+ * gate+up, 2 down, 3 both (one alone only to time it). */
+int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                         moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves,
+                         moex_error *err) {
+    const moex_vk_matrix *g = &e->gate, *d = &e->down;
+    /* 16-byte loads of Q4_K need the rows and every expert 16-byte aligned */
+    const bool gq = g->type == MOEX_TYPE_Q4_K, dq = d->type == MOEX_TYPE_Q4_K;
+    const bool ggen = gq && (g->data % 16 || e->up.data % 16 || g->expert_stride % 16);
+    const bool dgen = dq && (d->data % 16 || d->expert_stride % 16);
+    const int gppt = ex_ppt(g->cols / ex_pe(g->type, ggen), VK_EX_GU_WG);
+    const int dppt = ex_ppt((int64_t)k * (d->cols / ex_pe(d->type, dgen)), VK_EX_DN_WG);
+    const uint32_t ggx = vk_ceil_div(g->rows, VK_EX_GU_RT), dgx = vk_ceil_div(d->rows, VK_EX_DN_RT);
+    if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
+    VkPipeline pg = vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type, VK_EX_MODE(0, ggen, gppt), err),
+               pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type, VK_EX_MODE(1, dgen, dppt), err);
+    if (!pg || !pd) return -1;
+    if (halves & 1) {
+        if (vk_round_input(c, g->type, x, n, g->cols, &x, err)) return -1;
+        vk_pc pc = vk_mat_pc(g, x, n, g->cols, h, g->rows, 0);
+        pc.p[1] = e->up.data;
+        pc.p[5] = ids;
+        pc.u[6] = (uint32_t)k;
+        vk_dispatch(c, pg, &pc, ggx, (uint32_t)(n * k), 1);
+    }
+    if (halves == 3) moex_vk_barrier(c);
+    if (halves & 2) {
+        moex_vk_ptr hq;
+        if (vk_round_input(c, d->type, h, n * k, d->cols, &hq, err)) return -1;
+        vk_pc pc = vk_mat_pc(d, hq, n, d->cols, y, d->rows, resid);
+        pc.p[5] = ids;
+        pc.p[6] = weights;
+        pc.u[6] = (uint32_t)k;
+        vk_dispatch(c, pd, &pc, dgx, (uint32_t)n, 1);
+    }
+    return 0;
+}
+
 int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                        moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
     if (check_experts(e, k, err) || vk_check_grid(vk_mv_groups(e->gate.rows, 1), n * k, 1, err)) return -1;
     if (!resid) return moex_fail(err, "vulkan: the expert FFN adds into a residual stream (resid required)");
     if (n <= 0) return 0;
-    if (n <= VK_MV_NMAX) return experts_mv(c, e, x, n, k, ids, weights, resid, y, scratch, err);
+    if (n <= VK_MV_NMAX) return vk_experts_mv_halves(c, e, x, n, k, ids, weights, resid, y, scratch, 3, err);
     return vk_experts_tiled(c, e, x, n, k, ids, weights, resid, y, scratch, err);
 }

@@ -34,6 +34,14 @@ typedef enum vk_kernel {
 #define VK_MV_DU 4          /* units the experts' down product loads before using them */
 #define VK_MAX_EXPERTS 512  /* shared-memory arrays of the router and the expert grouping */
 #define VK_TYPE_SLOTS 32    /* moex_type ids fit below this after vk_type_slot() */
+/* mm_coop.comp: a workgroup of 4 warps computes coop_bm (struct moex_vk:
+ * VK_COOP_BM, or 128 with MOEX_VK_COOP_BM=128) weight rows x VK_COOP_BN
+ * tokens, VK_COOP_BK columns per step (vk_mm.c sizes the grids). 64 rows keep
+ * the gate+up variant at 8 accumulators per warp: more workgroups per SM to
+ * hide the dequantization's load latency. */
+#define VK_COOP_BM 64
+#define VK_COOP_BN 64
+#define VK_COOP_BK 32
 
 /* Embedded GLSL sources (generated from kernels/shaders/ by CMake). */
 typedef struct vk_shader_src {
@@ -65,6 +73,7 @@ struct moex_vk {
     uint32_t api_version;
     int tpr;                      /* threads per row in mv.comp */
     bool use_subgroup;
+    int coop_bm;                  /* mm_coop.comp tile rows (info.coop != 0) */
     char cache_dir[512];          /* "" when caching is off */
     void *shaderc;                /* shaderc_compiler_t, created on first compile */
     VkPipeline pipes[VK_K_COUNT][VK_TYPE_SLOTS][VK_MODES];

@@ -5,10 +5,32 @@
 
 #define MM_TILE 64   /* BM = BN of mm.comp */
 
+/* The tensor-core kernel (mm_coop.comp, f16 inputs, f32 sums) where the device
+ * has it, except for f32 weights (the router: expert choices stay as exact as
+ * the f32 tiles make them) and with activation rounding on: that mode tracks
+ * the CPU's 8-bit products to ~1e-7, and any f16 perturbation flips later
+ * roundings (whole-model logits then differ at the ~1.5e-2 quantization-noise
+ * level, measured on the test model). */
+static bool use_coop(const moex_vk *vk, moex_type t) {
+    return vk->info.coop && !vk->actq && t != MOEX_TYPE_F32;
+}
+
+/* Kernel, mode and tile of one tiled product. */
+typedef struct mm_kind {
+    vk_kernel k;
+    int bm, bn;
+} mm_kind;
+
+static mm_kind mm_kind_of(const moex_vk *vk, moex_type t) {
+    if (use_coop(vk, t)) return (mm_kind){VK_K_MM_COOP, vk->coop_bm, VK_COOP_BN};
+    return (mm_kind){VK_K_MM, MM_TILE, MM_TILE};
+}
+
 int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err) {
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MM, w->type, 0, err);
-    if (!p || vk_check_grid(vk_ceil_div(w->rows, MM_TILE), vk_ceil_div(n, MM_TILE), 1, err)) return -1;
-    vk_dispatch(c, p, pc, vk_ceil_div(w->rows, MM_TILE), vk_ceil_div(n, MM_TILE), 1);
+    const mm_kind mk = mm_kind_of(c->vk, w->type);
+    VkPipeline p = vk_pipeline(c->vk, mk.k, w->type, 0, err);
+    if (!p || vk_check_grid(vk_ceil_div(w->rows, mk.bm), vk_ceil_div(n, mk.bn), 1, err)) return -1;
+    vk_dispatch(c, p, pc, vk_ceil_div(w->rows, mk.bm), vk_ceil_div(n, mk.bn), 1);
     return 0;
 }
 
@@ -26,10 +48,13 @@ int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, in
                       moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
     const moex_vk_ptr h = scratch, po = h + vk_experts_h_bytes(e, n, k), meta = po + vk_experts_po_bytes(e, n, k);
     moex_vk_ptr hq;
-    VkPipeline ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), pg = vk_pipeline(c->vk, VK_K_MM, e->gate.type, 1, err),
-               pd = vk_pipeline(c->vk, VK_K_MM, e->down.type, 2, err), pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
-    const uint32_t tiles_n = vk_ceil_div(n, MM_TILE);
-    if (!ps || !pg || !pd || !pc_ || vk_check_grid(vk_ceil_div(e->down.rows, MM_TILE), tiles_n, e->n_expert, err)) return -1;
+    /* An expert gets at most n pairs (its tokens choose it once): n / bn tiles along the pairs. */
+    const mm_kind kg = mm_kind_of(c->vk, e->gate.type), kd = mm_kind_of(c->vk, e->down.type);
+    VkPipeline ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), pg = vk_pipeline(c->vk, kg.k, e->gate.type, 1, err),
+               pd = vk_pipeline(c->vk, kd.k, e->down.type, 2, err), pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
+    if (!ps || !pg || !pd || !pc_ || vk_check_grid(vk_ceil_div(e->down.rows, kd.bm), vk_ceil_div(n, kd.bn), e->n_expert, err) ||
+        vk_check_grid(vk_ceil_div(e->gate.rows, kg.bm), vk_ceil_div(n, kg.bn), e->n_expert, err))
+        return -1;
     if (vk_round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
     vk_pc sort = {.p = {ids, meta}, .u = {(uint32_t)(n * k), (uint32_t)e->n_expert}};
     vk_dispatch(c, ps, &sort, 1, 1, 1);
@@ -39,7 +64,7 @@ int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, in
     pc.p[5] = meta;
     pc.u[6] = (uint32_t)k;
     pc.u[8] = (uint32_t)e->n_expert;
-    vk_dispatch(c, pg, &pc, vk_ceil_div(e->gate.rows, MM_TILE), tiles_n, (uint32_t)e->n_expert);
+    vk_dispatch(c, pg, &pc, vk_ceil_div(e->gate.rows, kg.bm), vk_ceil_div(n, kg.bn), (uint32_t)e->n_expert);
     moex_vk_barrier(c);
     if (vk_round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
     pc = vk_mat_pc(&e->down, hq, n, e->down.cols, po, e->down.rows, 0);
@@ -47,7 +72,7 @@ int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, in
     pc.p[6] = weights;
     pc.u[6] = (uint32_t)k;
     pc.u[8] = (uint32_t)e->n_expert;
-    vk_dispatch(c, pd, &pc, vk_ceil_div(e->down.rows, MM_TILE), tiles_n, (uint32_t)e->n_expert);
+    vk_dispatch(c, pd, &pc, vk_ceil_div(e->down.rows, kd.bm), vk_ceil_div(n, kd.bn), (uint32_t)e->n_expert);
     moex_vk_barrier(c);
     vk_pc comb = {.p = {po, resid, y}, .u = {(uint32_t)e->down.rows, (uint32_t)k}};
     vk_dispatch(c, pc_, &comb, vk_ceil_div(e->down.rows, 256), (uint32_t)n, 1);

@@ -144,36 +144,67 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     return vk_matmul_tiled(c, w, &pc, n, err);
 }
 
-/* Shared memory of the fused-norm products: x (NORM_MAXC floats) plus the
- * router's ~8 KiB of top-k arrays; capped at 16 KiB of x so occupancy stays high. */
+/* NORM_MAXC of mv.comp's fused-norm variants (no longer staged in shared memory; kept for vk_pipeline.c). */
 int vk_norm_max_cols(const moex_vk *vk) {
     int c = 4096;
     while (c > 256 && (size_t)c * 4 + 8192 > vk->info.shared_mem) c /= 2;
     return c;
 }
 
+/* The fused norm needs no shared memory (each row group sums x^2 as it
+ * reads x), so any width qualifies; x and nw are read 16 bytes at a time. */
 bool moex_vk_norm_fusable(const moex_vk *vk, int64_t n, int64_t dim) {
-    return n == 1 && !vk->actq && dim % 4 == 0 && dim <= vk_norm_max_cols(vk);
+    return n == 1 && !vk->actq && dim % 4 == 0;
 }
 
-static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr nw, moex_error *err) {
+static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, moex_error *err) {
     if (vk_check_matrix(w, err)) return -1;
     if (!nw) return moex_fail(err, "vulkan: the fused RMSNorm needs its weight");
     if (!moex_vk_norm_fusable(c->vk, 1, w->cols))
-        return moex_fail(err, "vulkan: RMSNorm of %lld columns cannot be fused here (rounding on or too wide)",
+        return moex_fail(err, "vulkan: RMSNorm of %lld columns cannot be fused here (activation rounding is on)",
                          (long long)w->cols);
+    if (x % 16 || nw % 16) return moex_fail(err, "vulkan: the fused RMSNorm needs x and its weight 16-byte aligned");
     return 0;
 }
 
 int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
                            moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
-    if (check_norm_fused(c, w, nw, err)) return -1;
+    if (check_norm_fused(c, w, x, nw, err)) return -1;
     VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w, NULL) | VK_MV_NORM, err);
     if (!p || vk_check_grid(vk_mv_groups(w->rows, 0), 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
     pc.p[1] = nw;
     pc.u[9] = vk_fbits(eps);
     vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 0), 1, 1);
+    return 0;
+}
+
+/* Workgroups of the head with the argmax: each loops over row blocks and
+ * pays the argmax epilogue (a fence and an atomic) once; 2048 fill any GPU. */
+static uint32_t argmax_groups(int64_t rows) {
+    const uint32_t g = vk_mv_groups(rows, 0);
+    return g < 2048 ? g : 2048;
+}
+
+size_t moex_vk_argmax_sync_bytes(int64_t rows) { return (1 + 2 * (size_t)argmax_groups(rows)) * 4; }
+
+int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
+                             moex_vk_ptr y, moex_vk_ptr out, moex_vk_ptr sync, size_t sync_bytes, moex_error *err) {
+    if (nw ? check_norm_fused(c, w, x, nw, err) : vk_check_matrix(w, err)) return -1;
+    if (!out || !sync || sync % 4 || sync_bytes < moex_vk_argmax_sync_bytes(w->rows))
+        return moex_fail(err, "vulkan: the fused argmax of %lld rows needs %zu bytes of zeroed sync words (got %zu)",
+                         (long long)w->rows, moex_vk_argmax_sync_bytes(w->rows), sync_bytes);
+    if (!nw && vk_round_input(c, w->type, x, 1, w->cols, &x, err)) return -1;
+    const uint32_t groups = argmax_groups(w->rows);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w, NULL) | (nw ? VK_MV_NORM : 0), err);
+    if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
+    vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, 0);
+    pc.p[1] = nw;
+    pc.p[5] = out;
+    pc.p[7] = sync;
+    pc.u[5] = 4u;   /* the argmax epilogue */
+    pc.u[9] = vk_fbits(eps);
+    vk_dispatch(c, p, &pc, groups, 1, 1);
     return 0;
 }
 
@@ -253,6 +284,29 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
     return 0;
 }
 
+int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
+                                moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
+                                moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params,
+                                moex_error *err) {
+    const int64_t ns = attn_splits(sh, 1), chunk = (sh->n_ctx + ns - 1) / ns;
+    if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, 1, ns, err)) return -1;
+    if (sh->n_head > 65535 || sh->n_head_kv > 65535)
+        return moex_fail(err, "vulkan: %d attention heads are too many for the fused decode step", sh->n_head);
+    if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
+    if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
+    if (!counters || counters % 4) return moex_fail(err, "vulkan: the fused attention needs n_head zeroed counters");
+    VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN, 0, 1, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params, k, v, counters},
+                .u = {(uint32_t)sh->n_head | (uint32_t)sh->n_head_kv << 16,
+                      (uint32_t)sh->head_dim | (uint32_t)sh->rope_dim << 16, (uint32_t)ns, (uint32_t)chunk,
+                      vk_fbits(sh->scale), vk_fbits(sh->rope_base), vk_fbits(sh->rms_eps),
+                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u), (uint32_t)q_norm, (uint32_t)(q_norm >> 32),
+                      (uint32_t)k_norm, (uint32_t)(k_norm >> 32)}};
+    vk_dispatch(c, p, &pc, (uint32_t)sh->n_head, 1, (uint32_t)ns);
+    return 0;
+}
+
 int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
                       moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err) {
     if (vk_check_matrix(w, err)) return -1;
@@ -279,7 +333,7 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
 int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int k,
                            bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,
                            moex_vk_ptr xn, moex_error *err) {
-    if (check_norm_fused(c, w, nw, err)) return -1;
+    if (check_norm_fused(c, w, x, nw, err)) return -1;
     if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows || !xn)
         return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts; xn required)",
                          (long long)w->rows, k, VK_MAX_EXPERTS);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kernels/vk_internal.h"
+#include "kernels/vk_experts.h"
 
 static const char *const kernel_file[VK_K_COUNT] = {
     [VK_K_DEQUANT] = "dequant.comp", [VK_K_MV] = "mv.comp", [VK_K_MM] = "mm.comp", [VK_K_TOPK] = "topk.comp",
@@ -120,6 +121,16 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
         sb_printf(&b, "#define WG 128u\n");
     } else if (k == VK_K_ARGMAX) {
         sb_printf(&b, "#define WG 512u\n");
+    } else if (k == VK_K_EXPERTS_MV) {
+        const bool down = mode & VK_EX_DOWN, generic = mode & VK_EX_GENERIC;
+        sb_printf(&b, "#define SIDE %d\n#define WG %du\n#define RT %du\n#define RU %du\n#define PPT %du\n#define FAST %d\n",
+                  down, down ? VK_EX_DN_WG : VK_EX_GU_WG, down ? VK_EX_DN_RT : VK_EX_GU_RT, VK_EX_RU,
+                  ((mode >> 2) & 3) + 1, !generic && (type == MOEX_TYPE_Q4_K || type == MOEX_TYPE_Q6_K));
+        if (vk->use_subgroup) sb_printf(&b, "#define USE_SUBGROUP 1\n");
+    } else if (k == VK_K_MM_COOP) {
+        sb_printf(&b, "#define BM %du\n#define BN %du\n#define BK %du\n#define CM %uu\n#define CN %uu\n#define CK %uu\n"
+                  "#define EMU %d\n", vk->coop_bm, VK_COOP_BN, VK_COOP_BK, vk->info.coop_m, vk->info.coop_n,
+                  vk->info.coop_k, vk->info.coop != 1);
     }
     if (typed)
         sb_printf(&b, "#define TYPE %d\n#define BLK %du\n#define BLK_BYTES %du\n", (int)type, block_elems(type),

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "hub/hub.h"
+#include "kernels/vk_experts.h"
+#include "kernels/vk_internal.h"
 
 static moex_error err;
 
@@ -114,10 +116,54 @@ typedef struct ex_ctx {
     moex_vk_ptr x, ids, w, y, scratch;
     int64_t n;
     int k;
+    int path;   /* 0 moex_vk_op_experts, 1 the old mv.comp path, 2 gate+up alone, 3 down alone */
 } ex_ctx;
 static int rec_experts(moex_vk_cmd *c, void *p) {
     ex_ctx *e = p;
+    if (e->path == 1) return vk_experts_mv_legacy(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, &err);
+    if (e->path >= 2)
+        return vk_experts_mv_halves(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, e->path - 1, &err);
     return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, &err);
+}
+
+/* The decode expert FFN on n tokens choosing ex->k experts each (ids: n x k).
+ * Bytes counted: the weights of the distinct experts named by ids, each once
+ * (what a kernel that reads each expert once must stream). Prints the new
+ * kernel (both halves, and each alone without the barrier), the old mv.comp
+ * path, and the share of the streaming ceiling. */
+static void bench_experts_mv(moex_vk *vk, ex_ctx *ex, moex_vk_buffer *act, size_t ids_off, const int32_t *ids, int n,
+                             const char *name, double copy_bw) {
+    const int k = ex->k, np = n * k;
+    float w[VK_MV_NMAX * 64];
+    int distinct = 0;
+    for (int i = 0; i < np; i++) {
+        w[i] = 1.0f / (float)k;
+        bool seen = false;
+        for (int q = 0; q < i; q++) seen |= ids[q] == ids[i];
+        distinct += !seen;
+    }
+    MUST(moex_vk_upload(vk, act, ids_off, ids, (size_t)np * 4, &err));
+    MUST(moex_vk_upload(vk, act, ids_off + 4096, w, (size_t)np * 4, &err));
+    ex->ids = moex_vk_buffer_ptr(act) + ids_off;
+    ex->w = ex->ids + 4096;
+    ex->n = n;
+    const double gb = 1e9, gu = 2.0 * (double)ex->e.gate.expert_stride * distinct,
+                 dn = (double)ex->e.down.expert_stride * distinct, bytes = gu + dn;
+    double t[4];
+    for (int path = 0; path < 4; path++) {
+        ex->path = path;
+        t[path] = time_op(vk, rec_experts, ex, 200);
+    }
+    ex->path = 0;
+    printf("kernel_experts_%s_pairs %d\nkernel_experts_%s_distinct_experts %d\nkernel_experts_%s_bytes %.0f\n", name, np,
+           name, distinct, name, bytes);
+    printf("kernel_experts_%s_us %.2f\nkernel_experts_%s_GBps %.1f\nkernel_experts_%s_vs_copy %.3f\n", name, t[0] * 1e6,
+           name, bytes / t[0] / gb, name, bytes / t[0] / gb / copy_bw);
+    printf("kernel_experts_%s_old_us %.2f\nkernel_experts_%s_old_GBps %.1f\nkernel_experts_%s_old_vs_copy %.3f\n", name,
+           t[1] * 1e6, name, bytes / t[1] / gb, name, bytes / t[1] / gb / copy_bw);
+    printf("kernel_experts_%s_gateup_us %.2f\nkernel_experts_%s_gateup_GBps %.1f\n", name, t[2] * 1e6, name,
+           gu / t[2] / gb);
+    printf("kernel_experts_%s_down_us %.2f\nkernel_experts_%s_down_GBps %.1f\n", name, t[3] * 1e6, name, dn / t[3] / gb);
 }
 
 static moex_vk_matrix upload_matrix(moex_vk *vk, const moex_matrix *m, int n_mats, moex_vk_buffer **keep) {
@@ -129,7 +175,8 @@ static moex_vk_matrix upload_matrix(moex_vk *vk, const moex_matrix *m, int n_mat
                             .data = moex_vk_buffer_ptr(*keep), .expert_stride = (size_t)m->rows * m->row_bytes};
 }
 
-/* Kernel bandwidths on layer 0: attn_q matvec, the expert FFN of k experts for one token, the output head. */
+/* Kernel bandwidths on layer 0: attn_q matvec, the decode expert FFN (one token, and batches of
+ * VK_MV_NMAX tokens), the output head, the expert FFN of a 64-token batch. */
 static void bench_kernels(const moex_model *m, moex_vk *vk) {
     const moex_hparams *hp = &m->hp;
     const double gb = 1e9;
@@ -208,20 +255,24 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
         ex.e.up = upload_matrix(vk, &L->experts[0].up, hp->n_expert, &keep[2]);
         ex.e.down = upload_matrix(vk, &L->experts[0].down, hp->n_expert, &keep[3]);
         ex.e.n_expert = hp->n_expert;
-        int32_t ids[64];
-        float w[64];
-        for (int j = 0; j < ex.k && j < 64; j++) ids[j] = (int32_t)((j * 37 + 11) % hp->n_expert), w[j] = 1.0f / ex.k;
-        ex.ids = a0 + ((size_t)12 << 20);
-        ex.w = ex.ids + 4096;
         ex.scratch = a0 + ((size_t)32 << 20);
-        moex_vk_cmd *c = moex_vk_cmd_create(vk, &err);
-        MUST(moex_vk_upload(vk, act, (size_t)12 << 20, ids, (size_t)ex.k * 4, &err));
-        MUST(moex_vk_upload(vk, act, ((size_t)12 << 20) + 4096, w, (size_t)ex.k * 4, &err));
-        moex_vk_cmd_free(c);
-        const double te = time_op(vk, rec_experts, &ex, 200);
-        const double bytes = (double)ex.k * (2.0 * ex.e.gate.expert_stride + ex.e.down.expert_stride);
-        printf("kernel_experts_k%d_us %.2f\nkernel_experts_GBps %.1f\nkernel_experts_vs_copy %.2f\n", ex.k, te * 1e6,
-               bytes / te / gb, bytes / te / gb / copy_bw);
+        const int E = hp->n_expert, k = ex.k;
+        if (k <= 64) {
+            /* one token choosing k experts; a worker's batch of VK_MV_NMAX tokens whose n*k
+             * experts are all distinct (up to 64 of them), or drawn from 24 (tokens share them) */
+            int32_t ids[VK_MV_NMAX * 64];
+            for (int j = 0; j < k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, "k8", copy_bw);
+            if (VK_MV_NMAX * k <= E) {
+                for (int i = 0; i < VK_MV_NMAX * k; i++) ids[i] = (int32_t)((i * 37 + 11) % E);
+                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, "n8_distinct", copy_bw);
+            }
+            if (k <= 24 && E >= 24) {
+                for (int t = 0; t < VK_MV_NMAX; t++)
+                    for (int j = 0; j < k; j++) ids[t * k + j] = (int32_t)((t * 3 + j * 5) % 24);
+                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, "n8_shared24", copy_bw);
+            }
+        }
         /* The same FFN over every expert at once (a 64-token batch on the tiled path): its weights once, compute-bound. */
         enum { NT = 64 };
         int32_t bids[NT * 64];
@@ -244,11 +295,11 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--round] [--no-kernels]\n");
+        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--round] [--no-kernels|--only-kernels]\n");
         return 2;
     }
     int n_p = 512, n_g = 128, reps = 3;
-    bool kernels = true;
+    bool kernels = true, only_kernels = false;   /* --only-kernels: skip pp/tg (compare kernel variants) */
     moex_vk_options o = {.device = -1, .verbose = true};
     for (int i = 2; i < argc; i++) {
         const bool has = i + 1 < argc;
@@ -258,6 +309,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-r") && has) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--round")) o.round_activations = true;
         else if (!strcmp(argv[i], "--no-kernels")) kernels = false;
+        else if (!strcmp(argv[i], "--only-kernels")) only_kernels = true;
         else {
             fprintf(stderr, "bench_vk: unknown argument %s\n", argv[i]);
             return 2;
@@ -273,6 +325,12 @@ int main(int argc, char **argv) {
     moex_vk_state *s = moex_vk_state_create(m, n_p + n_g + 8, n_p, &o, &err);
     MUST(!s);
     printf("device %s\nload_s %.2f\n", moex_vk_get_info(moex_vk_state_device(s))->name, moex_time_s() - t0);
+    if (only_kernels) {
+        bench_kernels(m, moex_vk_state_device(s));
+        moex_vk_state_free(s);
+        moex_model_free(m);
+        return 0;
+    }
     const int64_t V = m->hp.n_vocab;
     int32_t *toks = malloc((size_t)n_p * sizeof *toks);
     for (int i = 0; i < n_p; i++) toks[i] = (int32_t)((i * 7919 + 13) % V); /* like llama-bench */

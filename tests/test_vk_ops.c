@@ -1,6 +1,8 @@
 /* The Vulkan forward-pass kernels other than the matrix products, each
  * against the CPU backend or a float64 reference on fresh random inputs.
- * One subtest per argument: norm, rope, attention, router, experts, fused. */
+ * One subtest per argument: norm, rope, attention, router, experts, fused,
+ * decode (the fused decode attention and head); --no-subgroup after it runs
+ * the shared-memory reductions. */
 #include "tests/vk/vk_test_util.h"
 
 static moex_vk *vk;
@@ -377,32 +379,206 @@ static void test_fused_norm(void) {
     for (int j = 0; j < k; j++) max_w = fmax(max_w, fabs(gw[j] - w[j] / sel));
     CHECK(bad == 0 && max_w < 1e-5, "fused router: %d ids differ, weight err %.3g", bad, max_w);
     printf("  fused router: ids ok, xn %.2g, weights %.2g\n", exn, max_w);
-    /* too wide for the shared-memory row: refused with a message, nothing recorded */
-    moex_vk_matrix wide = {.type = MOEX_TYPE_F32, .rows = 1, .cols = 1 << 16, .row_bytes = 4 << 16, .data = P(mb)};
+    /* x or the weight off 16-byte alignment, or no weight: refused with a message, nothing recorded */
     c = begin();
-    CHECK(moex_vk_op_norm_matmul(c, &wide, P(xb), P(wb), eps, P(yb), 0, &g_err) == -1 && strstr(g_err.msg, "fused"),
-          "a 65536-wide fused norm must be refused");
+    CHECK(moex_vk_op_norm_matmul(c, &vm, P(xb) + 4, P(wb), eps, P(yb), 0, &g_err) == -1 && strstr(g_err.msg, "aligned"),
+          "a fused norm over a misaligned x must be refused");
     CHECK(moex_vk_op_norm_matmul(c, &vm, P(xb), 0, eps, P(yb), 0, &g_err) == -1, "a fused norm without weight");
     run_free(c);
+    CHECK(moex_vk_norm_fusable(vk, 1, 1 << 16), "no shared-memory staging: any width is fusable");
     moex_vk_buffer *all[] = {xb, wb, rb, yb, mb, lb, cb, ib, gb, xnb};
     for (int i = 0; i < 10; i++) moex_vk_buffer_free(all[i]);
     free_matrix(&m);
     free(x), free(nw), free(res), free(got), free(xn), free(ref), free(xg);
 }
 
+/* float64 RMSNorm (weight w) then RoPE of one head, as moex_rmsnorm + moex_rope do in f32. */
+static void norm_rope_ref(float *hv, const float *w, int hd, int rope_dim, int64_t pos, float base, bool neox, float eps,
+                          bool norm) {
+    if (norm) moex_rmsnorm(hv, hv, w, hd, eps);
+    moex_rope(hv, 1, hd, rope_dim, pos, base, neox);
+}
+
+/* The fused decode attention step (QK-norm + RoPE + KV append + split-K
+ * attention + merge in one dispatch) against the CPU (moex_rmsnorm,
+ * moex_rope, moex_attention) and against the unfused GPU ops, over two
+ * consecutive tokens (the second reads the first's appended row and finds
+ * the counters back at zero), positions at split edges and a GQA group of 4. */
+static void test_attention_decode(void) {
+    struct { int hd, rope, neox, qkn; int64_t pos, ctx; } cases[] = {
+        {128, 128, 1, 1, 0, 200}, {128, 128, 1, 1, 63, 200}, {64, 48, 0, 0, 299, 600}, {128, 128, 1, 1, 517, 1000}};
+    for (int ci = 0; ci < 4; ci++) {
+        const int hd = cases[ci].hd, H = 8, HK = 2;
+        moex_vk_attn_shape sh = {.n_head = H, .n_head_kv = HK, .head_dim = hd, .rope_dim = cases[ci].rope,
+                                 .rope_base = 1e6f, .rms_eps = 1e-6f, .scale = 1.0f / sqrtf((float)hd),
+                                 .neox = cases[ci].neox, .qk_norm = cases[ci].qkn, .n_ctx = cases[ci].ctx};
+        const int64_t qd = H * hd, kvd = HK * hd, ctx = sh.n_ctx, pos0 = cases[ci].pos;
+        float *q = malloc(2 * qd * 4), *k = malloc(2 * kvd * 4), *v = malloc(2 * kvd * 4), *qn = malloc(hd * 4),
+              *kn = malloc(hd * 4), *kc = malloc(ctx * kvd * 4), *vc = malloc(ctx * kvd * 4), *ref = malloc(qd * 4),
+              *got = malloc(qd * 4), *got2 = malloc(qd * 4), *gkc = malloc(ctx * kvd * 4), *gvc = malloc(ctx * kvd * 4);
+        fill_gauss(&R, q, 2 * qd, 1.0f);
+        fill_gauss(&R, k, 2 * kvd, 1.0f);
+        fill_gauss(&R, v, 2 * kvd, 1.0f);
+        fill_gauss(&R, qn, hd, 1.0f);
+        fill_gauss(&R, kn, hd, 1.0f);
+        fill_gauss(&R, kc, ctx * kvd, 1.0f);   /* rows past the position hold garbage the kernel must not read */
+        fill_gauss(&R, vc, ctx * kvd, 1.0f);
+        moex_vk_buffer *kcb = gpu_from(vk, kc, ctx * kvd * 4), *vcb = gpu_from(vk, vc, ctx * kvd * 4),
+                       *kcb2 = gpu_from(vk, kc, ctx * kvd * 4), *vcb2 = gpu_from(vk, vc, ctx * kvd * 4),
+                       *qnb = gpu_from(vk, qn, hd * 4), *knb = gpu_from(vk, kn, hd * 4),
+                       *sb = gpu_from(vk, NULL, moex_vk_attention_scratch(&sh, 1) * 4), *cb = gpu_from(vk, NULL, H * 4),
+                       *ob = gpu_from(vk, NULL, qd * 4);
+        for (int tok = 0; tok < 2; tok++) {
+            const int64_t pos = pos0 + tok;
+            if (pos >= ctx) break;
+            int32_t params = (int32_t)pos;
+            moex_vk_buffer *qb = gpu_from(vk, q + tok * qd, qd * 4), *kb = gpu_from(vk, k + tok * kvd, kvd * 4),
+                           *vb = gpu_from(vk, v + tok * kvd, kvd * 4), *qb2 = gpu_from(vk, q + tok * qd, qd * 4),
+                           *pb = gpu_from(vk, &params, 4);
+            moex_vk_cmd *c = begin();
+            MUST(moex_vk_op_attention_decode(c, &sh, P(qb), P(kb), P(vb), P(kcb), P(vcb), P(qnb), P(knb), P(sb), P(cb),
+                                             P(pb), &g_err));
+            /* the unfused ops on their own caches */
+            MUST(moex_vk_op_qk_rope(c, &sh, P(qb2), P(kb), P(vb), P(kcb2), P(vcb2), P(qnb), P(knb), P(pb), 1, &g_err));
+            moex_vk_barrier(c);
+            MUST(moex_vk_op_attention(c, &sh, P(qb2), P(kcb2), P(vcb2), P(ob), P(sb), P(pb), 1, &g_err));
+            run_free(c);
+            /* CPU: the same steps in f32 */
+            float *qt = q + tok * qd, *kt = k + tok * kvd;
+            for (int h = 0; h < H; h++)
+                norm_rope_ref(qt + h * hd, qn, hd, sh.rope_dim, pos, sh.rope_base, sh.neox, sh.rms_eps, sh.qk_norm);
+            for (int h = 0; h < HK; h++)
+                norm_rope_ref(kt + h * hd, kn, hd, sh.rope_dim, pos, sh.rope_base, sh.neox, sh.rms_eps, sh.qk_norm);
+            memcpy(kc + pos * kvd, kt, kvd * 4);
+            memcpy(vc + pos * kvd, v + tok * kvd, kvd * 4);
+            MUST(moex_attention(NULL, qt, kc, vc, ref, 1, pos, H, HK, hd, sh.scale));
+            gpu_read(vk, qb, got, qd * 4);
+            gpu_read(vk, ob, got2, qd * 4);
+            gpu_read(vk, kcb, gkc, ctx * kvd * 4);
+            gpu_read(vk, vcb, gvc, ctx * kvd * 4);
+            const double e = rel_l2_f(got, ref, qd), e2 = rel_l2_f(got, got2, qd),
+                         ek = rel_l2_f(gkc + pos * kvd, kc + pos * kvd, kvd);
+            /* vs the CPU: f32 RoPE angles of up to pos radians round differently (~pos * 6e-8);
+             * vs the unfused GPU ops: the same arithmetic */
+            const double tol = 1e-5 + 1e-7 * (double)pos;
+            CHECK(e < tol && e2 < 1e-6, "decode attention hd %d pos %lld: err %.3g vs cpu, %.3g vs unfused", hd,
+                  (long long)pos, e, e2);
+            CHECK(ek < tol, "decode attention pos %lld: appended k err %.3g", (long long)pos, ek);
+            CHECK(!memcmp(gvc, vc, ctx * kvd * 4), "decode attention pos %lld: v cache differs (append or stray write)",
+                  (long long)pos);
+            int stray = 0;   /* k rows other than those appended here are untouched */
+            for (int64_t i = 0; i < ctx * kvd; i++) stray += (i / kvd < pos0 || i / kvd > pos) && gkc[i] != kc[i];
+            CHECK(stray == 0, "decode attention pos %lld: %d k cache values changed outside the new row",
+                  (long long)pos, stray);
+            uint32_t cnt[8];
+            gpu_read(vk, cb, cnt, sizeof cnt);
+            int nz = 0;
+            for (int h = 0; h < H; h++) nz += cnt[h] != 0;
+            CHECK(nz == 0, "decode attention: %d counters left non-zero", nz);
+            printf("  decode attention hd=%d rope=%d neox=%d qk_norm=%d pos=%lld ctx=%lld: %.2g (unfused %.2g, k %.2g)\n",
+                   hd, sh.rope_dim, sh.neox, sh.qk_norm, (long long)pos, (long long)ctx, e, e2, ek);
+            moex_vk_buffer *tmp[] = {qb, kb, vb, qb2, pb};
+            for (int i = 0; i < 5; i++) moex_vk_buffer_free(tmp[i]);
+        }
+        moex_vk_buffer *all[] = {kcb, vcb, kcb2, vcb2, qnb, knb, sb, cb, ob};
+        for (int i = 0; i < 9; i++) moex_vk_buffer_free(all[i]);
+        free(q), free(k), free(v), free(qn), free(kn), free(kc), free(vc), free(ref), free(got), free(got2), free(gkc),
+            free(gvc);
+    }
+}
+
+/* The decode head with the argmax fused (and the norm fused or not): logits
+ * against float64, the index against the float64 argmax, a tie between two
+ * identical rows in different blocks going to the lower, and the sync words
+ * left at zero for the next run (two runs in one command buffer). */
+static void test_head_argmax(void) {
+    const moex_type types[] = {MOEX_TYPE_Q6_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F16};
+    const int64_t d = 256, rows = 20000;   /* over 2048 workgroups x 8 rows: workgroups loop over row blocks */
+    const float eps = 1e-6f;
+    for (int ti = 0; ti < 4; ti++) {
+        const bool norm = ti % 2 == 0;
+        test_matrix m = make_matrix(&R, types[ti], rows, d);
+        float *x = malloc(d * 4), *nw = malloc(d * 4), *y = malloc(rows * 4);
+        double *xn = malloc(d * 8), *lg = malloc(rows * 8);
+        fill_gauss(&R, x, d, 2.0f);
+        fill_gauss(&R, nw, d, 1.0f);
+        if (norm) norm_ref(xn, x, nw, d, eps);
+        else
+            for (int64_t j = 0; j < d; j++) xn[j] = x[j];
+        int64_t best = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            lg[r] = 0;
+            for (int64_t j = 0; j < d; j++) lg[r] += (double)m.deq[r * d + j] * xn[j];
+            if (lg[r] > lg[best]) best = r;
+        }
+        /* a copy of the best row elsewhere (16384 rows away: the same workgroup's other
+         * block; 3000: another workgroup): ties go to the lower index */
+        const int64_t dist = best >= 16384 || best + 16384 < rows ? 16384 : 3000,
+                      twin = ti < 2 ? (best >= dist ? best - dist : best + dist) : -1;
+        if (twin >= 0) {
+            memcpy(m.data + twin * m.row_bytes, m.data + best * m.row_bytes, m.row_bytes);
+            lg[twin] = lg[best];
+        }
+        const int64_t want = twin >= 0 && twin < best ? twin : best;
+        const size_t sync_bytes = moex_vk_argmax_sync_bytes(rows) + 64;
+        moex_vk_buffer *mb = gpu_from(vk, m.data, rows * m.row_bytes), *xb = gpu_from(vk, x, d * 4),
+                       *wb = gpu_from(vk, nw, d * 4), *yb = gpu_from(vk, NULL, rows * 4), *ob = gpu_from(vk, NULL, 8),
+                       *sb = gpu_from(vk, NULL, sync_bytes);
+        moex_vk_matrix vm = vk_matrix_of(&m, mb);
+        moex_vk_cmd *c = begin();
+        for (int rep = 0; rep < 2; rep++) {
+            MUST(moex_vk_op_matmul_argmax(c, &vm, P(xb), norm ? P(wb) : 0, eps, P(yb), P(ob) + 4 * rep, P(sb),
+                                          sync_bytes, &g_err));
+            moex_vk_barrier(c);
+        }
+        run_free(c);
+        int32_t idx[2];
+        gpu_read(vk, ob, idx, sizeof idx);
+        gpu_read(vk, yb, y, rows * 4);
+        const double e = rel_l2(y, lg, rows);
+        CHECK(e < 1e-5, "head+argmax %s: logits rel err %.3g", moex_type_get(types[ti])->name, e);
+        int64_t gbest = 0;   /* the argmax of what the GPU computed, ties to the lower index */
+        for (int64_t r = 1; r < rows; r++)
+            if (y[r] > y[gbest]) gbest = r;
+        CHECK(idx[0] == gbest && idx[1] == gbest, "head+argmax %s: index %d/%d, the GPU logits say %lld",
+              moex_type_get(types[ti])->name, idx[0], idx[1], (long long)gbest);
+        CHECK(gbest == want, "head+argmax %s: argmax %lld, float64 says %lld", moex_type_get(types[ti])->name,
+              (long long)gbest, (long long)want);
+        uint32_t *sw = malloc(sync_bytes);
+        gpu_read(vk, sb, sw, sync_bytes);
+        int nz = 0;
+        for (size_t i = 0; i < sync_bytes / 4; i++) nz += sw[i] != 0;
+        CHECK(nz == 0, "head+argmax: %d sync words left non-zero", nz);
+        printf("  head+argmax %s norm=%d: logits %.2g, index %d (tie twin %lld)\n", moex_type_get(types[ti])->name,
+               norm, e, idx[0], (long long)twin);
+        c = begin();   /* too few sync words: refused */
+        CHECK(moex_vk_op_matmul_argmax(c, &vm, P(xb), 0, eps, P(yb), P(ob), P(sb), 8, &g_err) == -1 &&
+                  strstr(g_err.msg, "sync"), "head+argmax with 8 sync bytes must be refused");
+        run_free(c);
+        moex_vk_buffer *all[] = {mb, xb, wb, yb, ob, sb};
+        for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
+        free_matrix(&m);
+        free(x), free(nw), free(y), free(xn), free(lg), free(sw);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_vk_ops norm|rope|attention|router|experts|fused\n");
+        fprintf(stderr, "usage: test_vk_ops norm|rope|attention|router|experts|fused|decode [--no-subgroup]\n");
         return 2;
     }
     R = test_rng(argv[1]);
-    vk = test_vk(false);
+    /* The tiled expert products are held to f32 accuracy here; their f16
+     * cooperative-matrix variant has its own test (test_vk_coop). */
+    setenv("MOEX_VK_NO_COOP", "1", 1);
+    vk = test_vk(argc > 2 && !strcmp(argv[2], "--no-subgroup"));
     if (!strcmp(argv[1], "norm")) test_norm();
     else if (!strcmp(argv[1], "rope")) test_rope();
     else if (!strcmp(argv[1], "attention")) test_attention();
     else if (!strcmp(argv[1], "router")) test_router();
     else if (!strcmp(argv[1], "experts")) test_experts();
     else if (!strcmp(argv[1], "fused")) test_fused_norm();
+    else if (!strcmp(argv[1], "decode")) test_attention_decode(), test_head_argmax();
     else {
         fprintf(stderr, "unknown subtest %s\n", argv[1]);
         return 2;

@@ -11,10 +11,16 @@
 //         grid (rows/(GROUPS*RPT), n*k)
 // MODE 2: experts down + combine: y[t] = r[t] + sum_j gw[t*k+j] * Wd_e x[t*k+j]; grid (rows/GROUPS, n)
 // MODE 3: router: MODE 0 into y, then the last workgroup does softmax + top-k.
-// NORM (MODE 0 and 3, one token): x is RMS-normalised in the prologue
-// (weight nw, eps) into shared memory, which the dots read; MODE 3 also
-// writes the normalised row to r (for the experts). Saves the norm's
-// dispatch and barrier.
+// NORM (MODE 0 and 3, one token): y = W (rmsnorm(x) * nw). A row's dot
+// with rmsnorm(x) * nw is inv_rms * (row . (x * nw)), and every row group
+// reads all of x across its lanes, so each thread sums x^2 over the x it
+// reads and the group scales its dots after the reduction: no staging, no
+// barriers, no extra pass. MODE 3 also writes the normalised row to r (the
+// experts' input). Saves the norm's dispatch and barrier.
+// MODE 0, flags & 4 (one token): also the argmax of y (ties: lower row)
+// into ids[0]: workgroups loop over row blocks keeping their best output,
+// write it to counter[] (zeros on entry, left at zero), and the last one to
+// finish reduces them: one epilogue per workgroup, not per row block.
 layout(local_size_x = WG) in;
 
 #if MODE == 1
@@ -25,14 +31,15 @@ layout(local_size_x = WG) in;
 #define NR RPT
 #endif
 #ifdef NORM
-shared vec4 xsh[NORM_MAXC / 4];
-#define XV(x, i) xsh[i]
+vec4 xnorm(uint i);
+#define XV(x, i) xnorm(i)
+float ssq = 0.0;   // this thread's sum of x^2 over the x it has read
 #endif
 #include "_mvunit.comp"
 
 layout(push_constant) uniform PC {
 #ifdef NORM
-    WT w; F32 nw; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
+    WT w; RV4 nw; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
 #else
     WT w; WT w2; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
 #endif
@@ -71,33 +78,58 @@ float group_sum(float v) {
 }
 
 #ifdef NORM
-// xsh = rmsnorm(x row 0) * nw, as rmsnorm.comp computes it (whole workgroup).
-void norm_prologue() {
-    const uint tid = gl_LocalInvocationID.x, c4 = pc.cols / 4u;
-    float s = 0.0;
-    for (uint i = tid; i < c4; i += WG) {
-        const vec4 v = pc.x.v[i];
-        xsh[i] = v;
-        s += dot(v, v);
-    }
-    red[tid] = s;
+// vec4 i of x * nw (one token: i indexes x and nw alike), counting x^2.
+vec4 xnorm(uint i) {
+    const vec4 v = pc.x.v[i];
+    ssq += dot(v, v);
+    return v * pc.nw.v[i];
+}
+#endif
+
+#if MODE == 0
+shared float am_v[WG];
+shared uint am_i[WG];
+// (value, index) max over the workgroup into am_v[0], am_i[0]; ties: lower index.
+void am_reduce(float v, uint i) {
+    const uint tid = gl_LocalInvocationID.x;
+    am_v[tid] = v;
+    am_i[tid] = i;
     barrier();
-    for (uint h = WG / 2u; h > 0u; h >>= 1) {
-        if (tid < h) red[tid] += red[tid + h];
+    for (uint s = WG / 2u; s > 0u; s >>= 1) {
+        if (tid < s && (am_v[tid + s] > am_v[tid] || (am_v[tid + s] == am_v[tid] && am_i[tid + s] < am_i[tid]))) {
+            am_v[tid] = am_v[tid + s];
+            am_i[tid] = am_i[tid + s];
+        }
         barrier();
     }
-    const float inv = 1.0 / sqrt(red[0] / float(pc.cols) + uintBitsToFloat(pc.eps_bits));
-    for (uint i = tid; i < c4; i += WG) {
-        const uint o = 4u * i;
-        const vec4 v = xsh[i] * inv * vec4(pc.nw.v[o], pc.nw.v[o + 1u], pc.nw.v[o + 2u], pc.nw.v[o + 3u]);
-        xsh[i] = v;
-#if MODE == 3
-        if (gl_WorkGroupID.x == 0u) {
-            pc.r.v[o] = v.x; pc.r.v[o + 1u] = v.y; pc.r.v[o + 2u] = v.z; pc.r.v[o + 3u] = v.w;
-        }
-#endif
+}
+// Argmax epilogue (whole workgroup): this workgroup's best (value, row)
+// into counter[1 + 2g ..], then the last workgroup (counter[0]) reduces them.
+void argmax_epilogue(float bv, uint bi) {
+    const uint tid = gl_LocalInvocationID.x, g = gl_WorkGroupID.x, ng = gl_NumWorkGroups.x;
+    am_reduce(bv, bi);
+    if (tid == 0u) {
+        pc.counter.v[1u + 2u * g] = floatBitsToUint(am_v[0]);
+        pc.counter.v[2u + 2u * g] = am_i[0];
+        memoryBarrierBuffer();
+        last_group = atomicAdd(pc.counter.v[0], 1u) == ng - 1u;
     }
     barrier();
+    if (!last_group) return;
+    memoryBarrierBuffer();
+    bv = -3.4e38;
+    bi = 0xffffffffu;
+    for (uint j = tid; j < ng; j += WG) {   // increasing j, increasing rows: ties keep the lower
+        const float v = uintBitsToFloat(pc.counter.v[1u + 2u * j]);
+        const uint i = pc.counter.v[2u + 2u * j];
+        if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+    }
+    am_reduce(bv, bi);
+    for (uint j = tid; j < 2u * ng; j += WG) pc.counter.v[1u + j] = 0u;
+    if (tid == 0u) {
+        pc.ids.v[0] = int(am_i[0]);
+        pc.counter.v[0] = 0u;
+    }
 }
 #endif
 
@@ -115,45 +147,71 @@ void main() {
     const uint units = pc.cols / UNIT, xs4 = pc.xs / 4u, row_bytes = (pc.cols / BLK) * BLK_BYTES;
     float acc[NACC];
     for (uint i = 0u; i < NACC; i++) acc[i] = 0.0;
-#ifdef NORM
-    norm_prologue();
-#endif
 #if MODE == 0 || MODE == 3
-    const uint row0 = (gl_WorkGroupID.x * GROUPS + grp) * NR, t0 = gl_WorkGroupID.y * NMAX;
-    const uint nt = min(NMAX, pc.n - t0);
-    uint rb[NR];
-    for (uint r = 0u; r < NR; r++) rb[r] = min(row0 + r, pc.rows - 1u) * row_bytes;   // past the end: read the last row, drop the result
-    // Two units per step (each row's unit u and u + TPR), both loaded before either is used.
-    if (row0 < pc.rows)
-        for (uint u = lane; u < units; u += 2u * TPR) {
-            const bool two = u + TPR < units;
-            const uint u2 = two ? u + TPR : u;
-            WU w[NR], w2[NR];
+    // Row blocks: one per workgroup, or (argmax, flags & 4) a grid-stride loop
+    // so that each workgroup pays the argmax epilogue once.
+    const bool amx = MODE == 0 && (pc.flags & 4u) != 0u;
+    const uint nblk = amx ? (pc.rows + GROUPS * NR - 1u) / (GROUPS * NR) : gl_NumWorkGroups.x;
+    float bv = -3.4e38;   // argmax: this thread's best output so far (lane 0 of each row group)
+    uint bi = 0xffffffffu;
+    for (uint blk = gl_WorkGroupID.x; blk < nblk; blk += gl_NumWorkGroups.x) {
+        for (uint i = 0u; i < NACC; i++) acc[i] = 0.0;
+#ifdef NORM
+        ssq = 0.0;
+#endif
+        const uint row0 = (blk * GROUPS + grp) * NR, t0 = gl_WorkGroupID.y * NMAX;
+        const uint nt = min(NMAX, pc.n - t0);
+        uint rb[NR];
+        // past the end: read the last row, drop the result
+        for (uint r = 0u; r < NR; r++) rb[r] = min(row0 + r, pc.rows - 1u) * row_bytes;
+        // Two units per step (each row's unit u and u + TPR), both loaded before either is used.
+        if (row0 < pc.rows)
+            for (uint u = lane; u < units; u += 2u * TPR) {
+                const bool two = u + TPR < units;
+                const uint u2 = two ? u + TPR : u;
+                WU w[NR], w2[NR];
+                for (uint r = 0u; r < NR; r++) {
+                    w[r] = wload(pc.w, rb[r], u);
+                    if (two) w2[r] = wload(pc.w, rb[r], u2);
+                }
+                const uint xo = t0 * xs4 + ubase(u) / 4u, xo2 = t0 * xs4 + ubase(u2) / 4u;
+                for (uint t = 0u; t < NMAX; t++) {
+                    if (t >= nt) break;
+                    float a[NR];
+                    for (uint r = 0u; r < NR; r++) a[r] = acc[t * NR + r];
+                    wdot(pc.x, w, xo + t * xs4, a);
+                    if (two) wdot(pc.x, w2, xo2 + t * xs4, a);
+                    for (uint r = 0u; r < NR; r++) acc[t * NR + r] = a[r];
+                }
+            }
+#ifdef NORM
+        const float inv = 1.0 / sqrt(group_sum(ssq) / float(pc.cols) + uintBitsToFloat(pc.eps_bits));
+#if MODE == 3
+        if (blk == 0u && grp == 0u)   // row group 0 of the first block writes xn for the experts
+            for (uint i = lane; i < pc.cols / 4u; i += TPR) {
+                const vec4 v = pc.x.v[i] * inv * pc.nw.v[i];
+                pc.r.v[4u * i] = v.x; pc.r.v[4u * i + 1u] = v.y; pc.r.v[4u * i + 2u] = v.z; pc.r.v[4u * i + 3u] = v.w;
+            }
+#endif
+#else
+        const float inv = 1.0;
+#endif
+        for (uint t = 0u; t < NMAX; t++) {
+            if (t >= nt) break;   // uniform: every thread reduces the same outputs
             for (uint r = 0u; r < NR; r++) {
-                w[r] = wload(pc.w, rb[r], u);
-                if (two) w2[r] = wload(pc.w, rb[r], u2);
-            }
-            const uint xo = t0 * xs4 + ubase(u) / 4u, xo2 = t0 * xs4 + ubase(u2) / 4u;
-            for (uint t = 0u; t < NMAX; t++) {
-                if (t >= nt) break;
-                float a[NR];
-                for (uint r = 0u; r < NR; r++) a[r] = acc[t * NR + r];
-                wdot(pc.x, w, xo + t * xs4, a);
-                if (two) wdot(pc.x, w2, xo2 + t * xs4, a);
-                for (uint r = 0u; r < NR; r++) acc[t * NR + r] = a[r];
-            }
-        }
-    for (uint t = 0u; t < NMAX; t++) {
-        if (t >= nt) break;   // uniform: every thread reduces the same outputs
-        for (uint r = 0u; r < NR; r++) {
-            float s = group_sum(acc[t * NR + r]);
-            const uint row = row0 + r, o = (t0 + t) * pc.ys + row;
-            if (lane == 0u && row < pc.rows) {
-                if ((pc.flags & 1u) != 0u) s += pc.r.v[o];
-                pc.y.v[o] = s;
+                float s = group_sum(acc[t * NR + r]) * inv;
+                const uint row = row0 + r, o = (t0 + t) * pc.ys + row;
+                if (lane == 0u && row < pc.rows) {
+                    if ((pc.flags & 1u) != 0u) s += pc.r.v[o];
+                    pc.y.v[o] = s;
+                    if (s > bv) { bv = s; bi = row; }   // rows increase: ties keep the lower
+                }
             }
         }
     }
+#if MODE == 0
+    if (amx) argmax_epilogue(bv, bi);
+#endif
 #elif MODE == 1
     const uint row0 = (gl_WorkGroupID.x * GROUPS + grp) * RPT, p = gl_WorkGroupID.y, tok = p / pc.k;
     const uint eb = uint(pc.ids.v[p]) * pc.estride;

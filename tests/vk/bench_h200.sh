@@ -2,7 +2,8 @@
 # Vulkan backend vs llama.cpp's Vulkan backend on one GPU machine, in one run:
 # correctness on generated test models (the lavapipe suite, on this GPU), then
 # pp512 / tg128 / tg128 after a 512-token prompt and per-kernel bandwidth on a
-# Qwen3-30B-A3B-shaped Q4_K_M model generated here (~17 GB, reused if present).
+# Qwen3-30B-A3B-shaped Q4_K_M model generated here (~17 GB, reused if present),
+# the distributed hub's per-layer overhead (bench_vk_dist) and llama.cpp on the same file.
 #
 # usage: tests/vk/bench_h200.sh BIN_DIR [MODEL]
 #   BIN_DIR holds moex-gguf, bench_vk, test_vk_* (a build's bin/ and tests/, or
@@ -39,8 +40,10 @@ if [ "${MOEX_BENCH_QUICK:-0}" = 0 ]; then
 "$bin/moex-gguf" gen --arch llama --preset test --vocab "$repo/tests/data/vocab/ggml-vocab-llama-spm.gguf" \
     --type mixed --seed 1 --quiet -o /tmp/vkm/llama.gguf
 for t in "test_vk_layout" "test_vk_matmul" "test_vk_matmul --no-subgroup" "test_vk_ops norm" "test_vk_ops rope" \
-         "test_vk_ops attention" "test_vk_ops router" "test_vk_ops experts" "test_vk_ops fused" "test_vk_forward /tmp/vkm/qwen3moe.gguf" \
-         "test_vk_forward /tmp/vkm/llama.gguf --loose"; do
+         "test_vk_ops attention" "test_vk_ops router" "test_vk_ops experts" "test_vk_ops fused" "test_vk_ops decode" \
+         "test_vk_experts_mv" "test_vk_coop" "test_vk_coop_forward /tmp/vkm/qwen3moe.gguf" \
+         "test_vk_forward /tmp/vkm/qwen3moe.gguf" "test_vk_forward /tmp/vkm/llama.gguf --loose" \
+         "test_vk_dist /tmp/vkm/qwen3moe.gguf"; do
     if $bin/$t > /tmp/vkm/log 2>&1; then echo "test ok: $t"; else echo "test FAILED: $t"; tail -n 15 /tmp/vkm/log; fi
 done
 grep -h "teacher-forced\|greedy" /tmp/vkm/log || true
@@ -60,6 +63,9 @@ echo "model_bytes $(stat -c %s "$model")"
 MOEX_VK_PROFILE=1 "$bin/bench_vk" "$model" -p 512 -n 32 -r 1 --no-kernels 2>&1 | grep -v "^bench_vk: rep" |
     sed 's/^\([a-z]\)/profiled_\1/; s/^profiled_vkprof/vkprof/'
 "$bin/bench_vk" "$model" -p 512 -n 128 -r 3
+# 4. the distributed hub's per-layer GPU overhead (experts through an in-process executor)
+"$bin/bench_vk_dist" "$model" -p 16 -n 64 -r 3 2>&1 | grep -v "^bench_vk_dist: rep" || echo "bench_vk_dist failed"
+# 5. llama.cpp, same file
 if [ -x "$bin/llama_bench_vk" ] && [ -f "$bin/llvk.tar.xz" ]; then
     mkdir -p /tmp/llvk
     tar -xJf "$bin/llvk.tar.xz" -C /tmp/llvk

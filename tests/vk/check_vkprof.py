@@ -2,7 +2,9 @@
 """MOEX_VK_PROFILE=1: the whole-model Vulkan test still passes, and the GPU
 timestamp tables it prints are consistent: the per-op rows add up to the
 recording's first-to-last span, the host's submit-to-fence time encloses that
-span (checks the tick period), and per-layer ops appear once per layer.
+span (checks the tick period), and per-layer ops appear once per layer; a
+decode recording uses the fused attention step (no qk_norm_rope op) and the
+head with the argmax fused (no argmax op).
 usage: check_vkprof.py TEST_VK_FORWARD MODEL"""
 import os
 import re
@@ -44,10 +46,18 @@ for i, t in enumerate(tables):
     per = {}
     for label, kernel, n, _ in rows:
         per.setdefault(label, {})[kernel] = n
-    for label in ("embed", "attn_norm_qkv", "qk_norm_rope", "attention", "attn_out", "output_head", "argmax"):
+    for label in ("embed", "attn_norm_qkv", "attention", "attn_out", "output_head"):
         if label not in per:
             sys.exit(f"table {i}: no row for {label}: {sorted(per)}")
-    layers = per["qk_norm_rope"].get("qkrope/t0/m0")
-    if not layers or per["attention"].get("attn/t0/m0") != layers or per["argmax"].get("argmax/t0/m0") != 1.0:
-        sys.exit(f"table {i}: per-layer / per-token op counts disagree: {per}")
+    # one attention step per layer: attn.comp mode 0 (prompt: after qkrope) or mode 1 (decode: fused)
+    layers = sum(n for k, n in per["attention"].items() if k.startswith("attn/"))
+    fused = per["attention"].get("attn/t0/m1", 0) == layers and "qk_norm_rope" not in per
+    if not layers or (not fused and per.get("qk_norm_rope", {}).get("qkrope/t0/m0") != layers):
+        sys.exit(f"table {i}: per-layer op counts disagree: {per}")
+    # the argmax: its own op once per token, or fused into the head (decode)
+    if per.get("argmax", {}).get("argmax/t0/m0", 1.0) != 1.0:
+        sys.exit(f"table {i}: argmax ops per token: {per['argmax']}")
+    t["decode_fused"] = fused and "argmax" not in per
+if not any(t.get("decode_fused") for t in tables):
+    sys.exit("no recording with the fused decode attention and head: " + str([sorted(t["rows"]) for t in tables])[:2000])
 print(f"check_vkprof: {len(tables)} tables consistent; largest span {max(t['gpu'] for t in tables):.0f} us")

@@ -1,0 +1,312 @@
+/* The distributed hub's forward pass on Vulkan: the GPU runs everything but
+ * the experts, which go to an executor (workers, or the CPU) between layer
+ * segments.
+ *
+ * Segment l (recorded once per batch shape, like the local path's token):
+ *   l == 0: embed; else x += result (the host-visible buffer the host wrote
+ *   layer l-1's expert sum into); then for l < n_layer attention of layer l,
+ *   FFN norm + router, and three small copies of xn, ids, gates into a
+ *   host-visible readback buffer; segment n_layer runs the head instead.
+ *
+ * Timeline path: all n_layer + 1 segments are submitted in one vkQueueSubmit
+ * on a timeline semaphore. From a base B, segment l signals B+2l+1 when its
+ * readback is written; the host waits for it, runs the experts, writes the
+ * result and signals B+2l+2, which segment l+1 waits for. No submit between
+ * layers, only a host signal and a host wait. Fence path (devices without
+ * timeline semaphores, or MOEX_VK_SYNC_FENCE): one submit + fence per segment.
+ *
+ * A failing exec.run: the host still signals every remaining value (skipping
+ * the executor), so the queued segments run on stale data and drain; their KV
+ * rows for these positions are garbage but every forward writes its own rows
+ * before attention reads them, so a retry at the same position sees none of
+ * it (the CPU path's contract). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hub/forward_vk_internal.h"
+
+typedef struct dist_rec {
+    moex_vk_cmd **seg;   /* n_layer + 1 */
+    int64_t n;
+    bool all_logits, copy_logits, valid;
+    uint64_t last_use;
+} dist_rec;
+
+struct vk_dist {
+    moex_expert_executor exec;
+    int n_seg;                  /* n_layer + 1 */
+    int n_used;                 /* experts per token */
+    moex_vk_timeline *tl;       /* NULL: fence per segment */
+    uint64_t value;             /* the semaphore's value after the latest forward */
+    bool broken;                /* a wait failed with segments possibly in flight */
+    moex_vk_buffer *readback;   /* host-visible: xn [n_batch x n_embd] | ids [n_batch x k] | gates [n_batch x k] */
+    moex_vk_buffer *result;     /* host-visible: the executor's out, n_batch x n_embd */
+    size_t off_ids, off_gw;
+    uint64_t *waits, *signals;  /* n_seg each */
+    dist_rec rec[N_RECORDINGS];
+    uint64_t clock;
+    moex_vk_dist_stats st;
+};
+
+bool vk_dist_active(const moex_vk_state *s) { return s->dist && s->dist->exec.run; }
+
+static bool state_is_moe(const moex_vk_state *s) { return s->layers[0].router.data != 0; }
+
+static void free_rec(vk_dist *d, dist_rec *r) {
+    if (r->seg)
+        for (int i = 0; i < d->n_seg; i++) moex_vk_cmd_free(r->seg[i]);
+    free(r->seg);
+    *r = (dist_rec){0};
+}
+
+void vk_dist_free(moex_vk_state *s) {
+    vk_dist *d = s->dist;
+    if (!d) return;
+    moex_vk_timeline_free(d->tl);   /* waits for the queue */
+    for (int i = 0; i < N_RECORDINGS; i++) free_rec(d, &d->rec[i]);
+    moex_vk_buffer_free(d->readback);
+    moex_vk_buffer_free(d->result);
+    free(d->waits);
+    free(d->signals);
+    free(d);
+    s->dist = NULL;
+}
+
+void vk_dist_invalidate(moex_vk_state *s) {
+    if (!s->dist) return;
+    for (int i = 0; i < N_RECORDINGS; i++) s->dist->rec[i].valid = false;
+}
+
+static int set_timeline(moex_vk_state *s, vk_dist *d, int mode, moex_error *err) {
+    const bool want = mode == MOEX_VK_SYNC_AUTO && moex_vk_timeline_supported(s->vk);
+    if (want == (d->tl != NULL)) return 0;
+    moex_vk_timeline_free(d->tl);
+    d->tl = NULL;
+    if (want) {
+        if (!(d->tl = moex_vk_timeline_create(s->vk, d->n_seg, err))) return -1;
+        d->value = moex_vk_timeline_value(d->tl);
+    }
+    return 0;
+}
+
+static vk_dist *dist_create(const moex_model *m, moex_vk_state *s, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    vk_dist *d = calloc(1, sizeof *d);
+    if (!d) {
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    s->dist = d;   /* vk_dist_free cleans up a half-made one */
+    d->n_seg = hp->n_layer + 1;
+    d->n_used = hp->n_expert_used;
+    const size_t nb = (size_t)s->n_batch, xn_bytes = nb * (size_t)hp->n_embd * 4, kb = nb * (size_t)d->n_used * 4;
+    d->off_ids = xn_bytes;
+    d->off_gw = xn_bytes + kb;
+    d->waits = calloc((size_t)d->n_seg, sizeof *d->waits);
+    d->signals = calloc((size_t)d->n_seg, sizeof *d->signals);
+    if (!d->waits || !d->signals) {
+        moex_fail(err, "out of memory");
+        goto fail;
+    }
+    if (!(d->readback = moex_vk_buffer_create(s->vk, xn_bytes + 2 * kb, MOEX_VK_MEM_HOST, err)) ||
+        !(d->result = moex_vk_buffer_create(s->vk, xn_bytes, MOEX_VK_MEM_HOST, err)) ||
+        set_timeline(s, d, MOEX_VK_SYNC_AUTO, err))
+        goto fail;
+    if (!moex_vk_buffer_map(d->readback) || !moex_vk_buffer_map(d->result)) {
+        moex_fail(err, "vulkan: host-visible buffers are not mapped");
+        goto fail;
+    }
+    memset(moex_vk_buffer_map(d->result), 0, xn_bytes);
+    return d;
+fail:
+    vk_dist_free(s);
+    return NULL;
+}
+
+int moex_vk_state_set_executor(const moex_model *m, moex_vk_state *s, moex_expert_executor exec, moex_error *err) {
+    if (!state_is_moe(s)) return 0;   /* dense: no experts to send anywhere */
+    if (!exec.run) {
+        if (s->experts_remote)
+            return moex_fail(err, "vulkan: this state was created without the experts: it needs an executor");
+        if (s->dist) s->dist->exec = exec;
+        return 0;
+    }
+    if (!s->dist && !dist_create(m, s, err)) return -1;
+    s->dist->exec = exec;
+    return 0;
+}
+
+int moex_vk_state_set_sync(moex_vk_state *s, int mode, moex_error *err) {
+    if (mode != MOEX_VK_SYNC_AUTO && mode != MOEX_VK_SYNC_FENCE) return moex_fail(err, "vulkan: sync mode %d", mode);
+    if (!s->dist) return state_is_moe(s) ? moex_fail(err, "vulkan: set an expert executor first") : 0;
+    if (s->dist->broken) return moex_fail(err, "vulkan: the device stopped answering");
+    return set_timeline(s, s->dist, mode, err);
+}
+
+void moex_vk_state_dist_stats(moex_vk_state *s, moex_vk_dist_stats *st, bool reset) {
+    if (!s->dist) {
+        *st = (moex_vk_dist_stats){0};
+        return;
+    }
+    *st = s->dist->st;
+    st->timeline = s->dist->tl != NULL;
+    if (reset) s->dist->st = (moex_vk_dist_stats){0};
+}
+
+/* ---- recording ---- */
+
+/* Segment il: the previous layer's result into x, then layer il up to its
+ * router and the readback (il < n_layer), or the head (il == n_layer). */
+static int record_segment(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, bool all_logits,
+                          bool copy_logits, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    vk_dist *d = s->dist;
+    const size_t nd = (size_t)n * (size_t)hp->n_embd, nk = (size_t)n * (size_t)hp->n_expert_used;
+    if (moex_vk_cmd_begin(c, err)) return -1;
+    if (il == 0) {
+        if (vk_record_embed(m, s, c, n, err)) return -1;
+    } else {
+        /* x += result, read straight from host-visible memory (n x n_embd floats: small) */
+        moex_vk_cmd_label(c, "expert_add");
+        moex_vk_host_write_barrier(c);
+        if (moex_vk_op_eltwise(c, 0, ACT(x), moex_vk_buffer_ptr(d->result), ACT(x), (int64_t)nd, err)) return -1;
+        moex_vk_barrier(c);
+    }
+    if (il < hp->n_layer) {
+        if (vk_record_attention(m, s, c, il, n, err) || vk_record_router(m, s, c, il, n, err)) return -1;
+        moex_vk_cmd_label(c, "readback");
+        moex_vk_copy(c, d->readback, 0, s->act, s->a.xn, nd * 4);
+        moex_vk_copy(c, d->readback, d->off_ids, s->act, s->a.ids, nk * 4);
+        moex_vk_copy(c, d->readback, d->off_gw, s->act, s->a.gw, nk * 4);
+    } else {
+        if (vk_record_head(m, s, c, n, all_logits, err)) return -1;
+        moex_vk_cmd_label(c, "logits_copy");
+        if (copy_logits)
+            moex_vk_copy(c, s->logits_host, 0, s->logits_dev, 0,
+                         (size_t)(all_logits ? n : 1) * (size_t)hp->n_vocab * 4);
+    }
+    return moex_vk_cmd_end(c, err);   /* ends with a barrier that makes the copies visible to the host */
+}
+
+/* The segments for this batch shape: reused when recorded, else recorded into the least recently used slot. */
+static dist_rec *get_segments(const moex_model *m, moex_vk_state *s, int64_t n, bool all_logits, bool copy_logits,
+                              moex_error *err) {
+    vk_dist *d = s->dist;
+    dist_rec *slot = &d->rec[0];
+    for (int i = 0; i < N_RECORDINGS; i++) {
+        dist_rec *r = &d->rec[i];
+        if (r->valid && r->n == n && r->all_logits == all_logits && r->copy_logits == copy_logits) {
+            r->last_use = ++d->clock;
+            return r;
+        }
+        if (!r->valid || r->last_use < slot->last_use) slot = r;
+    }
+    slot->valid = false;
+    if (!slot->seg && !(slot->seg = calloc((size_t)d->n_seg, sizeof *slot->seg))) {
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    for (int il = 0; il < d->n_seg; il++) {
+        if (!slot->seg[il] && !(slot->seg[il] = moex_vk_cmd_create(s->vk, err))) return NULL;
+        if (record_segment(m, s, slot->seg[il], il, n, all_logits, copy_logits, err)) return NULL;
+    }
+    slot->n = n;
+    slot->all_logits = all_logits;
+    slot->copy_logits = copy_logits;
+    slot->valid = true;
+    slot->last_use = ++d->clock;
+    return slot;
+}
+
+/* ---- running ---- */
+
+/* exec.run on layer il's readback, the sum into the result buffer. */
+static int run_experts(vk_dist *d, int il, int64_t n, moex_error *err) {
+    const char *rb = moex_vk_buffer_map(d->readback);
+    const moex_moe_request req = {.layer = il, .n_tokens = n, .n_used = d->n_used,
+                                  .expert_ids = (const int32_t *)(rb + d->off_ids),
+                                  .gate_weights = (const float *)(rb + d->off_gw), .x = (const float *)rb,
+                                  .out = moex_vk_buffer_map(d->result)};
+    const double t0 = moex_time_s();
+    const int rc = d->exec.run(d->exec.ctx, &req, err);
+    d->st.exec_s += moex_time_s() - t0;
+    return rc ? -1 : 0;
+}
+
+/* Adds the host's wait for one segment to the stats: layer 0 and the head apart from the middle layers. */
+static void time_segment(vk_dist *d, int il, double since) {
+    const double dt = moex_time_s() - since;
+    if (il == 0) {
+        d->st.first_s += dt;
+    } else if (il == d->n_seg - 1) {
+        d->st.head_s += dt;
+    } else {
+        d->st.gpu_s += dt;
+        d->st.segments++;
+    }
+}
+
+static int run_fenced(vk_dist *d, dist_rec *r, int64_t n, moex_error *err) {
+    for (int il = 0; il < d->n_seg; il++) {
+        const double t0 = moex_time_s();
+        if (moex_vk_cmd_run(r->seg[il], err)) return -1;
+        time_segment(d, il, t0);
+        if (il < d->n_seg - 1 && run_experts(d, il, n, err)) return -1;   /* nothing queued: just stop */
+    }
+    return 0;
+}
+
+static int run_timeline(vk_dist *d, dist_rec *r, int64_t n, moex_error *err) {
+    const uint64_t base = d->value;
+    const int last = d->n_seg - 1;
+    for (int il = 0; il <= last; il++) {
+        d->waits[il] = il ? base + 2 * (uint64_t)il : 0;
+        d->signals[il] = base + 2 * (uint64_t)il + 1;
+    }
+    double since = moex_time_s();
+    if (moex_vk_timeline_submit(d->tl, r->seg, d->waits, d->signals, d->n_seg, err)) {
+        d->broken = true;   /* a later chunk's failure may leave earlier segments waiting */
+        return -1;
+    }
+    moex_error exec_err = {0};
+    bool failed = false;
+    for (int il = 0; il <= last; il++) {
+        if (moex_vk_timeline_wait(d->tl, d->signals[il], err)) {
+            d->broken = true;   /* segments may still be queued: the state cannot tell what ran */
+            return -1;
+        }
+        time_segment(d, il, since);
+        if (il == last) break;
+        if (!failed && run_experts(d, il, n, &exec_err)) failed = true;   /* later layers drain without it */
+        since = moex_time_s();
+        if (moex_vk_timeline_signal(d->tl, d->waits[il + 1], err)) {
+            d->broken = true;
+            return -1;
+        }
+    }
+    d->value = d->signals[last];
+    if (failed) {
+        *err = exec_err;
+        return -1;
+    }
+    return 0;
+}
+
+int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                    bool all_logits, float *logits, moex_error *err) {
+    vk_dist *d = s->dist;
+    if (d->broken) return moex_fail(err, "vulkan: the device stopped answering in an earlier forward");
+    const double t0 = moex_time_s();
+    dist_rec *r = get_segments(m, s, n, all_logits, logits != NULL, err);
+    if (!r) return -1;
+    int32_t *io = moex_vk_buffer_map(s->io);
+    io[IO_PARAMS] = (int32_t)pos;
+    memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
+    if (d->tl ? run_timeline(d, r, n, err) : run_fenced(d, r, n, err)) return -1;
+    s->last_argmax = io[IO_ARGMAX];
+    if (logits)
+        memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);
+    d->st.forwards++;
+    d->st.total_s += moex_time_s() - t0;
+    return 0;
+}

@@ -1,0 +1,277 @@
+// The decode expert FFN (SwiGLU) over many experts in one dispatch per half:
+// SIDE 0, gate+up: h[p] = silu(Wg_e x[t]) * (Wu_e x[t]) for pair p = t*k + j,
+//         e = ids[p]; grid (ceil(n_ff / RT), n*k).
+// SIDE 1, down: y[t] = r[t] + sum_j gw[t*k+j] * Wd_e h[t*k+j]; grid (ceil(d / RT), n).
+// "Column-stationary": each thread owns a few fixed positions of the input
+// (a stretch of PE columns of x, or of one slot's h) held in registers, and
+// walks the workgroup's RT rows, so x is read once and never re-read per row.
+// Lanes of a subgroup own consecutive positions, so every weight load of a
+// subgroup falls in one or two contiguous stretches of a block (coalesced;
+// the old per-unit layout scattered 4-byte loads over many cache lines).
+// Loads of RU rows are issued before any of them is used, and the next RU
+// rows' loads are in flight while those are (software pipelining). The RT row sums
+// are reduced once at the end (subgroup adds, then shared memory, in a fixed
+// order: results do not depend on timing).
+layout(local_size_x = WG) in;
+
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer UV4 { uvec4 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV4 { vec4 v[]; };
+#if FAST && TYPE == T_Q4_K
+#define WT UV4   // 16-byte loads (rows and experts 16-byte aligned)
+#else
+#define WT U32
+#endif
+
+float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+// Small integers to floats without int-to-float conversions (as _mvunit.comp
+// does): the bits at s..(below 23) ORed into the float 2^(23-s) give exactly
+// 2^(23-s) + field; one subtraction leaves field - off.
+#define PBITS(s) ((150u - (s)) << 23)
+float field(uint w, uint mask, uint s, float off) {
+    return uintBitsToFloat((w & (mask << s)) | PBITS(s)) - (uintBitsToFloat(PBITS(s)) + off);
+}
+// An integer below 2^23 as a float, at full rate (not an int-to-float conversion).
+float small_f(uint v) { return uintBitsToFloat(v | PBITS(0u)) - 8388608.0; }
+// Four bytes of w (each below 2^mbits) minus off.
+vec4 bytes4(uint w, uint mask, float off) {
+    const uint hi = w >> 16;
+    return vec4(field(w, mask, 0u, off), field(w, mask, 8u, off), field(hi, mask, 0u, off), field(hi, mask, 8u, off));
+}
+
+layout(push_constant) uniform PC {
+    WT w; WT w2; RV4 x; F32 y; F32 r; I32 ids; F32 gw; U32 unused;
+    uint rows, cols, n, xs, ys, flags, k, estride;
+} pc;
+
+// ---- positions: per type, PE columns of a row and the matching x in registers ----
+//   PW pload(p, rb, pos)    the weights of position pos of the row at byte rb
+//   PX pxload(x, xo4, pos)  x of that position (xo4: vec4 index of x's row)
+//   float pdot(w, x, pos)
+#if FAST && TYPE == T_Q4_K
+// 16 bytes of a group's qs: elements 64g+16hh+(0..15) (low nibbles, sub-block
+// 2g) and 64g+32+16hh+(0..15) (high nibbles, 2g+1); 8 positions per block,
+// which read its 16-byte header (d, dmin, scales) too.
+#define PE 32u
+struct PW { uvec4 q, h; };
+struct PX { vec4 lo[4], hi[4]; float slo, shi; };
+PX pxload(RV4 x, uint xo4, uint pos) {
+    const uint m = pos & 7u, o = xo4 + (pos >> 3) * 64u + (m >> 1) * 16u + (m & 1u) * 4u;
+    PX r;
+    for (uint i = 0u; i < 4u; i++) {
+        r.lo[i] = x.v[o + i];
+        r.hi[i] = x.v[o + 8u + i];
+    }
+    r.slo = hsum((r.lo[0] + r.lo[1]) + (r.lo[2] + r.lo[3]));
+    r.shi = hsum((r.hi[0] + r.hi[1]) + (r.hi[2] + r.hi[3]));
+    return r;
+}
+PW pload(UV4 p, uint rb, uint pos) {
+    const uint bi = (rb >> 4) + (pos >> 3) * 9u;
+    PW w;
+    w.h = p.v[bi];
+    w.q = p.v[bi + 1u + (pos & 7u)];
+    return w;
+}
+float pdot(PW w, PX x, uint pos) {
+    // ggml's get_scale_min_k4 for sub-blocks 2g, 2g + 1, without branches:
+    // 6 bits at a of scales[0..3] (g < 2), or 4 bits of scales[8..11] and 2 of scales[0..7] above them.
+    const uint g = (pos & 7u) >> 1, hi = g >> 1, sh = 16u * (g & 1u);
+    const uint a = hi != 0u ? w.h.w : w.h.y, am = hi != 0u ? 15u : 63u, bm = hi != 0u ? 3u : 0u;
+    const uint ai = hi != 0u ? w.h.w >> 4 : w.h.z;   // the mins' low bits
+    const float sc0 = small_f(((a >> sh) & am) | (((w.h.y >> (sh + 6u)) & bm) << 4));
+    const float m0 = small_f(((ai >> sh) & am) | (((w.h.z >> (sh + 6u)) & bm) << 4));
+    const float sc1 = small_f(((a >> (sh + 8u)) & am) | (((w.h.y >> (sh + 14u)) & bm) << 4));
+    const float m1 = small_f(((ai >> (sh + 8u)) & am) | (((w.h.z >> (sh + 14u)) & bm) << 4));
+    const vec2 dm = unpackHalf2x16(w.h.x);
+    vec4 sl = vec4(0.0), shh = vec4(0.0);
+    for (uint i = 0u; i < 4u; i++) {
+        const uint q = w.q[i], q2 = q >> 16;
+        sl += vec4(field(q, 15u, 0u, 0.0), field(q, 15u, 8u, 0.0), field(q2, 15u, 0u, 0.0), field(q2, 15u, 8u, 0.0)) * x.lo[i];
+        shh += vec4(field(q, 15u, 4u, 0.0), field(q, 15u, 12u, 0.0), field(q2, 15u, 4u, 0.0), field(q2, 15u, 12u, 0.0)) * x.hi[i];
+    }
+    return dm.x * (sc0 * hsum(sl) + sc1 * hsum(shh)) - dm.y * (m0 * x.slo + m1 * x.shi);
+}
+
+#elif FAST && TYPE == T_Q6_K
+// Words 2m, 2m+1 of a block's ql (m = pos % 16): elements E..E+7 (low
+// nibbles) and E+64..E+71 (high), E = 128(m/8) + 8(m%8), with qh words
+// 8(m/8) + 2(m%4) (+1) (bit pairs 0/4, or 2/6 when m%8 >= 4), one
+// sub-block scale for each eight and d. 16 positions per block; blocks are
+// only 2-byte aligned, so words are shifted into place.
+#define PE 16u
+struct PW { uvec2 ql, qh; float slo, shi; };
+struct PX { vec4 lo0, lo1, hi0, hi1; };
+// 8 bytes at a 2-aligned byte offset.
+uvec2 ld64(U32 p, uint off) {
+    const uint i = off >> 2;
+    if ((off & 2u) == 0u) return uvec2(p.v[i], p.v[i + 1u]);
+    const uint w1 = p.v[i + 1u];
+    return uvec2((p.v[i] >> 16) | (w1 << 16), (w1 >> 16) | (p.v[i + 2u] << 16));
+}
+PX pxload(RV4 x, uint xo4, uint pos) {
+    const uint m = pos & 15u, o = xo4 + (pos >> 4) * 64u + (m >> 3) * 32u + (m & 7u) * 2u;
+    PX r;
+    r.lo0 = x.v[o];
+    r.lo1 = x.v[o + 1u];
+    r.hi0 = x.v[o + 16u];
+    r.hi1 = x.v[o + 17u];
+    return r;
+}
+PW pload(U32 p, uint rb, uint pos) {
+    const uint o = rb + (pos >> 4) * 210u, m = pos & 15u, sb = o + 192u + 8u * (m >> 3) + ((m & 7u) >> 1);
+    PW w;
+    w.ql = ld64(p, o + 8u * m);
+    w.qh = ld64(p, o + 128u + 4u * (8u * (m >> 3) + 2u * (m & 3u)));
+    const float d = f16at(p, o + 208u);
+    w.slo = d * field(ld8(p, sb) ^ 0x80u, 255u, 0u, 128.0);   // int8 scales
+    w.shi = d * field(ld8(p, sb + 4u) ^ 0x80u, 255u, 0u, 128.0);
+    return w;
+}
+float pdot(PW w, PX x, uint pos) {
+    const uvec2 qh = (pos & 4u) != 0u ? w.qh >> 2 : w.qh;
+    const uvec2 lo = (w.ql & 0x0f0f0f0fu) | ((qh << 4) & 0x30303030u);
+    const uvec2 hi = ((w.ql >> 4) & 0x0f0f0f0fu) | (qh & 0x30303030u);
+    return w.slo * (dot(bytes4(lo.x, 63u, 32.0), x.lo0) + dot(bytes4(lo.y, 63u, 32.0), x.lo1)) +
+           w.shi * (dot(bytes4(hi.x, 63u, 32.0), x.hi0) + dot(bytes4(hi.y, 63u, 32.0), x.hi1));
+}
+
+#else
+// Any type: 8 consecutive elements through dq8() (4-byte alignment is enough).
+#define PE 8u
+struct PW { vec4 a, b; };
+struct PX { vec4 lo, hi; };
+PX pxload(RV4 x, uint xo4, uint pos) {
+    PX r;
+    r.lo = x.v[xo4 + 2u * pos];
+    r.hi = x.v[xo4 + 2u * pos + 1u];
+    return r;
+}
+PW pload(U32 p, uint rb, uint pos) {
+    PW w;
+    dq8(p, rb, 8u * pos, w.a, w.b);
+    return w;
+}
+float pdot(PW w, PX x, uint pos) { return dot(w.a, x.lo) + dot(w.b, x.hi); }
+#endif
+
+// ---- the workgroup reduction of NV sums per thread ----
+#if SIDE == 0
+#define NV (2u * RT)   // gate and up of each row
+#else
+#define NV RT
+#endif
+shared float red[NV * WG];
+
+// red[v] = sum over the workgroup of acc[v], for v < NV (fixed order).
+void reduce(float acc[NV]) {
+    const uint tid = gl_LocalInvocationID.x;
+#ifdef USE_SUBGROUP
+    for (uint v = 0u; v < NV; v++) {
+        const float s = subgroupAdd(acc[v]);
+        if (subgroupElect()) red[v * WG + gl_SubgroupID] = s;
+    }
+    barrier();
+    if (tid < NV) {
+        float s = 0.0;
+        for (uint g = 0u; g < gl_NumSubgroups; g++) s += red[tid * WG + g];
+        red[tid * WG] = s;
+    }
+    barrier();
+#else
+    for (uint v = 0u; v < NV; v++) red[v * WG + tid] = acc[v];
+    barrier();
+    for (uint h = WG / 2u; h > 0u; h >>= 1) {
+        if (tid < h)
+            for (uint v = 0u; v < NV; v++) red[v * WG + tid] += red[v * WG + tid + h];
+        barrier();
+    }
+#endif
+}
+
+#if SIDE == 0
+// Gate and up weights of rows r0 .. r0 + RU - 1 of expert eb at this thread's positions.
+void gu_load(out PW wg[RU * PPT], out PW wu[RU * PPT], uint eb, uint r0, uint row_bytes, uint pp[PPT]) {
+    for (uint rr = 0u; rr < RU; rr++) {
+        const uint rb = eb + min(r0 + rr, pc.rows - 1u) * row_bytes;   // rows past the end: the last one, dropped
+        for (uint i = 0u; i < PPT; i++) {
+            wg[rr * PPT + i] = pload(pc.w, rb, pp[i]);
+            wu[rr * PPT + i] = pload(pc.w2, rb, pp[i]);
+        }
+    }
+}
+#else
+// Down weights of rows r0 .. r0 + RU - 1 at this thread's positions (each its slot's expert eb).
+void dn_load(out PW wd[RU * PPT], uint r0, uint row_bytes, uint eb[PPT], uint pp[PPT]) {
+    for (uint rr = 0u; rr < RU; rr++) {
+        const uint rb = min(r0 + rr, pc.rows - 1u) * row_bytes;   // rows past the end: the last one, dropped
+        for (uint i = 0u; i < PPT; i++) wd[rr * PPT + i] = pload(pc.w, eb[i] + rb, pp[i]);
+    }
+}
+#endif
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x, row0 = gl_WorkGroupID.x * RT;
+    const uint row_bytes = (pc.cols / BLK) * BLK_BYTES, xs4 = pc.xs / 4u, npos = pc.cols / PE;
+    float acc[NV];
+    for (uint v = 0u; v < NV; v++) acc[v] = 0.0;
+#if SIDE == 0
+    const uint p = gl_WorkGroupID.y, tok = p / pc.k, eb = uint(pc.ids.v[p]) * pc.estride;
+    for (uint c0 = 0u; c0 < npos; c0 += WG * PPT) {
+        PX px[PPT];
+        uint pp[PPT];
+        for (uint i = 0u; i < PPT; i++) {
+            pp[i] = min(c0 + tid + i * WG, npos - 1u);
+            px[i] = pxload(pc.x, tok * xs4, pp[i]);
+        }
+        // Software pipelined: the next RU rows' loads are in flight while these are used.
+        PW wgt[RU * PPT], wup[RU * PPT];
+        gu_load(wgt, wup, eb, row0, row_bytes, pp);
+        for (uint r = 0u; r < RT; r += RU) {
+            PW ngt[RU * PPT], nup[RU * PPT];
+            if (r + RU < RT) gu_load(ngt, nup, eb, row0 + r + RU, row_bytes, pp);
+            for (uint rr = 0u; rr < RU; rr++)
+                for (uint i = 0u; i < PPT; i++)
+                    if (c0 + tid + i * WG < npos) {   // clamped repeats count 0
+                        acc[2u * (r + rr)] += pdot(wgt[rr * PPT + i], px[i], pp[i]);
+                        acc[2u * (r + rr) + 1u] += pdot(wup[rr * PPT + i], px[i], pp[i]);
+                    }
+            if (r + RU < RT) {
+                wgt = ngt;
+                wup = nup;
+            }
+        }
+    }
+    reduce(acc);
+    if (tid < RT && row0 + tid < pc.rows)
+        pc.y.v[p * pc.ys + row0 + tid] = silu(red[2u * tid * WG]) * red[(2u * tid + 1u) * WG];
+#else
+    // Positions q < k * npos: slot j = q / npos of token tok, position q % npos of its h row.
+    const uint tok = gl_WorkGroupID.y, total = pc.k * npos;
+    for (uint c0 = 0u; c0 < total; c0 += WG * PPT) {
+        PX px[PPT];
+        uint pp[PPT], eb[PPT];
+        float g[PPT];
+        for (uint i = 0u; i < PPT; i++) {
+            const uint q = min(c0 + tid + i * WG, total - 1u), j = q / npos, slot = tok * pc.k + j;
+            pp[i] = q - j * npos;
+            eb[i] = uint(pc.ids.v[slot]) * pc.estride;
+            g[i] = c0 + tid + i * WG < total ? pc.gw.v[slot] : 0.0;   // clamped repeats count 0
+            px[i] = pxload(pc.x, slot * xs4, pp[i]);
+        }
+        PW wd[RU * PPT];
+        dn_load(wd, row0, row_bytes, eb, pp);
+        for (uint r = 0u; r < RT; r += RU) {
+            PW nd[RU * PPT];
+            if (r + RU < RT) dn_load(nd, row0 + r + RU, row_bytes, eb, pp);
+            for (uint rr = 0u; rr < RU; rr++)
+                for (uint i = 0u; i < PPT; i++) acc[r + rr] += g[i] * pdot(wd[rr * PPT + i], px[i], pp[i]);
+            if (r + RU < RT) wd = nd;
+        }
+    }
+    reduce(acc);
+    if (tid < RT && row0 + tid < pc.rows) {
+        const uint o = tok * pc.ys + row0 + tid;
+        pc.y.v[o] = red[tid * WG] + ((pc.flags & 1u) != 0u ? pc.r.v[o] : 0.0);
+    }
+#endif
+}

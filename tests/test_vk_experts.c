@@ -1,0 +1,155 @@
+/* The decode expert FFN (experts_mv.comp through moex_vk_op_experts, n <=
+ * VK_MV_NMAX) against a float64 reference on fresh random inputs: the hot
+ * types (Q4_K gate/up with Q6_K down), Q8_0, Q5_K, F16, Q4_K weights that are
+ * not 16-byte aligned (the generic positions), one and several tokens,
+ * repeated experts, and shapes that need the outer loop over positions.
+ * usage: test_vk_experts_mv [--no-subgroup] */
+#include "tests/vk/vk_test_util.h"
+
+static moex_vk *vk;
+static rng R;
+
+#define P(b) moex_vk_buffer_ptr(b)
+
+typedef struct ex_case {
+    moex_type tg, td;
+    int64_t d, f, n;
+    int E, k;
+    size_t misalign;   /* bytes every weight tensor starts past a 16-byte boundary */
+    bool dup;          /* a token may choose the same expert twice */
+} ex_case;
+
+/* n x k expert ids (distinct per token unless dup) and gate weights. */
+static void pick(const ex_case *t, int32_t *ids, float *gw) {
+    for (int64_t i = 0; i < t->n; i++)
+        for (int j = 0; j < t->k; j++) {
+            int e;
+            bool again;
+            do {
+                e = (int)(rng_next(&R) % (uint64_t)t->E);
+                again = false;
+                for (int q = 0; q < j && !t->dup; q++) again |= ids[i * t->k + q] == e;
+            } while (again);
+            ids[i * t->k + j] = e;
+            gw[i * t->k + j] = (float)rng_uniform(&R);
+        }
+}
+
+/* ref[t] = res[t] + sum_j gw * down(silu(gate x) * up x), in float64 on the exact weights. */
+static void reference(const ex_case *t, test_matrix *g, test_matrix *u, test_matrix *dn, const float *x, const float *res,
+                      const int32_t *ids, const float *gw, double *ref) {
+    const int64_t d = t->d, f = t->f;
+    double *h = malloc((size_t)f * sizeof *h);
+    for (int64_t i = 0; i < t->n; i++) {
+        for (int64_t r = 0; r < d; r++) ref[i * d + r] = res[i * d + r];
+        for (int j = 0; j < t->k; j++) {
+            const int e = ids[i * t->k + j];
+            for (int64_t r = 0; r < f; r++) {
+                double a = 0, b = 0;
+                for (int64_t c = 0; c < d; c++) {
+                    a += (double)g[e].deq[r * d + c] * x[i * d + c];
+                    b += (double)u[e].deq[r * d + c] * x[i * d + c];
+                }
+                h[r] = a / (1 + exp(-a)) * b;
+            }
+            for (int64_t r = 0; r < d; r++) {
+                double s = 0;
+                for (int64_t c = 0; c < f; c++) s += (double)dn[e].deq[r * f + c] * h[c];
+                ref[i * d + r] += gw[i * t->k + j] * s;
+            }
+        }
+    }
+    free(h);
+}
+
+/* E matrices back to back, misalign bytes into a fresh buffer. */
+static moex_vk_buffer *upload_experts(test_matrix *m, int E, size_t misalign, moex_vk_matrix *out) {
+    const size_t one = (size_t)m[0].rows * m[0].row_bytes;
+    uint8_t *all = calloc(1, misalign + (size_t)E * one);
+    for (int e = 0; e < E; e++) memcpy(all + misalign + (size_t)e * one, m[e].data, one);
+    moex_vk_buffer *b = gpu_from(vk, all, misalign + (size_t)E * one);
+    free(all);
+    *out = vk_matrix_of(&m[0], b);
+    out->data += misalign;
+    out->expert_stride = one;
+    return b;
+}
+
+static void run_case(const ex_case *t) {
+    const int64_t d = t->d, f = t->f, n = t->n;
+    const int E = t->E, k = t->k;
+    test_matrix *g = malloc(E * sizeof *g), *u = malloc(E * sizeof *u), *dn = malloc(E * sizeof *dn);
+    for (int e = 0; e < E; e++) {
+        g[e] = make_matrix(&R, t->tg, f, d);
+        u[e] = make_matrix(&R, t->tg, f, d);
+        dn[e] = make_matrix(&R, t->td, d, f);
+    }
+    float *x = malloc(n * d * 4), *res = malloc(n * d * 4), *gw = malloc(n * k * 4), *got = malloc(n * d * 4);
+    int32_t *ids = malloc(n * k * 4);
+    double *ref = malloc(n * d * 8);
+    fill_gauss(&R, x, n * d, 1.0f);
+    fill_gauss(&R, res, n * d, 1.0f);
+    pick(t, ids, gw);
+    reference(t, g, u, dn, x, res, ids, gw, ref);
+
+    moex_vk_experts ex = {.n_expert = E};
+    moex_vk_buffer *gb = upload_experts(g, E, t->misalign, &ex.gate), *ub = upload_experts(u, E, t->misalign, &ex.up),
+                   *db = upload_experts(dn, E, t->misalign, &ex.down);
+    moex_vk_buffer *xb = gpu_from(vk, x, n * d * 4), *rb = gpu_from(vk, res, n * d * 4), *ib = gpu_from(vk, ids, n * k * 4),
+                   *wb = gpu_from(vk, gw, n * k * 4), *sb = gpu_from(vk, NULL, moex_vk_experts_scratch(&ex, n, k)),
+                   *yb = gpu_from(vk, NULL, n * d * 4);
+    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
+    MUST(!c);
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    MUST(moex_vk_op_experts(c, &ex, P(xb), n, k, P(ib), P(wb), P(rb), P(yb), P(sb), &g_err));
+    moex_vk_barrier(c);
+    /* the forward pass's way: y aliases the residual */
+    MUST(moex_vk_op_experts(c, &ex, P(xb), n, k, P(ib), P(wb), P(rb), P(rb), P(sb), &g_err));
+    MUST(moex_vk_cmd_end(c, &g_err));
+    MUST(moex_vk_cmd_run(c, &g_err));
+    moex_vk_cmd_free(c);
+    char what[128];
+    snprintf(what, sizeof what, "n=%lld k=%d d=%lld f=%lld %s/%s%s%s", (long long)n, k, (long long)d, (long long)f,
+             moex_type_get(t->tg)->name, moex_type_get(t->td)->name, t->misalign ? " unaligned" : "",
+             t->dup ? " repeated experts" : "");
+    gpu_read(vk, yb, got, n * d * 4);
+    const double e1 = rel_l2(got, ref, n * d);
+    float *again = malloc(n * d * 4);
+    gpu_read(vk, rb, again, n * d * 4);
+    CHECK(e1 <= 1e-5, "experts %s: rel err %.3g", what, e1);
+    CHECK(!memcmp(got, again, n * d * 4), "experts %s: y aliasing the residual gives another result", what);
+    /* the result must depend on every input: a wrong slot, weight or token would show */
+    double moved = 0, den = 0;
+    for (int64_t i = 0; i < n * d; i++) moved += (ref[i] - res[i]) * (ref[i] - res[i]), den += ref[i] * ref[i];
+    CHECK(moved > 1e-4 * den, "experts %s: the experts add too little to the residual to test anything", what);
+    printf("  experts %s: rel err %.2g\n", what, e1);
+    moex_vk_buffer *all[] = {gb, ub, db, xb, rb, ib, wb, sb, yb};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) moex_vk_buffer_free(all[i]);
+    for (int e = 0; e < E; e++) free_matrix(&g[e]), free_matrix(&u[e]), free_matrix(&dn[e]);
+    free(g), free(u), free(dn), free(x), free(res), free(gw), free(got), free(again), free(ids), free(ref);
+}
+
+int main(int argc, char **argv) {
+    const bool no_sg = argc > 1 && !strcmp(argv[1], "--no-subgroup");
+    R = test_rng("test_vk_experts");
+    vk = test_vk(no_sg);
+    const moex_type Q4K = MOEX_TYPE_Q4_K, Q6K = MOEX_TYPE_Q6_K, Q8 = MOEX_TYPE_Q8_0, Q5K = MOEX_TYPE_Q5_K,
+                    F16 = MOEX_TYPE_F16;
+    const ex_case cases[] = {
+        {Q4K, Q6K, 512, 768, 1, 16, 8, 0, false},    /* the Q4_K_M mix, one token (Qwen3-MoE-like ff) */
+        {Q4K, Q6K, 512, 256, 8, 12, 4, 0, false},    /* a full batch: tokens share experts */
+        {Q4K, Q6K, 256, 256, 3, 6, 3, 0, true},      /* a token choosing one expert twice */
+        {Q8, Q8, 256, 320, 1, 10, 4, 0, false},
+        {Q8, Q8, 256, 320, 5, 10, 4, 0, false},
+        {Q5K, Q5K, 512, 256, 2, 8, 3, 0, false},
+        {F16, F16, 2304, 64, 2, 4, 2, 0, false},     /* gate/up: more positions than threads x 4 (outer loop) */
+        {Q8, Q8, 64, 2304, 1, 6, 4, 0, false},       /* down: k x positions over threads x 4 (outer loop) */
+        {Q4K, Q4K, 512, 256, 1, 8, 3, 4, false},     /* Q4_K not 16-byte aligned: generic positions */
+        {Q4K, Q6K, 256, 512, 4, 8, 2, 4, false},     /* unaligned gate/up with Q6_K down */
+        {Q4K, Q4K, 512, 512, 3, 8, 4, 0, false},     /* Q4_K down (half of a Q4_K_M file's layers) */
+        {Q6K, Q6K, 256, 256, 2, 6, 3, 0, false},     /* Q6_K gate/up */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+    moex_vk_free(vk);
+    return test_finish("test_vk_experts");
+}
