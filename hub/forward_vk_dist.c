@@ -8,12 +8,16 @@
  *   FFN norm + router, and three small copies of xn, ids, gates into a
  *   host-visible readback buffer; segment n_layer runs the head instead.
  *
- * Timeline path: all n_layer + 1 segments are submitted in one vkQueueSubmit
- * on a timeline semaphore. From a base B, segment l signals B+2l+1 when its
+ * Fence path (the default): one submit + fence wait per segment; the
+ * host's result write precedes the submit that reads it.
+ *
+ * Timeline path (MOEX_VK_SYNC_TIMELINE, experimental): all n_layer + 1
+ * segments are submitted in one vkQueueSubmit on a timeline semaphore. From a base B, segment l signals B+2l+1 when its
  * readback is written; the host waits for it, runs the experts, writes the
  * result and signals B+2l+2, which segment l+1 waits for. No submit between
- * layers, only a host signal and a host wait. Fence path (devices without
- * timeline semaphores, or MOEX_VK_SYNC_FENCE): one submit + fence per segment.
+ * layers, only a host signal and a host wait. On an H200 (driver 580) this
+ * path gave wrong logits while the fence path was exact, with the same
+ * recordings, and was no faster; until that is understood it is opt-in.
  *
  * A failing exec.run: the host still signals every remaining value (skipping
  * the executor), so the queued segments run on stale data and drain; their KV
@@ -78,7 +82,9 @@ void vk_dist_invalidate(moex_vk_state *s) {
 }
 
 static int set_timeline(moex_vk_state *s, vk_dist *d, int mode, moex_error *err) {
-    const bool want = mode == MOEX_VK_SYNC_AUTO && moex_vk_timeline_supported(s->vk);
+    const bool want = mode == MOEX_VK_SYNC_TIMELINE;
+    if (want && !moex_vk_timeline_supported(s->vk))
+        return moex_fail(err, "vulkan: %s has no timeline semaphores", moex_vk_get_info(s->vk)->name);
     if (want == (d->tl != NULL)) return 0;
     moex_vk_timeline_free(d->tl);
     d->tl = NULL;
@@ -110,7 +116,7 @@ static vk_dist *dist_create(const moex_model *m, moex_vk_state *s, moex_error *e
     }
     if (!(d->readback = moex_vk_buffer_create(s->vk, xn_bytes + 2 * kb, MOEX_VK_MEM_HOST, err)) ||
         !(d->result = moex_vk_buffer_create(s->vk, xn_bytes, MOEX_VK_MEM_HOST, err)) ||
-        set_timeline(s, d, MOEX_VK_SYNC_AUTO, err))
+        set_timeline(s, d, MOEX_VK_SYNC_FENCE, err))
         goto fail;
     if (!moex_vk_buffer_map(d->readback) || !moex_vk_buffer_map(d->result)) {
         moex_fail(err, "vulkan: host-visible buffers are not mapped");
@@ -137,7 +143,7 @@ int moex_vk_state_set_executor(const moex_model *m, moex_vk_state *s, moex_exper
 }
 
 int moex_vk_state_set_sync(moex_vk_state *s, int mode, moex_error *err) {
-    if (mode != MOEX_VK_SYNC_AUTO && mode != MOEX_VK_SYNC_FENCE) return moex_fail(err, "vulkan: sync mode %d", mode);
+    if (mode != MOEX_VK_SYNC_TIMELINE && mode != MOEX_VK_SYNC_FENCE) return moex_fail(err, "vulkan: sync mode %d", mode);
     if (!s->dist) return state_is_moe(s) ? moex_fail(err, "vulkan: set an expert executor first") : 0;
     if (s->dist->broken) return moex_fail(err, "vulkan: the device stopped answering");
     return set_timeline(s, s->dist, mode, err);

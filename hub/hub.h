@@ -207,9 +207,12 @@ moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, i
 /* Sends the experts to exec from the next forward on; exec.run NULL returns
  * them to the GPU (an error for a state without the experts). No effect on dense models. */
 int moex_vk_state_set_executor(const moex_model *m, moex_vk_state *s, moex_expert_executor exec, moex_error *err);
-/* MOEX_VK_SYNC_AUTO: the timeline semaphore when the device has one (default);
- * MOEX_VK_SYNC_FENCE: one submit and fence wait per segment. */
-enum { MOEX_VK_SYNC_AUTO, MOEX_VK_SYNC_FENCE };
+/* MOEX_VK_SYNC_FENCE (default): one submit and fence wait per segment.
+ * MOEX_VK_SYNC_TIMELINE: a token's segments submitted at once on a timeline
+ * semaphore the host signals between layers. Experimental: on an H200
+ * (driver 580) it gave wrong logits in test_vk_dist while the fence path is
+ * exact, and its host round trip measured no faster (docs/PERF.md). */
+enum { MOEX_VK_SYNC_FENCE, MOEX_VK_SYNC_TIMELINE };
 int moex_vk_state_set_sync(moex_vk_state *s, int mode, moex_error *err);
 
 /* Host-side times of the distributed forwards since the last reset. */
