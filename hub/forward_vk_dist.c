@@ -7,23 +7,15 @@
  *   layer l-1's expert sum into); then for l < n_layer attention of layer l,
  *   FFN norm + router, and three small copies of xn, ids, gates into a
  *   host-visible readback buffer; segment n_layer runs the head instead.
+ * Each segment is one submit and fence wait: the host's result write precedes
+ * the submit that reads it. (A variant that submitted a token's segments at
+ * once on a timeline semaphore, the host signalling between layers, measured
+ * no faster on an H200 and gave wrong logits there; docs/PERF.md.)
  *
- * Fence path (the default): one submit + fence wait per segment; the
- * host's result write precedes the submit that reads it.
- *
- * Timeline path (MOEX_VK_SYNC_TIMELINE, experimental): all n_layer + 1
- * segments are submitted in one vkQueueSubmit on a timeline semaphore. From a base B, segment l signals B+2l+1 when its
- * readback is written; the host waits for it, runs the experts, writes the
- * result and signals B+2l+2, which segment l+1 waits for. No submit between
- * layers, only a host signal and a host wait. On an H200 (driver 580) this
- * path gave wrong logits while the fence path was exact, with the same
- * recordings, and was no faster; until that is understood it is opt-in.
- *
- * A failing exec.run: the host still signals every remaining value (skipping
- * the executor), so the queued segments run on stale data and drain; their KV
- * rows for these positions are garbage but every forward writes its own rows
- * before attention reads them, so a retry at the same position sees none of
- * it (the CPU path's contract). */
+ * A failing exec.run stops the forward before the next segment is submitted:
+ * the layers already run wrote KV rows for these positions, but every forward
+ * writes its own rows before attention reads them, so a retry at the same
+ * position sees none of it (the CPU path's contract). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,13 +32,9 @@ struct vk_dist {
     moex_expert_executor exec;
     int n_seg;                  /* n_layer + 1 */
     int n_used;                 /* experts per token */
-    moex_vk_timeline *tl;       /* NULL: fence per segment */
-    uint64_t value;             /* the semaphore's value after the latest forward */
-    bool broken;                /* a wait failed with segments possibly in flight */
     moex_vk_buffer *readback;   /* host-visible: xn [n_batch x n_embd] | ids [n_batch x k] | gates [n_batch x k] */
     moex_vk_buffer *result;     /* host-visible: the executor's out, n_batch x n_embd */
     size_t off_ids, off_gw;
-    uint64_t *waits, *signals;  /* n_seg each */
     dist_rec rec[N_RECORDINGS];
     uint64_t clock;
     moex_vk_dist_stats st;
@@ -66,12 +54,9 @@ static void free_rec(vk_dist *d, dist_rec *r) {
 void vk_dist_free(moex_vk_state *s) {
     vk_dist *d = s->dist;
     if (!d) return;
-    moex_vk_timeline_free(d->tl);   /* waits for the queue */
     for (int i = 0; i < N_RECORDINGS; i++) free_rec(d, &d->rec[i]);
     moex_vk_buffer_free(d->readback);
     moex_vk_buffer_free(d->result);
-    free(d->waits);
-    free(d->signals);
     free(d);
     s->dist = NULL;
 }
@@ -79,20 +64,6 @@ void vk_dist_free(moex_vk_state *s) {
 void vk_dist_invalidate(moex_vk_state *s) {
     if (!s->dist) return;
     for (int i = 0; i < N_RECORDINGS; i++) s->dist->rec[i].valid = false;
-}
-
-static int set_timeline(moex_vk_state *s, vk_dist *d, int mode, moex_error *err) {
-    const bool want = mode == MOEX_VK_SYNC_TIMELINE;
-    if (want && !moex_vk_timeline_supported(s->vk))
-        return moex_fail(err, "vulkan: %s has no timeline semaphores", moex_vk_get_info(s->vk)->name);
-    if (want == (d->tl != NULL)) return 0;
-    moex_vk_timeline_free(d->tl);
-    d->tl = NULL;
-    if (want) {
-        if (!(d->tl = moex_vk_timeline_create(s->vk, d->n_seg, err))) return -1;
-        d->value = moex_vk_timeline_value(d->tl);
-    }
-    return 0;
 }
 
 static vk_dist *dist_create(const moex_model *m, moex_vk_state *s, moex_error *err) {
@@ -108,15 +79,8 @@ static vk_dist *dist_create(const moex_model *m, moex_vk_state *s, moex_error *e
     const size_t nb = (size_t)s->n_batch, xn_bytes = nb * (size_t)hp->n_embd * 4, kb = nb * (size_t)d->n_used * 4;
     d->off_ids = xn_bytes;
     d->off_gw = xn_bytes + kb;
-    d->waits = calloc((size_t)d->n_seg, sizeof *d->waits);
-    d->signals = calloc((size_t)d->n_seg, sizeof *d->signals);
-    if (!d->waits || !d->signals) {
-        moex_fail(err, "out of memory");
-        goto fail;
-    }
     if (!(d->readback = moex_vk_buffer_create(s->vk, xn_bytes + 2 * kb, MOEX_VK_MEM_HOST, err)) ||
-        !(d->result = moex_vk_buffer_create(s->vk, xn_bytes, MOEX_VK_MEM_HOST, err)) ||
-        set_timeline(s, d, MOEX_VK_SYNC_FENCE, err))
+        !(d->result = moex_vk_buffer_create(s->vk, xn_bytes, MOEX_VK_MEM_HOST, err)))
         goto fail;
     if (!moex_vk_buffer_map(d->readback) || !moex_vk_buffer_map(d->result)) {
         moex_fail(err, "vulkan: host-visible buffers are not mapped");
@@ -142,20 +106,12 @@ int moex_vk_state_set_executor(const moex_model *m, moex_vk_state *s, moex_exper
     return 0;
 }
 
-int moex_vk_state_set_sync(moex_vk_state *s, int mode, moex_error *err) {
-    if (mode != MOEX_VK_SYNC_TIMELINE && mode != MOEX_VK_SYNC_FENCE) return moex_fail(err, "vulkan: sync mode %d", mode);
-    if (!s->dist) return state_is_moe(s) ? moex_fail(err, "vulkan: set an expert executor first") : 0;
-    if (s->dist->broken) return moex_fail(err, "vulkan: the device stopped answering");
-    return set_timeline(s, s->dist, mode, err);
-}
-
 void moex_vk_state_dist_stats(moex_vk_state *s, moex_vk_dist_stats *st, bool reset) {
     if (!s->dist) {
         *st = (moex_vk_dist_stats){0};
         return;
     }
     *st = s->dist->st;
-    st->timeline = s->dist->tl != NULL;
     if (reset) s->dist->st = (moex_vk_dist_stats){0};
 }
 
@@ -174,7 +130,6 @@ static int record_segment(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c,
     } else {
         /* x += result, read straight from host-visible memory (n x n_embd floats: small) */
         moex_vk_cmd_label(c, "expert_add");
-        moex_vk_host_write_barrier(c);
         if (moex_vk_op_eltwise(c, 0, ACT(x), moex_vk_buffer_ptr(d->result), ACT(x), (int64_t)nd, err)) return -1;
         moex_vk_barrier(c);
     }
@@ -252,7 +207,7 @@ static void time_segment(vk_dist *d, int il, double since) {
     }
 }
 
-static int run_fenced(vk_dist *d, dist_rec *r, int64_t n, moex_error *err) {
+static int run_segments(vk_dist *d, dist_rec *r, int64_t n, moex_error *err) {
     for (int il = 0; il < d->n_seg; il++) {
         const double t0 = moex_time_s();
         if (moex_vk_cmd_run(r->seg[il], err)) return -1;
@@ -262,53 +217,16 @@ static int run_fenced(vk_dist *d, dist_rec *r, int64_t n, moex_error *err) {
     return 0;
 }
 
-static int run_timeline(vk_dist *d, dist_rec *r, int64_t n, moex_error *err) {
-    const uint64_t base = d->value;
-    const int last = d->n_seg - 1;
-    for (int il = 0; il <= last; il++) {
-        d->waits[il] = il ? base + 2 * (uint64_t)il : 0;
-        d->signals[il] = base + 2 * (uint64_t)il + 1;
-    }
-    double since = moex_time_s();
-    if (moex_vk_timeline_submit(d->tl, r->seg, d->waits, d->signals, d->n_seg, err)) {
-        d->broken = true;   /* a later chunk's failure may leave earlier segments waiting */
-        return -1;
-    }
-    moex_error exec_err = {0};
-    bool failed = false;
-    for (int il = 0; il <= last; il++) {
-        if (moex_vk_timeline_wait(d->tl, d->signals[il], err)) {
-            d->broken = true;   /* segments may still be queued: the state cannot tell what ran */
-            return -1;
-        }
-        time_segment(d, il, since);
-        if (il == last) break;
-        if (!failed && run_experts(d, il, n, &exec_err)) failed = true;   /* later layers drain without it */
-        since = moex_time_s();
-        if (moex_vk_timeline_signal(d->tl, d->waits[il + 1], err)) {
-            d->broken = true;
-            return -1;
-        }
-    }
-    d->value = d->signals[last];
-    if (failed) {
-        *err = exec_err;
-        return -1;
-    }
-    return 0;
-}
-
 int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                     bool all_logits, float *logits, moex_error *err) {
     vk_dist *d = s->dist;
-    if (d->broken) return moex_fail(err, "vulkan: the device stopped answering in an earlier forward");
     const double t0 = moex_time_s();
     dist_rec *r = get_segments(m, s, n, all_logits, logits != NULL, err);
     if (!r) return -1;
     int32_t *io = moex_vk_buffer_map(s->io);
     io[IO_PARAMS] = (int32_t)pos;
     memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
-    if (d->tl ? run_timeline(d, r, n, err) : run_fenced(d, r, n, err)) return -1;
+    if (run_segments(d, r, n, err)) return -1;
     s->last_argmax = io[IO_ARGMAX];
     if (logits)
         memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);

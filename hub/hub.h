@@ -194,10 +194,8 @@ int32_t moex_vk_last_argmax(const moex_vk_state *s);
  * n_layer + 1 recorded segments [add the previous layer's expert result ->
  * attention -> FFN norm + router -> read back ids, gates, xn]; between two
  * segments the host calls exec.run and writes the result where the next
- * segment reads it. With a timeline semaphore (Vulkan 1.2) all segments are
- * submitted at once and meet the host through semaphore values; otherwise
- * each segment is one submit and fence wait. A failed exec.run still lets the
- * queued segments drain; the error is returned and the state stays usable
+ * segment reads it; each segment is one submit and fence wait. A failed
+ * exec.run stops the forward; the error is returned and the state stays usable
  * (the KV rows of the failed positions are rewritten by the next call there). */
 
 /* As moex_vk_state_create with the experts sent to exec: their weights are
@@ -207,26 +205,18 @@ moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, i
 /* Sends the experts to exec from the next forward on; exec.run NULL returns
  * them to the GPU (an error for a state without the experts). No effect on dense models. */
 int moex_vk_state_set_executor(const moex_model *m, moex_vk_state *s, moex_expert_executor exec, moex_error *err);
-/* MOEX_VK_SYNC_FENCE (default): one submit and fence wait per segment.
- * MOEX_VK_SYNC_TIMELINE: a token's segments submitted at once on a timeline
- * semaphore the host signals between layers. Experimental: on an H200
- * (driver 580) it gave wrong logits in test_vk_dist while the fence path is
- * exact, and its host round trip measured no faster (docs/PERF.md). */
-enum { MOEX_VK_SYNC_FENCE, MOEX_VK_SYNC_TIMELINE };
-int moex_vk_state_set_sync(moex_vk_state *s, int mode, moex_error *err);
 
 /* Host-side times of the distributed forwards since the last reset. */
 typedef struct moex_vk_dist_stats {
     int64_t forwards;     /* distributed forwards that completed */
     int64_t segments;     /* middle segments timed in gpu_s (layers 1 .. n_layer-1 of each forward) */
-    double gpu_s;         /* per middle segment: from the host signalling layer l-1's result (or, fence
-                           * path, submitting) until layer l's ids/gates/xn are readable on the host: GPU
-                           * work (add, attention, router, readback copies) plus host<->GPU latency */
+    double gpu_s;         /* per middle segment: from submitting it (layer l-1's result written) until
+                           * layer l's ids/gates/xn are readable on the host: GPU work (add, attention,
+                           * router, readback copies) plus the submit/fence latency */
     double first_s;       /* submit -> layer 0's readback (embedding + layer 0), summed over forwards */
-    double head_s;        /* last result signalled -> logits/argmax readable */
+    double head_s;        /* last result written -> logits/argmax readable */
     double exec_s;        /* inside exec.run */
     double total_s;       /* whole distributed forwards */
-    bool timeline;        /* the latest forward used the timeline semaphore */
 } moex_vk_dist_stats;
 void moex_vk_state_dist_stats(moex_vk_state *s, moex_vk_dist_stats *st, bool reset);
 

@@ -251,27 +251,4 @@ size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k);
 int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                        moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err);
 
-/* Host <-> GPU hand-offs without a submit on the critical path (kernels/vk_timeline.c):
- * recordings are submitted ahead on one Vulkan 1.2 timeline semaphore, each
- * starting once the semaphore reaches its wait value (signalled by the host or
- * by an earlier recording) and setting it to its signal value when done. */
-typedef struct moex_vk_timeline moex_vk_timeline;
-/* Whether the device has timeline semaphores (moex_vk_timeline_create fails otherwise). */
-bool moex_vk_timeline_supported(const moex_vk *vk);
-/* max_pending: most recordings in flight at once (their profiles are collected by moex_vk_timeline_wait). */
-moex_vk_timeline *moex_vk_timeline_create(moex_vk *vk, int max_pending, moex_error *err);
-void moex_vk_timeline_free(moex_vk_timeline *t);   /* waits for the queue first */
-uint64_t moex_vk_timeline_value(const moex_vk_timeline *t);   /* the semaphore's current value */
-/* One vkQueueSubmit of n ended recordings; cmds[i] waits for waits[i] (0: none) and signals signals[i]. */
-int moex_vk_timeline_submit(moex_vk_timeline *t, moex_vk_cmd *const *cmds, const uint64_t *waits,
-                            const uint64_t *signals, int n, moex_error *err);
-int moex_vk_timeline_signal(moex_vk_timeline *t, uint64_t value, moex_error *err);   /* from the host */
-/* Blocks until the semaphore reaches value; host reads of what those recordings wrote are then safe. */
-int moex_vk_timeline_wait(moex_vk_timeline *t, uint64_t value, moex_error *err);
-/* Host writes made after a recording was submitted (into host-visible memory,
- * before a host signal it waits for) become visible to its later commands:
- * a host signal, unlike vkQueueSubmit, carries no host-to-device memory
- * domain operation, and the GPU may still cache the buffer from earlier reads. */
-void moex_vk_host_write_barrier(moex_vk_cmd *c);
-
 #endif

@@ -265,8 +265,7 @@ static int make_device(moex_vk *vk, moex_error *err) {
     vkGetPhysicalDeviceFeatures2(vk->pd, &have);
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
                                             .bufferDeviceAddress = VK_TRUE,
-                                            .scalarBlockLayout = have12.scalarBlockLayout,
-                                            .timelineSemaphore = have12.timelineSemaphore};   /* vk_timeline.c */
+                                            .scalarBlockLayout = have12.scalarBlockLayout};
     VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
     f.features.shaderInt64 = have.features.shaderInt64;
     /* mm_coop.comp: f16 in shared memory; on the matrix unit also the extension and the Vulkan memory model */

@@ -1,18 +1,15 @@
 /* Per-layer cost of the distributed hub's GPU part (hub/forward_vk_dist.c)
  * on a model file: greedy decode after a short prompt with
  *   local       the whole model on the GPU (moex_vk_forward, experts on the GPU);
- *   zero_fence  the distributed path (default sync: one submit + fence wait
- *               per segment) with an executor that writes zeros (costs
- *               ~nothing: isolates the GPU part and the synchronisation);
- *   zero_tl     the same on the experimental timeline-semaphore path (all
- *               segments submitted at once), where the device has one;
- *   cpu_fence   the distributed path with the experts on this machine's CPU
+ *   dist_zero   the distributed path with an executor that writes zeros
+ *               (costs ~nothing: isolates the GPU part and the synchronisation);
+ *   dist_cpu    the distributed path with the experts on this machine's CPU
  *               (moex_local_executor, f16 at the expert boundary as the wire).
  * Prints "key value" lines. Per variant V:
  *   V_tok_s, V_ms_per_token     decode speed (median of the repetitions)
  *   V_layer_us (dist only)      host time per middle layer segment, from the
- *                               host signalling layer l-1's result (timeline) or
- *                               submitting (fence) until layer l's ids, gates
+ *                               host submitting segment l (layer l-1's result
+ *                               written) until layer l's ids, gates
  *                               and xn are readable on the host: the GPU's
  *                               residual add, attention, FFN norm, router and
  *                               readback copies plus the host<->GPU latency
@@ -21,9 +18,6 @@
  *   V_exec_us (dist only)       time in exec.run per layer
  * and, on an empty recording,
  *   roundtrip_fence_us          vkQueueSubmit + fence wait of an empty command buffer
- *   roundtrip_timeline_us       host vkSignalSemaphore -> an already-submitted empty
- *                               command buffer waiting on it runs -> the host's
- *                               vkWaitSemaphores on its signal returns
  *   local_layer_us              local ms per token / n_layer (experts included)
  * usage: bench_vk_dist MODEL.gguf [--device N] [-p 16] [-n 64] [-r 3] [--skip-cpu] */
 #include <stdio.h>
@@ -90,7 +84,6 @@ static double decode_s(bench *b, bool dist, moex_vk_dist_stats *st) {
             moex_vk_state_dist_stats(b->s, &one, true);
             acc.forwards += one.forwards, acc.segments += one.segments;
             acc.gpu_s += one.gpu_s, acc.first_s += one.first_s, acc.head_s += one.head_s, acc.exec_s += one.exec_s;
-            acc.timeline = one.timeline;
         }
     }
     if (st) *st = acc;
@@ -106,8 +99,8 @@ static void report(const char *name, double s_tok, const moex_vk_dist_stats *st,
            1e6 * st->head_s / f, name, 1e6 * st->exec_s / (f * n_layer));
 }
 
-/* Host <-> GPU round trip on an empty recording, both ways (see the header). */
-static void roundtrips(moex_vk *vk) {
+/* Host <-> GPU round trip on an empty recording (see the header). */
+static void roundtrip(moex_vk *vk) {
     enum { ITERS = 200 };
     moex_vk_cmd *c = moex_vk_cmd_create(vk, &err);
     MUST(!c);
@@ -120,24 +113,6 @@ static void roundtrips(moex_vk *vk) {
         t[i] = moex_time_s() - t0;
     }
     printf("roundtrip_fence_us %.2f\n", 1e6 * median(t, ITERS));
-    if (!moex_vk_timeline_supported(vk)) {
-        printf("roundtrip_timeline_us n/a\n");
-        moex_vk_cmd_free(c);
-        return;
-    }
-    moex_vk_timeline *tl = moex_vk_timeline_create(vk, 1, &err);
-    MUST(!tl);
-    uint64_t v = moex_vk_timeline_value(tl);
-    for (int i = 0; i < ITERS; i++, v += 2) {
-        const uint64_t w = v + 1, sig = v + 2;
-        MUST(moex_vk_timeline_submit(tl, &c, &w, &sig, 1, &err));   /* submitted ahead: off the timed path */
-        const double t0 = moex_time_s();
-        MUST(moex_vk_timeline_signal(tl, w, &err));
-        MUST(moex_vk_timeline_wait(tl, sig, &err));
-        t[i] = moex_time_s() - t0;
-    }
-    printf("roundtrip_timeline_us %.2f\n", 1e6 * median(t, ITERS));
-    moex_vk_timeline_free(tl);
     moex_vk_cmd_free(c);
 }
 
@@ -185,7 +160,7 @@ int main(int argc, char **argv) {
     b.prompt = malloc((size_t)b.n_prompt * sizeof *b.prompt);
     for (int i = 0; i < b.n_prompt; i++) b.prompt[i] = (int32_t)((1 + 7919 * (int64_t)i) % m->hp.n_vocab);
 
-    roundtrips(moex_vk_state_device(b.s));
+    roundtrip(moex_vk_state_device(b.s));
     const double local = decode_s(&b, false, NULL);
     report("local", local, NULL, L);
     printf("local_layer_us %.2f\n", 1e6 * local / L);
@@ -193,18 +168,13 @@ int main(int argc, char **argv) {
     int64_t n_embd = m->hp.n_embd;
     moex_vk_dist_stats st;
     MUST(moex_vk_state_set_executor(m, b.s, (moex_expert_executor){.ctx = &n_embd, .run = zero_run}, &err));
-    report("zero_fence", decode_s(&b, true, &st), &st, L);
-    if (moex_vk_timeline_supported(moex_vk_state_device(b.s))) {   /* experimental, opt-in path */
-        MUST(moex_vk_state_set_sync(b.s, MOEX_VK_SYNC_TIMELINE, &err));
-        report("zero_tl", decode_s(&b, true, &st), &st, L);
-        MUST(moex_vk_state_set_sync(b.s, MOEX_VK_SYNC_FENCE, &err));
-    }
+    report("dist_zero", decode_s(&b, true, &st), &st, L);
     if (!skip_cpu) {
         moex_pool *pool = moex_pool_create(0);
         moex_local_executor *le = moex_local_executor_create(m, pool, MOEX_WIRE_DEFAULT);
         MUST(!le);
         MUST(moex_vk_state_set_executor(m, b.s, moex_local_executor_iface(le), &err));
-        report("cpu_fence", decode_s(&b, true, &st), &st, L);
+        report("dist_cpu", decode_s(&b, true, &st), &st, L);
         printf("cpu_threads %d\n", moex_pool_size(pool));
         MUST(moex_vk_state_set_executor(m, b.s, (moex_expert_executor){0}, &err));
         moex_local_executor_free(le);

@@ -12,13 +12,11 @@
  *     round differently: one flipped rounding moves a row to ~1e-2);
  *  2. greedy tokens of the distributed state = the CPU backend's for 12 steps
  *     (both executors round the expert boundary to f16, as the wire does);
- *  3. the fence-per-segment path gives the same logits as the timeline path
- *     (<= 1e-6: same kernels, same executor);
- *  4. an executor that fails in layer 1 mid-token (prompt batch and decode,
- *     both sync paths): the forward returns its error, and the next forward
- *     at the same position gives the logits of an undisturbed run (<= 1e-6),
- *     and so does the step after it;
- *  5. moex_vk_state_set_executor on a full state switches to the executor and
+ *  3. an executor that fails in layer 1 mid-token (prompt batch and decode):
+ *     the forward returns its error, and the next forward at the same
+ *     position gives the logits of an undisturbed run (<= 1e-6), and so does
+ *     the step after it;
+ *  4. moex_vk_state_set_executor on a full state switches to the executor and
  *     back; a state without experts refuses to go back; stats count layers.
  * usage: test_vk_dist MODEL.gguf */
 #include "hub/hub.h"
@@ -108,8 +106,7 @@ int main(int argc, char **argv) {
     MUST(!dist);
     moex_vk_dist_stats st;
     moex_vk_state_dist_stats(dist, &st, true);
-    printf("device: %s; distributed path syncs by %s (default)\n", moex_vk_get_info(moex_vk_state_device(full))->name,
-           st.timeline ? "timeline semaphore" : "fence per segment");
+    printf("device: %s\n", moex_vk_get_info(moex_vk_state_device(full))->name);
 
     int32_t prompt[N_PROMPT], forced[N_GEN];
     for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)(rng_next(&r) % (uint64_t)V);
@@ -136,21 +133,9 @@ int main(int argc, char **argv) {
           "stats: %lld forwards, %lld middle segments", (long long)st.forwards, (long long)st.segments);
     CHECK(fl.calls == (1 + N_GEN) * m->hp.n_layer, "executor called %d times, want one per MoE layer", fl.calls);
 
-    /* 3. the experimental timeline path = the fence path (the default), where the device has one */
-    const bool timeline = moex_vk_timeline_supported(moex_vk_state_device(dist));
-    if (timeline) {
-        MUST(moex_vk_state_set_sync(dist, MOEX_VK_SYNC_TIMELINE, &g_err));
-        run_sequence(vk_fwd, dist, m, prompt, forced, fence);
-        worst = 0, top1 = 0, rows = 0;
-        compare(fence, got, ROWS, V, &worst, &top1, &rows);
-        printf("timeline semaphore vs fence per segment: worst row error %.3g\n", worst);
-        CHECK(worst <= 1e-6, "the timeline path differs from the fence path: %.3g", worst);
-    }
-
-    /* 4. a failing executor, on both sync paths: error out, then the same position again is undisturbed */
-    for (int mode = MOEX_VK_SYNC_FENCE; mode <= (timeline ? MOEX_VK_SYNC_TIMELINE : MOEX_VK_SYNC_FENCE); mode++) {
-        const char *name = mode == MOEX_VK_SYNC_FENCE ? "fence" : "timeline";
-        MUST(moex_vk_state_set_sync(dist, mode, &g_err));
+    /* 3. a failing executor: error out, then the same position again is undisturbed */
+    {
+        const char *name = "distributed";
         fl.armed = true;
         g_err.msg[0] = 0;
         CHECK(moex_vk_forward(m, dist, prompt, N_PROMPT, 0, true, one, &g_err) == -1 && strstr(g_err.msg, "injected"),
@@ -172,8 +157,7 @@ int main(int argc, char **argv) {
             CHECK(e <= 1e-6, "%s: decode step %d after a failure: error %.3g", name, i, e);
         }
     }
-    CHECK(fl.failures == (timeline ? 4 : 2), "the executor failed %d times, want %d", fl.failures, timeline ? 4 : 2);
-    MUST(moex_vk_state_set_sync(dist, MOEX_VK_SYNC_FENCE, &g_err));
+    CHECK(fl.failures == 2, "the executor failed %d times, want 2", fl.failures);
 
     /* 2. greedy tokens: distributed (f16 at the expert boundary) = the CPU backend (the same rounding) */
     moex_state *cs = moex_state_create(m, n_ctx, 32, pool, moex_local_executor_iface(le_f16), &g_err);
@@ -193,7 +177,7 @@ int main(int argc, char **argv) {
     printf("greedy tokens, distributed vulkan vs cpu (f16 expert boundary): %d of %d identical\n", same, N_GEN);
     CHECK(same == N_GEN, "greedy tokens: %d of %d identical", same, N_GEN);
 
-    /* 5. switching a full state to an executor and back */
+    /* 4. switching a full state to an executor and back */
     fl.calls = 0;
     MUST(moex_vk_state_set_executor(m, full, flaky_exec, &g_err));
     MUST(moex_vk_forward(m, full, prompt, N_PROMPT, 0, true, one, &g_err));
