@@ -83,7 +83,8 @@ static vk_dist *dist_create(const moex_model *m, moex_vk_state *s, moex_error *e
         !(d->result = moex_vk_buffer_create(s->vk, xn_bytes, MOEX_VK_MEM_HOST, err)))
         goto fail;
     if (!moex_vk_buffer_map(d->readback) || !moex_vk_buffer_map(d->result)) {
-        moex_fail(err, "vulkan: host-visible buffers are not mapped");
+        moex_fail(err, "vulkan: %s gives no mappable host-visible memory for the per-layer hand-off; "
+                  "pick another device (--device) or run the hub on the CPU", moex_vk_get_info(s->vk)->name);
         goto fail;
     }
     memset(moex_vk_buffer_map(d->result), 0, xn_bytes);

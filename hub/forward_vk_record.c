@@ -1,6 +1,6 @@
 /* Recording the pieces of a Vulkan forward pass, in hub/forward.c's order:
  * embedding, per layer attention then FFN (router + experts, or dense), the
- * output head. Each piece ends with a barrier, so the pieces compose into one
+ * output head. Each piece but the head ends with a barrier, so the pieces compose into one
  * recording per token (--local) or one per layer segment (distributed hub). */
 #include "hub/forward_vk_internal.h"
 
@@ -27,7 +27,7 @@ int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, i
     moex_vk_cmd_label(c, "attn_norm_qkv");
     /* Decode normalises x once and runs the plain products: with the norm
      * fused, each of q's 2048 row groups also reads the norm weight beside x,
-     * and the three products took 21.5 µs against 17.9 µs for rmsnorm +
+     * and the three products took 22.4 µs against 19.2 µs for rmsnorm +
      * barrier + products (H200, tests/vk/bench_decode.c). */
     if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->attn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
     moex_vk_barrier(c);

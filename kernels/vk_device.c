@@ -280,7 +280,17 @@ static int make_device(moex_vk *vk, moex_error *err) {
     VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f, .queueCreateInfoCount = 1,
                               .pQueueCreateInfos = &qci, .enabledExtensionCount = vk->info.coop == 1,
                               .ppEnabledExtensionNames = &coop_ext};
-    if (vk_check(vkCreateDevice(vk->pd, &dci, NULL, &vk->dev), "vkCreateDevice", err)) return -1;
+    if (vk->info.coop == 1 && vkCreateDevice(vk->pd, &dci, NULL, &vk->dev) != VK_SUCCESS) {
+        /* a driver that lists cooperative matrices but refuses them: run without (the f32 tiles) */
+        moex_log(MOEX_LOG_WARN, "vulkan: %s refused cooperative matrices; prompts use the f32 tiles", vk->info.name);
+        vk->info.coop = 0;
+        f12.shaderFloat16 = VK_FALSE;
+        f12.vulkanMemoryModel = VK_FALSE;
+        f12.pNext = NULL;
+        dci.enabledExtensionCount = 0;
+        vk->dev = VK_NULL_HANDLE;
+    }
+    if (!vk->dev && vk_check(vkCreateDevice(vk->pd, &dci, NULL, &vk->dev), "vkCreateDevice", err)) return -1;
     vkGetDeviceQueue(vk->dev, vk->qfam, 0, &vk->queue);
     VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
                                    .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,

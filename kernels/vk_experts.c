@@ -108,8 +108,10 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
 
 int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                        moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
-    if (check_experts(e, k, err) || vk_check_grid(vk_mv_groups(e->gate.rows, 1), n * k, 1, err)) return -1;
+    if (check_experts(e, k, err)) return -1;   /* each path checks its own dispatch grid */
     if (!resid) return moex_fail(err, "vulkan: the expert FFN adds into a residual stream (resid required)");
+    if (x % 16 || scratch % 16)   /* the kernels read x and h as vec4 */
+        return moex_fail(err, "vulkan: the expert FFN's input and scratch must be 16-byte aligned on the GPU");
     if (n <= 0) return 0;
     if (n <= VK_MV_NMAX) return vk_experts_mv_halves(c, e, x, n, k, ids, weights, resid, y, scratch, 3, err);
     return vk_experts_tiled(c, e, x, n, k, ids, weights, resid, y, scratch, err);

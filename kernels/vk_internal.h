@@ -27,7 +27,7 @@ typedef enum vk_kernel {
 #define VK_MV_NMAX 8        /* tokens per matrix-vector dispatch; more go to the tiled kernel */
 #define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup */
 #define VK_MV_GENERIC 4     /* mv.comp mode flag: 8-element dq8 units (weights not 16-byte aligned) */
-#define VK_MV_NORM 8        /* mv.comp mode flag: RMSNorm of x in the prologue (modes 0 and 3, one token) */
+#define VK_MV_NORM 8        /* mv.comp mode flag: RMSNorm of x fused (sum(x^2) in the product loop; modes 0 and 3, one token) */
 /* Weight rows per row group of mv.comp: plain products and the experts' gate+up
  * reuse each x load for two rows (and keep both rows' loads in flight). */
 #define VK_MV_RPT(mode) (((mode) & 3) <= 1 ? 2 : 1)

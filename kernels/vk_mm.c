@@ -26,9 +26,20 @@ static mm_kind mm_kind_of(const moex_vk *vk, moex_type t) {
     return (mm_kind){VK_K_MM, MM_TILE, MM_TILE};
 }
 
+/* The pipeline of mk, or (when the cooperative-matrix variant does not
+ * compile on this driver) the f32 tiles from then on, with a warning. */
+static VkPipeline mm_pipeline(moex_vk *vk, mm_kind *mk, moex_type t, int mode, moex_error *err) {
+    VkPipeline p = vk_pipeline(vk, mk->k, t, mode, err);
+    if (p || mk->k != VK_K_MM_COOP) return p;
+    moex_log(MOEX_LOG_WARN, "vulkan: %s; prompts use the f32 tiles (MOEX_VK_NO_COOP=1 skips this attempt)", err->msg);
+    vk->info.coop = 0;
+    *mk = mm_kind_of(vk, t);
+    return vk_pipeline(vk, mk->k, t, mode, err);
+}
+
 int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err) {
-    const mm_kind mk = mm_kind_of(c->vk, w->type);
-    VkPipeline p = vk_pipeline(c->vk, mk.k, w->type, 0, err);
+    mm_kind mk = mm_kind_of(c->vk, w->type);
+    VkPipeline p = mm_pipeline(c->vk, &mk, w->type, 0, err);
     if (!p || vk_check_grid(vk_ceil_div(w->rows, mk.bm), vk_ceil_div(n, mk.bn), 1, err)) return -1;
     vk_dispatch(c, p, pc, vk_ceil_div(w->rows, mk.bm), vk_ceil_div(n, mk.bn), 1);
     return 0;
@@ -49,9 +60,10 @@ int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, in
     const moex_vk_ptr h = scratch, po = h + vk_experts_h_bytes(e, n, k), meta = po + vk_experts_po_bytes(e, n, k);
     moex_vk_ptr hq;
     /* An expert gets at most n pairs (its tokens choose it once): n / bn tiles along the pairs. */
-    const mm_kind kg = mm_kind_of(c->vk, e->gate.type), kd = mm_kind_of(c->vk, e->down.type);
-    VkPipeline ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), pg = vk_pipeline(c->vk, kg.k, e->gate.type, 1, err),
-               pd = vk_pipeline(c->vk, kd.k, e->down.type, 2, err), pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
+    mm_kind kg = mm_kind_of(c->vk, e->gate.type), kd = mm_kind_of(c->vk, e->down.type);
+    VkPipeline ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), pg = mm_pipeline(c->vk, &kg, e->gate.type, 1, err),
+               pd = pg ? mm_pipeline(c->vk, &kd, e->down.type, 2, err) : VK_NULL_HANDLE,
+               pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
     if (!ps || !pg || !pd || !pc_ || vk_check_grid(vk_ceil_div(e->down.rows, kd.bm), vk_ceil_div(n, kd.bn), e->n_expert, err) ||
         vk_check_grid(vk_ceil_div(e->gate.rows, kg.bm), vk_ceil_div(n, kg.bn), e->n_expert, err))
         return -1;

@@ -10,7 +10,7 @@ add_test(NAME distvk_gen_model
                  -o ${moex_distvk_model})
 set_tests_properties(distvk_gen_model PROPERTIES FIXTURES_SETUP distvk_models LABELS vulkan TIMEOUT 120)
 
-# In-process: against moex_vk_forward and the CPU backend, failing executors, both sync paths.
+# In-process: against moex_vk_forward and the CPU backend, failing executors, the error path.
 add_executable(test_vk_dist ${CMAKE_CURRENT_LIST_DIR}/test_vk_dist.c)
 target_link_libraries(test_vk_dist PRIVATE moex_hub Threads::Threads ${MATH_LIB})
 set_target_properties(test_vk_dist PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)

@@ -56,6 +56,8 @@ int main(int argc, char **argv) {
     const moex_vk_info *in = moex_vk_get_info(moex_vk_state_device(sc));
     if (!in->coop) {
         printf("SKIP: no cooperative matrices\n");
+        moex_vk_state_free(sc);
+        moex_model_free(m);
         return 77;
     }
     printf("device: %s, cooperative matrices %s\n", in->name, in->coop == 1 ? "VK_NV_cooperative_matrix" : "emulated");

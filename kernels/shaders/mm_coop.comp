@@ -123,7 +123,9 @@ void fetch(uint k0, uint estart, uint rowbytes, uint lr, uint lc, int lx, uint x
 #endif
     }
     const uint xo = lx >= 0 ? (uint(lx) * pc.xs + k0 + xk) / 4u : 0u;
-    UNROLL for (uint q = 0u; q < XPT / 4u; q++) xreg[q] = lx >= 0 ? f16vec4(pc.x.v[xo + q]) : f16vec4(0.0);
+    // clamped to f16's range: an activation beyond it would become inf and poison the whole output row
+    UNROLL for (uint q = 0u; q < XPT / 4u; q++)
+        xreg[q] = lx >= 0 ? f16vec4(clamp(pc.x.v[xo + q], vec4(-65504.0), vec4(65504.0))) : f16vec4(0.0);
 }
 
 void stash(uint lr, uint lc, uint xc, uint xk) {

@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
         printf("%-32s %8.2f us\n", ops[i].name, time_op(vk, ops[i].f, &b, r));
     }
     printf("head_bytes %zu\n", (size_t)b.head.rows * b.head.row_bytes);
-    moex_vk_free(vk);   /* buffers go with the device */
+    moex_vk_free(vk);   /* the bench's buffers are left to process exit */
     moex_model_free(m);
     return 0;
 }
