@@ -2,6 +2,7 @@
  * (type, mode, matrix-vector or tiled) and dispatches it. The expert FFN is
  * in vk_experts.c, the tiled (prompt batch) products in vk_mm.c. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/vk_internal.h"
@@ -265,12 +266,46 @@ size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
     return (size_t)n * (size_t)sh->n_head * (size_t)attn_splits(sh, n) * (size_t)(sh->head_dim + 2);
 }
 
+/* The tiled prompt-batch attention (attn.comp modes 2..5 by head_dim class
+ * HDMAX = 64 << (mode - 2), R = 4096 / HDMAX query rows and BK keys a tile;
+ * modes 6..9 the same with half the rows, for 32 KiB of shared memory).
+ * Returns 0 where it does not apply: one token, MOEX_VK_ATTN_SIMPLE=1 (the
+ * split-K path, kept for comparison), or too little shared memory. */
+static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int64_t n, uint32_t *rows) {
+    const char *simple = getenv("MOEX_VK_ATTN_SIMPLE");
+    if (n <= 1 || (simple && *simple && strcmp(simple, "0"))) return 0;
+    int cls = 0;
+    while ((64 << cls) < sh->head_dim) cls++;
+    const uint32_t hdmax = 64u << cls, st = hdmax / 4 + 1, bk = hdmax <= 128 ? 32 : 4096 / hdmax;
+    for (int half = 0; half < 2; half++) {
+        const uint32_t r = (half ? 2048 : 4096) / hdmax;
+        if ((size_t)(r + bk) * st * 16 + (size_t)r * bk * 4 + r * 4 <= vk->info.shared_mem) {
+            *rows = r;
+            return 2 + cls + 4 * half;
+        }
+    }
+    return 0;
+}
+
 int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k_cache,
                          moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr params, int64_t n,
                          moex_error *err) {
     const int64_t ns = attn_splits(sh, n), chunk = (sh->n_ctx + ns - 1) / ns;
     if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, n, ns, err)) return -1;
     if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
+    uint32_t rows = 0;
+    const int tiled = attn_tiled_mode(c->vk, sh, n, &rows);
+    if (tiled) {   /* workgroup = rows (token, q head) pairs of one KV group; writes out directly */
+        const int64_t gx = (n * (sh->n_head / sh->n_head_kv) + rows - 1) / rows;
+        if (vk_check_grid(gx, sh->n_head_kv, 1, err)) return -1;
+        VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN, 0, tiled, err);
+        if (!p) return -1;
+        vk_pc pc = {.p = {q, k_cache, v_cache, out, params},
+                    .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)n,
+                          vk_fbits(sh->scale)}};
+        vk_dispatch(c, p, &pc, (uint32_t)gx, (uint32_t)sh->n_head_kv, 1);
+        return 0;
+    }
     VkPipeline pa = vk_pipeline(c->vk, VK_K_ATTN, 0, 0, err), pm = vk_pipeline(c->vk, VK_K_ATTN_MERGE, 0, 0, err);
     if (!pa || !pm) return -1;
     if (n <= 0) return 0;

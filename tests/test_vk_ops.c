@@ -156,6 +156,86 @@ static void test_attention(void) {
     }
 }
 
+/* Causal GQA attention in float64: queries t at positions pos0 + t over keys 0 .. pos0 + t. */
+static void attention_ref64(const float *q, const float *kc, const float *vc, double *out, int64_t n, int64_t pos0,
+                            int H, int HK, int hd, double scale) {
+    const int64_t kvd = (int64_t)HK * hd;
+    double *s = malloc((size_t)(pos0 + n) * sizeof *s);
+    for (int64_t t = 0; t < n; t++)
+        for (int h = 0; h < H; h++) {
+            const float *qr = q + (t * H + h) * hd;
+            const int64_t ko = (int64_t)(h / (H / HK)) * hd, nk = pos0 + t + 1;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t k = 0; k < nk; k++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)qr[i] * kc[k * kvd + ko + i];
+                s[k] = d * scale;
+                mx = s[k] > mx ? s[k] : mx;
+            }
+            for (int64_t k = 0; k < nk; k++) sum += (s[k] = exp(s[k] - mx));
+            double *o = out + (t * H + h) * hd;
+            for (int i = 0; i < hd; i++) o[i] = 0;
+            for (int64_t k = 0; k < nk; k++)
+                for (int i = 0; i < hd; i++) o[i] += s[k] / sum * vc[k * kvd + ko + i];
+        }
+    free(s);
+}
+
+/* Prompt batches (the tiled kernel, and the split-K path under
+ * MOEX_VK_ATTN_SIMPLE=1) against float64: several lengths, prompts continuing
+ * a cache (pos0 > 0), GQA 1, 2, 8, head_dim 64 to 512, partial row blocks and
+ * key tiles. The cache rows past the last position hold NaN: they must not be read. */
+static void test_attention_prompt(void) {
+    static const int cases[][6] = {   /* n, pos0, n_head, n_head_kv, head_dim, n_ctx */
+        {2, 0, 8, 2, 128, 8},     {100, 0, 8, 8, 64, 128},   {45, 17, 4, 2, 128, 80}, {70, 33, 16, 2, 128, 110},
+        {33, 0, 8, 1, 64, 40},    {21, 10, 6, 3, 96, 31},    {9, 40, 4, 4, 256, 60},  {5, 3, 2, 1, 512, 9},
+        {130, 70, 32, 4, 128, 200},
+    };
+    for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        const int n = cases[ci][0], pos0 = cases[ci][1], H = cases[ci][2], HK = cases[ci][3], hd = cases[ci][4];
+        moex_vk_attn_shape sh = {.n_head = H, .n_head_kv = HK, .head_dim = hd, .rope_dim = hd,
+                                 .scale = 1.0f / sqrtf((float)hd), .n_ctx = cases[ci][5]};
+        const int64_t qd = (int64_t)H * hd, kvd = (int64_t)HK * hd, used = (int64_t)(pos0 + n) * kvd;
+        float *q = malloc(n * qd * 4), *kc = malloc(sh.n_ctx * kvd * 4), *vc = malloc(sh.n_ctx * kvd * 4),
+              *got = malloc(n * qd * 4);
+        double *ref = malloc(n * qd * sizeof *ref);
+        fill_gauss(&R, q, n * qd, 2.0f);
+        fill_gauss(&R, kc, used, 1.0f);
+        fill_gauss(&R, vc, used, 1.0f);
+        for (int64_t i = used; i < sh.n_ctx * kvd; i++) kc[i] = vc[i] = NAN;
+        attention_ref64(q, kc, vc, ref, n, pos0, H, HK, hd, sh.scale);
+        int32_t params = pos0;
+        moex_vk_buffer *qb = gpu_from(vk, q, n * qd * 4), *kb = gpu_from(vk, kc, sh.n_ctx * kvd * 4),
+                       *vb = gpu_from(vk, vc, sh.n_ctx * kvd * 4), *ob = gpu_from(vk, NULL, n * qd * 4),
+                       *sb = gpu_from(vk, NULL, moex_vk_attention_scratch(&sh, n) * 4), *pb = gpu_from(vk, &params, 4);
+        float *tiled = malloc(n * qd * 4);
+        for (int simple = 0; simple < 2; simple++) {
+            if (simple) setenv("MOEX_VK_ATTN_SIMPLE", "1", 1);
+            moex_vk_cmd *c = begin();
+            MUST(moex_vk_op_attention(c, &sh, P(qb), P(kb), P(vb), P(ob), P(sb), P(pb), n, &g_err));
+            run_free(c);
+            unsetenv("MOEX_VK_ATTN_SIMPLE");
+            gpu_read(vk, ob, simple ? got : tiled, n * qd * 4);
+            if (!simple) memcpy(got, tiled, n * qd * 4);
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < n * qd; i++) {
+                num += (got[i] - ref[i]) * (got[i] - ref[i]);
+                den += ref[i] * ref[i];
+            }
+            const double e = sqrt(num / den);   /* NaN (a stray read) fails too */
+            CHECK(e <= 1e-5, "prompt attention (%s) n=%d pos0=%d heads %d/%d hd %d: rel err %.3g",
+                  simple ? "split-K" : "tiled", n, pos0, H, HK, hd, e);
+            printf("  prompt attention %s n=%d pos0=%d heads %d/%d hd=%d: %.2g\n", simple ? "split-K" : "tiled  ", n,
+                   pos0, H, HK, hd, e);
+        }
+        /* different summation orders: identical bits would mean both runs took the same path */
+        if (n * qd >= 4096) CHECK(memcmp(got, tiled, n * qd * 4), "n=%d: the tiled kernel did not run", n);
+        moex_vk_buffer *all[] = {qb, kb, vb, ob, sb, pb};
+        for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
+        free(q), free(kc), free(vc), free(got), free(ref), free(tiled);
+    }
+}
+
 /* Router: one fused dispatch (small batches) and mm + top-k (large), against route_token's rule in float64. */
 static void test_router(void) {
     const int64_t ns[] = {1, 5, 20};
@@ -574,7 +654,7 @@ int main(int argc, char **argv) {
     vk = test_vk(argc > 2 && !strcmp(argv[2], "--no-subgroup"));
     if (!strcmp(argv[1], "norm")) test_norm();
     else if (!strcmp(argv[1], "rope")) test_rope();
-    else if (!strcmp(argv[1], "attention")) test_attention();
+    else if (!strcmp(argv[1], "attention")) test_attention(), test_attention_prompt();
     else if (!strcmp(argv[1], "router")) test_router();
     else if (!strcmp(argv[1], "experts")) test_experts();
     else if (!strcmp(argv[1], "fused")) test_fused_norm();

@@ -10,6 +10,123 @@
 // new key, takes it and the new value from the k and v rows (the first q
 // head of each KV group appends them to the caches), and the last split of
 // each head to finish (counter[h]) merges the partials into q, in place.
+// MODE 2..5 (prompt batches, n > 1): tiled flash attention. A workgroup owns
+// R consecutive (token, q head) rows of one KV group, rows ordered token-major
+// (row f = t * group + g), so each K/V tile staged in shared memory serves
+// every q head of the group and several tokens. Per tile of BK keys: scores
+// (a thread 4 keys x SR rows), online softmax (a thread per row), then P*V
+// (a thread one vec4 column x 8 rows). Tiles past the block's last query are
+// never loaded; keys past each row's position are masked. The mode picks the
+// head_dim class HDMAX = 64 << ((MODE - 2) % 4); R * HDMAX = 4096 keeps the
+// shared memory (Q, one K/V tile, P) under 40 KiB and the accumulators at
+// 8 vec4; MODE 6..9 halve R for devices with 32 KiB (4 vec4 accumulators).
+#if MODE >= 2
+layout(local_size_x = 128) in;
+layout(push_constant) uniform PC {
+    F32 q; V4 kc; F32 vc; F32 o; I32 params; U32 p5; U32 p6; U32 p7;
+    uint n_head, n_head_kv, hd, n, scale_bits;
+} pc;
+const uint HDMAX = 64u << ((MODE - 2) % 4), H4 = HDMAX / 4u, ST = H4 + 1u;   // ST: padded row stride (vec4), no bank conflicts
+const uint R = (MODE >= 6 ? 2048u : 4096u) / HDMAX, BK = HDMAX <= 128u ? 32u : 4096u / HDMAX;   // rows, keys per tile
+const uint SR = R / 16u > 0u ? R / 16u : 1u, SK = BK / 8u;                   // scores per thread: SR rows x SK keys
+const uint RSTEP = 128u / H4, NACC = R / RSTEP;                              // P*V: rows tr + RSTEP * j
+shared vec4 sq[R * ST];
+shared vec4 skv[BK * ST];
+shared float sp[R * BK];
+shared float scorr[R];
+void main() {
+    const uint tid = gl_LocalInvocationID.x, kvh = gl_WorkGroupID.y;
+    const uint hd = pc.hd, hd4 = hd / 4u, n_head = pc.n_head, group = n_head / pc.n_head_kv, kvd = pc.n_head_kv * hd;
+    // The last row blocks (most keys) first, so the short ones fill the tail.
+    const uint pos0 = uint(pc.params.v[0]), rows = pc.n * group, f0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * R;
+    const float scale = uintBitsToFloat(pc.scale_bits);
+    // Q rows, pre-scaled; rows past the batch are zero.
+    for (uint e = tid; e < R * H4; e += 128u) {
+        const uint r = e / H4, c = e % H4, f = f0 + r;
+        vec4 x = vec4(0.0);
+        if (f < rows && c < hd4) {
+            const uint qo = ((f / group) * n_head + kvh * group + f % group) * hd + 4u * c;
+            x = vec4(pc.q.v[qo], pc.q.v[qo + 1u], pc.q.v[qo + 2u], pc.q.v[qo + 3u]) * scale;
+        }
+        sq[r * ST + c] = x;
+    }
+    const uint t_last = min(f0 + R, rows) - 1u;
+    const uint kend = pos0 + t_last / group + 1u;   // keys 0 .. the block's last query position
+    const uint tx = tid % 8u, ty = tid / 8u, tc = tid % H4, tr = tid / H4;
+    float m = NEG_BIG, l = 0.0;   // the softmax state of row tid (tid < R)
+    const uint my_pos = pos0 + (f0 + tid) / group;
+    vec4 acc[NACC];
+    for (uint j = 0u; j < NACC; j++) acc[j] = vec4(0.0);
+    for (uint k0 = 0u; k0 < kend; k0 += BK) {
+        const uint nk = min(BK, kend - k0);
+        barrier();   // the previous tile's P*V is done with skv and sp
+        for (uint e = tid; e < BK * H4; e += 128u) {
+            const uint k = e / H4, c = e % H4;
+            skv[k * ST + c] = k < nk && c < hd4 ? pc.kc.v[((k0 + k) * kvd + kvh * hd) / 4u + c] : vec4(0.0);
+        }
+        barrier();
+        if (ty < R) {   // scores: rows ty + 16 i, keys tx + 8 j
+            float s[SR][SK];
+            for (uint i = 0u; i < SR; i++)
+                for (uint j = 0u; j < SK; j++) s[i][j] = 0.0;
+            for (uint c = 0u; c < hd4; c++) {
+                vec4 kv[SK];
+                for (uint j = 0u; j < SK; j++) kv[j] = skv[(tx + 8u * j) * ST + c];
+                for (uint i = 0u; i < SR; i++) {
+                    const vec4 qv = sq[(ty + 16u * i) * ST + c];
+                    for (uint j = 0u; j < SK; j++) s[i][j] += dot(qv, kv[j]);
+                }
+            }
+            for (uint i = 0u; i < SR; i++)
+                for (uint j = 0u; j < SK; j++) sp[(ty + 16u * i) * BK + tx + 8u * j] = s[i][j];
+        }
+        barrier();
+        if (tid < R) {   // online softmax of row tid; masked keys get p = 0
+            float mx = m;
+            for (uint k = 0u; k < nk && k0 + k <= my_pos; k++) mx = max(mx, sp[tid * BK + k]);
+            float sum = 0.0;
+            for (uint k = 0u; k < BK; k++) {
+                const float p = k < nk && k0 + k <= my_pos ? exp(sp[tid * BK + k] - mx) : 0.0;
+                sp[tid * BK + k] = p;
+                sum += p;
+            }
+            const float corr = exp(m - mx);
+            l = l * corr + sum;
+            m = mx;
+            scorr[tid] = corr;
+        }
+        // V tile over the K tile (the scores are done with it), beside the softmax.
+        for (uint e = tid; e < BK * HDMAX; e += 128u) {
+            const uint k = e / HDMAX, d = e % HDMAX;
+            skv[k * ST + d / 4u][d % 4u] = k < nk && d < hd ? pc.vc.v[(k0 + k) * kvd + kvh * hd + d] : 0.0;
+        }
+        barrier();
+        if (tc < hd4) {
+            for (uint j = 0u; j < NACC; j++) {
+                const uint r = tr + RSTEP * j;
+                vec4 a = acc[j] * scorr[r];
+                for (uint k = 0u; k < nk; k++) a += sp[r * BK + k] * skv[k * ST + tc];
+                acc[j] = a;
+            }
+        }
+    }
+    barrier();
+    if (tid < R) scorr[tid] = l;
+    barrier();
+    if (tc < hd4) {
+        for (uint j = 0u; j < NACC; j++) {
+            const uint r = tr + RSTEP * j, f = f0 + r;
+            if (f >= rows) break;
+            const uint oo = ((f / group) * n_head + kvh * group + f % group) * hd + 4u * tc;
+            const vec4 x = acc[j] / scorr[r];
+            pc.o.v[oo] = x.x;
+            pc.o.v[oo + 1u] = x.y;
+            pc.o.v[oo + 2u] = x.z;
+            pc.o.v[oo + 3u] = x.w;
+        }
+    }
+}
+#else
 #if MODE == 1
 #extension GL_EXT_buffer_reference_uvec2 : require
 #endif
@@ -252,4 +369,5 @@ void main() {
         if (d < hd) pc.part.v[o + 2u + d] = acc[j];
     }
 }
+#endif
 #endif
