@@ -32,30 +32,6 @@ static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
     return 0;
 }
 
-/* The previous decode path (mv.comp modes 1 and 2): gate+up per (token, slot),
- * then down with the slot sum and residual fused. Only bench_vk still calls it. */
-int vk_experts_mv_legacy(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                         moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, moex_error *err) {
-    if (check_experts(e, k, err) || vk_check_grid(vk_mv_groups(e->gate.rows, 1), n * k, 1, err)) return -1;
-    VkPipeline pg = vk_pipeline(c->vk, VK_K_MV, e->gate.type, vk_mv_mode(1, &e->gate, &e->up), err),
-               pd = vk_pipeline(c->vk, VK_K_MV, e->down.type, vk_mv_mode(2, &e->down, NULL), err);
-    if (!pg || !pd || vk_round_input(c, e->gate.type, x, n, e->gate.cols, &x, err)) return -1;
-    vk_pc pc = vk_mat_pc(&e->gate, x, n, e->gate.cols, h, e->gate.rows, 0);
-    pc.p[1] = e->up.data;
-    pc.p[5] = ids;
-    pc.u[6] = (uint32_t)k;
-    vk_dispatch(c, pg, &pc, vk_mv_groups(e->gate.rows, 1), (uint32_t)(n * k), 1);
-    moex_vk_barrier(c);
-    moex_vk_ptr hq;
-    if (vk_round_input(c, e->down.type, h, n * k, e->down.cols, &hq, err)) return -1;
-    pc = vk_mat_pc(&e->down, hq, n, e->down.cols, y, e->down.rows, resid);
-    pc.p[5] = ids;
-    pc.p[6] = weights;
-    pc.u[6] = (uint32_t)k;
-    vk_dispatch(c, pd, &pc, vk_mv_groups(e->down.rows, 2), (uint32_t)n, 1);
-    return 0;
-}
-
 /* Input columns per position of experts_mv.comp (its PE). */
 static int64_t ex_pe(moex_type t, bool generic) {
     return t == MOEX_TYPE_Q4_K && !generic ? 32 : t == MOEX_TYPE_Q6_K ? 16 : 8;

@@ -37,9 +37,4 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
                          moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves,
                          moex_error *err);
 
-/* The previous decode path (mv.comp modes 1 and 2), kept only so bench_vk can
- * time both in one run; same contract as moex_vk_op_experts for n <= VK_MV_NMAX. */
-int vk_experts_mv_legacy(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                         moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err);
-
 #endif

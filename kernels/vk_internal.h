@@ -28,10 +28,9 @@ typedef enum vk_kernel {
 #define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup */
 #define VK_MV_GENERIC 4     /* mv.comp mode flag: 8-element dq8 units (weights not 16-byte aligned) */
 #define VK_MV_NORM 8        /* mv.comp mode flag: RMSNorm of x fused (sum(x^2) in the product loop; modes 0 and 3, one token) */
-/* Weight rows per row group of mv.comp: plain products and the experts' gate+up
- * reuse each x load for two rows (and keep both rows' loads in flight). */
-#define VK_MV_RPT(mode) (((mode) & 3) <= 1 ? 2 : 1)
-#define VK_MV_DU 4          /* units the experts' down product loads before using them */
+/* Weight rows per row group of mv.comp: plain products reuse each x load for
+ * two rows (and keep both rows' loads in flight); the router (mode 3) has few rows. */
+#define VK_MV_RPT(mode) (((mode) & 3) == 0 ? 2 : 1)
 #define VK_MAX_EXPERTS 512  /* shared-memory arrays of the router and the expert grouping */
 #define VK_TYPE_SLOTS 32    /* moex_type ids fit below this after vk_type_slot() */
 /* mm_coop.comp: a workgroup of 4 warps computes coop_bm (struct moex_vk:
@@ -125,7 +124,7 @@ int vk_norm_max_cols(const moex_vk *vk);   /* widest x the fused-norm products s
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz);
 uint32_t vk_fbits(float f);                /* a float's bits, for push constants */
 uint32_t vk_ceil_div(int64_t a, int64_t b);
-int vk_mv_mode(int mode, const moex_vk_matrix *w, const moex_vk_matrix *w2);   /* mode | VK_MV_GENERIC when unaligned */
+int vk_mv_mode(int mode, const moex_vk_matrix *w);   /* mode | VK_MV_GENERIC when unaligned */
 uint32_t vk_mv_groups(int64_t rows, int mode);                                /* mv.comp workgroups along the rows */
 int vk_check_grid(int64_t gx, int64_t gy, int64_t gz, moex_error *err);
 int vk_check_matrix(const moex_vk_matrix *w, moex_error *err);

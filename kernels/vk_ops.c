@@ -17,10 +17,9 @@ uint32_t vk_ceil_div(int64_t a, int64_t b) { return (uint32_t)((a + b - 1) / b);
 
 /* mv.comp reads Q4_K and f32 rows through 16-byte loads; weights placed at
  * other offsets take the 8-element variant of the same mode. */
-int vk_mv_mode(int mode, const moex_vk_matrix *w, const moex_vk_matrix *w2) {
+int vk_mv_mode(int mode, const moex_vk_matrix *w) {
     const bool wide = w->type == MOEX_TYPE_Q4_K || w->type == MOEX_TYPE_F32;
-    const bool aligned = w->data % 16 == 0 && w->expert_stride % 16 == 0 && (!w2 || w2->data % 16 == 0);
-    return wide && !aligned ? mode | VK_MV_GENERIC : mode;
+    return wide && w->data % 16 ? mode | VK_MV_GENERIC : mode;
 }
 
 /* Workgroups of mv.comp along the rows. */
@@ -137,7 +136,7 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     if (vk_round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);
     if (n <= VK_MV_NMAX) {
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w, NULL), err);
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w), err);
         if (!p || vk_check_grid(vk_mv_groups(w->rows, 0), 1, 1, err)) return -1;
         vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 0), 1, 1);
         return 0;
@@ -171,7 +170,7 @@ static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr
 int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
                            moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
     if (check_norm_fused(c, w, x, nw, err)) return -1;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w, NULL) | VK_MV_NORM, err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w) | VK_MV_NORM, err);
     if (!p || vk_check_grid(vk_mv_groups(w->rows, 0), 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
     pc.p[1] = nw;
@@ -197,7 +196,7 @@ int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_pt
                          (long long)w->rows, moex_vk_argmax_sync_bytes(w->rows), sync_bytes);
     if (!nw && vk_round_input(c, w->type, x, 1, w->cols, &x, err)) return -1;
     const uint32_t groups = argmax_groups(w->rows);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w, NULL) | (nw ? VK_MV_NORM : 0), err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w) | (nw ? VK_MV_NORM : 0), err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, 0);
     pc.p[1] = nw;
@@ -357,7 +356,7 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     pc.u[5] = norm ? 2u : 0u;
     pc.u[6] = (uint32_t)k;
     if (n <= VK_MV_NMAX) {   /* one dispatch: the last workgroup routes */
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w, NULL), err);
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w), err);
         if (!p) return -1;
         vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 3), 1, 1);
         return 0;
@@ -372,7 +371,7 @@ int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows || !xn)
         return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts; xn required)",
                          (long long)w->rows, k, VK_MAX_EXPERTS);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w, NULL) | VK_MV_NORM, err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | VK_MV_NORM, err);
     if (!p) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, logits, w->rows, xn);
     pc.p[1] = nw;

@@ -114,8 +114,8 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
     if (vk->use_subgroup && (k == VK_K_MV || k == VK_K_TOPK || k == VK_K_ATTN))
         sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
     if (k == VK_K_MV) {
-        sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n"
-                  "#define DU %du\n", vk->tpr, VK_MV_GROUPS, VK_MV_RPT(mode), !(mode & VK_MV_GENERIC), VK_MV_DU);
+        sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n",
+                  vk->tpr, VK_MV_GROUPS, VK_MV_RPT(mode), !(mode & VK_MV_GENERIC));
         if (mode & VK_MV_NORM) sb_printf(&b, "#define NORM 1\n#define NORM_MAXC %d\n", vk_norm_max_cols(vk));
     } else if (k == VK_K_TOPK) {
         sb_printf(&b, "#define WG 128u\n");

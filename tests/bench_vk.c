@@ -116,21 +116,20 @@ typedef struct ex_ctx {
     moex_vk_ptr x, ids, w, y, scratch;
     int64_t n;
     int k;
-    int path;   /* 0 moex_vk_op_experts, 1 the old mv.comp path, 2 gate+up alone, 3 down alone */
+    int path;   /* 0 moex_vk_op_experts, 1 gate+up alone, 2 down alone */
 } ex_ctx;
 static int rec_experts(moex_vk_cmd *c, void *p) {
     ex_ctx *e = p;
-    if (e->path == 1) return vk_experts_mv_legacy(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, &err);
-    if (e->path >= 2)
-        return vk_experts_mv_halves(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, e->path - 1, &err);
+    if (e->path)
+        return vk_experts_mv_halves(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, e->path, &err);
     return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, &err);
 }
 
 /* The decode expert FFN on n tokens choosing ex->k experts each (ids: n x k).
  * Bytes counted: the weights of the distinct experts named by ids, each once
- * (what a kernel that reads each expert once must stream). Prints the new
- * kernel (both halves, and each alone without the barrier), the old mv.comp
- * path, and the share of the streaming ceiling. */
+ * (what a kernel that reads each expert once must stream). Prints the kernel
+ * (both halves, and each alone without the barrier) and the share of the
+ * streaming ceiling. */
 static void bench_experts_mv(moex_vk *vk, ex_ctx *ex, moex_vk_buffer *act, size_t ids_off, const int32_t *ids, int n,
                              const char *name, double copy_bw) {
     const int k = ex->k, np = n * k;
@@ -149,8 +148,8 @@ static void bench_experts_mv(moex_vk *vk, ex_ctx *ex, moex_vk_buffer *act, size_
     ex->n = n;
     const double gb = 1e9, gu = 2.0 * (double)ex->e.gate.expert_stride * distinct,
                  dn = (double)ex->e.down.expert_stride * distinct, bytes = gu + dn;
-    double t[4];
-    for (int path = 0; path < 4; path++) {
+    double t[3];
+    for (int path = 0; path < 3; path++) {
         ex->path = path;
         t[path] = time_op(vk, rec_experts, ex, 200);
     }
@@ -159,11 +158,9 @@ static void bench_experts_mv(moex_vk *vk, ex_ctx *ex, moex_vk_buffer *act, size_
            name, distinct, name, bytes);
     printf("kernel_experts_%s_us %.2f\nkernel_experts_%s_GBps %.1f\nkernel_experts_%s_vs_copy %.3f\n", name, t[0] * 1e6,
            name, bytes / t[0] / gb, name, bytes / t[0] / gb / copy_bw);
-    printf("kernel_experts_%s_old_us %.2f\nkernel_experts_%s_old_GBps %.1f\nkernel_experts_%s_old_vs_copy %.3f\n", name,
-           t[1] * 1e6, name, bytes / t[1] / gb, name, bytes / t[1] / gb / copy_bw);
-    printf("kernel_experts_%s_gateup_us %.2f\nkernel_experts_%s_gateup_GBps %.1f\n", name, t[2] * 1e6, name,
-           gu / t[2] / gb);
-    printf("kernel_experts_%s_down_us %.2f\nkernel_experts_%s_down_GBps %.1f\n", name, t[3] * 1e6, name, dn / t[3] / gb);
+    printf("kernel_experts_%s_gateup_us %.2f\nkernel_experts_%s_gateup_GBps %.1f\n", name, t[1] * 1e6, name,
+           gu / t[1] / gb);
+    printf("kernel_experts_%s_down_us %.2f\nkernel_experts_%s_down_GBps %.1f\n", name, t[2] * 1e6, name, dn / t[2] / gb);
 }
 
 static moex_vk_matrix upload_matrix(moex_vk *vk, const moex_matrix *m, int n_mats, moex_vk_buffer **keep) {

@@ -7,9 +7,6 @@
 // rows (or units) are issued together before their dots: decode is
 // latency-bound, so each thread keeps several loads in flight.
 // MODE 0: y[t] = W x[t] (+ r[t])             grid (rows/(GROUPS*RPT), ceil(n/NMAX))
-// MODE 1: experts gate+up: y[p] = silu(Wg_e x[p/k]) * (Wu_e x[p/k]),  e = ids[p]; RPT rows per group,
-//         grid (rows/(GROUPS*RPT), n*k)
-// MODE 2: experts down + combine: y[t] = r[t] + sum_j gw[t*k+j] * Wd_e x[t*k+j]; grid (rows/GROUPS, n)
 // MODE 3: router: MODE 0 into y, then the last workgroup does softmax + top-k.
 // NORM (MODE 0 and 3, one token): y = W (rmsnorm(x) * nw). A row's dot
 // with rmsnorm(x) * nw is inv_rms * (row . (x * nw)), and every row group
@@ -23,13 +20,7 @@
 // finish reduces them: one epilogue per workgroup, not per row block.
 layout(local_size_x = WG) in;
 
-#if MODE == 1
-#define NR (2 * RPT)   // gate and up rows share x: w[2i] gate, w[2i+1] up of row i
-#elif MODE == 2
-#define NR 1
-#else
 #define NR RPT
-#endif
 #ifdef NORM
 vec4 xnorm(uint i);
 #define XV(x, i) xnorm(i)
@@ -41,23 +32,15 @@ layout(push_constant) uniform PC {
 #ifdef NORM
     WT w; RV4 nw; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
 #else
-    WT w; WT w2; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
+    WT w; U32 unused_; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
 #endif
     uint rows, cols, n, xs, ys, flags, k, estride, n_expert, eps_bits;
 } pc;
 
-#if MODE == 0 || MODE == 3
 #define NACC (NMAX * NR)
-#else
-#define NACC NR
-#endif
 
 shared float red[WG];
 shared bool last_group;
-#if MODE == 2
-shared uint sbase[MAXE];   // byte offset of each slot's expert
-shared float sgw[MAXE];
-#endif
 
 // Sum over the TPR threads of a row group (every thread of the workgroup calls it).
 float group_sum(float v) {
@@ -212,61 +195,6 @@ void main() {
 #if MODE == 0
     if (amx) argmax_epilogue(bv, bi);
 #endif
-#elif MODE == 1
-    const uint row0 = (gl_WorkGroupID.x * GROUPS + grp) * RPT, p = gl_WorkGroupID.y, tok = p / pc.k;
-    const uint eb = uint(pc.ids.v[p]) * pc.estride;
-    uint rb[RPT];
-    for (uint r = 0u; r < RPT; r++) rb[r] = eb + min(row0 + r, pc.rows - 1u) * row_bytes;
-    if (row0 < pc.rows)
-        for (uint u = lane; u < units; u += TPR) {
-            WU w[NR];
-            for (uint r = 0u; r < RPT; r++) {
-                w[2u * r] = wload(pc.w, rb[r], u);
-                w[2u * r + 1u] = wload(pc.w2, rb[r], u);
-            }
-            wdot(pc.x, w, tok * xs4 + ubase(u) / 4u, acc);
-        }
-    for (uint r = 0u; r < RPT; r++) {
-        const float g = group_sum(acc[2u * r]), up = group_sum(acc[2u * r + 1u]);
-        if (lane == 0u && row0 + r < pc.rows) pc.y.v[p * pc.ys + row0 + r] = silu(g) * up;
-    }
-#else
-    // The k experts' units of a row form one list, so short rows (down has
-    // n_ff columns) still keep every thread busy; DU units are loaded before
-    // any is used. The slots' expert offsets and gate weights are read once
-    // per workgroup.
-    const uint row = gl_WorkGroupID.x * GROUPS + grp, tok = gl_WorkGroupID.y;
-    for (uint j = tid; j < pc.k; j += WG) {
-        sbase[j] = uint(pc.ids.v[tok * pc.k + j]) * pc.estride;
-        sgw[j] = pc.gw.v[tok * pc.k + j];
-    }
-    barrier();
-    const uint rrow = min(row, pc.rows - 1u) * row_bytes, total = pc.k * units;
-    if (row < pc.rows)
-        for (uint i0 = lane; i0 < total; i0 += TPR * DU) {
-            WU w[DU];
-            uint xo[DU];
-            float g[DU];
-            for (uint d = 0u; d < DU; d++) {
-                const uint i = min(i0 + d * TPR, total - 1u), j = i / units, u = i - j * units;
-                w[d] = wload(pc.w, sbase[j] + rrow, u);
-                xo[d] = (tok * pc.k + j) * xs4 + ubase(u) / 4u;
-                g[d] = i0 + d * TPR < total ? sgw[j] : 0.0;   // clamped repeats count 0
-            }
-            for (uint d = 0u; d < DU; d++) {
-                WU wd[1];
-                wd[0] = w[d];
-                float part[1];
-                part[0] = 0.0;
-                wdot(pc.x, wd, xo[d], part);
-                acc[0] += g[d] * part[0];
-            }
-        }
-    float s = group_sum(acc[0]);
-    if (lane == 0u && row < pc.rows) {
-        if ((pc.flags & 1u) != 0u) s += pc.r.v[tok * pc.ys + row];
-        pc.y.v[tok * pc.ys + row] = s;
-    }
 #endif
 #if MODE == 3
     // The last workgroup to finish routes every token (one dispatch for the whole router).
