@@ -120,7 +120,6 @@ int vk_pipeline_cache_open(moex_vk *vk);
 void vk_pipeline_cache_save(moex_vk *vk);
 
 /* vk_ops.c: the ops and the helpers every op file shares */
-int vk_norm_max_cols(const moex_vk *vk);   /* widest x the fused-norm products stage in shared memory */
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz);
 uint32_t vk_fbits(float f);                /* a float's bits, for push constants */
 uint32_t vk_ceil_div(int64_t a, int64_t b);

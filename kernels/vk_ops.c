@@ -144,13 +144,6 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     return vk_matmul_tiled(c, w, &pc, n, err);
 }
 
-/* NORM_MAXC of mv.comp's fused-norm variants (no longer staged in shared memory; kept for vk_pipeline.c). */
-int vk_norm_max_cols(const moex_vk *vk) {
-    int c = 4096;
-    while (c > 256 && (size_t)c * 4 + 8192 > vk->info.shared_mem) c /= 2;
-    return c;
-}
-
 /* The fused norm needs no shared memory (each row group sums x^2 as it
  * reads x), so any width qualifies; x and nw are read 16 bytes at a time. */
 bool moex_vk_norm_fusable(const moex_vk *vk, int64_t n, int64_t dim) {
@@ -191,7 +184,8 @@ size_t moex_vk_argmax_sync_bytes(int64_t rows) { return (1 + 2 * (size_t)argmax_
 int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
                              moex_vk_ptr y, moex_vk_ptr out, moex_vk_ptr sync, size_t sync_bytes, moex_error *err) {
     if (nw ? check_norm_fused(c, w, x, nw, err) : vk_check_matrix(w, err)) return -1;
-    if (!out || !sync || sync % 4 || sync_bytes < moex_vk_argmax_sync_bytes(w->rows))
+    if (!out || out % 4) return moex_fail(err, "vulkan: the fused argmax needs a 4-byte aligned output word");
+    if (!sync || sync % 4 || sync_bytes < moex_vk_argmax_sync_bytes(w->rows))
         return moex_fail(err, "vulkan: the fused argmax of %lld rows needs %zu bytes of zeroed sync words (got %zu)",
                          (long long)w->rows, moex_vk_argmax_sync_bytes(w->rows), sync_bytes);
     if (!nw && vk_round_input(c, w->type, x, 1, w->cols, &x, err)) return -1;
@@ -324,8 +318,6 @@ int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, mo
                                 moex_error *err) {
     const int64_t ns = attn_splits(sh, 1), chunk = (sh->n_ctx + ns - 1) / ns;
     if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, 1, ns, err)) return -1;
-    if (sh->n_head > 65535 || sh->n_head_kv > 65535)
-        return moex_fail(err, "vulkan: %d attention heads are too many for the fused decode step", sh->n_head);
     if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
     if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
     if (!counters || counters % 4) return moex_fail(err, "vulkan: the fused attention needs n_head zeroed counters");

@@ -116,7 +116,7 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
     if (k == VK_K_MV) {
         sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n",
                   vk->tpr, VK_MV_GROUPS, VK_MV_RPT(mode), !(mode & VK_MV_GENERIC));
-        if (mode & VK_MV_NORM) sb_printf(&b, "#define NORM 1\n#define NORM_MAXC %d\n", vk_norm_max_cols(vk));
+        if (mode & VK_MV_NORM) sb_printf(&b, "#define NORM 1\n");
     } else if (k == VK_K_TOPK) {
         sb_printf(&b, "#define WG 128u\n");
     } else if (k == VK_K_ARGMAX) {
