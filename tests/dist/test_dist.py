@@ -5,129 +5,19 @@ hub prints (greedy) equal what --local prints for the same model.
 
 usage: test_dist.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
 """
-import asyncio
 import os
-import re
 import signal
-import socket
-import struct
-import subprocess
 import sys
 import threading
 import time
 
-BIN, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
-ONLY = set(sys.argv[4:])
-TOKEN = "test-token"
-PROMPT = "1,15,27,300,4000,5,6,77,8,900"
-failures = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from distlib import (Cluster, check, finish_script, gen_model, local_tokens, metric, run_hostile_clients,  # noqa: E402
+                     scenario, setup)
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def gen_model(arch, vocab, typ, seed):
-    path = os.path.join(WORK, f"{arch}-{typ}-{seed}.gguf")
-    if not os.path.exists(path):
-        subprocess.run([f"{BIN}/moex-gguf", "gen", "--arch", arch, "--preset", "test", "--vocab",
-                        os.path.join(VOCAB, vocab), "--type", typ, "--seed", str(seed), "-o", path, "--quiet"],
-                       check=True)
-    return path
-
-
-def local_tokens(model, n):
-    out = subprocess.run([f"{BIN}/moex-hub", "--local", "-m", model, "--prompt-tokens", PROMPT, "-n", str(n),
-                          "--temp", "0", "--print-tokens", "--ignore-eos", "--threads", "1"],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.split()
-
-
-class Cluster:
-    """A one-shot hub plus workers; collects the hub's stdout/stderr."""
-
-    def __init__(self, model, n_workers, n_tokens, hub_args=(), worker_args=None, min_workers=None):
-        self.port = free_port()
-        self.model = model
-        hub_cmd = [f"{BIN}/moex-hub", "-m", model, "--port", str(self.port), "--token", TOKEN,
-                   "--prompt-tokens", PROMPT, "-n", str(n_tokens), "--temp", "0", "--print-tokens", "--ignore-eos",
-                   "--threads", "1", "--min-workers", str(min_workers or n_workers), "--wait-s", "60", *hub_args]
-        self.hub = subprocess.Popen(hub_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.out, self.err = [], []
-        self.readers = [threading.Thread(target=self._drain, args=(self.hub.stdout, self.out), daemon=True),
-                        threading.Thread(target=self._drain, args=(self.hub.stderr, self.err), daemon=True)]
-        for r in self.readers:
-            r.start()
-        self.workers = []
-        time.sleep(0.3)
-        for i in range(n_workers):
-            extra = worker_args[i] if worker_args else []
-            self.start_worker(f"w{i}", extra)
-
-    def start_worker(self, name, extra=()):
-        cmd = [f"{BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{self.port}/ws", "--token", TOKEN,
-               "--model", self.model, "--threads", "1", "--name", name, *extra]
-        log = open(os.path.join(WORK, f"worker-{self.port}-{name}.log"), "w")
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        self.workers.append(p)
-        return p
-
-    @staticmethod
-    def _drain(pipe, sink):
-        for chunk in iter(lambda: pipe.read(1), ""):
-            sink.append(chunk)
-
-    def tokens_so_far(self):
-        return len("".join(self.out).split())
-
-    def finish(self, timeout=120):
-        try:
-            self.hub.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.hub.kill()
-            self.hub.wait()
-            self.err.append("\n[test] hub timed out")
-        for r in self.readers:
-            r.join(timeout=10)
-        out, err = "".join(self.out), "".join(self.err)
-        for w in self.workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in self.workers:
-            try:
-                w.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                w.kill()
-        self.stderr = err
-        return self.hub.returncode, out.split(), err
-
-
-def check(name, cond, detail=""):
-    print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
-    if not cond:
-        failures.append(name)
-
-
-def metric(err, key):
-    """Reads 'key N' from the hub's metrics line."""
-    m = re.search(r"hub metrics:.*?\b" + re.escape(key) + r" (\d+)", err)
-    return int(m.group(1)) if m else None
-
-
-def scenario(fn):
-    if not ONLY or fn.__name__ in ONLY:
-        t0 = time.time()
-        fn()
-        print(f"     ({fn.__name__}: {time.time() - t0:.1f} s)", flush=True)
-    return fn
-
-
-MOE = gen_model("qwen3moe", "ggml-vocab-llama-spm.gguf", "q8_0", 11)
-MIX = gen_model("mixtral", "ggml-vocab-llama-spm.gguf", "q4_K_M", 12)
+setup(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
+MOE = gen_model("qwen3moe", "q8_0", 11)
+MIX = gen_model("mixtral", "q4_K_M", 12)
 N = 24          # tokens per run
 N_TIMED = 96    # timing comparisons: long enough that one-off costs (discovering a slow worker) amortise
 REF = {m: local_tokens(m, N) for m in (MOE, MIX)}
@@ -206,36 +96,6 @@ def slow_worker_hedge_auto():
     check("slow worker, hedge auto: within 1.5x of no delay", s1 <= 1.5 * s0, f"base={s0:.3f}s slow={s1:.3f}s")
 
 
-async def hostile_clients(port):
-    import websockets
-    refused = False
-    try:
-        async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token=wrong"):
-            pass
-    except Exception:
-        refused = True
-    closed = 0
-    header = lambda typ, plen: b"MoEx" + struct.pack("<HHIIHHIHBB", 1, typ, plen, 7, 0, 0, 1, 256, 1, 0)
-    frames = ["text frame", b"\x00" * 64, b"MoEx\x01\x00", header(99, 0), header(1, 10) + b"\x00" * 10,
-              header(2, 1 << 20)]
-    for f in frames:
-        try:
-            async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={TOKEN}") as ws:
-                await ws.send(f)
-                await asyncio.wait_for(ws.wait_closed(), 5)
-                closed += 1
-        except Exception:
-            closed += 1
-    try:  # 64 MiB
-        async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={TOKEN}", max_size=None) as ws:
-            await ws.send(b"MoEx" + bytes(64 << 20))
-            await asyncio.wait_for(ws.wait_closed(), 10)
-            closed += 1
-    except Exception:
-        closed += 1
-    return refused, closed, len(frames) + 1
-
-
 @scenario
 def hostile_input():
     # every worker 40 ms late: generation lasts ~8 s, while the hostile clients connect
@@ -243,7 +103,7 @@ def hostile_input():
     c = Cluster(MOE, 3, N_TIMED, hub_args=["--replicas", "2"], worker_args=[slow, slow, slow])
     while c.tokens_so_far() < 1 and c.hub.poll() is None:
         time.sleep(0.01)
-    refused, closed, total = asyncio.run(hostile_clients(c.port))
+    refused, closed, total = run_hostile_clients(c.port)
     during = c.hub.poll() is None and c.tokens_so_far() < N_TIMED
     rc, toks, err = c.finish()
     check("hostile clients ran during generation", during)
@@ -262,5 +122,4 @@ def corrupt_worker_evicted():
           f"evictions={metric(err, 'evictions')}")
 
 
-print(f"{len(failures)} failed" if failures else "all scenarios passed")
-sys.exit(1 if failures else 0)
+finish_script()

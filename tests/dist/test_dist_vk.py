@@ -17,48 +17,21 @@ three CPU workers on loopback (--replicas 2). Scenarios:
 Exit 77 (skipped) when there is no Vulkan device.
 usage: test_dist_vk.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
 """
-import asyncio
 import os
-import re
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 
-BIN, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
-ONLY = set(sys.argv[4:])
-TOKEN = "test-token"
-PROMPT = "1,15,27,300,4000,5,6,77,8,900"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import distlib  # noqa: E402
+from distlib import check, finish_script, gen_model, local_tokens, metric, run_hostile_clients, scenario  # noqa: E402
+
+distlib.setup(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
+BIN, WORK, PROMPT = distlib.BIN, distlib.WORK, distlib.PROMPT
 N = 24
 N_LONG = 48     # long enough for the hostile clients to connect while the hub generates
-failures = []
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def gen_model(arch, typ, seed):
-    path = os.path.join(WORK, f"{arch}-{typ}-{seed}.gguf")
-    if not os.path.exists(path):
-        subprocess.run([f"{BIN}/moex-gguf", "gen", "--arch", arch, "--preset", "test", "--vocab",
-                        os.path.join(VOCAB, "ggml-vocab-llama-spm.gguf"), "--type", typ, "--seed", str(seed),
-                        "-o", path, "--quiet"], check=True)
-    return path
-
-
-def local_tokens(model, n, prompt=PROMPT, extra=()):
-    out = subprocess.run([f"{BIN}/moex-hub", "--local", "-m", model, "--prompt-tokens", prompt, "-n", str(n),
-                          "--temp", "0", "--print-tokens", "--ignore-eos", "--threads", "1", *extra],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.split()
 
 
 def vulkan_available():
@@ -70,74 +43,15 @@ def vulkan_available():
     return True
 
 
-class Cluster:
-    """A one-shot `moex-hub --backend vulkan` plus CPU workers; collects the hub's stdout/stderr."""
+class Cluster(distlib.Cluster):
+    """A one-shot `moex-hub --backend vulkan --replicas 2` plus CPU workers."""
 
     def __init__(self, model, n_workers, n_tokens, hub_args=(), worker_args=None):
-        self.port = free_port()
-        self.model = model
-        hub_cmd = [f"{BIN}/moex-hub", "-m", model, "--backend", "vulkan", "--port", str(self.port), "--token", TOKEN,
-                   "--prompt-tokens", PROMPT, "-n", str(n_tokens), "--temp", "0", "--print-tokens", "--ignore-eos",
-                   "--threads", "1", "--min-workers", str(n_workers), "--wait-s", "60", "--replicas", "2", *hub_args]
-        self.hub = subprocess.Popen(hub_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.out, self.err = [], []
-        self.readers = [threading.Thread(target=self._drain, args=(self.hub.stdout, self.out), daemon=True),
-                        threading.Thread(target=self._drain, args=(self.hub.stderr, self.err), daemon=True)]
-        for r in self.readers:
-            r.start()
-        self.workers = []
-        time.sleep(0.3)
-        for i in range(n_workers):
-            cmd = [f"{BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{self.port}/ws", "--token", TOKEN,
-                   "--model", model, "--threads", "1", "--name", f"w{i}", *(worker_args[i] if worker_args else [])]
-            log = open(os.path.join(WORK, f"worker-{self.port}-w{i}.log"), "w")
-            self.workers.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
-
-    @staticmethod
-    def _drain(pipe, sink):
-        for chunk in iter(lambda: pipe.read(1), ""):
-            sink.append(chunk)
-
-    def tokens_so_far(self):
-        return len("".join(self.out).split())
+        super().__init__(model, n_workers, n_tokens, hub_args=["--backend", "vulkan", "--replicas", "2", *hub_args],
+                         worker_args=worker_args)
 
     def finish(self, timeout=240):
-        try:
-            self.hub.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.hub.kill()
-            self.hub.wait()
-            self.err.append("\n[test] hub timed out")
-        for r in self.readers:
-            r.join(timeout=10)
-        for w in self.workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in self.workers:
-            try:
-                w.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                w.kill()
-        return self.hub.returncode, "".join(self.out).split(), "".join(self.err)
-
-
-def check(name, cond, detail=""):
-    print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
-    if not cond:
-        failures.append(name)
-
-
-def metric(err, key):
-    m = re.search(r"hub metrics:.*?\b" + re.escape(key) + r" (\d+)", err)
-    return int(m.group(1)) if m else None
-
-
-def scenario(fn):
-    if not ONLY or fn.__name__ in ONLY:
-        t0 = time.time()
-        fn()
-        print(f"     ({fn.__name__}: {time.time() - t0:.1f} s)", flush=True)
-    return fn
+        return super().finish(timeout)
 
 
 if not vulkan_available():
@@ -183,45 +97,13 @@ def worker_deaths():
     check("  the abrupt exit happened", c.workers[0].returncode not in (0, None), f"rc={c.workers[0].returncode}")
 
 
-async def hostile_clients(port):
-    """As tests/dist/test_dist.py: a wrong token, then text, garbage, truncated, unknown-type, short and
-    oversized frames, each of which must close the connection."""
-    import websockets
-    refused = False
-    try:
-        async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token=wrong"):
-            pass
-    except Exception:
-        refused = True
-    closed = 0
-    header = lambda typ, plen: b"MoEx" + struct.pack("<HHIIHHIHBB", 1, typ, plen, 7, 0, 0, 1, 256, 1, 0)
-    frames = ["text frame", b"\x00" * 64, b"MoEx\x01\x00", header(99, 0), header(1, 10) + b"\x00" * 10,
-              header(2, 1 << 20)]
-    for f in frames:
-        try:
-            async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={TOKEN}") as ws:
-                await ws.send(f)
-                await asyncio.wait_for(ws.wait_closed(), 5)
-                closed += 1
-        except Exception:
-            closed += 1
-    try:  # 64 MiB
-        async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={TOKEN}", max_size=None) as ws:
-            await ws.send(b"MoEx" + bytes(64 << 20))
-            await asyncio.wait_for(ws.wait_closed(), 10)
-            closed += 1
-    except Exception:
-        closed += 1
-    return refused, closed, len(frames) + 1
-
-
 @scenario
 def hostile_input():
     slow = ["--inject-delay-ms", "40", "--inject-delay-prob", "1"]
     c = Cluster(MOE, 3, N_LONG, worker_args=[slow, slow, slow])
     while c.tokens_so_far() < 1 and c.hub.poll() is None:
         time.sleep(0.01)
-    refused, closed, total = asyncio.run(hostile_clients(c.port))
+    refused, closed, total = run_hostile_clients(c.port)
     during = c.hub.poll() is None and c.tokens_so_far() < N_LONG
     rc, toks, err = c.finish()
     check("hostile clients ran during generation", during)
@@ -259,5 +141,4 @@ def mixtral_teacher_forced():
           rows == rows_want and top1 >= 0.9 and rel <= 3e-2, f"rows={rows} top1={top1:.3f} err={rel:.3g}")
 
 
-print(f"{len(failures)} failed" if failures else "all scenarios passed")
-sys.exit(1 if failures else 0)
+finish_script()

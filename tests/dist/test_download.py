@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,12 +20,14 @@ import time
 import urllib.error
 import urllib.request
 
-BIN, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
-ONLY = set(sys.argv[4:])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import distlib  # noqa: E402
+from distlib import PROMPT, check, finish_script, free_port, scenario  # noqa: E402
+
+distlib.setup(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
+BIN, VOCAB, WORK = distlib.BIN, distlib.VOCAB, distlib.WORK
 TOKEN = "dl-token"
-PROMPT = "1,15,27,300,4000,5,6,77,8,900"
 N = 16
-failures = []
 
 _xxh = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
 _xxh.XXH3_64bits.restype = ctypes.c_uint64
@@ -35,28 +36,6 @@ _xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 
 def xxh3(data):
     return _xxh.XXH3_64bits(data, len(data))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def check(name, cond, detail=""):
-    print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
-    if not cond:
-        failures.append(name)
-
-
-def scenario(fn):
-    if not ONLY or fn.__name__ in ONLY:
-        t0 = time.time()
-        fn()
-        print(f"     ({fn.__name__}: {time.time() - t0:.1f} s)", flush=True)
-    return fn
 
 
 def gen_model():
@@ -70,10 +49,7 @@ def gen_model():
 
 
 def local_tokens(model):
-    out = subprocess.run([f"{BIN}/moex-hub", "--local", "-m", model, "--prompt-tokens", PROMPT, "-n", str(N),
-                          "--temp", "0", "--print-tokens", "--ignore-eos", "--threads", "1"],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.split()
+    return distlib.local_tokens(model, N)
 
 
 class Hub:
@@ -320,5 +296,4 @@ def resume_and_repair():
           f"{[w.returncode for w in h.workers]}")
 
 
-print(f"{len(failures)} failed" if failures else "all scenarios passed")
-sys.exit(1 if failures else 0)
+finish_script()

@@ -13,54 +13,21 @@ usage: test_worker_vk.py BIN_DIR VOCAB_DIR WORK_DIR
 """
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 
-BIN, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
-TOKEN = "test-token"
-PROMPT = "1,15,27,300,4000,5,6,77,8,900"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import distlib  # noqa: E402
+from distlib import TOKEN, check, finish_script, free_port, gen_model, metric  # noqa: E402
+
+distlib.setup(sys.argv[1], sys.argv[2], sys.argv[3])
+BIN = distlib.BIN
 N = 24
-failures = []
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def gen_model(arch, typ, seed):
-    path = os.path.join(WORK, f"{arch}-{typ}-{seed}.gguf")
-    if not os.path.exists(path):
-        subprocess.run([f"{BIN}/moex-gguf", "gen", "--arch", arch, "--preset", "test", "--vocab",
-                        os.path.join(VOCAB, "ggml-vocab-llama-spm.gguf"), "--type", typ, "--seed", str(seed),
-                        "-o", path, "--quiet"], check=True)
-    return path
 
 
 def local_tokens(model):
-    out = subprocess.run([f"{BIN}/moex-hub", "--local", "-m", model, "--prompt-tokens", PROMPT, "-n", str(N),
-                          "--temp", "0", "--print-tokens", "--ignore-eos", "--threads", "1"],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.split()
-
-
-def check(name, cond, detail=""):
-    print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
-    if not cond:
-        failures.append(name)
-
-
-def metric(err, key):
-    """Reads 'key N' from the hub's metrics line."""
-    m = re.search(r"hub metrics:.*?\b" + re.escape(key) + r" (\d+)", err)
-    return int(m.group(1)) if m else None
+    return distlib.local_tokens(model, N)
 
 
 def worker_row(err, name):
@@ -82,49 +49,13 @@ def vulkan_available():
 
 
 def run_cluster(model, worker_args, hub_args=("--replicas", "1")):
-    """A hub with --verify 1 (--replicas 1 by default) and one worker per entry of worker_args.
+    """A hub with --verify 1 (--replicas 1 by default) and one worker per (name, flags, environment) of worker_args.
     Returns (hub rc, tokens, hub stderr, worker logs, worker exit codes)."""
-    port = free_port()
-    hub = subprocess.Popen([f"{BIN}/moex-hub", "-m", model, "--port", str(port), "--token", TOKEN,
-                            "--prompt-tokens", PROMPT, "-n", str(N), "--temp", "0", "--print-tokens", "--ignore-eos",
-                            "--threads", "1", "--min-workers", str(len(worker_args)), "--wait-s", "60",
-                            "--verify", "1", *hub_args],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = [], []
-    readers = [threading.Thread(target=lambda: out.append(hub.stdout.read()), daemon=True),
-               threading.Thread(target=lambda: err.append(hub.stderr.read()), daemon=True)]
-    for r in readers:
-        r.start()
-    time.sleep(0.3)
-    workers, logs = [], []
+    c = distlib.Cluster(model, 0, N, hub_args=["--verify", "1", *hub_args], min_workers=len(worker_args))
     for name, extra, env in worker_args:
-        path = os.path.join(WORK, f"worker-{port}-{name}.log")
-        logs.append(path)
-        cmd = [f"{BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{port}/ws", "--token", TOKEN, "--model", model,
-               "--threads", "1", "--name", name, *extra]
-        with open(path, "w") as log:
-            workers.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}))
-    try:
-        hub.wait(timeout=180)
-    except subprocess.TimeoutExpired:
-        hub.kill()
-        hub.wait()
-        err.append("\n[test] hub timed out")
-    for r in readers:
-        r.join(timeout=10)
-    for w in workers:
-        if w.poll() is None:
-            w.send_signal(signal.SIGTERM)
-    for w in workers:
-        try:
-            w.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            w.kill()
-    texts = []
-    for path in logs:
-        with open(path) as f:
-            texts.append(f.read())
-    return hub.returncode, "".join(out).split(), "".join(err), texts, [w.returncode for w in workers]
+        c.start_worker(name, extra, env)
+    rc, toks, err = c.finish(timeout=180)
+    return rc, toks, err, c.worker_logs(), [w.returncode for w in c.workers]
 
 
 def slots(vk_log):
@@ -221,5 +152,4 @@ for fn in (takes_over_experts, hedged):
     t0 = time.time()
     fn(gen_model("qwen3moe", "q8_0", 11))
     print(f"     ({fn.__name__}: {time.time() - t0:.1f} s)", flush=True)
-print(f"{len(failures)} failed" if failures else "all scenarios passed")
-sys.exit(1 if failures else 0)
+finish_script()
