@@ -10,26 +10,10 @@
 #include "hub/hub.h"
 #include "kernels/vk_experts.h"
 #include "kernels/vk_internal.h"
+#define BENCH_NAME "bench_vk"
+#include "bench_util.h"
 
 static moex_error err;
-
-#define MUST(call)                                                        \
-    do {                                                                  \
-        if ((call) != 0) {                                                \
-            fprintf(stderr, "bench_vk: %s: %s\n", #call, err.msg);        \
-            exit(1);                                                      \
-        }                                                                 \
-    } while (0)
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Seconds per repetition of record(), timed over reps repetitions in one submit. */
 typedef int (*record_fn)(moex_vk_cmd *c, void *ctx);

@@ -25,26 +25,10 @@
 #include <string.h>
 
 #include "hub/hub.h"
+#define BENCH_NAME "bench_vk_dist"
+#include "bench_util.h"
 
 static moex_error err;
-
-#define MUST(call)                                                        \
-    do {                                                                  \
-        if ((call) != 0) {                                                \
-            fprintf(stderr, "bench_vk_dist: %s: %s\n", #call, err.msg);   \
-            exit(1);                                                      \
-        }                                                                 \
-    } while (0)
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int zero_run(void *ctx, const moex_moe_request *req, moex_error *e) {
     (void)e;

@@ -22,6 +22,7 @@
 
 #include "ggml-backend.h"
 #include "llama.h"
+#include "../bench_util.h"
 
 #ifndef PEER_BACKEND_DIR
 #define PEER_BACKEND_DIR "."
@@ -156,16 +157,6 @@ static int cmd_logits(struct llama_model *m, const char *csv, int n_gen, const c
     if (ctx) llama_free(ctx);
     free(prompt);
     return rc ? 1 : 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int cmd_bench(struct llama_model *m, int threads, int n_p, int n_g, int reps) {

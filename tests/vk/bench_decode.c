@@ -7,16 +7,10 @@
 #include <string.h>
 
 #include "hub/hub.h"
+#define BENCH_NAME "bench_decode"
+#include "../bench_util.h"
 
 static moex_error err;
-#define MUST(call)                                                        \
-    do {                                                                  \
-        if ((call) != 0) {                                                \
-            fprintf(stderr, "bench_decode: %s: %s\n", #call, err.msg);    \
-            exit(1);                                                      \
-        }                                                                 \
-    } while (0)
-
 typedef struct ctx {
     const moex_hparams *hp;
     moex_vk_matrix wq, wk, wv, wo, router, head;

@@ -12,6 +12,7 @@
 
 #include "ggml-backend.h"
 #include "llama.h"
+#include "../bench_util.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -37,16 +38,6 @@ static int decode(struct llama_context *ctx, const llama_token *toks, int n, int
     int rc = llama_decode(ctx, b);
     llama_batch_free(b);
     return rc;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int main(int argc, char **argv) {
