@@ -26,18 +26,6 @@ static void round_f16(const float *a, float *out, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = h16(a[i]);
 }
 
-static moex_vk_cmd *begin(moex_vk *vk) {
-    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
-    MUST(!c);
-    MUST(moex_vk_cmd_begin(c, &g_err));
-    return c;
-}
-
-static void run_free(moex_vk_cmd *c) {
-    MUST(moex_vk_cmd_run(c, &g_err));
-    moex_vk_cmd_free(c);
-}
-
 #define P(b) moex_vk_buffer_ptr(b)
 
 /* y = W x (+ res) for n tokens; returns errors vs the f16-input and the exact reference. */
@@ -64,9 +52,9 @@ static void check_dense(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t 
     moex_vk_buffer *wb = gpu_from(vk, m.data, (size_t)rows * m.row_bytes), *xb = gpu_from(vk, x, nx * 4),
                    *rb = gpu_from(vk, res, ny * 4), *yb = gpu_from(vk, NULL, ny * 4);
     moex_vk_matrix vm = vk_matrix_of(&m, wb);
-    moex_vk_cmd *c = begin(vk);
+    moex_vk_cmd *c = cmd_begin(vk);
     MUST(moex_vk_op_matmul(c, &vm, P(xb), n, P(yb), resid ? P(rb) : 0, &g_err));
-    run_free(c);
+    cmd_run_free(c);
     gpu_read(vk, yb, y, ny * 4);
     const double e16 = rel_l2(y, ref16, ny), e = rel_l2(y, ref, ny);
     printf("  %-5s %lldx%lld n=%lld%s: vs f16 inputs %.2g, vs exact %.2g\n", moex_type_get(t)->name, (long long)rows,
@@ -160,9 +148,9 @@ static void check_experts(moex_vk *vk, rng *r, moex_type tg, moex_type td, int64
                           .down = {td, d, f, moex_row_bytes(td, f), P(db), dn.stride},
                           .n_expert = E};
     moex_vk_buffer *sb = gpu_from(vk, NULL, moex_vk_experts_scratch(&ex, n, K));
-    moex_vk_cmd *c = begin(vk);
+    moex_vk_cmd *c = cmd_begin(vk);
     MUST(moex_vk_op_experts(c, &ex, P(xb), n, K, P(ib), P(wb), P(rb), P(rb), P(sb), &g_err));
-    run_free(c);
+    cmd_run_free(c);
     gpu_read(vk, rb, got, (size_t)(n * d) * 4);
     const double e16 = rel_l2(got, ref16, (size_t)(n * d)), e = rel_l2(got, ref, (size_t)(n * d));
     printf("  experts %s/%s d=%lld f=%lld n=%lld: vs f16 inputs %.2g, vs exact %.2g\n", moex_type_get(tg)->name,

@@ -12,12 +12,6 @@
 
 enum { N_PROMPT = 40, N_GEN = 12 };
 
-static int32_t argmax_of(const float *v, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++) b = v[i] > v[b] ? i : b;
-    return (int32_t)b;
-}
-
 static moex_vk_state *make_state(const moex_model *m, bool coop) {
     if (coop) unsetenv("MOEX_VK_NO_COOP");
     else setenv("MOEX_VK_NO_COOP", "1", 1);

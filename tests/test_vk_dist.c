@@ -25,13 +25,6 @@
 #define N_PROMPT 20
 #define N_GEN 12
 
-static int32_t argmax_of(const float *x, int64_t n) {
-    int32_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = (int32_t)i;
-    return b;
-}
-
 /* An executor that forwards to another and fails once, in layer fail_layer, when armed. */
 typedef struct flaky {
     moex_expert_executor inner;

@@ -8,18 +8,6 @@
 static moex_vk *vk;
 static rng R;
 
-static moex_vk_cmd *begin(void) {
-    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
-    MUST(!c);
-    MUST(moex_vk_cmd_begin(c, &g_err));
-    return c;
-}
-
-static void run_free(moex_vk_cmd *c) {
-    MUST(moex_vk_cmd_run(c, &g_err));
-    moex_vk_cmd_free(c);
-}
-
 #define P(b) moex_vk_buffer_ptr(b)
 
 /* RMSNorm (with and without weights), the residual add, SwiGLU and argmax. */
@@ -32,13 +20,13 @@ static void test_norm(void) {
     moex_vk_buffer *xb = gpu_from(vk, x, n * 4), *wb = gpu_from(vk, w, dim * 4), *bb = gpu_from(vk, b, n * 4),
                    *o1 = gpu_from(vk, NULL, n * 4), *o2 = gpu_from(vk, NULL, n * 4), *o3 = gpu_from(vk, NULL, n * 4),
                    *o4 = gpu_from(vk, NULL, n * 4), *am = gpu_from(vk, NULL, rows * 4);
-    moex_vk_cmd *c = begin();
+    moex_vk_cmd *c = cmd_begin(vk);
     MUST(moex_vk_op_rmsnorm(c, P(o1), P(xb), P(wb), rows, dim, 1e-6f, &g_err));
     MUST(moex_vk_op_rmsnorm(c, P(o2), P(xb), 0, rows, dim, 1e-6f, &g_err));
     MUST(moex_vk_op_eltwise(c, 0, P(xb), P(bb), P(o3), n, &g_err));
     MUST(moex_vk_op_eltwise(c, 1, P(xb), P(bb), P(o4), n, &g_err));
     MUST(moex_vk_op_argmax(c, P(xb), rows, dim, dim, P(am), &g_err));
-    run_free(c);
+    cmd_run_free(c);
     for (int64_t r = 0; r < rows; r++) moex_rmsnorm(ref + r * dim, x + r * dim, w, dim, 1e-6f);
     gpu_read(vk, o1, got, n * 4);
     double e = rel_l2_f(got, ref, n);
@@ -88,9 +76,9 @@ static void test_rope(void) {
                        *vb = gpu_from(vk, v, n * kvd * 4), *qnb = gpu_from(vk, qn, hd * 4), *knb = gpu_from(vk, kn, hd * 4),
                        *kcb = gpu_from(vk, NULL, sh.n_ctx * kvd * 4), *vcb = gpu_from(vk, NULL, sh.n_ctx * kvd * 4),
                        *pb = gpu_from(vk, &params, 4);
-        moex_vk_cmd *c = begin();
+        moex_vk_cmd *c = cmd_begin(vk);
         MUST(moex_vk_op_qk_rope(c, &sh, P(qb), P(kb), P(vb), P(kcb), P(vcb), P(qnb), P(knb), P(pb), n, &g_err));
-        run_free(c);
+        cmd_run_free(c);
         for (int64_t t = 0; t < n; t++) {
             float *qt = q + t * qd, *kt = k + t * kvd;
             if (sh.qk_norm) {
@@ -134,12 +122,12 @@ static void test_attention(void) {
         moex_vk_buffer *qb = gpu_from(vk, q, n * qd * 4), *kb = gpu_from(vk, kc, sh.n_ctx * kvd * 4),
                        *vb = gpu_from(vk, vc, sh.n_ctx * kvd * 4), *ob = gpu_from(vk, NULL, n * qd * 4),
                        *sb = gpu_from(vk, NULL, moex_vk_attention_scratch(&sh, n) * 4), *pb = gpu_from(vk, &params, 4);
-        moex_vk_cmd *c = begin();
+        moex_vk_cmd *c = cmd_begin(vk);
         MUST(moex_vk_op_attention(c, &sh, P(qb), P(kb), P(vb), P(ob), P(sb), P(pb), n, &g_err));
-        run_free(c);
+        cmd_run_free(c);
         (void)npos;
         if (ci == 0) {   /* the K cache is read 16 bytes at a time: misplaced caches are refused, not misread */
-            moex_vk_cmd *bad = begin();
+            moex_vk_cmd *bad = cmd_begin(vk);
             CHECK(moex_vk_op_attention(bad, &sh, P(qb), P(kb) + 4, P(vb), P(ob), P(sb), P(pb), n, &g_err) == -1 &&
                       strstr(g_err.msg, "aligned"), "a K cache 4 bytes off must be refused (got '%s')", g_err.msg);
             MUST(moex_vk_cmd_end(bad, &g_err));
@@ -211,9 +199,9 @@ static void test_attention_prompt(void) {
         float *tiled = malloc(n * qd * 4);
         for (int simple = 0; simple < 2; simple++) {
             if (simple) setenv("MOEX_VK_ATTN_SIMPLE", "1", 1);
-            moex_vk_cmd *c = begin();
+            moex_vk_cmd *c = cmd_begin(vk);
             MUST(moex_vk_op_attention(c, &sh, P(qb), P(kb), P(vb), P(ob), P(sb), P(pb), n, &g_err));
-            run_free(c);
+            cmd_run_free(c);
             unsetenv("MOEX_VK_ATTN_SIMPLE");
             gpu_read(vk, ob, simple ? got : tiled, n * qd * 4);
             if (!simple) memcpy(got, tiled, n * qd * 4);
@@ -249,11 +237,11 @@ static void test_router(void) {
                        *lb = gpu_from(vk, NULL, n * E * 4), *cb = gpu_from(vk, NULL, 4), *ib = gpu_from(vk, NULL, n * k * 4),
                        *gb = gpu_from(vk, NULL, n * k * 4);
         moex_vk_matrix vm = vk_matrix_of(&m, wb);
-        moex_vk_cmd *c = begin();
+        moex_vk_cmd *c = cmd_begin(vk);
         MUST(moex_vk_op_router(c, &vm, P(xb), n, k, true, P(lb), P(cb), P(ib), P(gb), &g_err));
         moex_vk_barrier(c);   /* a second run must find the counter back at 0 */
         MUST(moex_vk_op_router(c, &vm, P(xb), n, k, true, P(lb), P(cb), P(ib), P(gb), &g_err));
-        run_free(c);
+        cmd_run_free(c);
         int32_t ids[20 * 4];
         float gw[20 * 4];
         uint32_t counter;
@@ -364,10 +352,10 @@ static void test_experts(void) {
             .down = {td, d, f, moex_row_bytes(td, f), P(db), sd},
             .n_expert = E};
         moex_vk_buffer *sb = gpu_from(vk, NULL, moex_vk_experts_scratch(&ex, n, k));
-        moex_vk_cmd *c = begin();
+        moex_vk_cmd *c = cmd_begin(vk);
         /* y aliases the residual, as the forward pass uses it */
         MUST(moex_vk_op_experts(c, &ex, P(xb), n, k, P(ib), P(wb), P(rb), P(rb), P(sb), &g_err));
-        run_free(c);
+        cmd_run_free(c);
         gpu_read(vk, rb, got, n * d * 4);
         const double e = rel_l2(got, ref, n * d);
         CHECK(e < 1e-5, "experts n=%lld (%s/%s): rel err %.3g", (long long)n, moex_type_get(tg)->name,
@@ -408,9 +396,9 @@ static void test_fused_norm(void) {
         test_matrix m = make_matrix(&R, types[ti], rows, d);
         moex_vk_buffer *mb = gpu_from(vk, m.data, rows * m.row_bytes);
         moex_vk_matrix vm = vk_matrix_of(&m, mb);
-        moex_vk_cmd *c = begin();
+        moex_vk_cmd *c = cmd_begin(vk);
         MUST(moex_vk_op_norm_matmul(c, &vm, P(xb), P(wb), eps, P(yb), P(rb), &g_err));
-        run_free(c);
+        cmd_run_free(c);
         gpu_read(vk, yb, got, rows * 4);
         for (int64_t r = 0; r < rows; r++) {
             ref[r] = res[r];
@@ -429,9 +417,9 @@ static void test_fused_norm(void) {
                    *cb = gpu_from(vk, NULL, 4), *ib = gpu_from(vk, NULL, k * 4), *gb = gpu_from(vk, NULL, k * 4),
                    *xnb = gpu_from(vk, NULL, d * 4);
     moex_vk_matrix vm = vk_matrix_of(&m, mb);
-    moex_vk_cmd *c = begin();
+    moex_vk_cmd *c = cmd_begin(vk);
     MUST(moex_vk_op_norm_router(c, &vm, P(xb), P(wb), eps, k, true, P(lb), P(cb), P(ib), P(gb), P(xnb), &g_err));
-    run_free(c);
+    cmd_run_free(c);
     int32_t ids[4];
     float gw[4], *xg = malloc(d * 4);
     gpu_read(vk, ib, ids, sizeof ids);
@@ -460,11 +448,11 @@ static void test_fused_norm(void) {
     CHECK(bad == 0 && max_w < 1e-5, "fused router: %d ids differ, weight err %.3g", bad, max_w);
     printf("  fused router: ids ok, xn %.2g, weights %.2g\n", exn, max_w);
     /* x or the weight off 16-byte alignment, or no weight: refused with a message, nothing recorded */
-    c = begin();
+    c = cmd_begin(vk);
     CHECK(moex_vk_op_norm_matmul(c, &vm, P(xb) + 4, P(wb), eps, P(yb), 0, &g_err) == -1 && strstr(g_err.msg, "aligned"),
           "a fused norm over a misaligned x must be refused");
     CHECK(moex_vk_op_norm_matmul(c, &vm, P(xb), 0, eps, P(yb), 0, &g_err) == -1, "a fused norm without weight");
-    run_free(c);
+    cmd_run_free(c);
     CHECK(moex_vk_norm_fusable(vk, 1, 1 << 16), "no shared-memory staging: any width is fusable");
     moex_vk_buffer *all[] = {xb, wb, rb, yb, mb, lb, cb, ib, gb, xnb};
     for (int i = 0; i < 10; i++) moex_vk_buffer_free(all[i]);
@@ -515,14 +503,14 @@ static void test_attention_decode(void) {
             moex_vk_buffer *qb = gpu_from(vk, q + tok * qd, qd * 4), *kb = gpu_from(vk, k + tok * kvd, kvd * 4),
                            *vb = gpu_from(vk, v + tok * kvd, kvd * 4), *qb2 = gpu_from(vk, q + tok * qd, qd * 4),
                            *pb = gpu_from(vk, &params, 4);
-            moex_vk_cmd *c = begin();
+            moex_vk_cmd *c = cmd_begin(vk);
             MUST(moex_vk_op_attention_decode(c, &sh, P(qb), P(kb), P(vb), P(kcb), P(vcb), P(qnb), P(knb), P(sb), P(cb),
                                              P(pb), &g_err));
             /* the unfused ops on their own caches */
             MUST(moex_vk_op_qk_rope(c, &sh, P(qb2), P(kb), P(vb), P(kcb2), P(vcb2), P(qnb), P(knb), P(pb), 1, &g_err));
             moex_vk_barrier(c);
             MUST(moex_vk_op_attention(c, &sh, P(qb2), P(kcb2), P(vcb2), P(ob), P(sb), P(pb), 1, &g_err));
-            run_free(c);
+            cmd_run_free(c);
             /* CPU: the same steps in f32 */
             float *qt = q + tok * qd, *kt = k + tok * kvd;
             for (int h = 0; h < H; h++)
@@ -605,13 +593,13 @@ static void test_head_argmax(void) {
                        *wb = gpu_from(vk, nw, d * 4), *yb = gpu_from(vk, NULL, rows * 4), *ob = gpu_from(vk, NULL, 8),
                        *sb = gpu_from(vk, NULL, sync_bytes);
         moex_vk_matrix vm = vk_matrix_of(&m, mb);
-        moex_vk_cmd *c = begin();
+        moex_vk_cmd *c = cmd_begin(vk);
         for (int rep = 0; rep < 2; rep++) {
             MUST(moex_vk_op_matmul_argmax(c, &vm, P(xb), norm ? P(wb) : 0, eps, P(yb), P(ob) + 4 * rep, P(sb),
                                           sync_bytes, &g_err));
             moex_vk_barrier(c);
         }
-        run_free(c);
+        cmd_run_free(c);
         int32_t idx[2];
         gpu_read(vk, ob, idx, sizeof idx);
         gpu_read(vk, yb, y, rows * 4);
@@ -631,10 +619,10 @@ static void test_head_argmax(void) {
         CHECK(nz == 0, "head+argmax: %d sync words left non-zero", nz);
         printf("  head+argmax %s norm=%d: logits %.2g, index %d (tie twin %lld)\n", moex_type_get(types[ti])->name,
                norm, e, idx[0], (long long)twin);
-        c = begin();   /* too few sync words: refused */
+        c = cmd_begin(vk);   /* too few sync words: refused */
         CHECK(moex_vk_op_matmul_argmax(c, &vm, P(xb), 0, eps, P(yb), P(ob), P(sb), 8, &g_err) == -1 &&
                   strstr(g_err.msg, "sync"), "head+argmax with 8 sync bytes must be refused");
-        run_free(c);
+        cmd_run_free(c);
         moex_vk_buffer *all[] = {mb, xb, wb, yb, ob, sb};
         for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
         free_matrix(&m);

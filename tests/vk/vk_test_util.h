@@ -132,6 +132,27 @@ static const moex_type k_all_types[] = {MOEX_TYPE_F32,  MOEX_TYPE_F16,  MOEX_TYP
                                         MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K};
 #define N_ALL_TYPES ((int)(sizeof k_all_types / sizeof k_all_types[0]))
 
+/* A command buffer being recorded; cmd_run_free submits it, waits and frees it. */
+static inline moex_vk_cmd *cmd_begin(moex_vk *vk) {
+    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
+    MUST(!c);
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    return c;
+}
+
+static inline void cmd_run_free(moex_vk_cmd *c) {
+    MUST(moex_vk_cmd_run(c, &g_err));
+    moex_vk_cmd_free(c);
+}
+
+/* Index of the largest logit (the first of equals). */
+static inline int32_t argmax_of(const float *x, int64_t n) {
+    int32_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = (int32_t)i;
+    return b;
+}
+
 static inline int test_finish(const char *name) {
     if (g_failures) {
         fprintf(stderr, "%s: %d failure(s)\n", name, g_failures);
