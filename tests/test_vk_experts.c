@@ -35,33 +35,6 @@ static void pick(const ex_case *t, int32_t *ids, float *gw) {
         }
 }
 
-/* ref[t] = res[t] + sum_j gw * down(silu(gate x) * up x), in float64 on the exact weights. */
-static void reference(const ex_case *t, test_matrix *g, test_matrix *u, test_matrix *dn, const float *x, const float *res,
-                      const int32_t *ids, const float *gw, double *ref) {
-    const int64_t d = t->d, f = t->f;
-    double *h = malloc((size_t)f * sizeof *h);
-    for (int64_t i = 0; i < t->n; i++) {
-        for (int64_t r = 0; r < d; r++) ref[i * d + r] = res[i * d + r];
-        for (int j = 0; j < t->k; j++) {
-            const int e = ids[i * t->k + j];
-            for (int64_t r = 0; r < f; r++) {
-                double a = 0, b = 0;
-                for (int64_t c = 0; c < d; c++) {
-                    a += (double)g[e].deq[r * d + c] * x[i * d + c];
-                    b += (double)u[e].deq[r * d + c] * x[i * d + c];
-                }
-                h[r] = a / (1 + exp(-a)) * b;
-            }
-            for (int64_t r = 0; r < d; r++) {
-                double s = 0;
-                for (int64_t c = 0; c < f; c++) s += (double)dn[e].deq[r * f + c] * h[c];
-                ref[i * d + r] += gw[i * t->k + j] * s;
-            }
-        }
-    }
-    free(h);
-}
-
 /* E matrices back to back, misalign bytes into a fresh buffer. */
 static moex_vk_buffer *upload_experts(test_matrix *m, int E, size_t misalign, moex_vk_matrix *out) {
     const size_t one = (size_t)m[0].rows * m[0].row_bytes;
@@ -90,7 +63,7 @@ static void run_case(const ex_case *t) {
     fill_gauss(&R, x, n * d, 1.0f);
     fill_gauss(&R, res, n * d, 1.0f);
     pick(t, ids, gw);
-    reference(t, g, u, dn, x, res, ids, gw, ref);
+    ref_experts(g, u, dn, x, res, ids, gw, t->n, t->k, t->d, t->f, ref);
 
     moex_vk_experts ex = {.n_expert = E};
     moex_vk_buffer *gb = upload_experts(g, E, t->misalign, &ex.gate), *ub = upload_experts(u, E, t->misalign, &ex.up),

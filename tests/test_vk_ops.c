@@ -322,27 +322,7 @@ static void test_experts(void) {
                 ids[t * k + j] = e;
                 gw[t * k + j] = (float)rng_uniform(&R);
             }
-        for (int64_t t = 0; t < n; t++) {
-            double o[256] = {0};
-            for (int j = 0; j < k; j++) {
-                const int e = ids[t * k + j];
-                double h[256];
-                for (int64_t r = 0; r < f; r++) {
-                    double a = 0, b = 0;
-                    for (int64_t c = 0; c < d; c++) {
-                        a += (double)g[e].deq[r * d + c] * x[t * d + c];
-                        b += (double)u[e].deq[r * d + c] * x[t * d + c];
-                    }
-                    h[r] = a / (1 + exp(-a)) * b;
-                }
-                for (int64_t r = 0; r < d; r++) {
-                    double s = 0;
-                    for (int64_t c = 0; c < f; c++) s += (double)dn[e].deq[r * f + c] * h[c];
-                    o[r] += gw[t * k + j] * s;
-                }
-            }
-            for (int64_t r = 0; r < d; r++) ref[t * d + r] = res[t * d + r] + o[r];
-        }
+        ref_experts(g, u, dn, x, res, ids, gw, n, k, d, f, ref);
         moex_vk_buffer *gb = gpu_from(vk, gall, E * sgu), *ub = gpu_from(vk, uall, E * sgu), *db = gpu_from(vk, dall, E * sd),
                        *xb = gpu_from(vk, x, n * d * 4), *rb = gpu_from(vk, res, n * d * 4), *ib = gpu_from(vk, ids, n * k * 4),
                        *wb = gpu_from(vk, gw, n * k * 4);

@@ -122,6 +122,34 @@ static inline void free_matrix(test_matrix *m) {
     free(m->deq);
 }
 
+/* out[t] = res[t] + sum_j gw[t,j] * down_e(silu(gate_e x[t]) * up_e x[t]), e = ids[t,j]:
+ * the expert FFN in float64 on the dequantised weights (g, u: f x d; dn: d x f per expert). */
+static inline void ref_experts(const test_matrix *g, const test_matrix *u, const test_matrix *dn, const float *x,
+                               const float *res, const int32_t *ids, const float *gw, int64_t n, int k, int64_t d,
+                               int64_t f, double *out) {
+    double *h = malloc((size_t)f * sizeof *h);
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t r = 0; r < d; r++) out[t * d + r] = res[t * d + r];
+        for (int j = 0; j < k; j++) {
+            const int e = ids[t * k + j];
+            for (int64_t r = 0; r < f; r++) {
+                double a = 0, b = 0;
+                for (int64_t c = 0; c < d; c++) {
+                    a += (double)g[e].deq[r * d + c] * x[t * d + c];
+                    b += (double)u[e].deq[r * d + c] * x[t * d + c];
+                }
+                h[r] = a / (1 + exp(-a)) * b;
+            }
+            for (int64_t r = 0; r < d; r++) {
+                double s = 0;
+                for (int64_t c = 0; c < f; c++) s += (double)dn[e].deq[r * f + c] * h[c];
+                out[t * d + r] += gw[t * k + j] * s;
+            }
+        }
+    }
+    free(h);
+}
+
 static inline moex_vk_matrix vk_matrix_of(const test_matrix *m, moex_vk_buffer *b) {
     return (moex_vk_matrix){.type = m->type, .rows = m->rows, .cols = m->cols, .row_bytes = m->row_bytes,
                             .data = moex_vk_buffer_ptr(b)};
