@@ -249,7 +249,7 @@ static void plan_activations(const moex_model *m, moex_vk_state *s) {
         const int k = hp->n_expert_used;
         a->router_logits = take(&t, nb * (size_t)hp->n_expert * f);
         a->counter = take(&t, 4);
-        a->ids = take(&t, nb * (size_t)k * 4);
+        a->ids = take(&t, nb * (size_t)k * 4);   /* ids then gw: the distributed readback copies both at once */
         a->gw = take(&t, nb * (size_t)k * 4);
         const moex_vk_experts *ex = &s->layers[0].experts;
         size_t e1 = 0, e2 = 0;

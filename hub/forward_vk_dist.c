@@ -5,7 +5,7 @@
  * Segment l (recorded once per batch shape, like the local path's token):
  *   l == 0: embed; else x += result (the host-visible buffer the host wrote
  *   layer l-1's expert sum into); then for l < n_layer attention of layer l,
- *   FFN norm + router, and three small copies of xn, ids, gates into a
+ *   FFN norm + router, and two small copies (xn; ids and gates) into a
  *   host-visible readback buffer; segment n_layer runs the head instead.
  * Each segment is one submit and fence wait: the host's result write precedes
  * the submit that reads it. (A variant that submitted a token's segments at
@@ -77,9 +77,11 @@ static vk_dist *dist_create(const moex_model *m, moex_vk_state *s, moex_error *e
     d->n_seg = hp->n_layer + 1;
     d->n_used = hp->n_expert_used;
     const size_t nb = (size_t)s->n_batch, xn_bytes = nb * (size_t)hp->n_embd * 4, kb = nb * (size_t)d->n_used * 4;
+    /* ids and gates sit next to each other in the activation plan: one copy takes both */
+    const size_t ids_to_gw = s->a.gw - s->a.ids;
     d->off_ids = xn_bytes;
-    d->off_gw = xn_bytes + kb;
-    if (!(d->readback = moex_vk_buffer_create(s->vk, xn_bytes + 2 * kb, MOEX_VK_MEM_HOST, err)) ||
+    d->off_gw = xn_bytes + ids_to_gw;
+    if (!(d->readback = moex_vk_buffer_create(s->vk, xn_bytes + ids_to_gw + kb, MOEX_VK_MEM_HOST, err)) ||
         !(d->result = moex_vk_buffer_create(s->vk, xn_bytes, MOEX_VK_MEM_HOST, err)))
         goto fail;
     if (!moex_vk_buffer_map(d->readback) || !moex_vk_buffer_map(d->result)) {
@@ -138,8 +140,7 @@ static int record_segment(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c,
         if (vk_record_attention(m, s, c, il, n, err) || vk_record_router(m, s, c, il, n, err)) return -1;
         moex_vk_cmd_label(c, "readback");
         moex_vk_copy(c, d->readback, 0, s->act, s->a.xn, nd * 4);
-        moex_vk_copy(c, d->readback, d->off_ids, s->act, s->a.ids, nk * 4);
-        moex_vk_copy(c, d->readback, d->off_gw, s->act, s->a.gw, nk * 4);
+        moex_vk_copy(c, d->readback, d->off_ids, s->act, s->a.ids, (d->off_gw - d->off_ids) + nk * 4);
     } else {
         if (vk_record_head(m, s, c, n, all_logits, err)) return -1;
         moex_vk_cmd_label(c, "logits_copy");
