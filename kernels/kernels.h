@@ -98,7 +98,13 @@ typedef struct moex_vk_options {
     bool no_subgroup;        /* force the shared-memory reductions (tests both paths) */
     bool round_activations;  /* moex_vk_state_create: round product inputs as the CPU does (see below) */
     bool verbose;
+    int coop;                /* prompt products on cooperative matrices: MOEX_VK_COOP_* */
 } moex_vk_options;
+/* MOEX_VK_COOP_AUTO: where the device has them ($MOEX_VK_NO_COOP=1 turns them off,
+ * $MOEX_VK_COOP_EMULATE=1 acts as MOEX_VK_COOP_EMULATE); OFF: the f32 tiles;
+ * EMULATE: the coop kernel with a shared-memory stand-in for the matrix unit
+ * where the device has none (tests the kernel on CPU drivers). */
+enum { MOEX_VK_COOP_AUTO, MOEX_VK_COOP_OFF, MOEX_VK_COOP_EMULATE };
 
 typedef struct moex_vk_info {
     char name[256];
@@ -111,8 +117,7 @@ typedef struct moex_vk_info {
     uint64_t device_mem;          /* bytes of the largest device-local heap */
     /* Prompt-batch products on cooperative matrices (f16 x f16 -> f32, tiles of
      * coop_m x coop_n x coop_k): 0 no (the f32 tiles), 1 VK_NV_cooperative_matrix
-     * (tensor cores), 2 emulated in shared memory (MOEX_VK_COOP_EMULATE=1 on a
-     * device without them: tests the kernel in CI). MOEX_VK_NO_COOP=1 forces 0. */
+     * (tensor cores), 2 emulated in shared memory (moex_vk_options.coop). */
     int coop;
     uint32_t coop_m, coop_n, coop_k;
 } moex_vk_info;

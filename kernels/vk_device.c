@@ -185,11 +185,14 @@ static bool env_on(const char *name) {
 /* Cooperative matrices for the prompt-batch products: the extension and its
  * feature for compute, the Vulkan memory model its SPIR-V declares, f16
  * arithmetic, 32-wide subgroups (mm_coop.comp's warps) and enough shared memory. */
-static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12) {
+static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12, int mode) {
     moex_vk_info *in = &vk->info;
     const char *bm = getenv("MOEX_VK_COOP_BM");   /* tile rows, for comparisons: 64 (default) or 128 */
     vk->coop_bm = bm && atoi(bm) == 128 ? 128 : VK_COOP_BM;
-    if (env_on("MOEX_VK_NO_COOP") || !f12->shaderFloat16 || in->shared_mem < coop_shared_bytes((uint32_t)vk->coop_bm))
+    if (mode == MOEX_VK_COOP_AUTO)   /* the environment, for comparisons from the command line */
+        mode = env_on("MOEX_VK_NO_COOP") ? MOEX_VK_COOP_OFF : env_on("MOEX_VK_COOP_EMULATE") ? MOEX_VK_COOP_EMULATE
+                                                                                            : MOEX_VK_COOP_AUTO;
+    if (mode == MOEX_VK_COOP_OFF || !f12->shaderFloat16 || in->shared_mem < coop_shared_bytes((uint32_t)vk->coop_bm))
         return;
     if (f12->vulkanMemoryModel && in->subgroup_size == 32 && has_extension(vk->pd, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME)) {
         VkPhysicalDeviceCooperativeMatrixFeaturesNV cf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
@@ -206,7 +209,7 @@ static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12) 
             return;
         }
     }
-    if (env_on("MOEX_VK_COOP_EMULATE")) {
+    if (mode == MOEX_VK_COOP_EMULATE) {
         in->coop = 2;
         in->coop_m = 16, in->coop_n = 16, in->coop_k = 16;
     }
@@ -253,7 +256,7 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     const uint32_t s = sg.subgroupSize;
     vk->use_subgroup = !opt->no_subgroup && in->subgroup_arith && s >= 8 && s <= 64 && (s & (s - 1)) == 0;
     vk->tpr = vk->use_subgroup ? (int)s : 32;
-    read_coop(vk, &f12);
+    read_coop(vk, &f12, opt->coop);
 }
 
 static int make_device(moex_vk *vk, moex_error *err) {

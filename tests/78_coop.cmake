@@ -1,5 +1,5 @@
 # Prompt-batch products on cooperative matrices (mm_coop.comp). On a device
-# without them (lavapipe in CI) MOEX_VK_COOP_EMULATE=1 runs the same kernel
+# without them (lavapipe in CI) the tests ask for MOEX_VK_COOP_EMULATE: the same kernel
 # with a shared-memory stand-in for the matrix unit; on a GPU with
 # VK_NV_cooperative_matrix the tensor-core path runs. Exit 77 = skipped.
 moex_c_test(test_vk_coop SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop.c LIBS moex_kernels TIMEOUT 180)

@@ -14,7 +14,7 @@
  * is that f16 cost: bounded at 3e-3.
  *
  * A device without cooperative matrices runs the same kernel with its
- * shared-memory stand-in for the matrix unit (MOEX_VK_COOP_EMULATE=1, set
+ * shared-memory stand-in for the matrix unit (MOEX_VK_COOP_EMULATE, asked
  * here); exit 77 when neither is available. */
 #include "tests/vk/vk_test_util.h"
 
@@ -164,12 +164,11 @@ static void check_experts(moex_vk *vk, rng *r, moex_type tg, moex_type td, int64
 }
 
 int main(void) {
-    setenv("MOEX_VK_COOP_EMULATE", "1", 0);
     rng r = test_rng("test_vk_coop");
-    moex_vk *vk = test_vk(false);
+    moex_vk *vk = test_vk_coop_mode(false, MOEX_VK_COOP_EMULATE);   /* the matrix unit where the device has one */
     const moex_vk_info *in = moex_vk_get_info(vk);
     if (!in->coop) {
-        printf("SKIP: no cooperative matrices and no emulation (MOEX_VK_NO_COOP set, or no f16 / shared memory)\n");
+        printf("SKIP: no cooperative matrices and no emulation (no f16 or too little shared memory)\n");
         moex_vk_free(vk);
         return 77;
     }

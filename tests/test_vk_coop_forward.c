@@ -1,22 +1,20 @@
 /* The whole model with its prompt batch on the cooperative-matrix products
- * (f16 inputs) against the same GPU backend on the f32 tiles (MOEX_VK_NO_COOP),
+ * (f16 inputs) against the same GPU backend on the f32 tiles (MOEX_VK_COOP_OFF),
  * both with f32 activations (moex-hub's default; with activation rounding on
  * the coop kernels are not used). The CPU backend is no reference here: it
  * rounds activations to 8 bits, which alone puts the logits ~5e-2 apart on a
  * random-weight model. Thresholds as test_vk_forward's: top-1 >= 0.98 over the
  * prompt rows, relative logit error <= 1e-2, 12 greedy tokens identical.
  * Exit 77 without a Vulkan device or cooperative matrices (emulated ones count:
- * MOEX_VK_COOP_EMULATE=1). usage: test_vk_coop_forward MODEL.gguf */
+ * moex_vk_options.coop = MOEX_VK_COOP_EMULATE). usage: test_vk_coop_forward MODEL.gguf */
 #include "hub/hub.h"
 #include "tests/vk/vk_test_util.h"
 
 enum { N_PROMPT = 40, N_GEN = 12 };
 
 static moex_vk_state *make_state(const moex_model *m, bool coop) {
-    if (coop) unsetenv("MOEX_VK_NO_COOP");
-    else setenv("MOEX_VK_NO_COOP", "1", 1);
     const char *dev = getenv("MOEX_VK_DEVICE");
-    moex_vk_options o = {.device = dev ? atoi(dev) : -1};
+    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .coop = coop ? MOEX_VK_COOP_EMULATE : MOEX_VK_COOP_OFF};
     moex_vk_state *s = moex_vk_state_create(m, 64, N_PROMPT, &o, &g_err);
     if (!s) {
         printf("SKIP: %s\n", g_err.msg);
@@ -42,7 +40,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!getenv("MOEX_TEST_SEED")) setenv("MOEX_TEST_SEED", "1", 1);   /* a fixed prompt: see test_vk_forward */
-    setenv("MOEX_VK_COOP_EMULATE", "1", 0);
     rng r = test_rng("test_vk_coop_forward");
     moex_model *m = moex_model_load(argv[1], &g_err);
     MUST(!m);

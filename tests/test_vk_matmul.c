@@ -164,10 +164,9 @@ static void check_unaligned(moex_vk *vk, rng *r, moex_type t) {
 
 int main(int argc, char **argv) {
     const bool no_subgroup = argc > 1 && !strcmp(argv[1], "--no-subgroup");
-    /* The f32 tiles (mm.comp) at f32 precision on every device; test_vk_coop covers the f16 tensor-core tiles. */
-    setenv("MOEX_VK_NO_COOP", "1", 1);
     rng r = test_rng("test_vk_matmul");
-    moex_vk *vk = test_vk(no_subgroup);
+    /* The f32 tiles (mm.comp) at f32 precision on every device; test_vk_coop covers the f16 tensor-core tiles. */
+    moex_vk *vk = test_vk_coop_mode(no_subgroup, MOEX_VK_COOP_OFF);
     for (int i = 0; i < N_ALL_TYPES; i++) {
         const moex_type t = k_all_types[i];
         const double e1 = check_product(vk, &r, t, 37, 512, 1, false);

@@ -618,8 +618,7 @@ int main(int argc, char **argv) {
     R = test_rng(argv[1]);
     /* The tiled expert products are held to f32 accuracy here; their f16
      * cooperative-matrix variant has its own test (test_vk_coop). */
-    setenv("MOEX_VK_NO_COOP", "1", 1);
-    vk = test_vk(argc > 2 && !strcmp(argv[2], "--no-subgroup"));
+    vk = test_vk_coop_mode(argc > 2 && !strcmp(argv[2], "--no-subgroup"), MOEX_VK_COOP_OFF);
     if (!strcmp(argv[1], "norm")) test_norm();
     else if (!strcmp(argv[1], "rope")) test_rope();
     else if (!strcmp(argv[1], "attention")) test_attention(), test_attention_prompt();

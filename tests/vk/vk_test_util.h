@@ -36,10 +36,11 @@ static inline rng test_rng(const char *name) {
     return (rng){seed};
 }
 
-/* The device for tests: MOEX_VK_DEVICE or the default pick; exit 77 (skip) without one. */
-static inline moex_vk *test_vk(bool no_subgroup) {
+/* The device for tests: MOEX_VK_DEVICE or the default pick; exit 77 (skip) without one.
+ * coop: moex_vk_options.coop (MOEX_VK_COOP_*). */
+static inline moex_vk *test_vk_coop_mode(bool no_subgroup, int coop) {
     const char *dev = getenv("MOEX_VK_DEVICE");
-    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .no_subgroup = no_subgroup};
+    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .no_subgroup = no_subgroup, .coop = coop};
     moex_vk *vk = moex_vk_create(&o, &g_err);
     if (!vk) {
         printf("SKIP: no Vulkan device: %s\n", g_err.msg);
@@ -50,6 +51,8 @@ static inline moex_vk *test_vk(bool no_subgroup) {
            in->subgroup_size, in->subgroup_arith, in->f16, in->int_dot, in->shared_mem);
     return vk;
 }
+
+static inline moex_vk *test_vk(bool no_subgroup) { return test_vk_coop_mode(no_subgroup, MOEX_VK_COOP_AUTO); }
 
 static inline moex_vk_buffer *gpu_from(moex_vk *vk, const void *src, size_t bytes) {
     moex_vk_buffer *b = moex_vk_buffer_create(vk, bytes ? bytes : 4, MOEX_VK_MEM_DEVICE, &g_err);
