@@ -80,6 +80,27 @@ def finish_script():
     sys.exit(1 if failures else 0)
 
 
+def wait_hub(hub, readers, err, workers, timeout):
+    """Waits for a one-shot hub (killed after timeout, noted in err) and its
+    output readers, then stops the workers (SIGTERM, SIGKILL after 10 s)."""
+    try:
+        hub.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        hub.kill()
+        hub.wait()
+        err.append("\n[test] hub timed out")
+    for r in readers:
+        r.join(timeout=10)
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+    for w in workers:
+        try:
+            w.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            w.kill()
+
+
 class Cluster:
     """A one-shot hub generating n_tokens greedily, plus one worker per entry
     of worker_args (extra flags; worker_env: extra environment per worker).
@@ -124,22 +145,7 @@ class Cluster:
 
     def finish(self, timeout=120):
         """Waits for the hub, stops the workers; returns (hub exit code, tokens, hub stderr)."""
-        try:
-            self.hub.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.hub.kill()
-            self.hub.wait()
-            self.err.append("\n[test] hub timed out")
-        for r in self.readers:
-            r.join(timeout=10)
-        for w in self.workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in self.workers:
-            try:
-                w.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        wait_hub(self.hub, self.readers, self.err, self.workers, timeout)
         return self.hub.returncode, "".join(self.out).split(), "".join(self.err)
 
     def worker_logs(self):

@@ -12,7 +12,6 @@ import ctypes.util
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -100,22 +99,7 @@ class Hub:
         return bool(re.search(pattern, self.log()))
 
     def finish(self, timeout=90):
-        try:
-            self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-            self.err.append("\n[test] hub timed out")
-        for r in self.readers:
-            r.join(timeout=10)
-        for w in self.workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in self.workers:
-            try:
-                w.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        distlib.wait_hub(self.p, self.readers, self.err, self.workers, timeout)
         return self.p.returncode, "".join(self.out).split(), self.log()
 
 
