@@ -1,0 +1,115 @@
+/* Recording attention: QK-norm + RoPE + KV append, the split-K decode step
+ * (attn.comp mode 1, fused) and the prompt-batch attention (tiled modes, or
+ * the split-K path with its merge). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/vk_internal.h"
+
+static int check_attn_shape(const moex_vk_attn_shape *sh, moex_error *err) {
+    if (sh->n_head <= 0 || sh->n_head_kv <= 0 || sh->n_head % sh->n_head_kv || sh->head_dim <= 0 ||
+        sh->head_dim > 512 || sh->head_dim % 4 || sh->rope_dim > sh->head_dim || sh->rope_dim % 2 || sh->n_ctx <= 0)
+        return moex_fail(err, "vulkan: attention shape heads %d/%d x %d (rope %d) is not supported "
+                         "(head_dim a multiple of 4, <= 512)", sh->n_head, sh->n_head_kv, sh->head_dim, sh->rope_dim);
+    return 0;
+}
+
+int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k, moex_vk_ptr v,
+                       moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm, moex_vk_ptr k_norm,
+                       moex_vk_ptr params, int64_t n, moex_error *err) {
+    if (check_attn_shape(sh, err) || vk_check_grid(n, sh->n_head + sh->n_head_kv, 1, err)) return -1;
+    if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
+    VkPipeline p = vk_pipeline(c->vk, VK_K_QKROPE, 0, 0, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {q, k, v, k_cache, v_cache, params, q_norm, k_norm},
+                .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)sh->rope_dim,
+                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u), vk_fbits(sh->rope_base), vk_fbits(sh->rms_eps)}};
+    if (n > 0) vk_dispatch(c, p, &pc, (uint32_t)n, (uint32_t)(sh->n_head + sh->n_head_kv), 1);
+    return 0;
+}
+
+/* Splits of the key positions: decode gives each workgroup about 64 keys
+ * (short serial chains fill the GPU; empty splits past the position exit at once). */
+static int64_t attn_splits(const moex_vk_attn_shape *sh, int64_t n) {
+    if (n > 1) return 1;
+    int64_t s = (sh->n_ctx + 63) / 64;
+    return s < 1 ? 1 : s > 64 ? 64 : s;
+}
+
+size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
+    return (size_t)n * (size_t)sh->n_head * (size_t)attn_splits(sh, n) * (size_t)(sh->head_dim + 2);
+}
+
+/* The tiled prompt-batch attention (attn.comp modes 2..5 by head_dim class
+ * HDMAX = 64 << (mode - 2), R = 4096 / HDMAX query rows and BK keys a tile;
+ * modes 6..9 the same with half the rows, for 32 KiB of shared memory).
+ * Returns 0 where it does not apply: one token, MOEX_VK_ATTN_SIMPLE=1 (the
+ * split-K path, kept for comparison), or too little shared memory. */
+static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int64_t n, uint32_t *rows) {
+    const char *simple = getenv("MOEX_VK_ATTN_SIMPLE");
+    if (n <= 1 || (simple && *simple && strcmp(simple, "0"))) return 0;
+    int cls = 0;
+    while ((64 << cls) < sh->head_dim) cls++;
+    const uint32_t hdmax = 64u << cls, st = hdmax / 4 + 1, bk = hdmax <= 128 ? 32 : 4096 / hdmax;
+    for (int half = 0; half < 2; half++) {
+        const uint32_t r = (half ? 2048 : 4096) / hdmax;
+        if ((size_t)(r + bk) * st * 16 + (size_t)r * bk * 4 + r * 4 <= vk->info.shared_mem) {
+            *rows = r;
+            return 2 + cls + 4 * half;
+        }
+    }
+    return 0;
+}
+
+int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k_cache,
+                         moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr params, int64_t n,
+                         moex_error *err) {
+    const int64_t ns = attn_splits(sh, n), chunk = (sh->n_ctx + ns - 1) / ns;
+    if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, n, ns, err)) return -1;
+    if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
+    uint32_t rows = 0;
+    const int tiled = attn_tiled_mode(c->vk, sh, n, &rows);
+    if (tiled) {   /* workgroup = rows (token, q head) pairs of one KV group; writes out directly */
+        const int64_t gx = (n * (sh->n_head / sh->n_head_kv) + rows - 1) / rows;
+        if (vk_check_grid(gx, sh->n_head_kv, 1, err)) return -1;
+        VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN, 0, tiled, err);
+        if (!p) return -1;
+        vk_pc pc = {.p = {q, k_cache, v_cache, out, params},
+                    .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)n,
+                          vk_fbits(sh->scale)}};
+        vk_dispatch(c, p, &pc, (uint32_t)gx, (uint32_t)sh->n_head_kv, 1);
+        return 0;
+    }
+    VkPipeline pa = vk_pipeline(c->vk, VK_K_ATTN, 0, 0, err), pm = vk_pipeline(c->vk, VK_K_ATTN_MERGE, 0, 0, err);
+    if (!pa || !pm) return -1;
+    if (n <= 0) return 0;
+    vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params},
+                .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)ns,
+                      (uint32_t)chunk, vk_fbits(sh->scale)}};
+    vk_dispatch(c, pa, &pc, (uint32_t)sh->n_head, (uint32_t)n, (uint32_t)ns);
+    moex_vk_barrier(c);
+    vk_pc pm_pc = {.p = {scratch, out}, .u = {(uint32_t)sh->n_head, (uint32_t)sh->head_dim, (uint32_t)ns}};
+    vk_dispatch(c, pm, &pm_pc, (uint32_t)sh->n_head, (uint32_t)n, 1);
+    return 0;
+}
+
+int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
+                                moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
+                                moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params,
+                                moex_error *err) {
+    const int64_t ns = attn_splits(sh, 1), chunk = (sh->n_ctx + ns - 1) / ns;
+    if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, 1, ns, err)) return -1;
+    if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
+    if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
+    if (!counters || counters % 4) return moex_fail(err, "vulkan: the fused attention needs n_head zeroed counters");
+    VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN, 0, 1, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params, k, v, counters},
+                .u = {(uint32_t)sh->n_head | (uint32_t)sh->n_head_kv << 16,
+                      (uint32_t)sh->head_dim | (uint32_t)sh->rope_dim << 16, (uint32_t)ns, (uint32_t)chunk,
+                      vk_fbits(sh->scale), vk_fbits(sh->rope_base), vk_fbits(sh->rms_eps),
+                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u), (uint32_t)q_norm, (uint32_t)(q_norm >> 32),
+                      (uint32_t)k_norm, (uint32_t)(k_norm >> 32)}};
+    vk_dispatch(c, p, &pc, (uint32_t)sh->n_head, 1, (uint32_t)ns);
+    return 0;
+}
