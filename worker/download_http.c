@@ -9,6 +9,7 @@
 #include <libwebsockets.h>
 
 #include "worker/download_internal.h"
+#include "worker/hub_link.h"
 
 #define RX_BYTES (256 * 1024)
 #define TICK_US (100 * LWS_US_PER_MS)
@@ -17,11 +18,8 @@
 
 struct dl_http {
     struct lws_context *ctx;
-    char url_buf[1024];       /* lws_parse_uri cuts it up */
-    const char *address;
-    int port;
-    bool tls;
-    char host[300], auth[600], base[340];
+    worker_hub_addr hub;      /* --hub, --token */
+    char base[340];           /* "http[s]://HOST:PORT", for messages */
     lws_sorted_usec_list_t tick;
     uint8_t *rx;              /* LWS_PRE + RX_BYTES */
 
@@ -127,8 +125,8 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     switch (reason) {
     case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER: {
         unsigned char **p = (unsigned char **)in, *end = (*p) + len;
-        if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, (const unsigned char *)h->auth,
-                                         (int)strlen(h->auth), p, end))
+        if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, (const unsigned char *)h->hub.auth,
+                                         (int)strlen(h->hub.auth), p, end))
             return -1;
         if (h->range[0] && lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_RANGE, (const unsigned char *)h->range,
                                                         (int)strlen(h->range), p, end))
@@ -204,16 +202,10 @@ int dl_http_get(dl_http *h, const dl_request *req, dl_response *resp, moex_error
         snprintf(h->range, sizeof h->range, "bytes=%lld-", (long long)req->range_first);
 
     struct lws_client_connect_info ci;
-    memset(&ci, 0, sizeof ci);
-    ci.context = h->ctx;
-    ci.address = h->address;
-    ci.port = h->port;
+    worker_lws_connect_info(&ci, h->ctx, &h->hub);
     ci.path = req->path;
-    ci.host = h->host;
-    ci.origin = h->host;
     ci.method = "GET";
     ci.local_protocol_name = protocols[0].name;
-    ci.ssl_connection = h->tls ? LCCSCF_USE_SSL : 0;
     ci.alpn = "http/1.1";
     ci.opaque_user_data = (void *)h->serial;
     ci.pwsi = &h->wsi;
@@ -232,22 +224,6 @@ int dl_http_get(dl_http *h, const dl_request *req, dl_response *resp, moex_error
     return h->rc;
 }
 
-/* ws[s]://HOST[:PORT][/PATH] -> address, port; HTTP goes to the same place. */
-static int parse_url(dl_http *h, const char *hub_url, const char *token, moex_error *err) {
-    if (strlen(hub_url) >= sizeof h->url_buf) return moex_fail(err, "--hub: URL too long");
-    strcpy(h->url_buf, hub_url);
-    const char *prot, *path;
-    if (lws_parse_uri(h->url_buf, &prot, &h->address, &h->port, &path) || !h->address[0])
-        return moex_fail(err, "--hub: cannot parse '%s' (expected ws://HOST:PORT/PATH)", hub_url);
-    h->tls = !strcmp(prot, "wss");
-    if (strcmp(prot, "ws") && !h->tls) return moex_fail(err, "--hub: '%s' is not a ws:// or wss:// URL", hub_url);
-    if (strlen(token) > 400) return moex_fail(err, "--token: longer than 400 bytes");
-    snprintf(h->host, sizeof h->host, "%s:%d", h->address, h->port);
-    snprintf(h->auth, sizeof h->auth, "Bearer %s", token);
-    snprintf(h->base, sizeof h->base, "%s://%s", h->tls ? "https" : "http", h->host);
-    return 0;
-}
-
 dl_http *dl_http_create(const char *hub_url, const char *token, moex_error *err) {
     dl_http *h = calloc(1, sizeof *h);
     if (!h || !(h->rx = malloc(LWS_PRE + RX_BYTES))) {
@@ -255,23 +231,12 @@ dl_http *dl_http_create(const char *hub_url, const char *token, moex_error *err)
         moex_fail(err, "out of memory");
         return NULL;
     }
-    if (parse_url(h, hub_url, token, err)) {
+    if (worker_hub_addr_parse(&h->hub, hub_url, token, err)) {   /* HTTP goes where the WebSocket goes */
         dl_http_free(h);
         return NULL;
     }
-    const char *lvl = getenv("MOEX_LOG");
-    lws_set_log_level(lvl && !strcmp(lvl, "debug") ? LLL_ERR | LLL_WARN | LLL_NOTICE : LLL_ERR, NULL);
-    struct lws_context_creation_info info;
-    memset(&info, 0, sizeof info);
-    info.port = CONTEXT_PORT_NO_LISTEN;
-    info.protocols = protocols;
-    info.user = h;
-    info.timeout_secs = 30;
-    info.connect_timeout_secs = 10;
-    info.fd_limit_per_thread = 16;
-    info.pt_serv_buf_size = RX_BYTES;
-    if (h->tls) info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
-    if (!(h->ctx = lws_create_context(&info))) {
+    snprintf(h->base, sizeof h->base, "%s://%s", h->hub.tls ? "https" : "http", h->hub.host);
+    if (!(h->ctx = worker_lws_client_context(protocols, h, h->hub.tls, 30, 10, 16, RX_BYTES))) {
         moex_fail(err, "cannot create the libwebsockets context for downloads");
         dl_http_free(h);
         return NULL;

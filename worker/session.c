@@ -132,15 +132,9 @@ static void schedule_reconnect(session *s, const char *reason) {
 
 static void connect_hub(session *s) {
     struct lws_client_connect_info ci;
-    memset(&ci, 0, sizeof ci);
-    ci.context = s->ctx;
-    ci.address = s->address;
-    ci.port = s->port;
+    worker_lws_connect_info(&ci, s->ctx, &s->hub);
     ci.path = s->path;
-    ci.host = s->host;
-    ci.origin = s->host;
     ci.protocol = "moex";
-    ci.ssl_connection = s->tls ? LCCSCF_USE_SSL : 0;
     ci.pwsi = &s->wsi;
     s->link = LINK_CONNECTING;
     if (!lws_client_connect_via_info(&ci) && s->link == LINK_CONNECTING) schedule_reconnect(s, "cannot start a connection");
@@ -363,8 +357,8 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     switch (reason) {
     case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER: {
         unsigned char **p = (unsigned char **)in, *end = (*p) + len;
-        if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, (const unsigned char *)s->auth,
-                                         (int)strlen(s->auth), p, end))
+        if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, (const unsigned char *)s->hub.auth,
+                                         (int)strlen(s->hub.auth), p, end))
             return -1;
         break;
     }
@@ -457,18 +451,10 @@ static void append_urlencoded(char *dst, size_t cap, const char *src) {
 /* ws[s]://HOST[:PORT][/PATH] -> address, port, path with ?token=, Host and Authorization values. */
 static int parse_hub_url(session *s, moex_error *err) {
     const moex_worker_options *o = s->o;
-    if (strlen(o->hub_url) >= sizeof s->url_buf) return moex_fail(err, "--hub: URL too long");
-    strcpy(s->url_buf, o->hub_url);
-    const char *prot, *path;
-    if (lws_parse_uri(s->url_buf, &prot, &s->address, &s->port, &path) || !s->address[0])
-        return moex_fail(err, "--hub: cannot parse '%s' (expected ws://HOST:PORT/PATH)", o->hub_url);
-    s->tls = !strcmp(prot, "wss");
-    if (strcmp(prot, "ws") && !s->tls) return moex_fail(err, "--hub: '%s' is not a ws:// or wss:// URL", o->hub_url);
-    if (strlen(o->token) > 400) return moex_fail(err, "--token: longer than 400 bytes");
+    if (worker_hub_addr_parse(&s->hub, o->hub_url, o->token, err)) return -1;
+    const char *path = s->hub.path;
     snprintf(s->path, sizeof s->path, "/%s%stoken=", path, strchr(path, '?') ? "&" : "?");
     append_urlencoded(s->path, sizeof s->path, o->token);
-    snprintf(s->host, sizeof s->host, "%s:%d", s->address, s->port);
-    snprintf(s->auth, sizeof s->auth, "Bearer %s", o->token);
     return 0;
 }
 
@@ -532,18 +518,7 @@ static void session_free(session *s) {
 }
 
 static struct lws_context *create_context(session *s, moex_error *err) {
-    const char *lvl = getenv("MOEX_LOG");
-    lws_set_log_level(lvl && !strcmp(lvl, "debug") ? LLL_ERR | LLL_WARN | LLL_NOTICE : LLL_ERR, NULL);
-    struct lws_context_creation_info info;
-    memset(&info, 0, sizeof info);
-    info.port = CONTEXT_PORT_NO_LISTEN;
-    info.protocols = protocols;
-    info.user = s;
-    info.timeout_secs = 5;
-    info.connect_timeout_secs = 5;
-    info.fd_limit_per_thread = 64;
-    if (s->tls) info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
-    struct lws_context *ctx = lws_create_context(&info);
+    struct lws_context *ctx = worker_lws_client_context(protocols, s, s->hub.tls, 5, 5, 64, 0);
     if (!ctx) moex_fail(err, "cannot create the libwebsockets context");
     return ctx;
 }

@@ -8,6 +8,7 @@
 
 #include <libwebsockets.h>
 
+#include "worker/hub_link.h"
 #include "worker/worker.h"
 
 typedef enum { LINK_DOWN, LINK_CONNECTING, LINK_UP } link_state;
@@ -26,11 +27,8 @@ typedef struct session {
     struct lws *wsi;
     lws_sorted_usec_list_t tick;
     link_state link;
-    char url_buf[1024];              /* lws_parse_uri cuts it up */
-    const char *address;
-    int port;
-    bool tls;
-    char path[2048], host[300], auth[600];
+    worker_hub_addr hub;             /* --hub, --token */
+    char path[2048];                 /* hub.path with ?token=... */
     double backoff_s, next_attempt_s, down_since_s;
     double last_rx_s, next_hb_s, last_hb_s;
     bool close_requested;
