@@ -1,11 +1,13 @@
 /* What every C test shares: the failure counter and CHECK, and a seeded
- * splitmix64 generator with uniform and Gaussian draws. Header-only. */
+ * splitmix64 generator with uniform and Gaussian draws, seeded fresh per run. Header-only. */
 #ifndef MOEX_TEST_UTIL_H
 #define MOEX_TEST_UTIL_H
 
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 static int g_failures;
 
@@ -38,6 +40,14 @@ static inline float rng_gauss(rng *r) {
     double u1 = rng_uniform(r), u2 = rng_uniform(r);
     if (u1 < 1e-300) u1 = 1e-300;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Seed from MOEX_TEST_SEED or the clock, printed so a failure can be replayed. */
+static inline rng test_rng(const char *name) {
+    const char *env = getenv("MOEX_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    printf("%s: seed %llu (MOEX_TEST_SEED to replay)\n", name, (unsigned long long)seed);
+    return (rng){seed};
 }
 
 #endif

@@ -11,17 +11,7 @@
 
 #include "test_util.h"
 
-static uint64_t g_rng = 0x1234567;
-static double rand01(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
-}
-static float randn(void) {
-    double u = rand01() + 1e-12, v = rand01();
-    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-}
+static rng g_rng;   /* seeded in main: fresh inputs each run */
 
 /* ---- float64 reference: g * down(silu(gate x) * up x) from dequantized weights ---- */
 
@@ -113,8 +103,8 @@ static void test_reference(const moex_model *m, moex_worker_core *core) {
         for (size_t ci = 0; ci < 2; ci++) {
             const int dt = dtypes[di], n = counts[ci];
             float *x = malloc((size_t)n * d * sizeof *x), *gates = malloc((size_t)n * sizeof *gates);
-            for (int i = 0; i < n * d; i++) x[i] = randn();
-            for (int t = 0; t < n; t++) gates[t] = 0.05f + 0.9f * (float)rand01();
+            for (int i = 0; i < n * d; i++) x[i] = rng_gauss(&g_rng);
+            for (int t = 0; t < n; t++) gates[t] = 0.05f + 0.9f * (float)rng_uniform(&g_rng);
             encode_dispatch(&disp, 1000 + (uint32_t)(di * 2 + ci), layer, expert, n, d, dt, x, gates);
             moex_proto_msg dm, rm;
             moex_error err;
@@ -163,9 +153,9 @@ static void test_bit_identical(const moex_model *m, moex_worker_core *core, moex
     float *direct = malloc((size_t)n * d * sizeof *direct), *local = malloc((size_t)n * d * sizeof *local);
     float *got = malloc((size_t)n * d * sizeof *got);
     int32_t rows[7], ids[7];
-    for (int i = 0; i < n * d; i++) x[i] = randn();
+    for (int i = 0; i < n * d; i++) x[i] = rng_gauss(&g_rng);
     for (int t = 0; t < n; t++) {
-        gates[t] = 0.1f + 0.8f * (float)rand01();
+        gates[t] = 0.1f + 0.8f * (float)rng_uniform(&g_rng);
         rows[t] = t;
         ids[t] = expert;
     }
@@ -219,7 +209,7 @@ static void test_errors(const moex_model *m, moex_worker_core *core) {
     CHECK(!moex_worker_core_holds(core, -3, 0) && !moex_worker_core_holds(core, 0, 99999), "holds() out of range");
 
     float x[512], g = 0.5f;
-    for (int i = 0; i < 512; i++) x[i] = randn();
+    for (int i = 0; i < 512; i++) x[i] = rng_gauss(&g_rng);
     frame fr = {0};
     moex_proto_msg dm;
     float *values;
@@ -351,6 +341,7 @@ static void test_identity(const moex_model *m) {
 }
 
 int main(int argc, char **argv) {
+    g_rng = test_rng("test_worker_core");
     if (argc != 2) {
         fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
         return 2;

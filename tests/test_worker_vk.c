@@ -30,17 +30,7 @@
 
 #include "test_util.h"
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static double rand01(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
-}
-static float randn(void) {
-    double u = rand01() + 1e-12, v = rand01();
-    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-}
+static rng g_rng;   /* seeded in main: fresh inputs each run */
 
 /* A decoded DISPATCH with its own frame (the message points into it). */
 typedef struct dispatch {
@@ -62,8 +52,8 @@ static moex_proto_limits limits_for(const moex_model *m) {
 static void make_dispatch(dispatch *d, const moex_model *m, uint32_t seq, int layer, int expert, int n, int dtype) {
     const int hidden = m->hp.n_embd;
     float *x = malloc((size_t)n * hidden * sizeof *x), *gates = malloc((size_t)n * sizeof *gates);
-    for (int i = 0; i < n * hidden; i++) x[i] = randn();
-    for (int t = 0; t < n; t++) gates[t] = 0.05f + 0.9f * (float)rand01();
+    for (int i = 0; i < n * hidden; i++) x[i] = rng_gauss(&g_rng);
+    for (int t = 0; t < n; t++) gates[t] = 0.05f + 0.9f * (float)rng_uniform(&g_rng);
     moex_proto_tensor_msg tm = {.type = MOEX_MSG_DISPATCH, .seq = seq, .layer = (uint16_t)layer,
                                 .expert = (uint16_t)expert, .n_tokens = (uint32_t)n, .hidden = (uint16_t)hidden,
                                 .dtype = (uint8_t)dtype};
@@ -274,6 +264,7 @@ static int run_model(const char *path, moex_pool *pool) {
 }
 
 int main(int argc, char **argv) {
+    g_rng = test_rng("test_worker_vk");
     if (argc < 2) {
         fprintf(stderr, "usage: test_worker_vk MODEL.gguf...\n");
         return 2;

@@ -28,14 +28,6 @@ static inline void fill_gauss(rng *r, float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * rng_gauss(r);
 }
 
-/* Seed from MOEX_TEST_SEED or the clock, printed so a failure can be replayed. */
-static inline rng test_rng(const char *name) {
-    const char *env = getenv("MOEX_TEST_SEED");
-    uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    printf("%s: seed %llu (MOEX_TEST_SEED to replay)\n", name, (unsigned long long)seed);
-    return (rng){seed};
-}
-
 /* The device for tests: MOEX_VK_DEVICE or the default pick; exit 77 (skip) without one.
  * coop: moex_vk_options.coop (MOEX_VK_COOP_*). */
 static inline moex_vk *test_vk_coop_mode(bool no_subgroup, int coop) {
