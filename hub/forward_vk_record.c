@@ -25,16 +25,20 @@ int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, i
     const moex_vk_ptr kc = moex_vk_buffer_ptr(s->kv) + (size_t)il * layer_cache,
                       vc = kc + (size_t)hp->n_layer * layer_cache;
     moex_vk_cmd_label(c, "attn_norm_qkv");
-    /* Decode normalises x once and runs the plain products: with the norm
-     * fused, each of q's 2048 row groups also reads the norm weight beside x,
-     * and the three products took 22.4 µs against 19.2 µs for rmsnorm +
-     * barrier + products (H200, tests/vk/bench_decode.c). */
-    if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->attn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
-    moex_vk_barrier(c);
-    if (moex_vk_op_matmul(c, &L->wq, ACT(xn), n, ACT(q), 0, err) ||
-        moex_vk_op_matmul(c, &L->wk, ACT(xn), n, ACT(k), 0, err) ||
-        moex_vk_op_matmul(c, &L->wv, ACT(xn), n, ACT(v), 0, err))
-        return -1;
+    if (moex_vk_norm_fusable(s->vk, n, hp->n_embd) && hp->n_embd <= moex_vk_mv_staged_cols(s->vk)) {
+        /* decode: q, k, v (those of one type) in one dispatch, each workgroup
+         * staging rmsnorm(x) * nw once in shared memory: no norm pass */
+        const moex_vk_matrix *w[3] = {&L->wq, &L->wk, &L->wv};
+        const moex_vk_ptr y[3] = {ACT(q), ACT(k), ACT(v)};
+        if (moex_vk_op_norm_matmul_multi(c, 3, w, y, ACT(x), L->attn_norm, hp->rms_eps, err)) return -1;
+    } else {
+        if (moex_vk_op_rmsnorm(c, ACT(xn), ACT(x), L->attn_norm, n, hp->n_embd, hp->rms_eps, err)) return -1;
+        moex_vk_barrier(c);
+        if (moex_vk_op_matmul(c, &L->wq, ACT(xn), n, ACT(q), 0, err) ||
+            moex_vk_op_matmul(c, &L->wk, ACT(xn), n, ACT(k), 0, err) ||
+            moex_vk_op_matmul(c, &L->wv, ACT(xn), n, ACT(v), 0, err))
+            return -1;
+    }
     moex_vk_barrier(c);
     if (n == 1 && (size_t)s->sh.n_head * 4 <= SYNC_HEAD - SYNC_ATTN) {
         /* decode: QK-norm, RoPE, KV append, attention and merge in one dispatch, the result over q */
@@ -120,16 +124,21 @@ int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_
     const int64_t rows = all_logits ? n : 1, d = hp->n_embd;
     moex_vk_cmd_label(c, "output_head");
     const moex_vk_ptr last = ACT(x) + (size_t)(all_logits ? 0 : n - 1) * (size_t)d * 4;
-    /* The output norm is not fused into the head: with ~19000 workgroups each
-     * normalising x again, the fused head took 289 µs per token on an H200
-     * against 185 µs for the plain product (MOEX_VK_PROFILE=1). */
-    if (moex_vk_op_rmsnorm(c, ACT(xn), last, s->output_norm, rows, d, hp->rms_eps, err)) return -1;
-    moex_vk_barrier(c);
     const size_t head_sync = SYNC_BYTES - SYNC_HEAD;
-    if (rows == 1 && moex_vk_argmax_sync_bytes(s->output.rows) <= head_sync) {
-        /* one row of logits: the argmax rides on the head (its last workgroups reduce the maxima) */
-        if (moex_vk_op_matmul_argmax(c, &s->output, ACT(xn), 0, 0.0f, moex_vk_buffer_ptr(s->logits_dev), IO(IO_ARGMAX),
-                                     ACT(sync) + SYNC_HEAD, head_sync, err))
+    const bool one = rows == 1 && moex_vk_argmax_sync_bytes(s->output.rows) <= head_sync;
+    /* one row of logits: the argmax rides on the head (its last workgroups
+     * reduce the maxima), and where x can be staged the norm too, each of the
+     * persistent workgroups normalising x once: 148 against 150-153 µs with
+     * the norm apart (H200, tests/vk/bench_decode.c) */
+    const bool norm = one && moex_vk_norm_fusable(s->vk, 1, d) && d <= moex_vk_mv_staged_cols(s->vk) && last % 16 == 0;
+    if (!norm) {
+        if (moex_vk_op_rmsnorm(c, ACT(xn), last, s->output_norm, rows, d, hp->rms_eps, err)) return -1;
+        moex_vk_barrier(c);
+    }
+    if (one) {
+        if (moex_vk_op_matmul_argmax(c, &s->output, norm ? last : ACT(xn), norm ? s->output_norm : 0, hp->rms_eps,
+                                     moex_vk_buffer_ptr(s->logits_dev), IO(IO_ARGMAX), ACT(sync) + SYNC_HEAD, head_sync,
+                                     err))
             return -1;
         moex_vk_barrier(c);
         return 0;

@@ -233,6 +233,16 @@ bool moex_vk_norm_fusable(const moex_vk *vk, int64_t n, int64_t dim);
 /* y = W (rmsnorm(x) * nw) (+ resid) for one token. */
 int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
                            moex_vk_ptr y, moex_vk_ptr resid, moex_error *err);
+/* Products of one decode token sharing x (q, k, v): y[i] = W[i] (rmsnorm(x) *
+ * nw) for n_mats (1..3) matrices (nw 0: y[i] = W[i] x). Matrices that
+ * moex_vk_mv_shareable pairs (one type, width and alignment) go in one
+ * dispatch, x staged once per workgroup; the others each in their own. */
+bool moex_vk_mv_shareable(const moex_vk_matrix *a, const moex_vk_matrix *b);
+/* Widest x the one-token products stage in shared memory (0: none on this
+ * device); wider ones fall back to reading x from global memory per row group. */
+int64_t moex_vk_mv_staged_cols(const moex_vk *vk);
+int moex_vk_op_norm_matmul_multi(moex_vk_cmd *c, int n_mats, const moex_vk_matrix *const *w, const moex_vk_ptr *y,
+                                 moex_vk_ptr x, moex_vk_ptr nw, float eps, moex_error *err);
 /* moex_vk_op_router for one token of x with the norm fused; xn receives rmsnorm(x) * nw (the experts' input). */
 int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int k,
                            bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,

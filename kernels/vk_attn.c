@@ -1,6 +1,6 @@
 /* Recording attention: QK-norm + RoPE + KV append, the split-K decode step
- * (attn.comp mode 1, fused) and the prompt-batch attention (tiled modes, or
- * the split-K path with its merge). */
+ * (attn.comp mode 1, fused) and the prompt-batch attention (attn_coop.comp on
+ * cooperative matrices, the f32 tiled modes, or the split-K path with its merge). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,6 +61,51 @@ static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int6
     return 0;
 }
 
+/* attn_coop.comp's shared memory: the K and V tiles (f16, rows of HDMAX + 8
+ * halfs; Q passes through them, or has its own rows under emulation), the
+ * scores (f32) and P (f16) of every query row, and a factor per row. */
+static size_t attn_coop_shared(uint32_t hdmax, uint32_t warps, uint32_t bc, bool emu) {
+    const size_t br = 16 * warps, ldh = hdmax + 8, kv_rows = emu ? 2 * bc + br : (2 * bc > br ? 2 * bc : br);
+    return kv_rows * ldh * 2 + br * (bc + 4) * 4 + br * (bc + 8) * 2 + br * 4;
+}
+
+/* Tiles (warps, keys) in order of preference: 64 rows (8 tokens x 8 q heads
+ * for GQA 8) and 32 keys where the memory allows (the H200's 48 KiB; 32 rows
+ * measured 2x slower there), smaller ones for emulation on 32 KiB. */
+static const uint32_t coop_tiles[][2] = {{4, 32}, {2, 32}, {4, 16}, {2, 16}};
+
+int vk_attn_coop_config(const moex_vk *vk, int mode, uint32_t *warps, uint32_t *bc) {
+    for (int i = 0; i < 4; i++)
+        if (attn_coop_shared(64u << mode, coop_tiles[i][0], coop_tiles[i][1], vk->info.coop != 1) <=
+            vk->info.shared_mem) {
+            *warps = coop_tiles[i][0];
+            *bc = coop_tiles[i][1];
+            return 0;
+        }
+    return -1;
+}
+
+static bool env_set(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0");
+}
+
+/* The prompt attention on cooperative matrices: its mode (the head_dim
+ * class, 0: <= 64, 1: <= 128) and rows per workgroup, or -1 where it does not
+ * apply: no cooperative matrices of 16 x 16 x 16, head_dim over 128, a V cache
+ * not 16-byte aligned, MOEX_VK_ATTN_NO_COOP=1 (the f32 tiles, for comparison). */
+static int attn_coop_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, moex_vk_ptr v_cache, uint32_t *rows) {
+    const moex_vk_info *in = &vk->info;
+    uint32_t warps, bc;
+    if (!in->coop || in->coop_m != 16 || in->coop_n != 16 || in->coop_k != 16 || sh->head_dim > 128 ||
+        v_cache % 16 || env_set("MOEX_VK_ATTN_NO_COOP"))
+        return -1;
+    const int mode = sh->head_dim > 64;
+    if (vk_attn_coop_config(vk, mode, &warps, &bc)) return -1;
+    *rows = 16 * warps;
+    return mode;
+}
+
 int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k_cache,
                          moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr params, int64_t n,
                          moex_error *err) {
@@ -70,9 +115,12 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
     uint32_t rows = 0;
     const int tiled = attn_tiled_mode(c->vk, sh, n, &rows);
     if (tiled) {   /* workgroup = rows (token, q head) pairs of one KV group; writes out directly */
+        /* the same on the matrix unit where it applies: same grid and push constants */
+        const int coop = n >= VK_ATTN_COOP_MIN ? attn_coop_mode(c->vk, sh, v_cache, &rows) : -1;
         const int64_t gx = (n * (sh->n_head / sh->n_head_kv) + rows - 1) / rows;
         if (vk_check_grid(gx, sh->n_head_kv, 1, err)) return -1;
-        VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN, 0, tiled, err);
+        VkPipeline p = coop >= 0 ? vk_pipeline(c->vk, VK_K_ATTN_COOP, 0, coop, err)
+                                 : vk_pipeline(c->vk, VK_K_ATTN, 0, tiled, err);
         if (!p) return -1;
         vk_pc pc = {.p = {q, k_cache, v_cache, out, params},
                     .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)n,

@@ -43,6 +43,21 @@ static int ex_ppt(int64_t npos, int wg) {
     return p < 1 ? 1 : p > VK_EX_PPT_MAX ? VK_EX_PPT_MAX : (int)p;
 }
 
+vk_ex_shape vk_ex_shapes[2][2] = {
+    {{64, 4, 2}, {64, 4, 2}},   /* gate+up: one token, a batch */
+    {{96, 4, 2}, {96, 4, 2}},   /* down */
+};
+
+void vk_experts_forget(moex_vk *vk) {
+    vkDeviceWaitIdle(vk->dev);
+    for (int t = 0; t < VK_TYPE_SLOTS; t++)
+        for (int m = 0; m < VK_MODES; m++) {
+            VkPipeline *p = &vk->pipes[VK_K_EXPERTS_MV][t][m];
+            if (*p) vkDestroyPipeline(vk->dev, *p, NULL);
+            *p = VK_NULL_HANDLE;
+        }
+}
+
 /* Decode (n <= VK_MV_NMAX): experts_mv.comp's gate+up over every (token, slot)
  * pair, then its down with the slot sum and the residual fused. halves: 1
  * gate+up, 2 down, 3 both (one alone only to time it). */
@@ -54,12 +69,14 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     const bool gq = g->type == MOEX_TYPE_Q4_K, dq = d->type == MOEX_TYPE_Q4_K;
     const bool ggen = gq && (g->data % 16 || e->up.data % 16 || g->expert_stride % 16);
     const bool dgen = dq && (d->data % 16 || d->expert_stride % 16);
-    const int gppt = ex_ppt(g->cols / ex_pe(g->type, ggen), VK_EX_GU_WG);
-    const int dppt = ex_ppt((int64_t)k * (d->cols / ex_pe(d->type, dgen)), VK_EX_DN_WG);
-    const uint32_t ggx = vk_ceil_div(g->rows, VK_EX_GU_RT), dgx = vk_ceil_div(d->rows, VK_EX_DN_RT);
+    const bool many = n >= VK_EX_MANY;
+    const vk_ex_shape *gs = &vk_ex_shapes[0][many], *ds = &vk_ex_shapes[1][many];
+    const int gppt = ex_ppt(g->cols / ex_pe(g->type, ggen), gs->wg);
+    const int dppt = ex_ppt((int64_t)k * (d->cols / ex_pe(d->type, dgen)), ds->wg);
+    const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
-    VkPipeline pg = vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type, VK_EX_MODE(0, ggen, gppt), err),
-               pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type, VK_EX_MODE(1, dgen, dppt), err);
+    VkPipeline pg = vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type, VK_EX_MODE(0, ggen, gppt, many), err),
+               pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type, VK_EX_MODE(1, dgen, dppt, many), err);
     if (!pg || !pd) return -1;
     if (halves & 1) {
         if (vk_round_input(c, g->type, x, n, g->cols, &x, err)) return -1;

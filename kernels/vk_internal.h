@@ -20,27 +20,41 @@ typedef enum vk_kernel {
     VK_K_MOE_SORT, VK_K_MOE_COMBINE, VK_K_ELTWISE, VK_K_ARGMAX, VK_K_ACTQ,
     VK_K_EXPERTS_MV,   /* experts_mv.comp: the decode expert FFN */
     VK_K_MM_COOP,      /* mm_coop.comp: prompt-batch products on cooperative matrices */
+    VK_K_ATTN_COOP,    /* attn_coop.comp: prompt-batch attention on cooperative matrices (vk_attn.c) */
     VK_K_COUNT
 } vk_kernel;
 
-#define VK_MODES 16
+#define VK_MODES 32         /* variants per kernel and type (experts_mv.comp uses 5 mode bits) */
 #define VK_MV_NMAX 8        /* tokens per matrix-vector dispatch; more go to the tiled kernel */
 #define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup */
 #define VK_MV_GENERIC 4     /* mv.comp mode flag: 8-element dq8 units (weights not 16-byte aligned) */
 #define VK_MV_NORM 8        /* mv.comp mode flag: RMSNorm of x fused (sum(x^2) in the product loop; modes 0 and 3, one token) */
 /* Weight rows per row group of mv.comp: plain products reuse each x load for
- * two rows (and keep both rows' loads in flight); the router (mode 3) has few rows. */
-#define VK_MV_RPT(mode) (((mode) & 3) == 0 ? 2 : 1)
+ * two rows (and keep both rows' loads in flight); the router (mode 3) has few
+ * rows; the staged one-token modes 1 and 2 keep VK_MV_RPT_STAGED rows' loads in
+ * flight (MOEX_VK_MV_RPT=1..8 overrides it, for tuning). */
+#define VK_MV_RPT_STAGED 2
+int vk_mv_rpt(int mode);
+#define VK_MV_RPT(mode) vk_mv_rpt(mode)
+#define VK_MV_XMAX 4096     /* widest x mv.comp stages in shared memory (modes 1, 2); wider takes mode 0 */
+#define VK_MV_STAGE 16      /* mv.comp mode flag: the router (mode 3, one token) on the staged loop of mode 1 */
+_Static_assert(VK_MODES > (3 | VK_MV_GENERIC | VK_MV_NORM | VK_MV_STAGE), "mv.comp modes fit the pipeline table");
+#define VK_MV_PERSIST 1024  /* most workgroups of the staged modes (they loop over row blocks) */
 #define VK_MAX_EXPERTS 512  /* shared-memory arrays of the router and the expert grouping */
 #define VK_TYPE_SLOTS 32    /* moex_type ids fit below this after vk_type_slot() */
+#define VK_MM_SMALL 4       /* mm.comp mode flag: 32 x 32 tiles (products with few rows) */
 /* mm_coop.comp: a workgroup of 4 warps computes coop_bm (struct moex_vk:
  * VK_COOP_BM, or 128 with MOEX_VK_COOP_BM=128) weight rows x VK_COOP_BN
  * tokens, VK_COOP_BK columns per step (vk_mm.c sizes the grids). 64 rows keep
  * the gate+up variant at 8 accumulators per warp: more workgroups per SM to
- * hide the dequantization's load latency. */
+ * hide the dequantization's load latency. 64 columns per step: one Q4_K
+ * group, half as many barriers as 32. */
 #define VK_COOP_BM 64
 #define VK_COOP_BN 64
-#define VK_COOP_BK 32
+#define VK_COOP_BK 64
+#define VK_COOP_GENERIC 4   /* mm_coop.comp mode flag: Q4_K weights not 16-byte aligned, read through dq8 */
+#define VK_COOP_NARROW 8    /* mm_coop.comp mode flag: 32-token tiles, for dense products with few row tiles */
+#define VK_COOP_FEW 256     /* dense products with fewer 64 x 64 tiles than this take the 32-token tiles */
 
 /* Embedded GLSL sources (generated from kernels/shaders/ by CMake). */
 typedef struct vk_shader_src {
@@ -134,13 +148,22 @@ int vk_round_input(moex_vk_cmd *c, moex_type t, moex_vk_ptr x, int64_t rows, int
 vk_pc vk_mat_pc(const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int64_t xs, moex_vk_ptr y, int64_t ys,
                 moex_vk_ptr resid);
 
+/* vk_attn.c: attn_coop.comp's tile for head_dim class mode (HDMAX = 64 << mode) on this
+ * device: warps (16 query rows each) and keys per tile; -1 when it does not fit. */
+int vk_attn_coop_config(const moex_vk *vk, int mode, uint32_t *warps, uint32_t *bc);
+/* Prompts of fewer tokens keep the f32 tiles: their attention costs little,
+ * and f16 Q, K, V and P move the logits off the CPU backend's by as much as
+ * its 8-bit activation rounding (test_vk_forward's 20-token prompt: relative
+ * error 0.013 against 0.007 with the f32 tiles). */
+#define VK_ATTN_COOP_MIN 32
+
 /* vk_experts.c: scratch regions of the expert FFN */
 size_t vk_experts_h_bytes(const moex_vk_experts *e, int64_t n, int k);
 size_t vk_experts_po_bytes(const moex_vk_experts *e, int64_t n, int k);
 
 /* vk_mm.c: the tiled products for more than VK_MV_NMAX tokens (pc from vk_mat_pc) */
-int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err);
 int vk_router_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err);
+int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err);
 int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                      moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err);
 

@@ -23,8 +23,31 @@ int vk_mv_mode(int mode, const moex_vk_matrix *w) {
     return wide && w->data % 16 ? mode | VK_MV_GENERIC : mode;
 }
 
+int vk_mv_rpt(int mode) {
+    static int staged;   /* read once: every pipeline of the process uses one value */
+    if ((mode & 3) == 0) return 2;
+    if ((mode & 3) == 3) return 1;
+    if (!staged) {
+        const char *e = getenv("MOEX_VK_MV_RPT");
+        const int v = e ? atoi(e) : 0;
+        staged = v >= 1 && v <= 8 ? v : VK_MV_RPT_STAGED;
+    }
+    return staged;
+}
+
 /* Workgroups of mv.comp along the rows. */
 uint32_t vk_mv_groups(int64_t rows, int mode) { return vk_ceil_div(rows, VK_MV_GROUPS * VK_MV_RPT(mode)); }
+
+/* The staged one-token variants (modes 1, 2, 3 | VK_MV_STAGE): x fits the
+ * shared-memory stage (24 KiB with its bank padding) and is 16-byte aligned. */
+int64_t moex_vk_mv_staged_cols(const moex_vk *vk) { return vk->info.shared_mem >= 32768 ? VK_MV_XMAX : 0; }
+
+static bool mv_stageable(const moex_vk *vk, const moex_vk_matrix *w, moex_vk_ptr x) {
+    return w->cols <= moex_vk_mv_staged_cols(vk) && x % 16 == 0;
+}
+
+/* Workgroups of a staged dispatch over row blocks: at most VK_MV_PERSIST, each looping over its blocks. */
+static uint32_t staged_groups(int64_t blocks) { return blocks < VK_MV_PERSIST ? (uint32_t)blocks : VK_MV_PERSIST; }
 
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
     if (c->bound != p) {
@@ -136,6 +159,12 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     if (n <= 0) return 0;
     if (vk_round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);
+    if (n == 1 && mv_stageable(c->vk, w, x)) {
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(1, w), err);
+        if (!p) return -1;
+        vk_dispatch(c, p, &pc, staged_groups(vk_mv_groups(w->rows, 1)), 1, 1);
+        return 0;
+    }
     if (n <= VK_MV_NMAX) {
         VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w), err);
         if (!p || vk_check_grid(vk_mv_groups(w->rows, 0), 1, 1, err)) return -1;
@@ -164,19 +193,74 @@ static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr
 int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
                            moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
     if (check_norm_fused(c, w, x, nw, err)) return -1;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w) | VK_MV_NORM, err);
-    if (!p || vk_check_grid(vk_mv_groups(w->rows, 0), 1, 1, err)) return -1;
+    const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
+    const uint32_t groups = mode ? staged_groups(vk_mv_groups(w->rows, 1)) : vk_mv_groups(w->rows, 0);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(mode, w) | VK_MV_NORM, err);
+    if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
     pc.p[1] = nw;
     pc.u[9] = vk_fbits(eps);
-    vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 0), 1, 1);
+    vk_dispatch(c, p, &pc, groups, 1, 1);
+    return 0;
+}
+
+bool moex_vk_mv_shareable(const moex_vk_matrix *a, const moex_vk_matrix *b) {
+    return a->type == b->type && a->cols == b->cols && vk_mv_mode(0, a) == vk_mv_mode(0, b);
+}
+
+/* One mode-2 dispatch over the matrices idx[0..n) of w (one type and width). */
+static int dispatch_shared(moex_vk_cmd *c, const moex_vk_matrix *const *w, const moex_vk_ptr *y, const int *idx, int n,
+                           moex_vk_ptr x, moex_vk_ptr nw, float eps, moex_error *err) {
+    const moex_vk_matrix *w0 = w[idx[0]];   /* x as given: the caller sends rounded inputs elsewhere */
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w0->type, vk_mv_mode(2, w0) | (nw ? VK_MV_NORM : 0), err);
+    if (!p) return -1;
+    vk_pc pc = vk_mat_pc(w0, x, 1, w0->cols, y[idx[0]], w0->rows, 0);
+    pc.p[1] = nw;
+    pc.u[9] = vk_fbits(eps);
+    int64_t blocks = vk_mv_groups(w0->rows, 2);
+    for (int i = 1; i < n; i++) {   /* w1, y1 in p[4], p[5]; w2, y2 in p[6], p[7]; their rows in u[7], u[8] */
+        const moex_vk_matrix *wi = w[idx[i]];
+        pc.p[2 + 2 * i] = wi->data;
+        pc.p[3 + 2 * i] = y[idx[i]];
+        pc.u[6 + i] = (uint32_t)wi->rows;
+        blocks += vk_mv_groups(wi->rows, 2);
+    }
+    vk_dispatch(c, p, &pc, staged_groups(blocks), 1, 1);
+    return 0;
+}
+
+int moex_vk_op_norm_matmul_multi(moex_vk_cmd *c, int n_mats, const moex_vk_matrix *const *w, const moex_vk_ptr *y,
+                                 moex_vk_ptr x, moex_vk_ptr nw, float eps, moex_error *err) {
+    if (n_mats < 1 || n_mats > 3) return moex_fail(err, "vulkan: shared-input products of %d matrices (1 to 3)", n_mats);
+    bool done[3] = {false, false, false};
+    for (int i = 0; i < n_mats; i++) {
+        if (done[i]) continue;
+        if (nw ? check_norm_fused(c, w[i], x, nw, err) : vk_check_matrix(w[i], err)) return -1;
+        /* too wide to stage, or x to be rounded (its copy may sit off 16 bytes): a dispatch of its own */
+        if (!mv_stageable(c->vk, w[i], x) || (!nw && c->vk->actq)) {
+            done[i] = true;
+            if (nw ? moex_vk_op_norm_matmul(c, w[i], x, nw, eps, y[i], 0, err) : moex_vk_op_matmul(c, w[i], x, 1, y[i], 0, err))
+                return -1;
+            continue;
+        }
+        int idx[3] = {i, 0, 0}, n = 1;
+        done[i] = true;
+        for (int j = i + 1; j < n_mats; j++)
+            if (!done[j] && moex_vk_mv_shareable(w[i], w[j]) && !vk_check_matrix(w[j], err)) {
+                idx[n++] = j;
+                done[j] = true;
+            }
+        if (dispatch_shared(c, w, y, idx, n, x, nw, eps, err)) return -1;
+    }
     return 0;
 }
 
 /* Workgroups of the head with the argmax: each loops over row blocks and
- * pays the argmax epilogue (a fence and an atomic) once; 2048 fill any GPU. */
+ * pays the argmax epilogue (a fence and an atomic) once; 2048 fill any GPU.
+ * The sync words cover both variants: mode 0 (8 rows a block, at most 2048
+ * workgroups) and the staged mode 1 (4 * rpt rows, at most VK_MV_PERSIST). */
 static uint32_t argmax_groups(int64_t rows) {
-    const uint32_t g = vk_mv_groups(rows, 0);
+    const uint32_t g = vk_ceil_div(rows, VK_MV_GROUPS);
     return g < 2048 ? g : 2048;
 }
 
@@ -190,8 +274,10 @@ int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_pt
         return moex_fail(err, "vulkan: the fused argmax of %lld rows needs %zu bytes of zeroed sync words (got %zu)",
                          (long long)w->rows, moex_vk_argmax_sync_bytes(w->rows), sync_bytes);
     if (!nw && vk_round_input(c, w->type, x, 1, w->cols, &x, err)) return -1;
-    const uint32_t groups = argmax_groups(w->rows);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w) | (nw ? VK_MV_NORM : 0), err);
+    const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
+    const uint32_t g0 = vk_mv_groups(w->rows, 0),
+                   groups = mode ? staged_groups(vk_mv_groups(w->rows, 1)) : g0 < 2048 ? g0 : 2048;
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(mode, w) | (nw ? VK_MV_NORM : 0), err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, 0);
     pc.p[1] = nw;
@@ -241,9 +327,10 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     pc.u[5] = norm ? 2u : 0u;
     pc.u[6] = (uint32_t)k;
     if (n <= VK_MV_NMAX) {   /* one dispatch: the last workgroup routes */
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w), err);
+        const int stage = n == 1 && mv_stageable(c->vk, w, x) ? VK_MV_STAGE : 0;
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | stage, err);
         if (!p) return -1;
-        vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 3), 1, 1);
+        vk_dispatch(c, p, &pc, stage ? staged_groups(vk_mv_groups(w->rows, 3)) : vk_mv_groups(w->rows, 3), 1, 1);
         return 0;
     }
     return vk_router_tiled(c, w, &pc, n, err);
@@ -256,7 +343,8 @@ int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows || !xn)
         return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts; xn required)",
                          (long long)w->rows, k, VK_MAX_EXPERTS);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | VK_MV_NORM, err);
+    const int stage = mv_stageable(c->vk, w, x) ? VK_MV_STAGE : 0;
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | VK_MV_NORM | stage, err);
     if (!p) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, logits, w->rows, xn);
     pc.p[1] = nw;
@@ -266,6 +354,6 @@ int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     pc.u[5] = norm ? 2u : 0u;   /* bit 0 (add r) stays off: r is the xn output here */
     pc.u[6] = (uint32_t)k;
     pc.u[9] = vk_fbits(eps);
-    vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 3), 1, 1);
+    vk_dispatch(c, p, &pc, stage ? staged_groups(vk_mv_groups(w->rows, 3)) : vk_mv_groups(w->rows, 3), 1, 1);
     return 0;
 }

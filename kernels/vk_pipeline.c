@@ -20,6 +20,7 @@ static const char *const kernel_file[VK_K_COUNT] = {
     [VK_K_ATTN_MERGE] = "attn_merge.comp", [VK_K_MOE_SORT] = "moe_sort.comp",
     [VK_K_MOE_COMBINE] = "moe_combine.comp", [VK_K_ELTWISE] = "eltwise.comp", [VK_K_ARGMAX] = "argmax.comp",
     [VK_K_ACTQ] = "actq.comp", [VK_K_EXPERTS_MV] = "experts_mv.comp", [VK_K_MM_COOP] = "mm_coop.comp",
+    [VK_K_ATTN_COOP] = "attn_coop.comp",
 };
 
 /* Kernels specialised by weight type (TYPE, BLK, BLK_BYTES and _quant.comp). */
@@ -102,11 +103,32 @@ static int add_file(strbuf *b, const char *name, moex_error *err) {
 static int block_elems(moex_type t) { return moex_type_get(t)->block_elems; }
 static int block_bytes(moex_type t) { return moex_type_get(t)->block_bytes; }
 
+/* mm_coop.comp's columns per step: VK_COOP_BK, or MOEX_VK_COOP_BK=32 for comparisons. */
+static int coop_bk(void) {
+    const char *e = getenv("MOEX_VK_COOP_BK");
+    return e && atoi(e) == 32 ? 32 : VK_COOP_BK;
+}
+
+/* mm_coop.comp's shared tiles: double-buffered (one barrier per step) for
+ * dense products where the device's shared memory holds two of each, else
+ * single (two barriers per step). On the H200 (48 KB) the double buffers made
+ * attn_q 11 % faster but the experts' down 24 % slower (fewer workgroups per
+ * SM); gate+up (two weight tiles) never fits two. MOEX_VK_COOP_NBUF=1 or 2
+ * forces one choice (where it fits), for comparisons. */
+static int coop_nbuf(const moex_vk *vk, int mode, int bk, int bn) {
+    const char *e = getenv("MOEX_VK_COOP_NBUF");
+    const int want = e && (atoi(e) == 1 || atoi(e) == 2) ? atoi(e) : mode == 0 ? 2 : 1;
+    const uint32_t tile = (uint32_t)(bk / 8 + 1) * 16u;   /* one shared row, bytes */
+    const uint32_t rows = (uint32_t)vk->coop_bm * (mode == 1 ? 2u : 1u) + (uint32_t)bn;
+    const uint32_t rest = 4u * vk->info.coop_m * vk->info.coop_n * 4u + (uint32_t)bn * 4u;   /* staging, row map */
+    return want == 2 && 2u * rows * tile + rest <= vk->info.shared_mem ? 2 : 1;
+}
+
 /* Full GLSL text of one variant. */
 static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
     strbuf b = {0};
     const bool typed = is_typed(k);
-    const int m = k == VK_K_MV ? mode & 3 : mode;
+    const int m = k == VK_K_MV || k == VK_K_MM_COOP || k == VK_K_MM ? mode & 3 : mode;
     sb_printf(&b, "#version 450\n#define MAXE %d\n#define NMAX %d\n#define MODE %d\n#define OP %d\n",
               VK_MAX_EXPERTS, VK_MV_NMAX, m, m);
     /* Subgroup variants where the device has them: the row reductions of mv,
@@ -117,20 +139,32 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
         sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n",
                   vk->tpr, VK_MV_GROUPS, VK_MV_RPT(mode), !(mode & VK_MV_GENERIC));
         if (mode & VK_MV_NORM) sb_printf(&b, "#define NORM 1\n");
+        if (mode & VK_MV_STAGE) sb_printf(&b, "#define STAGE 1\n");
+        if (m == 1 || m == 2 || (mode & VK_MV_STAGE)) sb_printf(&b, "#define XMAX4 %du\n", VK_MV_XMAX / 4);
+    } else if (k == VK_K_MM) {
+        sb_printf(&b, "#define TILE %du\n", mode & VK_MM_SMALL ? 32 : 64);
     } else if (k == VK_K_TOPK) {
         sb_printf(&b, "#define WG 128u\n");
     } else if (k == VK_K_ARGMAX) {
         sb_printf(&b, "#define WG 512u\n");
     } else if (k == VK_K_EXPERTS_MV) {
         const bool down = mode & VK_EX_DOWN, generic = mode & VK_EX_GENERIC;
+        const vk_ex_shape *s = VK_EX_MODE_SHAPE(mode);
         sb_printf(&b, "#define SIDE %d\n#define WG %du\n#define RT %du\n#define RU %du\n#define PPT %du\n#define FAST %d\n",
-                  down, down ? VK_EX_DN_WG : VK_EX_GU_WG, down ? VK_EX_DN_RT : VK_EX_GU_RT, VK_EX_RU,
-                  ((mode >> 2) & 3) + 1, !generic && (type == MOEX_TYPE_Q4_K || type == MOEX_TYPE_Q6_K));
+                  down, s->wg, s->rt, s->ru, ((mode >> 2) & 3) + 1,
+                  !generic && (type == MOEX_TYPE_Q4_K || type == MOEX_TYPE_Q6_K));
         if (vk->use_subgroup) sb_printf(&b, "#define USE_SUBGROUP 1\n");
+    } else if (k == VK_K_ATTN_COOP) {   /* mode: head_dim class (vk_attn.c attn_coop_mode) */
+        uint32_t warps = 4, bc = 32;
+        vk_attn_coop_config(vk, mode, &warps, &bc);
+        sb_printf(&b, "#define HDMAX %du\n#define BC %uu\n#define WARPS %uu\n#define EMU %d\n", 64 << mode, bc, warps,
+                  vk->info.coop != 1);
     } else if (k == VK_K_MM_COOP) {
+        const int bk = coop_bk(), bn = mode & VK_COOP_NARROW ? 32 : VK_COOP_BN;
         sb_printf(&b, "#define BM %du\n#define BN %du\n#define BK %du\n#define CM %uu\n#define CN %uu\n#define CK %uu\n"
-                  "#define EMU %d\n", vk->coop_bm, VK_COOP_BN, VK_COOP_BK, vk->info.coop_m, vk->info.coop_n,
-                  vk->info.coop_k, vk->info.coop != 1);
+                  "#define EMU %d\n#define NBUF %d\n#define FASTQ %d\n", vk->coop_bm, bn, bk,
+                  vk->info.coop_m, vk->info.coop_n, vk->info.coop_k, vk->info.coop != 1, coop_nbuf(vk, m, bk, bn),
+                  !(mode & VK_COOP_GENERIC) && (type == MOEX_TYPE_Q4_K || type == MOEX_TYPE_Q6_K));
     }
     if (typed)
         sb_printf(&b, "#define TYPE %d\n#define BLK %du\n#define BLK_BYTES %du\n", (int)type, block_elems(type),

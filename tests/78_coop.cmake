@@ -5,6 +5,11 @@
 moex_c_test(test_vk_coop SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop.c LIBS moex_kernels TIMEOUT 180)
 set_tests_properties(test_vk_coop PROPERTIES SKIP_RETURN_CODE 77 LABELS vulkan
                      ENVIRONMENT "MOEX_VK_CACHE=${CMAKE_BINARY_DIR}/vk-cache")
+# 32 columns per step with double-buffered tiles (one barrier per step; at 64
+# columns two buffers need more shared memory than lavapipe's 32 KB).
+add_test(NAME test_vk_coop_bk32 COMMAND test_vk_coop)
+set_tests_properties(test_vk_coop_bk32 PROPERTIES SKIP_RETURN_CODE 77 LABELS vulkan TIMEOUT 180
+                     ENVIRONMENT "MOEX_VK_CACHE=${CMAKE_BINARY_DIR}/vk-cache;MOEX_VK_COOP_BK=32;MOEX_VK_COOP_NBUF=2")
 # The whole model: prompt batch on the coop kernels vs the f32 tiles.
 add_executable(test_vk_coop_forward ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop_forward.c)
 target_link_libraries(test_vk_coop_forward PRIVATE moex_hub Threads::Threads ${MATH_LIB})

@@ -1,9 +1,10 @@
-# Fused decode kernels (attention step, head + argmax, norm-fused products),
-# with subgroup reductions and with the shared-memory fallback.
+# Fused decode kernels (attention step, head + argmax, norm-fused products,
+# the router), with subgroup reductions and with the shared-memory fallback.
 add_test(NAME test_vk_decode COMMAND test_vk_ops decode)
 add_test(NAME test_vk_decode_shared COMMAND test_vk_ops decode --no-subgroup)
 add_test(NAME test_vk_fused_shared COMMAND test_vk_ops fused --no-subgroup)
-set_tests_properties(test_vk_decode test_vk_decode_shared test_vk_fused_shared PROPERTIES SKIP_RETURN_CODE 77
+add_test(NAME test_vk_router_shared COMMAND test_vk_ops router --no-subgroup)   # the staged one-token router
+set_tests_properties(test_vk_decode test_vk_decode_shared test_vk_fused_shared test_vk_router_shared PROPERTIES SKIP_RETURN_CODE 77
                      LABELS vulkan TIMEOUT 120 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
 
 # Speed (not a test): the decode ops of one layer and the head, fused and unfused.

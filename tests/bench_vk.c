@@ -156,6 +156,63 @@ static moex_vk_matrix upload_matrix(moex_vk *vk, const moex_matrix *m, int n_mat
                             .data = moex_vk_buffer_ptr(*keep), .expert_stride = (size_t)m->rows * m->row_bytes};
 }
 
+/* MOEX_VK_EX_SWEEP="GWG.GRT.GRU/DWG.DRT.DRU,..." times experts_mv.comp with each
+ * listed shape (gate+up / down: threads, rows, rows loaded together; for one token
+ * and for batches alike) on layer 0 and on the first layer whose down has another
+ * type: keys kernel_experts_s<i>[_L<layer>]_<case>_*. */
+static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer *act, double copy_bw, bool always) {
+    char cur[96];
+    const char *spec = getenv("MOEX_VK_EX_SWEEP");
+    if (!spec || !*spec) {   /* --only-experts without a list: the current shapes (one token's) */
+        if (!always) return;
+        const vk_ex_shape *g = &vk_ex_shapes[0][0], *d = &vk_ex_shapes[1][0];
+        snprintf(cur, sizeof cur, "%d.%d.%d/%d.%d.%d", g->wg, g->rt, g->ru, d->wg, d->rt, d->ru);
+        spec = cur;
+    }
+    const moex_hparams *hp = &m->hp;
+    const int E = hp->n_expert, k = hp->n_expert_used;
+    if (k > 64 || VK_MV_NMAX * k > E) return;
+    int layers[2] = {0, -1};
+    for (int l = 1; l < hp->n_layer && layers[1] < 0; l++)
+        if (m->layers[l].experts[0].down.type != m->layers[0].experts[0].down.type) layers[1] = l;
+    const vk_ex_shape saved[2][2] = {{vk_ex_shapes[0][0], vk_ex_shapes[0][1]}, {vk_ex_shapes[1][0], vk_ex_shapes[1][1]}};
+    int32_t ids[VK_MV_NMAX * 64];
+    for (int li = 0; li < 2 && layers[li] >= 0; li++) {
+        const moex_layer *L = &m->layers[layers[li]];
+        moex_vk_buffer *keep[3];
+        const moex_vk_ptr a0 = moex_vk_buffer_ptr(act);
+        ex_ctx ex = {.n = 1, .k = k, .x = a0, .y = a0 + ((size_t)8 << 20), .scratch = a0 + ((size_t)32 << 20)};
+        ex.e.gate = upload_matrix(vk, &L->experts[0].gate, E, &keep[0]);
+        ex.e.up = upload_matrix(vk, &L->experts[0].up, E, &keep[1]);
+        ex.e.down = upload_matrix(vk, &L->experts[0].down, E, &keep[2]);
+        ex.e.n_expert = E;
+        printf("kernel_experts_sweep_layer%d_down_type %s\n", layers[li], moex_type_get(ex.e.down.type)->name);
+        int i = 0;
+        for (const char *p = spec; *p; i++) {
+            vk_ex_shape g, d;
+            int used = 0;
+            if (sscanf(p, "%d.%d.%d/%d.%d.%d%n", &g.wg, &g.rt, &g.ru, &d.wg, &d.rt, &d.ru, &used) != 6 ||
+                g.rt > g.wg || d.rt > d.wg || g.rt % g.ru || d.rt % d.ru)
+                break;
+            p += used + (p[used] == ',');
+            printf("kernel_experts_s%d_shape gu=%d.%d.%d dn=%d.%d.%d\n", i, g.wg, g.rt, g.ru, d.wg, d.rt, d.ru);
+            vk_ex_shapes[0][0] = vk_ex_shapes[0][1] = g;
+            vk_ex_shapes[1][0] = vk_ex_shapes[1][1] = d;
+            vk_experts_forget(vk);
+            char name[64];
+            for (int j = 0; j < k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
+            snprintf(name, sizeof name, "s%d_L%d_k8", i, layers[li]);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, name, copy_bw);
+            for (int j = 0; j < VK_MV_NMAX * k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
+            snprintf(name, sizeof name, "s%d_L%d_n8_distinct", i, layers[li]);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, name, copy_bw);
+        }
+        for (int j = 0; j < 3; j++) moex_vk_buffer_free(keep[j]);
+    }
+    memcpy(vk_ex_shapes, saved, sizeof saved);
+    vk_experts_forget(vk);
+}
+
 /* Kernel bandwidths on layer 0: attn_q matvec, the decode expert FFN (one token, and batches of
  * VK_MV_NMAX tokens), the output head, the expert FFN of a 64-token batch. */
 static void bench_kernels(const moex_model *m, moex_vk *vk) {
@@ -269,6 +326,7 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
         const double flops = 2.0 * NT * ex.k * 3.0 * (double)ex.e.gate.rows * ex.e.gate.cols;
         printf("kernel_experts_batch%d_us %.2f\nkernel_experts_batch%d_TFLOPs %.2f\n", NT, tb * 1e6, NT, flops / tb / 1e12);
         for (int i = 1; i < 4; i++) moex_vk_buffer_free(keep[i]);
+        bench_experts_sweep(m, vk, act, copy_bw, false);
     }
     moex_vk_buffer_free(keep[0]);
     moex_vk_buffer_free(act);
@@ -276,11 +334,12 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--round] [--no-kernels|--only-kernels]\n");
+        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--round] [--no-kernels|--only-kernels|--only-experts]\n");
         return 2;
     }
     int n_p = 512, n_g = 128, reps = 3;
     bool kernels = true, only_kernels = false;   /* --only-kernels: skip pp/tg (compare kernel variants) */
+    bool only_experts = false;   /* --only-experts: the expert shapes of MOEX_VK_EX_SWEEP alone (ceiling taken as 3248.8 GB/s) */
     moex_vk_options o = {.device = -1, .verbose = true};
     for (int i = 2; i < argc; i++) {
         const bool has = i + 1 < argc;
@@ -291,6 +350,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--round")) o.round_activations = true;
         else if (!strcmp(argv[i], "--no-kernels")) kernels = false;
         else if (!strcmp(argv[i], "--only-kernels")) only_kernels = true;
+        else if (!strcmp(argv[i], "--only-experts")) only_experts = true;
         else {
             fprintf(stderr, "bench_vk: unknown argument %s\n", argv[i]);
             return 2;
@@ -306,8 +366,15 @@ int main(int argc, char **argv) {
     moex_vk_state *s = moex_vk_state_create(m, n_p + n_g + 8, n_p, &o, &err);
     MUST(!s);
     printf("device %s\nload_s %.2f\n", moex_vk_get_info(moex_vk_state_device(s))->name, moex_time_s() - t0);
-    if (only_kernels) {
-        bench_kernels(m, moex_vk_state_device(s));
+    if (only_experts && moex_hparams_is_moe(&m->hp)) {
+        moex_vk *vk = moex_vk_state_device(s);
+        moex_vk_buffer *act = moex_vk_buffer_create(vk, (size_t)64 << 20, MOEX_VK_MEM_DEVICE, &err);
+        MUST(!act);
+        bench_experts_sweep(m, vk, act, 3248.8, true);
+        moex_vk_buffer_free(act);
+    }
+    if (only_kernels || only_experts) {
+        if (!only_experts) bench_kernels(m, moex_vk_state_device(s));
         moex_vk_state_free(s);
         moex_model_free(m);
         return 0;

@@ -28,8 +28,10 @@ static void round_f16(const float *a, float *out, size_t n) {
 
 #define P(b) moex_vk_buffer_ptr(b)
 
-/* y = W x (+ res) for n tokens; returns errors vs the f16-input and the exact reference. */
-static void check_dense(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t cols, int64_t n, bool resid) {
+/* y = W x (+ res) for n tokens, the weights woff bytes into their buffer (4: Q4_K off its 16-byte
+ * alignment, the generic path); checks errors vs the f16-input and the exact reference. */
+static void check_dense_at(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t cols, int64_t n, bool resid,
+                           size_t woff) {
     test_matrix m = make_matrix(r, t, rows, cols);
     const size_t nx = (size_t)(n * cols), ny = (size_t)(n * rows);
     float *x = malloc(nx * 4), *xh = malloc(nx * 4), *wh = malloc((size_t)(rows * cols) * 4), *res = malloc(ny * 4),
@@ -49,21 +51,27 @@ static void check_dense(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t 
             ref[tk * rows + i] = s;
             ref16[tk * rows + i] = s16;
         }
-    moex_vk_buffer *wb = gpu_from(vk, m.data, (size_t)rows * m.row_bytes), *xb = gpu_from(vk, x, nx * 4),
+    moex_vk_buffer *wb = gpu_from(vk, NULL, woff + (size_t)rows * m.row_bytes), *xb = gpu_from(vk, x, nx * 4),
                    *rb = gpu_from(vk, res, ny * 4), *yb = gpu_from(vk, NULL, ny * 4);
+    MUST(moex_vk_upload(vk, wb, woff, m.data, (size_t)rows * m.row_bytes, &g_err));
     moex_vk_matrix vm = vk_matrix_of(&m, wb);
+    vm.data += woff;
     moex_vk_cmd *c = cmd_begin(vk);
     MUST(moex_vk_op_matmul(c, &vm, P(xb), n, P(yb), resid ? P(rb) : 0, &g_err));
     cmd_run_free(c);
     gpu_read(vk, yb, y, ny * 4);
     const double e16 = rel_l2(y, ref16, ny), e = rel_l2(y, ref, ny);
-    printf("  %-5s %lldx%lld n=%lld%s: vs f16 inputs %.2g, vs exact %.2g\n", moex_type_get(t)->name, (long long)rows,
-           (long long)cols, (long long)n, resid ? "+res" : "", e16, e);
+    printf("  %-5s %lldx%lld n=%lld%s%s: vs f16 inputs %.2g, vs exact %.2g\n", moex_type_get(t)->name, (long long)rows,
+           (long long)cols, (long long)n, resid ? "+res" : "", woff ? " unaligned" : "", e16, e);
     CHECK(e16 < 3e-5 && e < 3e-3, "%s %lldx%lld n=%lld: rel err %.3g (f16 inputs) / %.3g (exact)", moex_type_get(t)->name,
           (long long)rows, (long long)cols, (long long)n, e16, e);
     moex_vk_buffer_free(wb), moex_vk_buffer_free(xb), moex_vk_buffer_free(rb), moex_vk_buffer_free(yb);
     free(x), free(xh), free(wh), free(res), free(y), free(ref), free(ref16);
     free_matrix(&m);
+}
+
+static void check_dense(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t cols, int64_t n, bool resid) {
+    check_dense_at(vk, r, t, rows, cols, n, resid, 0);
 }
 
 /* One expert tensor: E matrices back to back, with their f16-rounded values. */
@@ -182,9 +190,12 @@ int main(void) {
         if (t == MOEX_TYPE_F32) continue;   /* f32 weights keep the f32 tiles */
         if (all || t == MOEX_TYPE_Q4_K || t == MOEX_TYPE_Q6_K || t == MOEX_TYPE_F16) check_dense(vk, &r, t, 200, 256, 70, true);
     }
+    /* (More than 64 tokens over few rows: the 32-token tiles; up to 64: the 64-token ones.) */
     check_dense(vk, &r, MOEX_TYPE_Q4_K, 16, 512, 9, false);     /* one partial tile each way, 16 steps */
-    check_dense(vk, &r, MOEX_TYPE_Q6_K, 384, 256, 130, false);  /* full tiles, a third token tile of 2 */
-    if (all) check_experts(vk, &r, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, 256, 512, 100);
+    check_dense(vk, &r, MOEX_TYPE_Q6_K, 384, 256, 130, false);  /* full tiles, a last token tile of 2 */
+    check_dense(vk, &r, MOEX_TYPE_Q6_K, 130, 512, 64, true);    /* full 64-token tile */
+    check_dense_at(vk, &r, MOEX_TYPE_Q4_K, 72, 256, 20, false, 4);   /* Q4_K through dq8 */
+    check_experts(vk, &r, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, 256, all ? 512 : 256, all ? 100 : 40);
     check_experts(vk, &r, MOEX_TYPE_Q8_0, MOEX_TYPE_Q5_0, 288, 160, 90);   /* ragged rows both ways */
     moex_vk_free(vk);
     return test_finish("test_vk_coop");

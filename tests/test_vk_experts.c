@@ -2,8 +2,11 @@
  * VK_MV_NMAX) against a float64 reference on fresh random inputs: the hot
  * types (Q4_K gate/up with Q6_K down), Q8_0, Q5_K, F16, Q4_K weights that are
  * not 16-byte aligned (the generic positions), one and several tokens,
- * repeated experts, and shapes that need the outer loop over positions.
+ * repeated experts, and shapes that need the outer loop over positions; then
+ * the same with other workgroup shapes (vk_ex_shapes: threads not a power of
+ * two or larger, more rows) than the defaults.
  * usage: test_vk_experts_mv [--no-subgroup] */
+#include "kernels/vk_experts.h"
 #include "tests/vk/vk_test_util.h"
 
 static moex_vk *vk;
@@ -123,6 +126,19 @@ int main(int argc, char **argv) {
         {Q6K, Q6K, 256, 256, 2, 6, 3, 0, false},     /* Q6_K gate/up */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+    /* other shapes: each replaces both token counts' shapes of its half */
+    const vk_ex_shape other[][2] = {
+        {{32, 8, 4}, {256, 2, 2}},   /* the shapes before the H200 sweep (docs/PERF.md), down and gate+up wider */
+        {{64, 16, 2}, {384, 8, 4}},
+    };
+    for (size_t s = 0; s < sizeof other / sizeof *other; s++) {
+        printf("  shapes: gate+up %d.%d.%d, down %d.%d.%d\n", other[s][0].wg, other[s][0].rt, other[s][0].ru,
+               other[s][1].wg, other[s][1].rt, other[s][1].ru);
+        for (int h = 0; h < 2; h++) vk_ex_shapes[h][0] = vk_ex_shapes[h][1] = other[s][h];
+        vk_experts_forget(vk);
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            if (i < 3 || i == 7 || i == 8 || i == 10) run_case(&cases[i]);   /* hot mix, outer loop, unaligned, Q4_K down */
+    }
     moex_vk_free(vk);
     return test_finish("test_vk_experts");
 }

@@ -5,6 +5,7 @@
  * kernel (ragged tiles); then with activation rounding, against the CPU
  * backend (inputs without rounding ties) and the reference quantizer (ties). */
 #include "tests/vk/vk_test_util.h"
+#include "kernels/vk_internal.h"   /* VK_MV_XMAX, VK_MV_PERSIST: the staged kernel's edges */
 
 static double check_product(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t cols, int64_t n, bool resid) {
     test_matrix m = make_matrix(r, t, rows, cols);
@@ -40,6 +41,57 @@ static double check_product(moex_vk *vk, rng *r, moex_type t, int64_t rows, int6
     free(ref);
     free_matrix(&m);
     return e;
+}
+
+/* One decode token's products sharing x (q, k, v): the matrices of one type
+ * in one dispatch, the odd type in its own, x staged once per workgroup;
+ * with the RMSNorm fused (nw) or not. Against float64. */
+static double check_multi(moex_vk *vk, rng *r, const moex_type *types, const int64_t *rows, int64_t cols, bool norm) {
+    const float eps = 1e-6f;
+    float *x = malloc((size_t)cols * 4), *nw = malloc((size_t)cols * 4);
+    double *xn = malloc((size_t)cols * 8), ss = 0;
+    fill_gauss(r, x, (size_t)cols, 3.0f);
+    fill_gauss(r, nw, (size_t)cols, 1.0f);
+    for (int64_t j = 0; j < cols; j++) ss += (double)x[j] * x[j];
+    for (int64_t j = 0; j < cols; j++) xn[j] = norm ? x[j] / sqrt(ss / (double)cols + eps) * nw[j] : x[j];
+    moex_vk_buffer *xb = gpu_from(vk, x, (size_t)cols * 4), *nb = gpu_from(vk, nw, (size_t)cols * 4), *wb[3], *yb[3];
+    test_matrix m[3];
+    moex_vk_matrix vm[3];
+    const moex_vk_matrix *wp[3];
+    moex_vk_ptr yp[3];
+    for (int i = 0; i < 3; i++) {
+        m[i] = make_matrix(r, types[i], rows[i], cols);
+        wb[i] = gpu_from(vk, m[i].data, (size_t)rows[i] * m[i].row_bytes);
+        yb[i] = gpu_from(vk, NULL, (size_t)rows[i] * 4);
+        vm[i] = vk_matrix_of(&m[i], wb[i]);
+        wp[i] = &vm[i];
+        yp[i] = moex_vk_buffer_ptr(yb[i]);
+    }
+    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
+    MUST(!c);
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    MUST(moex_vk_op_norm_matmul_multi(c, 3, wp, yp, moex_vk_buffer_ptr(xb), norm ? moex_vk_buffer_ptr(nb) : 0, eps,
+                                      &g_err));
+    MUST(moex_vk_cmd_run(c, &g_err));
+    double worst = 0;
+    for (int i = 0; i < 3; i++) {
+        float *y = malloc((size_t)rows[i] * 4);
+        double *ref = malloc((size_t)rows[i] * 8);
+        gpu_read(vk, yb[i], y, (size_t)rows[i] * 4);
+        for (int64_t o = 0; o < rows[i]; o++) {
+            ref[o] = 0;
+            for (int64_t j = 0; j < cols; j++) ref[o] += (double)m[i].deq[o * cols + j] * xn[j];
+        }
+        const double e = rel_l2(y, ref, (size_t)rows[i]);
+        worst = e > worst ? e : worst;
+        free(y), free(ref);
+        moex_vk_buffer_free(wb[i]), moex_vk_buffer_free(yb[i]);
+        free_matrix(&m[i]);
+    }
+    moex_vk_cmd_free(c);
+    moex_vk_buffer_free(xb), moex_vk_buffer_free(nb);
+    free(x), free(nw), free(xn);
+    return worst;
 }
 
 /* The 32-element partners (Q8_0, Q8_1) round x * (127 / amax) to an integer;
@@ -177,6 +229,27 @@ int main(int argc, char **argv) {
         CHECK(e1 < 2e-6 && e3 < 2e-6 && e8 < 2e-6 && em < 2e-6, "%s: relative L2 error too large", moex_type_get(t)->name);
     }
     for (int i = 0; i < N_ALL_TYPES; i++) check_unaligned(vk, &r, k_all_types[i]);
+    {   /* one token: x wider than the shared-memory stage (mode 0), exactly as wide, and
+         * more row blocks than staged workgroups (each loops over several) */
+        const double ew = check_product(vk, &r, MOEX_TYPE_Q4_K, 19, VK_MV_XMAX + 512, 1, true),
+                     ex = check_product(vk, &r, MOEX_TYPE_Q6_K, 21, VK_MV_XMAX, 1, true),
+                     el = check_product(vk, &r, MOEX_TYPE_Q8_0, VK_MV_PERSIST * 4 * 8 + 77, 64, 1, false);
+        printf("  one token: x past the stage %.2g, x as wide as the stage %.2g, %d rows %.2g\n", ew, ex,
+               VK_MV_PERSIST * 4 * 8 + 77, el);
+        CHECK(ew < 2e-6 && ex < 2e-6 && el < 2e-6, "one-token products: relative L2 error too large");
+    }
+    {   /* q, k, v sharing x: one type (one dispatch), an odd v (two), norm fused or not */
+        const moex_type all_q4[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K},
+                        v_q6[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K},
+                        mixed[3] = {MOEX_TYPE_Q8_0, MOEX_TYPE_F32, MOEX_TYPE_Q8_0};
+        const int64_t rows[3] = {133, 35, 19}, wide[3] = {40, 8, 9};
+        const double e1 = check_multi(vk, &r, all_q4, rows, 768, true), e2 = check_multi(vk, &r, v_q6, rows, 512, true),
+                     e3 = check_multi(vk, &r, mixed, rows, 256, false),
+                     e4 = check_multi(vk, &r, v_q6, wide, VK_MV_XMAX + 256, true);
+        printf("  q,k,v shared x: q4_K x3 + norm %.2g, q4_K x2 + q6_K + norm %.2g, q8_0/f32/q8_0 %.2g, past the stage %.2g\n",
+               e1, e2, e3, e4);
+        CHECK(e1 < 2e-6 && e2 < 2e-6 && e3 < 2e-6 && e4 < 2e-6, "shared-x products: relative L2 error too large");
+    }
     MUST(moex_vk_set_activation_rounding(vk, 70 * 512, &g_err));
     check_rounding_ties(vk, &r);
     for (int i = 0; i < N_ALL_TYPES; i++) {

@@ -5,6 +5,9 @@
  * the shared-memory reductions. */
 #include "tests/vk/vk_test_util.h"
 
+#include "common/types.h"
+#include "kernels/vk_internal.h"   /* VK_ATTN_COOP_MIN */
+
 static moex_vk *vk;
 static rng R;
 
@@ -169,48 +172,75 @@ static void attention_ref64(const float *q, const float *kc, const float *vc, do
     free(s);
 }
 
-/* Prompt batches (the tiled kernel, and the split-K path under
- * MOEX_VK_ATTN_SIMPLE=1) against float64: several lengths, prompts continuing
- * a cache (pos0 > 0), GQA 1, 2, 8, head_dim 64 to 512, partial row blocks and
- * key tiles. The cache rows past the last position hold NaN: they must not be read. */
+/* One prompt attention on device d: inputs uploaded, output read into got. */
+static void prompt_attention_on(moex_vk *d, const moex_vk_attn_shape *sh, const float *q, const float *kc,
+                                const float *vc, int n, int pos0, float *got) {
+    const int64_t qd = (int64_t)sh->n_head * sh->head_dim, kvd = (int64_t)sh->n_head_kv * sh->head_dim;
+    int32_t params = pos0;
+    moex_vk_buffer *qb = gpu_from(d, q, n * qd * 4), *kb = gpu_from(d, kc, sh->n_ctx * kvd * 4),
+                   *vb = gpu_from(d, vc, sh->n_ctx * kvd * 4), *ob = gpu_from(d, NULL, n * qd * 4),
+                   *sb = gpu_from(d, NULL, moex_vk_attention_scratch(sh, n) * 4), *pb = gpu_from(d, &params, 4);
+    moex_vk_cmd *c = cmd_begin(d);
+    MUST(moex_vk_op_attention(c, sh, P(qb), P(kb), P(vb), P(ob), P(sb), P(pb), n, &g_err));
+    cmd_run_free(c);
+    gpu_read(d, ob, got, n * qd * 4);
+    moex_vk_buffer *all[] = {qb, kb, vb, ob, sb, pb};
+    for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
+}
+
+/* ||got - ref|| / ||ref||; NaN (a stray read) fails every bound. */
+static double rel_err64(const float *got, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+
+static float h16(float x) { return moex_f16_to_f32(moex_f32_to_f16(x)); }
+
+/* Prompt batches against float64: the tiled kernel and the split-K path
+ * (MOEX_VK_ATTN_SIMPLE=1) on the f32 device; then attn_coop.comp on a device
+ * with cooperative matrices (the matrix unit, or its shared-memory stand-in
+ * under emulation on CPU drivers) where head_dim <= 128 and the prompt has
+ * VK_ATTN_COOP_MIN tokens or more, the tiled kernel there otherwise. Several lengths (not multiples of 16 or 64), prompts
+ * continuing a cache (pos0 > 0), GQA 1, 2, 3, 8, head_dim 32 to 512 (padded
+ * inside a class), partial row blocks and key tiles. The cache rows past the
+ * last position hold NaN: they must not be read.
+ * The coop kernel multiplies f16 Q*scale, K, V and P and sums in f32: against
+ * a reference on the same f16-rounded inputs only P's rounding and the f32
+ * sums differ (~1e-4); against the exact inputs the f16 inputs cost ~1e-3.
+ * A dropped key, a misplaced row or a wrong rescale costs far more. */
 static void test_attention_prompt(void) {
     static const int cases[][6] = {   /* n, pos0, n_head, n_head_kv, head_dim, n_ctx */
         {2, 0, 8, 2, 128, 8},     {100, 0, 8, 8, 64, 128},   {45, 17, 4, 2, 128, 80}, {70, 33, 16, 2, 128, 110},
         {33, 0, 8, 1, 64, 40},    {21, 10, 6, 3, 96, 31},    {9, 40, 4, 4, 256, 60},  {5, 3, 2, 1, 512, 9},
-        {130, 70, 32, 4, 128, 200},
+        {130, 70, 32, 4, 128, 200}, {67, 0, 32, 4, 128, 67}, {40, 200, 16, 2, 80, 250}, {33, 5, 4, 1, 32, 40},
+        {37, 10, 6, 3, 96, 50},
     };
+    moex_vk *vkc = test_vk_coop_mode(false, MOEX_VK_COOP_EMULATE);
+    const moex_vk_info *ci_info = moex_vk_get_info(vkc);
+    const bool has_coop = ci_info->coop && ci_info->coop_n == 16;
+    if (!has_coop) printf("  (no cooperative matrices, not even emulated: the coop attention is not tested)\n");
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         const int n = cases[ci][0], pos0 = cases[ci][1], H = cases[ci][2], HK = cases[ci][3], hd = cases[ci][4];
         moex_vk_attn_shape sh = {.n_head = H, .n_head_kv = HK, .head_dim = hd, .rope_dim = hd,
                                  .scale = 1.0f / sqrtf((float)hd), .n_ctx = cases[ci][5]};
         const int64_t qd = (int64_t)H * hd, kvd = (int64_t)HK * hd, used = (int64_t)(pos0 + n) * kvd;
         float *q = malloc(n * qd * 4), *kc = malloc(sh.n_ctx * kvd * 4), *vc = malloc(sh.n_ctx * kvd * 4),
-              *got = malloc(n * qd * 4);
+              *got = malloc(n * qd * 4), *tiled = malloc(n * qd * 4);
         double *ref = malloc(n * qd * sizeof *ref);
         fill_gauss(&R, q, n * qd, 2.0f);
         fill_gauss(&R, kc, used, 1.0f);
         fill_gauss(&R, vc, used, 1.0f);
         for (int64_t i = used; i < sh.n_ctx * kvd; i++) kc[i] = vc[i] = NAN;
         attention_ref64(q, kc, vc, ref, n, pos0, H, HK, hd, sh.scale);
-        int32_t params = pos0;
-        moex_vk_buffer *qb = gpu_from(vk, q, n * qd * 4), *kb = gpu_from(vk, kc, sh.n_ctx * kvd * 4),
-                       *vb = gpu_from(vk, vc, sh.n_ctx * kvd * 4), *ob = gpu_from(vk, NULL, n * qd * 4),
-                       *sb = gpu_from(vk, NULL, moex_vk_attention_scratch(&sh, n) * 4), *pb = gpu_from(vk, &params, 4);
-        float *tiled = malloc(n * qd * 4);
         for (int simple = 0; simple < 2; simple++) {
             if (simple) setenv("MOEX_VK_ATTN_SIMPLE", "1", 1);
-            moex_vk_cmd *c = cmd_begin(vk);
-            MUST(moex_vk_op_attention(c, &sh, P(qb), P(kb), P(vb), P(ob), P(sb), P(pb), n, &g_err));
-            cmd_run_free(c);
+            prompt_attention_on(vk, &sh, q, kc, vc, n, pos0, simple ? got : tiled);
             unsetenv("MOEX_VK_ATTN_SIMPLE");
-            gpu_read(vk, ob, simple ? got : tiled, n * qd * 4);
-            if (!simple) memcpy(got, tiled, n * qd * 4);
-            double num = 0, den = 0;
-            for (int64_t i = 0; i < n * qd; i++) {
-                num += (got[i] - ref[i]) * (got[i] - ref[i]);
-                den += ref[i] * ref[i];
-            }
-            const double e = sqrt(num / den);   /* NaN (a stray read) fails too */
+            const double e = rel_err64(simple ? got : tiled, ref, n * qd);
             CHECK(e <= 1e-5, "prompt attention (%s) n=%d pos0=%d heads %d/%d hd %d: rel err %.3g",
                   simple ? "split-K" : "tiled", n, pos0, H, HK, hd, e);
             printf("  prompt attention %s n=%d pos0=%d heads %d/%d hd=%d: %.2g\n", simple ? "split-K" : "tiled  ", n,
@@ -218,10 +248,31 @@ static void test_attention_prompt(void) {
         }
         /* different summation orders: identical bits would mean both runs took the same path */
         if (n * qd >= 4096) CHECK(memcmp(got, tiled, n * qd * 4), "n=%d: the tiled kernel did not run", n);
-        moex_vk_buffer *all[] = {qb, kb, vb, ob, sb, pb};
-        for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
+        if (has_coop) {
+            const bool coop = hd <= 128 && n >= VK_ATTN_COOP_MIN;
+            prompt_attention_on(vkc, &sh, q, kc, vc, n, pos0, got);
+            const double e = rel_err64(got, ref, n * qd);
+            double e16 = 0;
+            if (coop) {   /* the reference on the kernel's f16 inputs (scale folded into q) */
+                float *qh = malloc(n * qd * 4), *kh = malloc(sh.n_ctx * kvd * 4), *vh = malloc(sh.n_ctx * kvd * 4);
+                for (int64_t i = 0; i < n * qd; i++) qh[i] = h16(q[i] * sh.scale);
+                for (int64_t i = 0; i < sh.n_ctx * kvd; i++) kh[i] = h16(kc[i]), vh[i] = h16(vc[i]);
+                double *ref16 = malloc(n * qd * sizeof *ref16);
+                attention_ref64(qh, kh, vh, ref16, n, pos0, H, HK, hd, 1.0);
+                e16 = rel_err64(got, ref16, n * qd);
+                free(qh), free(kh), free(vh), free(ref16);
+                CHECK(e16 <= 5e-4 && e <= 3e-3, "prompt attention (coop) n=%d pos0=%d heads %d/%d hd %d: rel err "
+                      "%.3g vs f16 inputs, %.3g vs exact", n, pos0, H, HK, hd, e16, e);
+                CHECK(memcmp(got, tiled, n * qd * 4), "n=%d: the coop kernel did not run", n);
+            } else {
+                CHECK(e <= 1e-5, "prompt attention (tiled on the coop device) n=%d hd %d: rel err %.3g", n, hd, e);
+            }
+            printf("  prompt attention %s n=%d pos0=%d heads %d/%d hd=%d: %.2g (vs f16 inputs %.2g)\n",
+                   coop ? "coop   " : "tiled  ", n, pos0, H, HK, hd, e, e16);
+        }
         free(q), free(kc), free(vc), free(got), free(ref), free(tiled);
     }
+    moex_vk_free(vkc);
 }
 
 /* Router: one fused dispatch (small batches) and mm + top-k (large), against route_token's rule in float64. */

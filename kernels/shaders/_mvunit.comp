@@ -12,6 +12,24 @@
 // NR (weight rows sharing one x, defined by the includer) lets gate and up,
 // or several rows, reuse each x load. XV(x, i) reads vec4 i of x: from the
 // buffer, or from shared memory where the includer staged a normalised x.
+// XSTAGE (defined by the includer, with XMAX4): x is staged in shared memory
+// xsh, one vec4 of padding after every 2^XPAD vec4s. XPAD is the log2 of the
+// type's unit stretch, so the vec4s the lanes of a subgroup read together
+// (lane u: unit u) fall in distinct banks instead of all in one.
+#ifdef XSTAGE
+#if FAST && TYPE == T_Q4_K
+#define XPAD 4u
+#elif FAST && TYPE == T_Q6_K
+#define XPAD 5u   // a unit's 4 runs sit inside one 32-vec4 half block; unit bases 0, 4, 32, 36, ... spread by the pads
+#elif FAST && (TYPE == T_Q8_0 || TYPE == T_F32)
+#define XPAD 3u
+#else
+#define XPAD 1u
+#endif
+shared vec4 xsh[XMAX4 + (XMAX4 >> XPAD)];
+#define XSLOT(i) ((i) + ((i) >> XPAD))
+#define XV(x, i) xsh[XSLOT(i)]
+#endif
 #ifndef XV
 #define XV(x, i) x.v[i]
 #endif

@@ -30,8 +30,6 @@ float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 float field(uint w, uint mask, uint s, float off) {
     return uintBitsToFloat((w & (mask << s)) | PBITS(s)) - (uintBitsToFloat(PBITS(s)) + off);
 }
-// An integer below 2^23 as a float, at full rate (not an int-to-float conversion).
-float small_f(uint v) { return uintBitsToFloat(v | PBITS(0u)) - 8388608.0; }
 // Four bytes of w (each below 2^mbits) minus off.
 vec4 bytes4(uint w, uint mask, float off) {
     const uint hi = w >> 16;
@@ -73,15 +71,14 @@ PW pload(UV4 p, uint rb, uint pos) {
     return w;
 }
 float pdot(PW w, PX x, uint pos) {
-    // ggml's get_scale_min_k4 for sub-blocks 2g, 2g + 1, without branches:
-    // 6 bits at a of scales[0..3] (g < 2), or 4 bits of scales[8..11] and 2 of scales[0..7] above them.
-    const uint g = (pos & 7u) >> 1, hi = g >> 1, sh = 16u * (g & 1u);
-    const uint a = hi != 0u ? w.h.w : w.h.y, am = hi != 0u ? 15u : 63u, bm = hi != 0u ? 3u : 0u;
-    const uint ai = hi != 0u ? w.h.w >> 4 : w.h.z;   // the mins' low bits
-    const float sc0 = small_f(((a >> sh) & am) | (((w.h.y >> (sh + 6u)) & bm) << 4));
-    const float m0 = small_f(((ai >> sh) & am) | (((w.h.z >> (sh + 6u)) & bm) << 4));
-    const float sc1 = small_f(((a >> (sh + 8u)) & am) | (((w.h.y >> (sh + 14u)) & bm) << 4));
-    const float m1 = small_f(((ai >> (sh + 8u)) & am) | (((w.h.z >> (sh + 14u)) & bm) << 4));
+    // ggml's get_scale_min_k4 for all four sub-blocks of the block's half
+    // (g < 2: 0-3, else 4-7) as the bytes of one word, then bytes 2(g%2), +1.
+    const uint g = (pos & 7u) >> 1, sh = 16u * (g & 1u);
+    const uint s4 = g >= 2u ? (w.h.w & 0x0f0f0f0fu) | ((w.h.y >> 2) & 0x30303030u) : w.h.y & 0x3f3f3f3fu;
+    const uint m4 = g >= 2u ? ((w.h.w >> 4) & 0x0f0f0f0fu) | ((w.h.z >> 2) & 0x30303030u) : w.h.z & 0x3f3f3f3fu;
+    const uint s2 = s4 >> sh, m2 = m4 >> sh;
+    const float sc0 = field(s2, 63u, 0u, 0.0), sc1 = field(s2, 63u, 8u, 0.0);
+    const float m0 = field(m2, 63u, 0u, 0.0), m1 = field(m2, 63u, 8u, 0.0);
     const vec2 dm = unpackHalf2x16(w.h.x);
     vec4 sl = vec4(0.0), shh = vec4(0.0);
     for (uint i = 0u; i < 4u; i++) {
@@ -180,7 +177,14 @@ void reduce(float acc[NV]) {
 #else
     for (uint v = 0u; v < NV; v++) red[v * WG + tid] = acc[v];
     barrier();
-    for (uint h = WG / 2u; h > 0u; h >>= 1) {
+    // WG need not be a power of two: fold what lies above the largest one first.
+    const uint p2 = 1u << findMSB(WG);
+    if (p2 < WG) {
+        if (tid < WG - p2)
+            for (uint v = 0u; v < NV; v++) red[v * WG + tid] += red[v * WG + tid + p2];
+        barrier();
+    }
+    for (uint h = p2 / 2u; h > 0u; h >>= 1) {
         if (tid < h)
             for (uint v = 0u; v < NV; v++) red[v * WG + tid] += red[v * WG + tid + h];
         barrier();

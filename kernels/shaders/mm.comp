@@ -5,10 +5,15 @@
 // MODE 1: experts gate+up over the pair list of expert z (moe_sort):
 //         y[p] = silu(Wg_z x[p/k]) * (Wu_z x[p/k])  grid (rows/BM, n/BN, n_expert)
 // MODE 2: experts down: y[p] = gw[p] * Wd_z x[p]    grid as MODE 1
-#define BM 64
-#define BN 64
+// TILE (BM = BN, 64 or 32; the runtime defines it): 32 gives products with few
+// rows (the router's 128 experts) four times as many workgroups.
+#define BM TILE
+#define BN TILE
 #define BK 32
-layout(local_size_x = 256) in;
+#define NT (TILE * TILE / 16u)   // threads: 4 x 4 outputs each
+#define LPR (NT / BM)            // loader threads per tile row (4 or 2)
+#define LCH (BK / LPR)           // columns each loads per step (8 or 16)
+layout(local_size_x = NT) in;
 
 layout(push_constant) uniform PC {
     U32 w; U32 w2; V4 x; F32 y; F32 r; I32 meta; F32 gw; U32 unused_;
@@ -24,7 +29,7 @@ shared int xrow[BN];   // activation row of each tile column, -1 past the end
 shared int orow[BN];   // output row (token or pair)
 
 void main() {
-    const uint tid = gl_LocalInvocationID.x, tx = tid % 16u, ty = tid / 16u;
+    const uint tid = gl_LocalInvocationID.x, tx = tid % (BM / 4u), ty = tid / (BM / 4u);
     const uint row0 = gl_WorkGroupID.x * BM, col0 = gl_WorkGroupID.y * BN;
 #if MODE == 0
     const uint estart = 0u;
@@ -61,34 +66,36 @@ void main() {
         accu[i] = vec4(0.0);
 #endif
     }
-    const uint lr = tid / 4u, lc = (tid % 4u) * 8u;     // loader: tile row / token and column
+    const uint lr = tid / LPR, lc = (tid % LPR) * LCH;   // loader: tile row / token and first column
     const uint wrow = row0 + lr;
     const uint rb = estart + wrow * (pc.cols / BLK) * BLK_BYTES;
     const int lx = xrow[lr];
     for (uint k0 = 0u; k0 < pc.cols; k0 += BK) {
-        vec4 a = vec4(0.0), b = vec4(0.0);
-        if (wrow < pc.rows) dq8(pc.w, rb, k0 + lc, a, b);
-        for (uint i = 0u; i < 4u; i++) {
-            Ws[((lc + i) * BM + lr) / 4u][lr % 4u] = a[i];
-            Ws[((lc + 4u + i) * BM + lr) / 4u][lr % 4u] = b[i];
-        }
+        for (uint c = lc; c < lc + LCH; c += 8u) {
+            vec4 a = vec4(0.0), b = vec4(0.0);
+            if (wrow < pc.rows) dq8(pc.w, rb, k0 + c, a, b);
+            for (uint i = 0u; i < 4u; i++) {
+                Ws[((c + i) * BM + lr) / 4u][lr % 4u] = a[i];
+                Ws[((c + 4u + i) * BM + lr) / 4u][lr % 4u] = b[i];
+            }
 #if MODE == 1
-        a = vec4(0.0); b = vec4(0.0);
-        if (wrow < pc.rows) dq8(pc.w2, rb, k0 + lc, a, b);
-        for (uint i = 0u; i < 4u; i++) {
-            Us[((lc + i) * BM + lr) / 4u][lr % 4u] = a[i];
-            Us[((lc + 4u + i) * BM + lr) / 4u][lr % 4u] = b[i];
-        }
+            a = vec4(0.0); b = vec4(0.0);
+            if (wrow < pc.rows) dq8(pc.w2, rb, k0 + c, a, b);
+            for (uint i = 0u; i < 4u; i++) {
+                Us[((c + i) * BM + lr) / 4u][lr % 4u] = a[i];
+                Us[((c + 4u + i) * BM + lr) / 4u][lr % 4u] = b[i];
+            }
 #endif
-        a = vec4(0.0); b = vec4(0.0);
-        if (lx >= 0) {
-            const uint xo = (uint(lx) * pc.xs + k0 + lc) / 4u;
-            a = pc.x.v[xo];
-            b = pc.x.v[xo + 1u];
-        }
-        for (uint i = 0u; i < 4u; i++) {
-            Xs[((lc + i) * BN + lr) / 4u][lr % 4u] = a[i];
-            Xs[((lc + 4u + i) * BN + lr) / 4u][lr % 4u] = b[i];
+            a = vec4(0.0); b = vec4(0.0);
+            if (lx >= 0) {
+                const uint xo = (uint(lx) * pc.xs + k0 + c) / 4u;
+                a = pc.x.v[xo];
+                b = pc.x.v[xo + 1u];
+            }
+            for (uint i = 0u; i < 4u; i++) {
+                Xs[((c + i) * BN + lr) / 4u][lr % 4u] = a[i];
+                Xs[((c + 4u + i) * BN + lr) / 4u][lr % 4u] = b[i];
+            }
         }
         barrier();
         for (uint kk = 0u; kk < BK; kk++) {

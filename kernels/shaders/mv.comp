@@ -13,15 +13,29 @@
 // reads all of x across its lanes, so each thread sums x^2 over the x it
 // reads and the group scales its dots after the reduction: no staging, no
 // barriers, no extra pass. MODE 3 also writes the normalised row to r (the
-// experts' input). Saves the norm's dispatch and barrier.
-// MODE 0, flags & 4 (one token): also the argmax of y (ties: lower row)
-// into ids[0]: workgroups loop over row blocks keeping their best output,
+// experts' input). Saves the norm's dispatch and barrier. (One token with x
+// at most XMAX4 vec4s wide takes the staged modes below instead: there every
+// lane of a row group reading its own stretch of x from global memory made
+// the loads L1-bound, at 15-42 % of the streaming ceiling on an H200.)
+// MODE 0 (and 1), flags & 4 (one token): also the argmax of y (ties: lower
+// row) into ids[0]: workgroups loop over row blocks keeping their best output,
 // write it to counter[] (zeros on entry, left at zero), and the last one to
 // finish reduces them: one epilogue per workgroup, not per row block.
+// MODE 1: one token, x staged once per workgroup in shared memory (XMAX4
+// vec4s at most; with NORM as rmsnorm(x) * nw, sum(x^2) summed while
+// staging), so the loop reads only weights from global memory; workgroups
+// loop over row blocks (grid-stride), each step's weight loads issued before
+// the previous step's dots (the first before the staging). Flags as MODE 0.
+// MODE 2: MODE 1 over up to three matrices of one type and width (q, k, v):
+// row blocks of w, then of w1, then of w2; one dispatch, no norm pass.
+// MODE 3 with STAGE (one token): the router on MODE 1's staged loop, then
+// MODE 3's epilogue (xn written by workgroup 0, the last workgroup routes).
 layout(local_size_x = WG) in;
 
 #define NR RPT
-#ifdef NORM
+#if MODE == 1 || MODE == 2 || defined(STAGE)
+#define XSTAGE 1
+#elif defined(NORM)
 vec4 xnorm(uint i);
 #define XV(x, i) xnorm(i)
 float ssq = 0.0;   // this thread's sum of x^2 over the x it has read
@@ -29,12 +43,17 @@ float ssq = 0.0;   // this thread's sum of x^2 over the x it has read
 #include "_mvunit.comp"
 
 layout(push_constant) uniform PC {
+#if MODE == 2
+    WT w; RV4 nw; RV4 x; CF32 y; WT w1; CF32 y1; WT w2; CF32 y2;
+    uint rows, cols, n, xs, ys, flags, k, rows1, rows2, eps_bits;
+#else
 #ifdef NORM
     WT w; RV4 nw; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
 #else
     WT w; U32 unused_; RV4 x; CF32 y; F32 r; I32 ids; F32 gw; CU32 counter;
 #endif
     uint rows, cols, n, xs, ys, flags, k, estride, n_expert, eps_bits;
+#endif
 } pc;
 
 #define NACC (NMAX * NR)
@@ -60,7 +79,7 @@ float group_sum(float v) {
 #endif
 }
 
-#ifdef NORM
+#if defined(NORM) && !defined(XSTAGE)
 // vec4 i of x * nw (one token: i indexes x and nw alike), counting x^2.
 vec4 xnorm(uint i) {
     const vec4 v = pc.x.v[i];
@@ -69,7 +88,7 @@ vec4 xnorm(uint i) {
 }
 #endif
 
-#if MODE == 0
+#if MODE == 0 || MODE == 1
 shared float am_v[WG];
 shared uint am_i[WG];
 // (value, index) max over the workgroup into am_v[0], am_i[0]; ties: lower index.
@@ -120,6 +139,7 @@ void argmax_epilogue(float bv, uint bi) {
 #include "_topk.comp"
 #endif
 
+#ifndef XSTAGE
 void main() {
     const uint tid = gl_LocalInvocationID.x;
 #ifdef USE_SUBGROUP
@@ -209,3 +229,147 @@ void main() {
     }
 #endif
 }
+#endif
+
+#ifdef XSTAGE
+// Sum over the whole workgroup (every thread calls it): once per dispatch, the norm's sum(x^2).
+float wg_sum(float v) {
+#ifdef USE_SUBGROUP
+    v = subgroupAdd(v);
+    if (gl_SubgroupInvocationID == 0u) red[gl_SubgroupID] = v;
+    barrier();
+    float s = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; i++) s += red[i];
+    barrier();
+    return s;
+#else
+    const uint tid = gl_LocalInvocationID.x;
+    red[tid] = v;
+    barrier();
+    for (uint s = WG / 2u; s > 0u; s >>= 1) {
+        if (tid < s) red[tid] += red[tid + s];
+        barrier();
+    }
+    const float out_ = red[0];
+    barrier();
+    return out_;
+#endif
+}
+
+// Row block b (GROUPS * NR rows) of the dispatch: its matrix (0..2), its
+// first row in that matrix and the matrix's rows.
+uvec3 block_of(uint b) {
+    const uint rpb = GROUPS * NR;
+#if MODE == 2
+    const uint nb0 = (pc.rows + rpb - 1u) / rpb, nb1 = (pc.rows1 + rpb - 1u) / rpb;
+    if (b >= nb0 + nb1) return uvec3(2u, (b - nb0 - nb1) * rpb, pc.rows2);
+    if (b >= nb0) return uvec3(1u, (b - nb0) * rpb, pc.rows1);
+#endif
+    return uvec3(0u, b * rpb, pc.rows);
+}
+
+// Weights of the row group's NR rows (past a matrix's end: its last row) at unit u, when u < units.
+void load_rows(uint b, uint grp, uint u, uint units, uint row_bytes, inout WU w[NR]) {
+    if (u >= units) return;
+    const uvec3 m = block_of(b);
+    WT p = pc.w;
+#if MODE == 2
+    if (m.x == 1u) p = pc.w1;
+    else if (m.x == 2u) p = pc.w2;
+#endif
+    const uint row0 = m.y + grp * NR;
+    for (uint r = 0u; r < NR; r++) w[r] = wload(p, min(row0 + r, m.z - 1u) * row_bytes, u);
+}
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x;
+#ifdef USE_SUBGROUP
+    const uint lane = gl_SubgroupInvocationID, grp = gl_SubgroupID;
+#else
+    const uint lane = tid % TPR, grp = tid / TPR;
+#endif
+    const uint units = pc.cols / UNIT, row_bytes = (pc.cols / BLK) * BLK_BYTES, ng = gl_NumWorkGroups.x;
+    const uint nsteps = (units + TPR - 1u) / TPR, rpb = GROUPS * NR;
+#if MODE == 2
+    const uint nblk = (pc.rows + rpb - 1u) / rpb + (pc.rows1 + rpb - 1u) / rpb + (pc.rows2 + rpb - 1u) / rpb;
+#else
+    const uint nblk = (pc.rows + rpb - 1u) / rpb;
+    const bool amx = MODE == 1 && (pc.flags & 4u) != 0u;
+#endif
+    // The first step's weight loads go out before x is staged: their latency overlaps the staging.
+    uint b = gl_WorkGroupID.x, s = 0u;
+    WU cur[NR], nxt[NR];
+    if (b < nblk) load_rows(b, grp, lane, units, row_bytes, cur);
+    float ss = 0.0;
+    for (uint i = tid; i < pc.cols / 4u; i += WG) {
+        vec4 v = pc.x.v[i];
+#ifdef NORM
+        ss += dot(v, v);
+        v *= pc.nw.v[i];
+#endif
+        xsh[XSLOT(i)] = v;
+    }
+#ifdef NORM
+    const float inv = 1.0 / sqrt(wg_sum(ss) / float(pc.cols) + uintBitsToFloat(pc.eps_bits));
+#else
+    const float inv = 1.0;
+    barrier();
+#endif
+    float acc[NR];
+    for (uint r = 0u; r < NR; r++) acc[r] = 0.0;
+    float bv = -3.4e38;   // argmax: this thread's best output so far
+    uint bi = 0xffffffffu;
+    while (b < nblk) {   // uniform over the workgroup: every row group walks the same (block, step)
+        uint s2 = s + 1u, b2 = b;
+        if (s2 == nsteps) { s2 = 0u; b2 += ng; }
+        if (b2 < nblk) load_rows(b2, grp, s2 * TPR + lane, units, row_bytes, nxt);
+        const uint u = s * TPR + lane;
+        if (u < units) wdot(pc.x, cur, ubase(u) / 4u, acc);
+        if (s2 == 0u) {   // the block's last step: reduce and write its rows
+            const uvec3 m = block_of(b);
+            CF32 y = pc.y;
+#if MODE == 2
+            if (m.x == 1u) y = pc.y1;
+            else if (m.x == 2u) y = pc.y2;
+#endif
+            const uint row0 = m.y + grp * NR;
+            for (uint r = 0u; r < NR; r++) {
+                float v = group_sum(acc[r]) * inv;
+                acc[r] = 0.0;
+                const uint row = row0 + r;
+                if (lane == r % TPR && row < m.z) {
+#if MODE == 1
+                    if ((pc.flags & 1u) != 0u) v += pc.r.v[row];
+                    if (v > bv) { bv = v; bi = row; }   // a lane's rows increase: ties keep the lower
+#endif
+                    y.v[row] = v;
+                }
+            }
+        }
+        for (uint r = 0u; r < NR; r++) cur[r] = nxt[r];
+        s = s2;
+        b = b2;
+    }
+#if MODE == 1
+    if (amx) argmax_epilogue(bv, bi);
+#elif MODE == 3
+#ifdef NORM
+    if (gl_WorkGroupID.x == 0u)   // xn for the experts
+        for (uint i = tid; i < pc.cols / 4u; i += WG) {
+            const vec4 v = xsh[XSLOT(i)] * inv;
+            pc.r.v[4u * i] = v.x; pc.r.v[4u * i + 1u] = v.y; pc.r.v[4u * i + 2u] = v.z; pc.r.v[4u * i + 3u] = v.w;
+        }
+#endif
+    // The last workgroup to finish routes the token.
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) last_group = atomicAdd(pc.counter.v[0], 1u) == ng - 1u;
+    barrier();
+    if (last_group) {
+        memoryBarrierBuffer();
+        route_token(0u);
+        if (tid == 0u) pc.counter.v[0] = 0u;
+    }
+#endif
+}
+#endif

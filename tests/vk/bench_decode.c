@@ -57,6 +57,11 @@ static int qkv_plain(moex_vk_cmd *c, ctx *b) {
     return moex_vk_op_matmul(c, &b->wq, b->xn, 1, b->q, 0, &err) || moex_vk_op_matmul(c, &b->wk, b->xn, 1, b->k, 0, &err) ||
            moex_vk_op_matmul(c, &b->wv, b->xn, 1, b->v, 0, &err);
 }
+static int qkv_shared(moex_vk_cmd *c, ctx *b) {   /* the decode recording now: q, k, v (one type) in one dispatch, norm fused */
+    const moex_vk_matrix *w[3] = {&b->wq, &b->wk, &b->wv};
+    const moex_vk_ptr y[3] = {b->q, b->k, b->v};
+    return moex_vk_op_norm_matmul_multi(c, 3, w, y, b->x, b->nw, b->hp->rms_eps, &err);
+}
 static int q_only(moex_vk_cmd *c, ctx *b) { return moex_vk_op_matmul(c, &b->wq, b->xn, 1, b->q, 0, &err); }
 static int attn_fused(moex_vk_cmd *c, ctx *b) {
     return moex_vk_op_attention_decode(c, &b->sh, b->q, b->k, b->v, b->kc, b->vc, b->qn, b->kn, b->scratch, b->sync,
@@ -171,7 +176,7 @@ int main(int argc, char **argv) {
     moex_model_describe(m, desc, sizeof desc);
     printf("model %s\ndevice %s\nctx %d\n", desc, moex_vk_get_info(vk)->name, pos);
     struct { const char *name; record_fn f; bool moe; } ops[] = {
-        {"qkv_norm_fused", qkv_fused, false}, {"qkv_norm_then_products", qkv_plain, false}, {"q_product", q_only, false},
+        {"qkv_shared_norm_fused", qkv_shared, false}, {"qkv_norm_fused", qkv_fused, false}, {"qkv_norm_then_products", qkv_plain, false}, {"q_product", q_only, false},
         {"attention_fused", attn_fused, false}, {"attention_rope_attn_merge", attn_plain, false}, {"wo_resid", wo, false},
         {"router_norm_fused", router_fused, true}, {"router_norm_then_router", router_plain, true},
         {"head_norm_product_argmax_3ops", head_plain, false}, {"head_product_only", head_product, false},
