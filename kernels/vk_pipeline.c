@@ -109,15 +109,16 @@ static int coop_bk(void) {
     return e && atoi(e) == 32 ? 32 : VK_COOP_BK;
 }
 
-/* mm_coop.comp's shared tiles: double-buffered (one barrier per step) for
- * dense products where the device's shared memory holds two of each, else
- * single (two barriers per step). On the H200 (48 KB) the double buffers made
- * attn_q 11 % faster but the experts' down 24 % slower (fewer workgroups per
- * SM); gate+up (two weight tiles) never fits two. MOEX_VK_COOP_NBUF=1 or 2
- * forces one choice (where it fits), for comparisons. */
+/* mm_coop.comp's shared tiles: single (two barriers per step) by default,
+ * double-buffered (one barrier per step) with MOEX_VK_COOP_NBUF=2 where the
+ * device's shared memory holds two of each. On the H200 (48 KB) double buffers
+ * made attn_q alone 11 % faster, but the experts' down 24 % slower (fewer
+ * workgroups per SM), and the whole model's pp512 3 % slower even with them
+ * on the dense products only (7673-7698 vs 7920-7936 tok/s, three
+ * alternations in one run); gate+up (two weight tiles) never fits two. */
 static int coop_nbuf(const moex_vk *vk, int mode, int bk, int bn) {
     const char *e = getenv("MOEX_VK_COOP_NBUF");
-    const int want = e && (atoi(e) == 1 || atoi(e) == 2) ? atoi(e) : mode == 0 ? 2 : 1;
+    const int want = e && atoi(e) == 2 ? 2 : 1;
     const uint32_t tile = (uint32_t)(bk / 8 + 1) * 16u;   /* one shared row, bytes */
     const uint32_t rows = (uint32_t)vk->coop_bm * (mode == 1 ? 2u : 1u) + (uint32_t)bn;
     const uint32_t rest = 4u * vk->info.coop_m * vk->info.coop_n * 4u + (uint32_t)bn * 4u;   /* staging, row map */
