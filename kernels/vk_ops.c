@@ -24,15 +24,11 @@ int vk_mv_mode(int mode, const moex_vk_matrix *w) {
 }
 
 int vk_mv_rpt(int mode) {
-    static int staged;   /* read once: every pipeline of the process uses one value */
     if ((mode & 3) == 0) return 2;
     if ((mode & 3) == 3) return 1;
-    if (!staged) {
-        const char *e = getenv("MOEX_VK_MV_RPT");
-        const int v = e ? atoi(e) : 0;
-        staged = v >= 1 && v <= 8 ? v : VK_MV_RPT_STAGED;
-    }
-    return staged;
+    const char *e = getenv("MOEX_VK_MV_RPT");   /* a tuning switch: set it before the process starts */
+    const int v = e ? atoi(e) : 0;
+    return v >= 1 && v <= 8 ? v : VK_MV_RPT_STAGED;
 }
 
 /* Workgroups of mv.comp along the rows. */
