@@ -290,7 +290,7 @@ static int reserve_logits(const moex_model *m, moex_vk_state *s, int64_t rows, m
     moex_vk_buffer_free(s->logits_host);
     s->logits_host = NULL;
     s->logit_rows = 0;
-    for (int i = 0; i < N_RECORDINGS; i++) s->rec[i].valid = false; /* they point at the old buffers */
+    vk_rec_invalidate(&s->rec_lru); /* the recordings point at the old buffers */
     vk_dist_invalidate(s);
     const size_t bytes = (size_t)rows * (size_t)m->hp.n_vocab * 4;
     if (!(s->logits_dev = moex_vk_buffer_create(s->vk, bytes, MOEX_VK_MEM_DEVICE, err)) ||
@@ -312,24 +312,43 @@ static int record_forward(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c,
     return moex_vk_cmd_end(c, err);
 }
 
+int vk_rec_find(rec_lru *l, rec_key k, bool *hit) {
+    int slot = 0;
+    for (int i = 0; i < N_RECORDINGS; i++) {
+        if (l->valid[i] && l->key[i].n == k.n && l->key[i].all_logits == k.all_logits &&
+            l->key[i].copy_logits == k.copy_logits) {
+            l->last_use[i] = ++l->clock;
+            *hit = true;
+            return i;
+        }
+        if (!l->valid[i] || (l->valid[slot] && l->last_use[i] < l->last_use[slot])) slot = i;
+    }
+    l->valid[slot] = false;
+    *hit = false;
+    return slot;
+}
+
+void vk_rec_recorded(rec_lru *l, int slot, rec_key k) {
+    l->key[slot] = k;
+    l->valid[slot] = true;
+    l->last_use[slot] = ++l->clock;
+}
+
+void vk_rec_invalidate(rec_lru *l) {
+    for (int i = 0; i < N_RECORDINGS; i++) l->valid[i] = false;
+}
+
 /* The recording for this batch shape: reused when it exists, else recorded in the least recently used slot. */
 static moex_vk_cmd *get_recording(const moex_model *m, moex_vk_state *s, int64_t n, bool all_logits, bool copy_logits,
                                   moex_error *err) {
-    recording *slot = &s->rec[0];
-    for (int i = 0; i < N_RECORDINGS; i++) {
-        recording *r = &s->rec[i];
-        if (r->valid && r->n == n && r->all_logits == all_logits && r->copy_logits == copy_logits) {
-            r->last_use = ++s->clock;
-            return r->cmd;
-        }
-        if (!r->valid || r->last_use < slot->last_use) slot = r;
-    }
-    if (!slot->cmd && !(slot->cmd = moex_vk_cmd_create(s->vk, err))) return NULL;
-    slot->valid = false;
-    if (record_forward(m, s, slot->cmd, n, all_logits, copy_logits, err)) return NULL;
-    *slot = (recording){.cmd = slot->cmd, .n = n, .all_logits = all_logits, .copy_logits = copy_logits, .valid = true,
-                        .last_use = ++s->clock};
-    return slot->cmd;
+    const rec_key k = {n, all_logits, copy_logits};
+    bool hit;
+    const int i = vk_rec_find(&s->rec_lru, k, &hit);
+    if (hit) return s->rec[i];
+    if (!s->rec[i] && !(s->rec[i] = moex_vk_cmd_create(s->vk, err))) return NULL;
+    if (record_forward(m, s, s->rec[i], n, all_logits, copy_logits, err)) return NULL;
+    vk_rec_recorded(&s->rec_lru, i, k);
+    return s->rec[i];
 }
 
 int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
@@ -427,7 +446,7 @@ moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, i
 void moex_vk_state_free(moex_vk_state *s) {
     if (!s) return;
     vk_dist_free(s);
-    for (int i = 0; i < N_RECORDINGS; i++) moex_vk_cmd_free(s->rec[i].cmd);
+    for (int i = 0; i < N_RECORDINGS; i++) moex_vk_cmd_free(s->rec[i]);
     for (int i = 0; i < s->n_chunks; i++) moex_vk_buffer_free(s->chunks[i]);
     free(s->chunks);
     moex_vk_buffer_free(s->kv);

@@ -21,13 +21,6 @@
 
 #include "hub/forward_vk_internal.h"
 
-typedef struct dist_rec {
-    moex_vk_cmd **seg;   /* n_layer + 1 */
-    int64_t n;
-    bool all_logits, copy_logits, valid;
-    uint64_t last_use;
-} dist_rec;
-
 struct vk_dist {
     moex_expert_executor exec;
     int n_seg;                  /* n_layer + 1 */
@@ -35,8 +28,8 @@ struct vk_dist {
     moex_vk_buffer *readback;   /* host-visible: xn [n_batch x n_embd] | ids [n_batch x k] | gates [n_batch x k] */
     moex_vk_buffer *result;     /* host-visible: the executor's out, n_batch x n_embd */
     size_t off_ids, off_gw;
-    dist_rec rec[N_RECORDINGS];
-    uint64_t clock;
+    moex_vk_cmd **seg[N_RECORDINGS];   /* per slot of rec_lru: the n_layer + 1 segments of one batch shape */
+    rec_lru rec_lru;
     moex_vk_dist_stats st;
 };
 
@@ -44,17 +37,16 @@ bool vk_dist_active(const moex_vk_state *s) { return s->dist && s->dist->exec.ru
 
 static bool state_is_moe(const moex_vk_state *s) { return s->layers[0].router.data != 0; }
 
-static void free_rec(vk_dist *d, dist_rec *r) {
-    if (r->seg)
-        for (int i = 0; i < d->n_seg; i++) moex_vk_cmd_free(r->seg[i]);
-    free(r->seg);
-    *r = (dist_rec){0};
+static void free_segments(vk_dist *d, moex_vk_cmd **seg) {
+    if (seg)
+        for (int i = 0; i < d->n_seg; i++) moex_vk_cmd_free(seg[i]);
+    free(seg);
 }
 
 void vk_dist_free(moex_vk_state *s) {
     vk_dist *d = s->dist;
     if (!d) return;
-    for (int i = 0; i < N_RECORDINGS; i++) free_rec(d, &d->rec[i]);
+    for (int i = 0; i < N_RECORDINGS; i++) free_segments(d, d->seg[i]);
     moex_vk_buffer_free(d->readback);
     moex_vk_buffer_free(d->result);
     free(d);
@@ -63,7 +55,7 @@ void vk_dist_free(moex_vk_state *s) {
 
 void vk_dist_invalidate(moex_vk_state *s) {
     if (!s->dist) return;
-    for (int i = 0; i < N_RECORDINGS; i++) s->dist->rec[i].valid = false;
+    vk_rec_invalidate(&s->dist->rec_lru);
 }
 
 static vk_dist *dist_create(const moex_model *m, moex_vk_state *s, moex_error *err) {
@@ -152,33 +144,24 @@ static int record_segment(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c,
 }
 
 /* The segments for this batch shape: reused when recorded, else recorded into the least recently used slot. */
-static dist_rec *get_segments(const moex_model *m, moex_vk_state *s, int64_t n, bool all_logits, bool copy_logits,
-                              moex_error *err) {
+static moex_vk_cmd **get_segments(const moex_model *m, moex_vk_state *s, int64_t n, bool all_logits, bool copy_logits,
+                                  moex_error *err) {
     vk_dist *d = s->dist;
-    dist_rec *slot = &d->rec[0];
-    for (int i = 0; i < N_RECORDINGS; i++) {
-        dist_rec *r = &d->rec[i];
-        if (r->valid && r->n == n && r->all_logits == all_logits && r->copy_logits == copy_logits) {
-            r->last_use = ++d->clock;
-            return r;
-        }
-        if (!r->valid || r->last_use < slot->last_use) slot = r;
-    }
-    slot->valid = false;
-    if (!slot->seg && !(slot->seg = calloc((size_t)d->n_seg, sizeof *slot->seg))) {
+    const rec_key k = {n, all_logits, copy_logits};
+    bool hit;
+    const int i = vk_rec_find(&d->rec_lru, k, &hit);
+    if (hit) return d->seg[i];
+    if (!d->seg[i] && !(d->seg[i] = calloc((size_t)d->n_seg, sizeof *d->seg[i]))) {
         moex_fail(err, "out of memory");
         return NULL;
     }
+    moex_vk_cmd **seg = d->seg[i];
     for (int il = 0; il < d->n_seg; il++) {
-        if (!slot->seg[il] && !(slot->seg[il] = moex_vk_cmd_create(s->vk, err))) return NULL;
-        if (record_segment(m, s, slot->seg[il], il, n, all_logits, copy_logits, err)) return NULL;
+        if (!seg[il] && !(seg[il] = moex_vk_cmd_create(s->vk, err))) return NULL;
+        if (record_segment(m, s, seg[il], il, n, all_logits, copy_logits, err)) return NULL;
     }
-    slot->n = n;
-    slot->all_logits = all_logits;
-    slot->copy_logits = copy_logits;
-    slot->valid = true;
-    slot->last_use = ++d->clock;
-    return slot;
+    vk_rec_recorded(&d->rec_lru, i, k);
+    return seg;
 }
 
 /* ---- running ---- */
@@ -209,10 +192,10 @@ static void time_segment(vk_dist *d, int il, double since) {
     }
 }
 
-static int run_segments(vk_dist *d, dist_rec *r, int64_t n, moex_error *err) {
+static int run_segments(vk_dist *d, moex_vk_cmd **seg, int64_t n, moex_error *err) {
     for (int il = 0; il < d->n_seg; il++) {
         const double t0 = moex_time_s();
-        if (moex_vk_cmd_run(r->seg[il], err)) return -1;
+        if (moex_vk_cmd_run(seg[il], err)) return -1;
         time_segment(d, il, t0);
         if (il < d->n_seg - 1 && run_experts(d, il, n, err)) return -1;   /* nothing queued: just stop */
     }
@@ -223,12 +206,12 @@ int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
                     bool all_logits, float *logits, moex_error *err) {
     vk_dist *d = s->dist;
     const double t0 = moex_time_s();
-    dist_rec *r = get_segments(m, s, n, all_logits, logits != NULL, err);
-    if (!r) return -1;
+    moex_vk_cmd **seg = get_segments(m, s, n, all_logits, logits != NULL, err);
+    if (!seg) return -1;
     int32_t *io = moex_vk_buffer_map(s->io);
     io[IO_PARAMS] = (int32_t)pos;
     memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
-    if (run_segments(d, r, n, err)) return -1;
+    if (run_segments(d, seg, n, err)) return -1;
     s->last_argmax = io[IO_ARGMAX];
     if (logits)
         memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);

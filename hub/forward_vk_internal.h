@@ -18,12 +18,24 @@ typedef struct vk_layer {
     moex_vk_experts experts;
 } vk_layer;
 
-typedef struct recording {
-    moex_vk_cmd *cmd;
+/* Which recordings exist, by batch shape: the local path's whole-token
+ * recordings and the distributed path's segment sets each keep one, its slot i
+ * indexing their own command buffers. */
+typedef struct rec_key {
     int64_t n;
-    bool all_logits, copy_logits, valid;
-    uint64_t last_use;
-} recording;
+    bool all_logits, copy_logits;
+} rec_key;
+typedef struct rec_lru {
+    rec_key key[N_RECORDINGS];
+    bool valid[N_RECORDINGS];
+    uint64_t last_use[N_RECORDINGS], clock;
+} rec_lru;
+/* The slot recorded for k (*hit true), else the least recently used one,
+ * marked invalid until vk_rec_recorded says its new recording is complete. */
+int vk_rec_find(rec_lru *l, rec_key k, bool *hit);
+void vk_rec_recorded(rec_lru *l, int slot, rec_key k);
+/* Every slot invalid (the buffers the recordings point at changed). */
+void vk_rec_invalidate(rec_lru *l);
 
 /* Offsets (bytes) into the activation buffer. */
 typedef struct act_plan {
@@ -46,8 +58,8 @@ struct moex_vk_state {
     vk_layer *layers;
     moex_vk_matrix tok_embd, output;
     moex_vk_ptr output_norm;
-    recording rec[N_RECORDINGS];
-    uint64_t clock;
+    moex_vk_cmd *rec[N_RECORDINGS];   /* whole-token recordings, slots of rec_lru */
+    rec_lru rec_lru;
     int32_t last_argmax;
     /* Distributed path (forward_vk_dist.c): experts through an executor. */
     bool experts_remote;              /* created without the experts' weights on the GPU */
