@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/vk_internal.h"
+#include "kernels/vk_experts.h"
 
 #define STAGING_BYTES ((size_t)64 << 20)
 
@@ -189,6 +189,7 @@ static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12, 
     moex_vk_info *in = &vk->info;
     const char *bm = getenv("MOEX_VK_COOP_BM");   /* tile rows, for comparisons: 64 (default) or 128 */
     vk->coop_bm = bm && atoi(bm) == 128 ? 128 : VK_COOP_BM;
+    memcpy(vk->ex_shape, vk_ex_default_shapes, sizeof vk->ex_shape);
     if (mode == MOEX_VK_COOP_AUTO)   /* the environment, for comparisons from the command line */
         mode = env_on("MOEX_VK_NO_COOP") ? MOEX_VK_COOP_OFF : env_on("MOEX_VK_COOP_EMULATE") ? MOEX_VK_COOP_EMULATE
                                                                                             : MOEX_VK_COOP_AUTO;

@@ -43,7 +43,7 @@ static int ex_ppt(int64_t npos, int wg) {
     return p < 1 ? 1 : p > VK_EX_PPT_MAX ? VK_EX_PPT_MAX : (int)p;
 }
 
-vk_ex_shape vk_ex_shapes[2][2] = {
+const vk_ex_shape vk_ex_default_shapes[2][2] = {
     {{64, 4, 2}, {64, 4, 2}},   /* gate+up: one token, a batch */
     {{96, 4, 2}, {96, 4, 2}},   /* down */
 };
@@ -70,7 +70,7 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     const bool ggen = gq && (g->data % 16 || e->up.data % 16 || g->expert_stride % 16);
     const bool dgen = dq && (d->data % 16 || d->expert_stride % 16);
     const bool many = n >= VK_EX_MANY;
-    const vk_ex_shape *gs = &vk_ex_shapes[0][many], *ds = &vk_ex_shapes[1][many];
+    const vk_ex_shape *gs = &c->vk->ex_shape[0][many], *ds = &c->vk->ex_shape[1][many];
     const int gppt = ex_ppt(g->cols / ex_pe(g->type, ggen), gs->wg);
     const int dppt = ex_ppt((int64_t)k * (d->cols / ex_pe(d->type, dgen)), ds->wg);
     const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);

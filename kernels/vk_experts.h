@@ -3,33 +3,27 @@
 #ifndef MOEX_VK_EXPERTS_H
 #define MOEX_VK_EXPERTS_H
 
-#include "kernels/kernels.h"
+#include "kernels/vk_internal.h"
 
-/* One half's workgroup: wg threads, rt output rows, ru rows whose weight
- * loads are issued together before any is used (the next ru rows' loads are
- * in flight while these are used). */
-typedef struct vk_ex_shape {
-    int wg, rt, ru;
-} vk_ex_shape;
-
-/* Shapes by [half (0 gate+up, 1 down)][batch of at least VK_EX_MANY tokens].
- * One token wants many small workgroups (every SM busy at once), a batch over
- * many experts long-lived ones that keep streaming rows. The defaults are the
- * best measured on an H200 (docs/PERF.md); tests/bench_vk.c changes them to
- * compare variants, then calls vk_experts_forget(). */
+/* Shapes (vk_ex_shape, vk_internal.h) by [half (0 gate+up, 1 down)][batch of
+ * at least VK_EX_MANY tokens]. One token wants many small workgroups (every SM
+ * busy at once), a batch over many experts long-lived ones that keep streaming
+ * rows. Each device starts from these defaults, the best measured on an H200
+ * (docs/PERF.md); tests change a device's ex_shape to compare variants, then
+ * call vk_experts_forget(). */
 #define VK_EX_MANY 4
-extern vk_ex_shape vk_ex_shapes[2][2];
+extern const vk_ex_shape vk_ex_default_shapes[2][2];
 #define VK_EX_PPT_MAX 4   /* input positions a thread holds in registers (more: an outer loop) */
 
 /* experts_mv.comp modes: bit 0 the half, bit 1 generic positions (8 elements
  * through dq8: weights not 16-byte aligned), bits 2-3 positions per thread - 1,
- * bit 4 the batch shape (vk_ex_shapes[half][1]). */
+ * bit 4 the batch shape (ex_shape[half][1]). */
 #define VK_EX_DOWN 1
 #define VK_EX_GENERIC 2
 #define VK_EX_MANY_BIT 16
 #define VK_EX_MODE(down, generic, ppt, many) \
     ((down) | ((generic) ? VK_EX_GENERIC : 0) | (((ppt) - 1) << 2) | ((many) ? VK_EX_MANY_BIT : 0))
-#define VK_EX_MODE_SHAPE(mode) (&vk_ex_shapes[(mode) & VK_EX_DOWN][((mode) & VK_EX_MANY_BIT) != 0])
+#define VK_EX_MODE_SHAPE(vk, mode) (&(vk)->ex_shape[(mode) & VK_EX_DOWN][((mode) & VK_EX_MANY_BIT) != 0])
 
 /* The decode path of moex_vk_op_experts (n <= VK_MV_NMAX, arguments checked
  * by it); halves: 1 gate+up only, 2 down only (each alone to time it), 3 both. */
@@ -37,7 +31,7 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
                          moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves,
                          moex_error *err);
 
-/* Drops this device's experts_mv pipelines (after vk_ex_shapes changed; waits for the device). */
+/* Drops this device's experts_mv pipelines (after its ex_shape changed; waits for the device). */
 void vk_experts_forget(moex_vk *vk);
 
 #endif

@@ -15,6 +15,13 @@ typedef struct vk_pc {
 } vk_pc;
 _Static_assert(sizeof(vk_pc) == 112, "push constants must fit the 128 bytes every device has");
 
+/* experts_mv.comp's workgroup for one half: wg threads, rt output rows, ru
+ * rows whose weight loads are issued together before any is used (the next
+ * ru rows' loads are in flight while these are used). vk_experts.h. */
+typedef struct vk_ex_shape {
+    int wg, rt, ru;
+} vk_ex_shape;
+
 typedef enum vk_kernel {
     VK_K_DEQUANT, VK_K_MV, VK_K_MM, VK_K_TOPK, VK_K_RMSNORM, VK_K_QKROPE, VK_K_ATTN, VK_K_ATTN_MERGE,
     VK_K_MOE_SORT, VK_K_MOE_COMBINE, VK_K_ELTWISE, VK_K_ARGMAX, VK_K_ACTQ,
@@ -87,6 +94,7 @@ struct moex_vk {
     int tpr;                      /* threads per row in mv.comp */
     bool use_subgroup;
     int coop_bm;                  /* mm_coop.comp tile rows (info.coop != 0) */
+    vk_ex_shape ex_shape[2][2];   /* experts_mv.comp's workgroups (vk_experts.h) */
     char cache_dir[512];          /* "" when caching is off */
     void *shaderc;                /* shaderc_compiler_t, created on first compile */
     VkPipeline pipes[VK_K_COUNT][VK_TYPE_SLOTS][VK_MODES];

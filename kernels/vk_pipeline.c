@@ -150,11 +150,14 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
         sb_printf(&b, "#define WG 512u\n");
     } else if (k == VK_K_EXPERTS_MV) {
         const bool down = mode & VK_EX_DOWN, generic = mode & VK_EX_GENERIC;
-        const vk_ex_shape *s = VK_EX_MODE_SHAPE(mode);
+        const vk_ex_shape *s = VK_EX_MODE_SHAPE(vk, mode);
         sb_printf(&b, "#define SIDE %d\n#define WG %du\n#define RT %du\n#define RU %du\n#define PPT %du\n#define FAST %d\n",
                   down, s->wg, s->rt, s->ru, ((mode >> 2) & 3) + 1,
                   !generic && (type == MOEX_TYPE_Q4_K || type == MOEX_TYPE_Q6_K));
-        if (vk->use_subgroup) sb_printf(&b, "#define USE_SUBGROUP 1\n");
+        /* subgroup sums only over whole subgroups: a shape that is not a multiple
+         * of the subgroup size (96 threads on a 64-wide device) reduces through
+         * shared memory instead (a partial subgroup's sums came out wrong) */
+        if (vk->use_subgroup && s->wg % vk->tpr == 0) sb_printf(&b, "#define USE_SUBGROUP 1\n");
     } else if (k == VK_K_ATTN_COOP) {   /* mode: head_dim class (vk_attn.c attn_coop_mode) */
         uint32_t warps = 4, bc = 32;
         vk_attn_coop_config(vk, mode, &warps, &bc);

@@ -165,7 +165,7 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
     const char *spec = getenv("MOEX_VK_EX_SWEEP");
     if (!spec || !*spec) {   /* --only-experts without a list: the current shapes (one token's) */
         if (!always) return;
-        const vk_ex_shape *g = &vk_ex_shapes[0][0], *d = &vk_ex_shapes[1][0];
+        const vk_ex_shape *g = &vk->ex_shape[0][0], *d = &vk->ex_shape[1][0];
         snprintf(cur, sizeof cur, "%d.%d.%d/%d.%d.%d", g->wg, g->rt, g->ru, d->wg, d->rt, d->ru);
         spec = cur;
     }
@@ -175,7 +175,8 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
     int layers[2] = {0, -1};
     for (int l = 1; l < hp->n_layer && layers[1] < 0; l++)
         if (m->layers[l].experts[0].down.type != m->layers[0].experts[0].down.type) layers[1] = l;
-    const vk_ex_shape saved[2][2] = {{vk_ex_shapes[0][0], vk_ex_shapes[0][1]}, {vk_ex_shapes[1][0], vk_ex_shapes[1][1]}};
+    vk_ex_shape saved[2][2];
+    memcpy(saved, vk->ex_shape, sizeof saved);
     int32_t ids[VK_MV_NMAX * 64];
     for (int li = 0; li < 2 && layers[li] >= 0; li++) {
         const moex_layer *L = &m->layers[layers[li]];
@@ -196,8 +197,8 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
                 break;
             p += used + (p[used] == ',');
             printf("kernel_experts_s%d_shape gu=%d.%d.%d dn=%d.%d.%d\n", i, g.wg, g.rt, g.ru, d.wg, d.rt, d.ru);
-            vk_ex_shapes[0][0] = vk_ex_shapes[0][1] = g;
-            vk_ex_shapes[1][0] = vk_ex_shapes[1][1] = d;
+            vk->ex_shape[0][0] = vk->ex_shape[0][1] = g;
+            vk->ex_shape[1][0] = vk->ex_shape[1][1] = d;
             vk_experts_forget(vk);
             char name[64];
             for (int j = 0; j < k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
@@ -209,7 +210,7 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
         }
         for (int j = 0; j < 3; j++) moex_vk_buffer_free(keep[j]);
     }
-    memcpy(vk_ex_shapes, saved, sizeof saved);
+    memcpy(vk->ex_shape, saved, sizeof saved);
     vk_experts_forget(vk);
 }
 

@@ -3,7 +3,7 @@
  * types (Q4_K gate/up with Q6_K down), Q8_0, Q5_K, F16, Q4_K weights that are
  * not 16-byte aligned (the generic positions), one and several tokens,
  * repeated experts, and shapes that need the outer loop over positions; then
- * the same with other workgroup shapes (vk_ex_shapes: threads not a power of
+ * the same with other workgroup shapes (the device's ex_shape: threads not a power of
  * two or larger, more rows) than the defaults.
  * usage: test_vk_experts_mv [--no-subgroup] */
 #include "kernels/vk_experts.h"
@@ -130,11 +130,12 @@ int main(int argc, char **argv) {
     const vk_ex_shape other[][2] = {
         {{32, 8, 4}, {256, 2, 2}},   /* the shapes before the H200 sweep (docs/PERF.md), down and gate+up wider */
         {{64, 16, 2}, {384, 8, 4}},
+        {{20, 4, 2}, {36, 4, 4}},    /* not multiples of any subgroup size: the shared-memory reductions */
     };
     for (size_t s = 0; s < sizeof other / sizeof *other; s++) {
         printf("  shapes: gate+up %d.%d.%d, down %d.%d.%d\n", other[s][0].wg, other[s][0].rt, other[s][0].ru,
                other[s][1].wg, other[s][1].rt, other[s][1].ru);
-        for (int h = 0; h < 2; h++) vk_ex_shapes[h][0] = vk_ex_shapes[h][1] = other[s][h];
+        for (int h = 0; h < 2; h++) vk->ex_shape[h][0] = vk->ex_shape[h][1] = other[s][h];
         vk_experts_forget(vk);
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
             if (i < 3 || i == 7 || i == 8 || i == 10) run_case(&cases[i]);   /* hot mix, outer loop, unaligned, Q4_K down */
