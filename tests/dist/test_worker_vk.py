@@ -51,7 +51,10 @@ def vulkan_available():
 def run_cluster(model, worker_args, hub_args=("--replicas", "1")):
     """A hub with --verify 1 (--replicas 1 by default) and one worker per (name, flags, environment) of worker_args.
     Returns (hub rc, tokens, hub stderr, worker logs, worker exit codes)."""
-    c = distlib.Cluster(model, 0, N, hub_args=["--verify", "1", *hub_args], min_workers=len(worker_args))
+    # --timeout-ms 5000: this test is about the Vulkan worker's results, not deadlines; a first dispatch that
+    # compiles pipelines on lavapipe under ASan can outlast the default 500 ms and fall back to the hub
+    c = distlib.Cluster(model, 0, N, hub_args=["--verify", "1", "--timeout-ms", "5000", *hub_args],
+                        min_workers=len(worker_args))
     for name, extra, env in worker_args:
         c.start_worker(name, extra, env)
     rc, toks, err = c.finish(timeout=180)
