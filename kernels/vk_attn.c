@@ -1,8 +1,6 @@
 /* Recording attention: QK-norm + RoPE + KV append, the split-K decode step
  * (attn.comp mode 1, fused) and the prompt-batch attention (attn_coop.comp on
  * cooperative matrices, the f32 tiled modes, or the split-K path with its merge). */
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels/vk_internal.h"
 
@@ -46,8 +44,7 @@ size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
  * Returns 0 where it does not apply: one token, MOEX_VK_ATTN_SIMPLE=1 (the
  * split-K path, kept for comparison), or too little shared memory. */
 static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int64_t n, uint32_t *rows) {
-    const char *simple = getenv("MOEX_VK_ATTN_SIMPLE");
-    if (n <= 1 || (simple && *simple && strcmp(simple, "0"))) return 0;
+    if (n <= 1 || vk_env_on("MOEX_VK_ATTN_SIMPLE")) return 0;
     int cls = 0;
     while ((64 << cls) < sh->head_dim) cls++;
     const uint32_t hdmax = 64u << cls, st = hdmax / 4 + 1, bk = hdmax <= 128 ? 32 : 4096 / hdmax;
@@ -85,11 +82,6 @@ int vk_attn_coop_config(const moex_vk *vk, int mode, uint32_t *warps, uint32_t *
     return -1;
 }
 
-static bool env_set(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0");
-}
-
 /* The prompt attention on cooperative matrices: its mode (the head_dim
  * class, 0: <= 64, 1: <= 128) and rows per workgroup, or -1 where it does not
  * apply: no cooperative matrices of 16 x 16 x 16, head_dim over 128, a V cache
@@ -98,7 +90,7 @@ static int attn_coop_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, moex_
     const moex_vk_info *in = &vk->info;
     uint32_t warps, bc;
     if (!in->coop || in->coop_m != 16 || in->coop_n != 16 || in->coop_k != 16 || sh->head_dim > 128 ||
-        v_cache % 16 || env_set("MOEX_VK_ATTN_NO_COOP"))
+        v_cache % 16 || vk_env_on("MOEX_VK_ATTN_NO_COOP"))
         return -1;
     const int mode = sh->head_dim > 64;
     if (vk_attn_coop_config(vk, mode, &warps, &bc)) return -1;

@@ -177,10 +177,6 @@ static uint32_t coop_pick_n(moex_vk *vk) {
     return best;
 }
 
-static bool env_on(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
 
 /* Cooperative matrices for the prompt-batch products: the extension and its
  * feature for compute, the Vulkan memory model its SPIR-V declares, f16
@@ -189,9 +185,8 @@ static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12, 
     moex_vk_info *in = &vk->info;
     const char *bm = getenv("MOEX_VK_COOP_BM");   /* tile rows, for comparisons: 64 (default) or 128 */
     vk->coop_bm = bm && atoi(bm) == 128 ? 128 : VK_COOP_BM;
-    memcpy(vk->ex_shape, vk_ex_default_shapes, sizeof vk->ex_shape);
     if (mode == MOEX_VK_COOP_AUTO)   /* the environment, for comparisons from the command line */
-        mode = env_on("MOEX_VK_NO_COOP") ? MOEX_VK_COOP_OFF : env_on("MOEX_VK_COOP_EMULATE") ? MOEX_VK_COOP_EMULATE
+        mode = vk_env_on("MOEX_VK_NO_COOP") ? MOEX_VK_COOP_OFF : vk_env_on("MOEX_VK_COOP_EMULATE") ? MOEX_VK_COOP_EMULATE
                                                                                             : MOEX_VK_COOP_AUTO;
     if (mode == MOEX_VK_COOP_OFF || !f12->shaderFloat16 || in->shared_mem < coop_shared_bytes((uint32_t)vk->coop_bm))
         return;
@@ -257,6 +252,7 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     const uint32_t s = sg.subgroupSize;
     vk->use_subgroup = !opt->no_subgroup && in->subgroup_arith && s >= 8 && s <= 64 && (s & (s - 1)) == 0;
     vk->tpr = vk->use_subgroup ? (int)s : 32;
+    memcpy(vk->ex_shape, vk_ex_default_shapes, sizeof vk->ex_shape);
     read_coop(vk, &f12, opt->coop);
 }
 

@@ -42,7 +42,6 @@ typedef enum vk_kernel {
  * flight (MOEX_VK_MV_RPT=1..8 overrides it, for tuning). */
 #define VK_MV_RPT_STAGED 2
 int vk_mv_rpt(int mode);
-#define VK_MV_RPT(mode) vk_mv_rpt(mode)
 #define VK_MV_XMAX 4096     /* widest x mv.comp stages in shared memory (modes 1, 2); wider takes mode 0 */
 #define VK_MV_STAGE 16      /* mv.comp mode flag: the router (mode 3, one token) on the staged loop of mode 1 */
 _Static_assert(VK_MODES > (3 | VK_MV_GENERIC | VK_MV_NORM | VK_MV_STAGE), "mv.comp modes fit the pipeline table");
@@ -144,6 +143,7 @@ void vk_pipeline_cache_save(moex_vk *vk);
 /* vk_ops.c: the ops and the helpers every op file shares */
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz);
 uint32_t vk_fbits(float f);                /* a float's bits, for push constants */
+bool vk_env_on(const char *name);          /* an environment switch set to anything but "" or "0" */
 uint32_t vk_ceil_div(int64_t a, int64_t b);
 int vk_mv_mode(int mode, const moex_vk_matrix *w);   /* mode | VK_MV_GENERIC when unaligned */
 uint32_t vk_mv_groups(int64_t rows, int mode);                                /* mv.comp workgroups along the rows */

@@ -14,6 +14,11 @@ uint32_t vk_fbits(float f) {
     return u;
 }
 
+bool vk_env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 uint32_t vk_ceil_div(int64_t a, int64_t b) { return (uint32_t)((a + b - 1) / b); }
 
 /* mv.comp reads Q4_K and f32 rows through 16-byte loads; weights placed at
@@ -32,7 +37,7 @@ int vk_mv_rpt(int mode) {
 }
 
 /* Workgroups of mv.comp along the rows. */
-uint32_t vk_mv_groups(int64_t rows, int mode) { return vk_ceil_div(rows, VK_MV_GROUPS * VK_MV_RPT(mode)); }
+uint32_t vk_mv_groups(int64_t rows, int mode) { return vk_ceil_div(rows, VK_MV_GROUPS * vk_mv_rpt(mode)); }
 
 /* The staged one-token variants (modes 1, 2, 3 | VK_MV_STAGE): x fits the
  * shared-memory stage (24 KiB with its bank padding) and is 16-byte aligned. */
@@ -44,6 +49,11 @@ static bool mv_stageable(const moex_vk *vk, const moex_vk_matrix *w, moex_vk_ptr
 
 /* Workgroups of a staged dispatch over row blocks: at most VK_MV_PERSIST, each looping over its blocks. */
 static uint32_t staged_groups(int64_t blocks) { return blocks < VK_MV_PERSIST ? (uint32_t)blocks : VK_MV_PERSIST; }
+
+/* Workgroups of a one-token mv.comp dispatch of mode over rows: staged, or one per row block. */
+static uint32_t mv_grid(int64_t rows, int mode, bool staged) {
+    return staged ? staged_groups(vk_mv_groups(rows, mode)) : vk_mv_groups(rows, mode);
+}
 
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
     if (c->bound != p) {
@@ -158,7 +168,7 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     if (n == 1 && mv_stageable(c->vk, w, x)) {
         VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(1, w), err);
         if (!p) return -1;
-        vk_dispatch(c, p, &pc, staged_groups(vk_mv_groups(w->rows, 1)), 1, 1);
+        vk_dispatch(c, p, &pc, mv_grid(w->rows, 1, true), 1, 1);
         return 0;
     }
     if (n <= VK_MV_NMAX) {
@@ -190,7 +200,7 @@ int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
                            moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
     if (check_norm_fused(c, w, x, nw, err)) return -1;
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
-    const uint32_t groups = mode ? staged_groups(vk_mv_groups(w->rows, 1)) : vk_mv_groups(w->rows, 0);
+    const uint32_t groups = mv_grid(w->rows, mode, mode == 1);
     VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(mode, w) | VK_MV_NORM, err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
@@ -326,7 +336,7 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
         const int stage = n == 1 && mv_stageable(c->vk, w, x) ? VK_MV_STAGE : 0;
         VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | stage, err);
         if (!p) return -1;
-        vk_dispatch(c, p, &pc, stage ? staged_groups(vk_mv_groups(w->rows, 3)) : vk_mv_groups(w->rows, 3), 1, 1);
+        vk_dispatch(c, p, &pc, mv_grid(w->rows, 3, stage != 0), 1, 1);
         return 0;
     }
     return vk_router_tiled(c, w, &pc, n, err);
@@ -350,6 +360,6 @@ int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     pc.u[5] = norm ? 2u : 0u;   /* bit 0 (add r) stays off: r is the xn output here */
     pc.u[6] = (uint32_t)k;
     pc.u[9] = vk_fbits(eps);
-    vk_dispatch(c, p, &pc, stage ? staged_groups(vk_mv_groups(w->rows, 3)) : vk_mv_groups(w->rows, 3), 1, 1);
+    vk_dispatch(c, p, &pc, mv_grid(w->rows, 3, stage != 0), 1, 1);
     return 0;
 }

@@ -39,8 +39,7 @@ struct vk_prof {
 };
 
 bool vk_prof_wanted(void) {
-    const char *v = getenv("MOEX_VK_PROFILE");
-    return v && *v && strcmp(v, "0") != 0;
+    return vk_env_on("MOEX_VK_PROFILE");
 }
 
 vk_prof *vk_prof_create(moex_vk *vk) {
