@@ -37,28 +37,11 @@ shared vec4 xsh[XMAX4 + (XMAX4 >> XPAD)];
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer UV4 { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV4 { vec4 v[]; };
 
-// 32 bits at byte offset 4*i + sh/8 of words lo, hi (sh 0 or 16); the double shift keeps every shift below 32.
-uint funnel(uint lo, uint hi, uint sh) { return (lo >> sh) | ((hi << 1u) << (31u - sh)); }
 // 16 bytes at a 2-aligned byte offset.
 uvec4 ld16B(U32 p, uint o) {
     const uint i = o >> 2, sh = (o & 2u) * 8u;
     const uint w0 = p.v[i], w1 = p.v[i + 1u], w2 = p.v[i + 2u], w3 = p.v[i + 3u], w4 = p.v[i + 4u];
     return uvec4(funnel(w0, w1, sh), funnel(w1, w2, sh), funnel(w2, w3, sh), funnel(w3, w4, sh));
-}
-float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
-// Small integers to floats without int-to-float conversions (a quarter-rate
-// instruction on NVIDIA, which made the kernels ALU-bound): the field of bits
-// at position s (ending below bit 23) ORed into the float 2^(23-s) gives
-// exactly 2^(23-s) + field; one subtraction (of that plus an offset) leaves
-// field - offset. One LOP3 and one FADD per element.
-#define PBITS(s) ((150u - (s)) << 23)
-float field(uint w, uint mask, uint s, float off) {
-    return uintBitsToFloat((w & (mask << s)) | PBITS(s)) - (uintBitsToFloat(PBITS(s)) + off);
-}
-// Four bytes of w (each below 2^mbits) minus off.
-vec4 bytes4(uint w, uint mask, float off) {
-    const uint hi = w >> 16;
-    return vec4(field(w, mask, 0u, off), field(w, mask, 8u, off), field(hi, mask, 0u, off), field(hi, mask, 8u, off));
 }
 
 #if FAST && TYPE == T_Q4_K

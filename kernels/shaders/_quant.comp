@@ -3,6 +3,24 @@
 // dequantizes 8 consecutive elements of a row; tests/test_vk_layout.c pins it
 // against the C dequantizer for every type.
 
+// 32 bits at byte offset 4*i + sh/8 of words lo, hi (sh 0 or 16); the double shift keeps every shift below 32.
+uint funnel(uint lo, uint hi, uint sh) { return (lo >> sh) | ((hi << 1u) << (31u - sh)); }
+float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+// Small integers to floats without int-to-float conversions (a quarter-rate
+// instruction on NVIDIA, which made the kernels ALU-bound): the field of bits
+// at position s (ending below bit 23) ORed into the float 2^(23-s) gives
+// exactly 2^(23-s) + field; one subtraction (of that plus an offset) leaves
+// field - offset. One LOP3 and one FADD per element.
+#define PBITS(s) ((150u - (s)) << 23)
+float field(uint w, uint mask, uint s, float off) {
+    return uintBitsToFloat((w & (mask << s)) | PBITS(s)) - (uintBitsToFloat(PBITS(s)) + off);
+}
+// Four bytes of w (each below 2^mbits) minus off.
+vec4 bytes4(uint w, uint mask, float off) {
+    const uint hi = w >> 16;
+    return vec4(field(w, mask, 0u, off), field(w, mask, 8u, off), field(hi, mask, 0u, off), field(hi, mask, 8u, off));
+}
+
 // 4 bytes at a 2-aligned byte offset.
 uint ld32(U32 p, uint off) {
     uint i = off >> 2;

@@ -22,20 +22,6 @@ layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV
 #define WT U32
 #endif
 
-float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
-// Small integers to floats without int-to-float conversions (as _mvunit.comp
-// does): the bits at s..(below 23) ORed into the float 2^(23-s) give exactly
-// 2^(23-s) + field; one subtraction leaves field - off.
-#define PBITS(s) ((150u - (s)) << 23)
-float field(uint w, uint mask, uint s, float off) {
-    return uintBitsToFloat((w & (mask << s)) | PBITS(s)) - (uintBitsToFloat(PBITS(s)) + off);
-}
-// Four bytes of w (each below 2^mbits) minus off.
-vec4 bytes4(uint w, uint mask, float off) {
-    const uint hi = w >> 16;
-    return vec4(field(w, mask, 0u, off), field(w, mask, 8u, off), field(hi, mask, 0u, off), field(hi, mask, 8u, off));
-}
-
 layout(push_constant) uniform PC {
     WT w; WT w2; RV4 x; F32 y; F32 r; I32 ids; F32 gw; U32 unused;
     uint rows, cols, n, xs, ys, flags, k, estride;

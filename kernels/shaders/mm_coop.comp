@@ -117,13 +117,7 @@ ACC acc_zero() { return ACC(0.0); }
 // so the loads stay in flight across the matrix products), put() turns them
 // into 16 halfs. Layouts as common/types.h (views in _quant.comp / _mvunit.comp).
 
-// Small integers to floats without int-to-float conversions (as _mvunit.comp's
-// field()): the bits at s (ending below bit 23) ORed into 2^(23-s) give
-// exactly 2^(23-s) + field.
-#define PBITS(s) ((150u - (s)) << 23)
-float nib(uint w, uint mask, uint s) { return uintBitsToFloat((w & (mask << s)) | PBITS(s)) - uintBitsToFloat(PBITS(s)); }
-// 4 bytes (each below mask) of w as floats.
-vec4 bytes4(uint w, uint mask) { const uint h = w >> 16; return vec4(nib(w, mask, 0u), nib(w, mask, 8u), nib(h, mask, 0u), nib(h, mask, 8u)); }
+// field(), bytes4() and funnel(): _quant.comp.
 uvec2 pack4(vec4 v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
 
 #if FASTQ && TYPE == T_Q4_K
@@ -153,7 +147,7 @@ void put_w(WRaw r, uint e, out uvec4 lo, out uvec4 hi) {
     uvec2 o[4];
     UNROLL for (uint i = 0u; i < 4u; i++) {
         const uint q = r.q[i], q2 = q >> 16;
-        const vec4 v = vec4(nib(q, 15u, s), nib(q, 15u, s + 8u), nib(q2, 15u, s), nib(q2, 15u, s + 8u));
+        const vec4 v = vec4(field(q, 15u, s, 0.0), field(q, 15u, s + 8u, 0.0), field(q2, 15u, s, 0.0), field(q2, 15u, s + 8u, 0.0));
         o[i] = pack4(d * v - mn);
     }
     lo = uvec4(o[0], o[1]);
@@ -186,11 +180,9 @@ void put_w(WRaw r, uint rb, uint e, out uvec4 lo, out uvec4 hi) {
     const float d = unpackHalf2x16(r.dw >> sh).x * float(bitfieldExtract(int(r.sw >> ((so & 3u) * 8u)), 0, 8));
     uvec2 o[4];
     UNROLL for (uint i = 0u; i < 4u; i++) {
-        // 32 bits at byte 4i + sh/8 (the double shift keeps every shift below 32)
-        const uint a = (r.a[i] >> sh) | ((r.a[i + 1u] << 1u) << (31u - sh));
-        const uint h = (r.h[i] >> sh) | ((r.h[i + 1u] << 1u) << (31u - sh));
+        const uint a = funnel(r.a[i], r.a[i + 1u], sh), h = funnel(r.h[i], r.h[i + 1u], sh);
         const uint q = ((a >> ns) & 0x0f0f0f0fu) | (((h >> hs) & 0x03030303u) << 4);
-        o[i] = pack4(d * (bytes4(q, 63u) - 32.0));
+        o[i] = pack4(d * bytes4(q, 63u, 32.0));
     }
     lo = uvec4(o[0], o[1]);
     hi = uvec4(o[2], o[3]);
