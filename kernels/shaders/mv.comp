@@ -137,6 +137,19 @@ void argmax_epilogue(float bv, uint bi) {
 
 #if MODE == 3
 #include "_topk.comp"
+// The last workgroup to finish routes every token (one dispatch for the whole
+// router); it leaves the counter at zero for the next dispatch.
+void route_when_last() {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationID.x == 0u)
+        last_group = atomicAdd(pc.counter.v[0], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
+    barrier();
+    if (!last_group) return;
+    memoryBarrierBuffer();
+    for (uint t = 0u; t < pc.n; t++) route_token(t);
+    if (gl_LocalInvocationID.x == 0u) pc.counter.v[0] = 0u;
+}
 #endif
 
 #ifndef XSTAGE
@@ -217,16 +230,7 @@ void main() {
 #endif
 #endif
 #if MODE == 3
-    // The last workgroup to finish routes every token (one dispatch for the whole router).
-    memoryBarrierBuffer();
-    barrier();
-    if (tid == 0u) last_group = atomicAdd(pc.counter.v[0], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
-    barrier();
-    if (last_group) {
-        memoryBarrierBuffer();
-        for (uint t = 0u; t < pc.n; t++) route_token(t);
-        if (tid == 0u) pc.counter.v[0] = 0u;
-    }
+    route_when_last();
 #endif
 }
 #endif
@@ -360,16 +364,7 @@ void main() {
             pc.r.v[4u * i] = v.x; pc.r.v[4u * i + 1u] = v.y; pc.r.v[4u * i + 2u] = v.z; pc.r.v[4u * i + 3u] = v.w;
         }
 #endif
-    // The last workgroup to finish routes the token.
-    memoryBarrierBuffer();
-    barrier();
-    if (tid == 0u) last_group = atomicAdd(pc.counter.v[0], 1u) == ng - 1u;
-    barrier();
-    if (last_group) {
-        memoryBarrierBuffer();
-        route_token(0u);
-        if (tid == 0u) pc.counter.v[0] = 0u;
-    }
+    route_when_last();   // pc.n is 1
 #endif
 }
 #endif
