@@ -214,10 +214,9 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
     vk_experts_forget(vk);
 }
 
-/* Kernel bandwidths on layer 0: attn_q matvec, the decode expert FFN (one token, and batches of
- * VK_MV_NMAX tokens), the output head, the expert FFN of a 64-token batch. */
-static void bench_kernels(const moex_model *m, moex_vk *vk) {
-    const moex_hparams *hp = &m->hp;
+/* The bandwidth ceiling the kernels are measured against (GB/s): a shader
+ * streaming y = a + b over 1 GiB (read 2, write 1); vkCmdCopyBuffer beside it. */
+static double bench_ceiling(moex_vk *vk) {
     const double gb = 1e9;
     copy_ctx cc = {.n = (size_t)1 << 30};
     cc.a = moex_vk_buffer_create(vk, cc.n, MOEX_VK_MEM_DEVICE, &err);
@@ -225,7 +224,6 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
     MUST(!cc.a || !cc.b);
     const double tc = time_op(vk, rec_copy, &cc, 10);
     printf("vkCmdCopyBuffer_GBps %.1f\n", 2.0 * cc.n / tc / gb);
-    /* The ceiling for kernels: a shader streaming y = a + b (read 2, write 1). */
     moex_vk_buffer *cy = moex_vk_buffer_create(vk, cc.n, MOEX_VK_MEM_DEVICE, &err);
     MUST(!cy);
     add_ctx ac = {moex_vk_buffer_ptr(cc.a), moex_vk_buffer_ptr(cc.b), moex_vk_buffer_ptr(cy), (int64_t)(cc.n / 4)};
@@ -234,6 +232,14 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
     moex_vk_buffer_free(cy);
     moex_vk_buffer_free(cc.a);
     moex_vk_buffer_free(cc.b);
+    return copy_bw;
+}
+
+/* Kernel bandwidths on layer 0: attn_q matvec, the decode expert FFN (one token, and batches of
+ * VK_MV_NMAX tokens), the output head, the expert FFN of a 64-token batch. */
+static void bench_kernels(const moex_model *m, moex_vk *vk) {
+    const moex_hparams *hp = &m->hp;
+    const double gb = 1e9, copy_bw = bench_ceiling(vk);
 
     moex_vk_buffer *act = moex_vk_buffer_create(vk, (size_t)64 << 20, MOEX_VK_MEM_DEVICE, &err), *keep[4];
     MUST(!act);
@@ -340,7 +346,7 @@ int main(int argc, char **argv) {
     }
     int n_p = 512, n_g = 128, reps = 3;
     bool kernels = true, only_kernels = false;   /* --only-kernels: skip pp/tg (compare kernel variants) */
-    bool only_experts = false;   /* --only-experts: the expert shapes of MOEX_VK_EX_SWEEP alone (ceiling taken as 3248.8 GB/s) */
+    bool only_experts = false;   /* --only-experts: the expert shapes of MOEX_VK_EX_SWEEP alone */
     moex_vk_options o = {.device = -1, .verbose = true};
     for (int i = 2; i < argc; i++) {
         const bool has = i + 1 < argc;
@@ -371,7 +377,7 @@ int main(int argc, char **argv) {
         moex_vk *vk = moex_vk_state_device(s);
         moex_vk_buffer *act = moex_vk_buffer_create(vk, (size_t)64 << 20, MOEX_VK_MEM_DEVICE, &err);
         MUST(!act);
-        bench_experts_sweep(m, vk, act, 3248.8, true);
+        bench_experts_sweep(m, vk, act, bench_ceiling(vk), true);
         moex_vk_buffer_free(act);
     }
     if (only_kernels || only_experts) {
