@@ -35,16 +35,6 @@ static float *rand_vec(int64_t n, float scale) {
     return v;
 }
 
-static double rel_l2(const float *got, const double *ref, int64_t n) {
-    double num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = (double)got[i] - ref[i];
-        num += d * d;
-        den += ref[i] * ref[i];
-    }
-    return den > 0.0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* ---- rmsnorm ---- */
 
 static void ref_rmsnorm(double *out, const float *x, const float *w, int64_t n, double eps) {

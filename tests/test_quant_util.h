@@ -1,5 +1,5 @@
-/* Shared by the kernel tests: seeded random data, float64 references and
- * error measures. Header-only; each test includes it once. */
+/* Shared by the kernel tests: seeded random data and float64 references
+ * (rel_l2 lives in test_util.h). Header-only; each test includes it once. */
 #ifndef MOEX_TEST_QUANT_UTIL_H
 #define MOEX_TEST_QUANT_UTIL_H
 
@@ -27,27 +27,6 @@ static inline void fill_weights(rng *r, float *x, int64_t rows, int64_t cols) {
 
 static inline void fill_gauss(rng *r, float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = rng_gauss(r) * scale;
-}
-
-/* ||a - b|| / ||b|| in double. */
-static inline double rel_l2(const float *a, const double *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = (double)a[i] - b[i];
-        num += d * d;
-        den += b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static inline double rel_l2_f(const float *a, const float *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static inline uint64_t seed_from_args(int argc, char **argv) {

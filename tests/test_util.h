@@ -1,5 +1,6 @@
 /* What every C test shares: the failure counter and CHECK, and a seeded
- * splitmix64 generator with uniform and Gaussian draws, seeded fresh per run. Header-only. */
+ * splitmix64 generator with uniform and Gaussian draws, seeded fresh per run, and the relative L2
+ * error every numeric check uses. Header-only. */
 #ifndef MOEX_TEST_UTIL_H
 #define MOEX_TEST_UTIL_H
 
@@ -40,6 +41,28 @@ static inline float rng_gauss(rng *r) {
     double u1 = rng_uniform(r), u2 = rng_uniform(r);
     if (u1 < 1e-300) u1 = 1e-300;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* ||a - ref|| / ||ref|| in float64 (||a - ref|| where ref is all zeros). */
+static inline double rel_l2(const float *a, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The same against a float reference. */
+static inline double rel_l2_f(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* Seed from MOEX_TEST_SEED or the clock, printed so a failure can be replayed. */

@@ -188,16 +188,6 @@ static void prompt_attention_on(moex_vk *d, const moex_vk_attn_shape *sh, const 
     for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
 }
 
-/* ||got - ref|| / ||ref||; NaN (a stray read) fails every bound. */
-static double rel_err64(const float *got, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += (got[i] - ref[i]) * (got[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return sqrt(num / den);
-}
-
 static float h16(float x) { return moex_f16_to_f32(moex_f32_to_f16(x)); }
 
 /* Prompt batches against float64: the tiled kernel and the split-K path
@@ -240,7 +230,7 @@ static void test_attention_prompt(void) {
             if (simple) setenv("MOEX_VK_ATTN_SIMPLE", "1", 1);
             prompt_attention_on(vk, &sh, q, kc, vc, n, pos0, simple ? got : tiled);
             unsetenv("MOEX_VK_ATTN_SIMPLE");
-            const double e = rel_err64(simple ? got : tiled, ref, n * qd);
+            const double e = rel_l2(simple ? got : tiled, ref, n * qd);
             CHECK(e <= 1e-5, "prompt attention (%s) n=%d pos0=%d heads %d/%d hd %d: rel err %.3g",
                   simple ? "split-K" : "tiled", n, pos0, H, HK, hd, e);
             printf("  prompt attention %s n=%d pos0=%d heads %d/%d hd=%d: %.2g\n", simple ? "split-K" : "tiled  ", n,
@@ -251,7 +241,7 @@ static void test_attention_prompt(void) {
         if (has_coop) {
             const bool coop = hd <= 128 && n >= VK_ATTN_COOP_MIN;
             prompt_attention_on(vkc, &sh, q, kc, vc, n, pos0, got);
-            const double e = rel_err64(got, ref, n * qd);
+            const double e = rel_l2(got, ref, n * qd);
             double e16 = 0;
             if (coop) {   /* the reference on the kernel's f16 inputs (scale folded into q) */
                 float *qh = malloc(n * qd * 4), *kh = malloc(sh.n_ctx * kvd * 4), *vh = malloc(sh.n_ctx * kvd * 4);
@@ -259,7 +249,7 @@ static void test_attention_prompt(void) {
                 for (int64_t i = 0; i < sh.n_ctx * kvd; i++) kh[i] = h16(kc[i]), vh[i] = h16(vc[i]);
                 double *ref16 = malloc(n * qd * sizeof *ref16);
                 attention_ref64(qh, kh, vh, ref16, n, pos0, H, HK, hd, 1.0);
-                e16 = rel_err64(got, ref16, n * qd);
+                e16 = rel_l2(got, ref16, n * qd);
                 free(qh), free(kh), free(vh), free(ref16);
                 CHECK(e16 <= 5e-4 && e <= 3e-3, "prompt attention (coop) n=%d pos0=%d heads %d/%d hd %d: rel err "
                       "%.3g vs f16 inputs, %.3g vs exact", n, pos0, H, HK, hd, e16, e);

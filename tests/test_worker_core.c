@@ -72,11 +72,6 @@ static moex_proto_limits limits_for(const moex_model *m) {
     return lim;
 }
 
-static double rel_l2(const float *got, const double *want, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += (got[i] - want[i]) * (got[i] - want[i]), den += want[i] * want[i];
-    return sqrt(num / (den > 0 ? den : 1e-300));
-}
 
 /* ---- the core against the reference, every dtype ---- */
 

@@ -90,16 +90,6 @@ static void cpu_values(moex_worker_core *core, dispatch *d) {
     memcpy(d->cpu, v, n_values(d) * sizeof *d->cpu);
 }
 
-static double rel_l2(const float *got, const float *want, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = (double)got[i] - want[i];
-        num += e * e;
-        den += (double)want[i] * want[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1e-300));
-}
-
 /* Per token row: relative L2 of the GPU values against the CPU core's. */
 typedef struct tally {
     long rows, tracking, dispatches, over_verify;
@@ -110,7 +100,7 @@ static tally g_tally;
 static void expect_close(const char *what, const float *gpu, const dispatch *d) {
     const size_t h = d->msg.h.hidden;
     for (uint32_t t = 0; t < d->msg.h.n_tokens; t++) {
-        const double e = rel_l2(gpu + t * h, d->cpu + t * h, h);
+        const double e = rel_l2_f(gpu + t * h, d->cpu + t * h, h);
         g_tally.rows++;
         if (e <= BOUND) {
             g_tally.tracking++;
@@ -121,7 +111,7 @@ static void expect_close(const char *what, const float *gpu, const dispatch *d) 
               d->msg.h.expert, moex_proto_dtype_name(d->msg.h.dtype), d->msg.h.n_tokens, t, e, FLIP_BOUND);
     }
     g_tally.dispatches++;
-    if (rel_l2(gpu, d->cpu, n_values(d)) > 1e-3) g_tally.over_verify++;
+    if (rel_l2_f(gpu, d->cpu, n_values(d)) > 1e-3) g_tally.over_verify++;
 }
 
 /* ---- one dispatch at a time: every dtype and size, several experts ---- */
@@ -156,11 +146,11 @@ static void test_discriminates(const moex_model *m, moex_worker_core *core, moex
     float *v;
     moex_error err;
     CHECK(moex_worker_vk_run(g, &a.msg, &v, &err) == 0, "gpu run: %s", err.msg);
-    const double other = rel_l2(v, b.cpu, n_values(&a));
+    const double other = rel_l2_f(v, b.cpu, n_values(&a));
     CHECK(other > 0.3, "another expert's values are within %.3f of these", other);
     const size_t hidden = a.msg.h.hidden;
     cpu_values(core, &a);
-    const double shifted = rel_l2(v + hidden, a.cpu, n_values(&a) - hidden);
+    const double shifted = rel_l2_f(v + hidden, a.cpu, n_values(&a) - hidden);
     CHECK(shifted > 0.3, "rows shifted by one token are within %.3f", shifted);
     printf("  discrimination: another expert %.2f, shifted rows %.2f\n", other, shifted);
     free_dispatch(&a);

@@ -1,6 +1,6 @@
 /* Shared by the Vulkan tests: device setup (exit 77 = skip when no Vulkan
- * device exists), seeded random data, GPU buffers from host arrays, error
- * measures. Header-only; each test includes it once. */
+ * device exists), seeded random data, GPU buffers from host arrays.
+ * Header-only; each test includes it once. */
 #ifndef MOEX_VK_TEST_UTIL_H
 #define MOEX_VK_TEST_UTIL_H
 
@@ -63,27 +63,6 @@ static inline moex_vk_buffer *gpu_from(moex_vk *vk, const void *src, size_t byte
 
 static inline void gpu_read(moex_vk *vk, moex_vk_buffer *b, void *dst, size_t bytes) {
     MUST(moex_vk_download(vk, b, 0, dst, bytes, &g_err));
-}
-
-/* ||a - ref|| / ||ref|| in float64. */
-static inline double rel_l2(const float *a, const double *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static inline double rel_l2_f(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* A random rows x cols matrix of type t (quantized from gaussians) and its exact f32 values. */
