@@ -3,6 +3,7 @@
  * bandwidth of the main kernels on the model's own layer-0 weights against
  * the device's buffer-copy bandwidth. Prints "key value" lines.
  * usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--exact|--round] */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,60 @@ typedef struct attn_ctx {
 static int rec_attn(moex_vk_cmd *c, void *p) {
     attn_ctx *a = p;
     return moex_vk_op_attention(c, &a->sh, a->q, a->kc, a->vc, a->out, a->scratch, a->params, 1, &err);
+}
+/* The fused step decode runs: QK-norm, RoPE, KV append, attention, merge
+ * (out: the norm weights, counters after them), over the caches of layer
+ * i % layers (48 layers: they come from DRAM, as in a model's token). */
+typedef struct attn_dec_ctx {
+    attn_ctx a;
+    size_t layer_bytes;
+    int layers, i;
+} attn_dec_ctx;
+static int rec_attn_dec(moex_vk_cmd *c, void *p) {
+    attn_dec_ctx *d = p;
+    const attn_ctx *a = &d->a;
+    const size_t off = (size_t)(d->i++ % d->layers) * d->layer_bytes;
+    return moex_vk_op_attention_decode(c, &a->sh, a->q, a->q + 65536, a->q + 2 * 65536, a->kc + off, a->vc + off,
+                                       a->out, a->out + 4096, a->scratch, a->out + 8192, a->params, &err);
+}
+/* Decode attention at position 575 of a 648-token cache (bench_vk's own
+ * -p 512 -n 128 midway), random q, k, v and caches, QK-norm weights 1:
+ * the caches of one layer (in L2 after the first pass) and of 48. */
+static void bench_attn_decode(const moex_hparams *hp, moex_vk *vk, moex_vk_ptr a0, moex_vk_buffer *act) {
+    attn_dec_ctx d = {.a.sh = {.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                               .rope_dim = hp->rope_dim, .rope_base = 1e6f, .rms_eps = 1e-6f,
+                               .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = true, .qk_norm = true,
+                               .n_ctx = 648}};
+    const size_t kvb = (size_t)d.a.sh.n_ctx * hp->n_head_kv * hp->head_dim * 4, nf = 48 * kvb / 4;   /* half the caches */
+    d.layer_bytes = 2 * kvb;
+    moex_vk_buffer *kv = moex_vk_buffer_create(vk, 48 * 2 * kvb + 4096, MOEX_VK_MEM_DEVICE, &err);
+    float *h = malloc(nf * 4);
+    MUST(!kv || !h);
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < nf; i++) {   /* uniform in [-1, 1) */
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (float)((int32_t)(st >> 32)) / 2147483648.0f;
+    }
+    MUST(moex_vk_upload(vk, kv, 0, h, nf * 4, &err) || moex_vk_upload(vk, kv, nf * 4, h, nf * 4, &err));
+    MUST(moex_vk_upload(vk, act, 0, h, (size_t)3 * 65536, &err));   /* q, k, v */
+    for (int i = 0; i < 2048; i++) h[i] = 1.0f;   /* q_norm at out, k_norm 4 KiB on, then zeroed counters */
+    memset(h + 2048, 0, 4096 * 4);
+    MUST(moex_vk_upload(vk, act, (size_t)3 << 20, h, (2048 + 4096) * 4, &err));
+    int32_t pos = 575;
+    MUST(moex_vk_upload(vk, kv, 48 * 2 * kvb, &pos, 4, &err));
+    d.a.kc = moex_vk_buffer_ptr(kv);
+    d.a.vc = d.a.kc + kvb;
+    d.a.params = d.a.kc + 48 * 2 * kvb;
+    d.a.q = a0;
+    d.a.scratch = a0 + ((size_t)2 << 20);
+    d.a.out = a0 + ((size_t)3 << 20);
+    for (int cold = 0; cold < 2; cold++) {
+        d.layers = cold ? 48 : 1;
+        printf("kernel_attn_decode_ctx576_%s_us %.2f\n", cold ? "48_layers" : "1_layer",
+               time_op(vk, rec_attn_dec, &d, 192) * 1e6);
+    }
+    free(h);
+    moex_vk_buffer_free(kv);
 }
 
 typedef struct ex_ctx {
@@ -222,11 +277,14 @@ static double bench_ceiling(moex_vk *vk) {
     cc.a = moex_vk_buffer_create(vk, cc.n, MOEX_VK_MEM_DEVICE, &err);
     cc.b = moex_vk_buffer_create(vk, cc.n, MOEX_VK_MEM_DEVICE, &err);
     MUST(!cc.a || !cc.b);
-    const double tc = time_op(vk, rec_copy, &cc, 10);
-    printf("vkCmdCopyBuffer_GBps %.1f\n", 2.0 * cc.n / tc / gb);
     moex_vk_buffer *cy = moex_vk_buffer_create(vk, cc.n, MOEX_VK_MEM_DEVICE, &err);
     MUST(!cy);
     add_ctx ac = {moex_vk_buffer_ptr(cc.a), moex_vk_buffer_ptr(cc.b), moex_vk_buffer_ptr(cy), (int64_t)(cc.n / 4)};
+    /* an idle GPU runs its SMs at a fraction of their clock (345 of 1980 MHz on
+     * the H200) until it has been busy a while: stream for a second first */
+    for (const double t0 = moex_time_s(); moex_time_s() - t0 < 1.0;) time_op(vk, rec_add, &ac, 10);
+    const double tc = time_op(vk, rec_copy, &cc, 10);
+    printf("vkCmdCopyBuffer_GBps %.1f\n", 2.0 * cc.n / tc / gb);
     const double ta = time_op(vk, rec_add, &ac, 10), copy_bw = 3.0 * cc.n / ta / gb;
     printf("copy_GBps %.1f\n", copy_bw);
     moex_vk_buffer_free(cy);
@@ -250,7 +308,7 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
     norm_ctx nc = {a0, a0 + ((size_t)1 << 20), 1, hp->n_embd};
     const double tn = time_op(vk, rec_norm, &nc, 500);
     printf("dispatch_barrier_us %.2f\n", tn * 1e6);
-    {   /* decode attention over a 512-position context (split-K + merge) */
+    {   /* the unfused split-K + merge (prompt batches' fallback) at position 511 */
         attn_ctx at = {.sh = {.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                               .rope_dim = hp->rope_dim, .scale = 0.088f, .n_ctx = 520}};
         const size_t kvb = (size_t)at.sh.n_ctx * hp->n_head_kv * hp->head_dim * 4;
@@ -265,9 +323,10 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
         at.out = a0 + ((size_t)1 << 20);
         at.scratch = a0 + ((size_t)2 << 20);
         const double tt = time_op(vk, rec_attn, &at, 200);
-        printf("kernel_attn_decode_ctx512_us %.2f\n", tt * 1e6);
+        printf("kernel_attn_splitk_merge_ctx512_us %.2f\n", tt * 1e6);
         moex_vk_buffer_free(kv);
     }
+    bench_attn_decode(hp, vk, a0, act);
     if (moex_hparams_is_moe(hp)) {
         moex_vk_buffer *rk;
         moex_vk_matrix rw = upload_matrix(vk, &L->router, 1, &rk);

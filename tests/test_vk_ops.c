@@ -492,12 +492,15 @@ static void norm_rope_ref(float *hv, const float *w, int hd, int rope_dim, int64
  * attention + merge in one dispatch) against the CPU (moex_rmsnorm,
  * moex_rope, moex_attention) and against the unfused GPU ops, over two
  * consecutive tokens (the second reads the first's appended row and finds
- * the counters back at zero), positions at split edges and a GQA group of 4. */
+ * the counters back at zero), positions at split edges, GQA groups of 1 to
+ * 32, head_dim 64 to 256 and a 4000-position cache. */
 static void test_attention_decode(void) {
-    struct { int hd, rope, neox, qkn; int64_t pos, ctx; } cases[] = {
-        {128, 128, 1, 1, 0, 200}, {128, 128, 1, 1, 63, 200}, {64, 48, 0, 0, 299, 600}, {128, 128, 1, 1, 517, 1000}};
-    for (int ci = 0; ci < 4; ci++) {
-        const int hd = cases[ci].hd, H = 8, HK = 2;
+    struct { int hd, rope, neox, qkn, H, HK; int64_t pos, ctx; } cases[] = {
+        {128, 128, 1, 1, 8, 2, 0, 200},    {128, 128, 1, 1, 8, 2, 63, 200},  {64, 48, 0, 0, 8, 2, 299, 600},
+        {128, 128, 1, 1, 8, 2, 517, 1000}, {128, 128, 1, 1, 16, 2, 511, 600}, {96, 64, 1, 1, 6, 2, 40, 100},
+        {256, 256, 0, 1, 4, 4, 31, 64},    {128, 128, 1, 1, 32, 1, 100, 300}, {128, 128, 1, 1, 16, 2, 2999, 4000}};
+    for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        const int hd = cases[ci].hd, H = cases[ci].H, HK = cases[ci].HK;
         moex_vk_attn_shape sh = {.n_head = H, .n_head_kv = HK, .head_dim = hd, .rope_dim = cases[ci].rope,
                                  .rope_base = 1e6f, .rms_eps = 1e-6f, .scale = 1.0f / sqrtf((float)hd),
                                  .neox = cases[ci].neox, .qk_norm = cases[ci].qkn, .n_ctx = cases[ci].ctx};
@@ -559,13 +562,13 @@ static void test_attention_decode(void) {
             for (int64_t i = 0; i < ctx * kvd; i++) stray += (i / kvd < pos0 || i / kvd > pos) && gkc[i] != kc[i];
             CHECK(stray == 0, "decode attention pos %lld: %d k cache values changed outside the new row",
                   (long long)pos, stray);
-            uint32_t cnt[8];
-            gpu_read(vk, cb, cnt, sizeof cnt);
+            uint32_t cnt[64];
+            gpu_read(vk, cb, cnt, H * 4);
             int nz = 0;
             for (int h = 0; h < H; h++) nz += cnt[h] != 0;
             CHECK(nz == 0, "decode attention: %d counters left non-zero", nz);
-            printf("  decode attention hd=%d rope=%d neox=%d qk_norm=%d pos=%lld ctx=%lld: %.2g (unfused %.2g, k %.2g)\n",
-                   hd, sh.rope_dim, sh.neox, sh.qk_norm, (long long)pos, (long long)ctx, e, e2, ek);
+            printf("  decode attention hd=%d rope=%d neox=%d qk_norm=%d heads %d/%d pos=%lld ctx=%lld: %.2g (unfused %.2g, "
+                   "k %.2g)\n", hd, sh.rope_dim, sh.neox, sh.qk_norm, H, HK, (long long)pos, (long long)ctx, e, e2, ek);
             moex_vk_buffer *tmp[] = {qb, kb, vb, qb2, pb};
             for (int i = 0; i < 5; i++) moex_vk_buffer_free(tmp[i]);
         }
