@@ -152,25 +152,28 @@ static void bench_attn_decode(const moex_hparams *hp, moex_vk *vk, moex_vk_ptr a
 
 typedef struct ex_ctx {
     moex_vk_experts e;
-    moex_vk_ptr x, ids, w, y, scratch;
+    moex_vk_ptr x, ids, y, scratch;   /* ids: the first id set */
     int64_t n;
     int k;
-    int path;   /* 0 moex_vk_op_experts, 1 gate+up alone, 2 down alone */
+    int path;      /* 0 moex_vk_op_experts, 1 gate+up alone, 2 down alone */
+    int sets, i;   /* call i uses id set i % sets (EX_SET_BYTES apart) */
 } ex_ctx;
+#define EX_SET_BYTES 8192   /* an id set: ids, then the gate weights 4 KiB on */
 static int rec_experts(moex_vk_cmd *c, void *p) {
     ex_ctx *e = p;
-    if (e->path)
-        return vk_experts_mv_halves(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, e->path, &err);
-    return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, e->ids, e->w, e->y, e->y, e->scratch, &err);
+    const moex_vk_ptr ids = e->ids + (size_t)(e->i++ % e->sets) * EX_SET_BYTES, w = ids + 4096;
+    if (e->path) return vk_experts_mv_halves(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, e->path, &err);
+    return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, &err);
 }
 
-/* The decode expert FFN on n tokens choosing ex->k experts each (ids: n x k).
- * Bytes counted: the weights of the distinct experts named by ids, each once
- * (what a kernel that reads each expert once must stream). Prints the kernel
- * (both halves, and each alone without the barrier) and the share of the
- * streaming ceiling. */
+/* The decode expert FFN on n tokens choosing ex->k experts each (ids: sets
+ * of n x k, one set per call in turn: sets that name different experts keep
+ * the weights out of L2, as a model's tokens do). Bytes counted: the weights
+ * of the distinct experts named by the first set, each once (what a kernel
+ * that reads each expert once must stream). Prints the kernel (both halves,
+ * and each alone without the barrier) and the share of the streaming ceiling. */
 static void bench_experts_mv(moex_vk *vk, ex_ctx *ex, moex_vk_buffer *act, size_t ids_off, const int32_t *ids, int n,
-                             const char *name, double copy_bw) {
+                             int sets, const char *name, double copy_bw) {
     const int k = ex->k, np = n * k;
     float w[VK_MV_NMAX * 64];
     int distinct = 0;
@@ -180,10 +183,12 @@ static void bench_experts_mv(moex_vk *vk, ex_ctx *ex, moex_vk_buffer *act, size_
         for (int q = 0; q < i; q++) seen |= ids[q] == ids[i];
         distinct += !seen;
     }
-    MUST(moex_vk_upload(vk, act, ids_off, ids, (size_t)np * 4, &err));
-    MUST(moex_vk_upload(vk, act, ids_off + 4096, w, (size_t)np * 4, &err));
+    for (int st = 0; st < sets; st++) {
+        MUST(moex_vk_upload(vk, act, ids_off + (size_t)st * EX_SET_BYTES, ids + (size_t)st * np, (size_t)np * 4, &err));
+        MUST(moex_vk_upload(vk, act, ids_off + (size_t)st * EX_SET_BYTES + 4096, w, (size_t)np * 4, &err));
+    }
     ex->ids = moex_vk_buffer_ptr(act) + ids_off;
-    ex->w = ex->ids + 4096;
+    ex->sets = sets;
     ex->n = n;
     const double gb = 1e9, gu = 2.0 * (double)ex->e.gate.expert_stride * distinct,
                  dn = (double)ex->e.down.expert_stride * distinct, bytes = gu + dn;
@@ -232,7 +237,8 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
         if (m->layers[l].experts[0].down.type != m->layers[0].experts[0].down.type) layers[1] = l;
     vk_ex_shape saved[2][2];
     memcpy(saved, vk->ex_shape, sizeof saved);
-    int32_t ids[VK_MV_NMAX * 64];
+    int32_t ids[VK_MV_NMAX * 64], cold_ids[VK_MAX_EXPERTS];
+    for (int i = 0; i < E / k * k; i++) cold_ids[i] = (int32_t)((i * 37 + 11) % E);
     for (int li = 0; li < 2 && layers[li] >= 0; li++) {
         const moex_layer *L = &m->layers[layers[li]];
         moex_vk_buffer *keep[3];
@@ -258,10 +264,12 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
             char name[64];
             for (int j = 0; j < k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
             snprintf(name, sizeof name, "s%d_L%d_k8", i, layers[li]);
-            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, name, copy_bw);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, 1, name, copy_bw);
+            snprintf(name, sizeof name, "s%d_L%d_k8_cold", i, layers[li]);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, cold_ids, 1, E / k, name, copy_bw);
             for (int j = 0; j < VK_MV_NMAX * k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
             snprintf(name, sizeof name, "s%d_L%d_n8_distinct", i, layers[li]);
-            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, name, copy_bw);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, 1, name, copy_bw);
         }
         for (int j = 0; j < 3; j++) moex_vk_buffer_free(keep[j]);
     }
@@ -366,15 +374,19 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
              * experts are all distinct (up to 64 of them), or drawn from 24 (tokens share them) */
             int32_t ids[VK_MV_NMAX * 64];
             for (int j = 0; j < k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
-            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, "k8", copy_bw);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, 1, "k8", copy_bw);
+            /* the same over E / k sets that together name every expert: each call's weights come from DRAM */
+            int32_t cold[VK_MAX_EXPERTS];
+            for (int i = 0; i < E / k * k; i++) cold[i] = (int32_t)((i * 37 + 11) % E);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, cold, 1, E / k, "k8_cold", copy_bw);
             if (VK_MV_NMAX * k <= E) {
                 for (int i = 0; i < VK_MV_NMAX * k; i++) ids[i] = (int32_t)((i * 37 + 11) % E);
-                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, "n8_distinct", copy_bw);
+                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, 1, "n8_distinct", copy_bw);
             }
             if (k <= 24 && E >= 24) {
                 for (int t = 0; t < VK_MV_NMAX; t++)
                     for (int j = 0; j < k; j++) ids[t * k + j] = (int32_t)((t * 3 + j * 5) % 24);
-                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, "n8_shared24", copy_bw);
+                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, 1, "n8_shared24", copy_bw);
             }
         }
         /* The same FFN over every expert at once (a 64-token batch on the tiled path): its weights once, compute-bound. */
@@ -384,9 +396,11 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
         for (int t = 0; t < NT; t++)
             for (int j = 0; j < ex.k && j < 64; j++)
                 bids[t * ex.k + j] = (int32_t)((t * 7 + j * 37 + 11) % hp->n_expert), bw[t * ex.k + j] = 1.0f / ex.k;
+        MUST(NT * ex.k * 4 > 4096);   /* one id set: the ids, the weights 4 KiB on */
         MUST(moex_vk_upload(vk, act, (size_t)12 << 20, bids, (size_t)(NT * ex.k) * 4, &err));
-        MUST(moex_vk_upload(vk, act, ((size_t)12 << 20) + 65536, bw, (size_t)(NT * ex.k) * 4, &err));
-        ex.w = ex.ids + 65536;
+        MUST(moex_vk_upload(vk, act, ((size_t)12 << 20) + 4096, bw, (size_t)(NT * ex.k) * 4, &err));
+        ex.ids = a0 + ((size_t)12 << 20);
+        ex.sets = 1;
         ex.n = NT;
         const double tb = time_op(vk, rec_experts, &ex, 20);
         const double flops = 2.0 * NT * ex.k * 3.0 * (double)ex.e.gate.rows * ex.e.gate.cols;
