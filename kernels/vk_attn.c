@@ -44,7 +44,7 @@ size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
  * Returns 0 where it does not apply: one token, MOEX_VK_ATTN_SIMPLE=1 (the
  * split-K path, kept for comparison), or too little shared memory. */
 static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int64_t n, uint32_t *rows) {
-    if (n <= 1 || vk_env_on("MOEX_VK_ATTN_SIMPLE")) return 0;
+    if (n <= 1 || vk->tune.attn_simple) return 0;
     int cls = 0;
     while ((64 << cls) < sh->head_dim) cls++;
     const uint32_t hdmax = 64u << cls, st = hdmax / 4 + 1, bk = hdmax <= 128 ? 32 : 4096 / hdmax;
@@ -90,7 +90,7 @@ static int attn_coop_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, moex_
     const moex_vk_info *in = &vk->info;
     uint32_t warps, bc;
     if (!in->coop || in->coop_m != 16 || in->coop_n != 16 || in->coop_k != 16 || sh->head_dim > 128 ||
-        v_cache % 16 || vk_env_on("MOEX_VK_ATTN_NO_COOP"))
+        v_cache % 16 || vk->tune.attn_no_coop)
         return -1;
     const int mode = sh->head_dim > 64;
     if (vk_attn_coop_config(vk, mode, &warps, &bc)) return -1;

@@ -178,13 +178,33 @@ static uint32_t coop_pick_n(moex_vk *vk) {
 }
 
 
+/* The environment is read here, once, when a device is created. */
+bool vk_env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static int env_int(const char *name) {
+    const char *e = getenv(name);
+    return e ? atoi(e) : -1;
+}
+
+static void read_tuning(vk_tuning *t) {
+    t->attn_simple = vk_env_on("MOEX_VK_ATTN_SIMPLE");
+    t->attn_no_coop = vk_env_on("MOEX_VK_ATTN_NO_COOP");
+    t->coop_wide = env_int("MOEX_VK_COOP_NARROW") == 0;
+    t->coop_bk = env_int("MOEX_VK_COOP_BK") == 32 ? 32 : VK_COOP_BK;
+    t->coop_nbuf = env_int("MOEX_VK_COOP_NBUF") == 2 ? 2 : 1;
+    const int rpt = env_int("MOEX_VK_MV_RPT");
+    t->mv_rpt = rpt >= 1 && rpt <= 8 ? rpt : 0;
+}
+
 /* Cooperative matrices for the prompt-batch products: the extension and its
  * feature for compute, the Vulkan memory model its SPIR-V declares, f16
  * arithmetic, 32-wide subgroups (mm_coop.comp's warps) and enough shared memory. */
 static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12, int mode) {
     moex_vk_info *in = &vk->info;
-    const char *bm = getenv("MOEX_VK_COOP_BM");   /* tile rows, for comparisons: 64 (default) or 128 */
-    vk->coop_bm = bm && atoi(bm) == 128 ? 128 : VK_COOP_BM;
+    vk->coop_bm = env_int("MOEX_VK_COOP_BM") == 128 ? 128 : VK_COOP_BM;   /* tile rows, for comparisons: 64 or 128 */
     if (mode == MOEX_VK_COOP_AUTO)   /* the environment, for comparisons from the command line */
         mode = vk_env_on("MOEX_VK_NO_COOP") ? MOEX_VK_COOP_OFF : vk_env_on("MOEX_VK_COOP_EMULATE") ? MOEX_VK_COOP_EMULATE
                                                                                             : MOEX_VK_COOP_AUTO;
@@ -253,6 +273,7 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     vk->use_subgroup = !opt->no_subgroup && in->subgroup_arith && s >= 8 && s <= 64 && (s & (s - 1)) == 0;
     vk->tpr = vk->use_subgroup ? (int)s : 32;
     memcpy(vk->ex_shape, vk_ex_default_shapes, sizeof vk->ex_shape);
+    read_tuning(&vk->tune);
     read_coop(vk, &f12, opt->coop);
 }
 

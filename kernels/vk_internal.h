@@ -41,7 +41,7 @@ typedef enum vk_kernel {
  * rows; the staged one-token modes 1 and 2 keep VK_MV_RPT_STAGED rows' loads in
  * flight (MOEX_VK_MV_RPT=1..8 overrides it, for tuning). */
 #define VK_MV_RPT_STAGED 2
-int vk_mv_rpt(int mode);
+int vk_mv_rpt(const moex_vk *vk, int mode);
 #define VK_MV_XMAX 4096     /* widest x mv.comp stages in shared memory (modes 1, 2); wider takes mode 0 */
 #define VK_MV_STAGE 16      /* mv.comp mode flag: the router (mode 3, one token) on the staged loop of mode 1 */
 _Static_assert(VK_MODES > (3 | VK_MV_GENERIC | VK_MV_NORM | VK_MV_STAGE), "mv.comp modes fit the pipeline table");
@@ -69,6 +69,17 @@ typedef struct vk_shader_src {
 extern const vk_shader_src moex_vk_shader_sources[];
 extern const int moex_vk_shader_source_count;
 
+/* Switches for comparing kernel variants (docs/PERF.md), read from the
+ * environment once when the device is created (vk_device.c read_tuning). */
+typedef struct vk_tuning {
+    bool attn_simple;    /* MOEX_VK_ATTN_SIMPLE=1: prompt attention on the split-K path */
+    bool attn_no_coop;   /* MOEX_VK_ATTN_NO_COOP=1: prompt attention on f32 tiles */
+    bool coop_wide;      /* MOEX_VK_COOP_NARROW=0: dense coop products keep 64-token tiles */
+    int coop_bk;         /* MOEX_VK_COOP_BK: mm_coop.comp columns per step, VK_COOP_BK or 32 */
+    int coop_nbuf;       /* MOEX_VK_COOP_NBUF: 2 asks for double-buffered coop tiles, else 1 */
+    int mv_rpt;          /* MOEX_VK_MV_RPT: rows per thread of the staged one-token products (1-8), 0: default */
+} vk_tuning;
+
 typedef struct moex_vk_buffer {
     moex_vk *vk;
     VkBuffer buf;
@@ -94,6 +105,7 @@ struct moex_vk {
     bool use_subgroup;
     int coop_bm;                  /* mm_coop.comp tile rows (info.coop != 0) */
     vk_ex_shape ex_shape[2][2];   /* experts_mv.comp's workgroups (vk_experts.h) */
+    vk_tuning tune;
     char cache_dir[512];          /* "" when caching is off */
     void *shaderc;                /* shaderc_compiler_t, created on first compile */
     VkPipeline pipes[VK_K_COUNT][VK_TYPE_SLOTS][VK_MODES];
@@ -123,6 +135,7 @@ struct moex_vk_cmd {
 /* vk_device.c */
 int vk_check(VkResult r, const char *what, moex_error *err);
 int vk_submit_wait(moex_vk *vk, VkCommandBuffer cb, VkFence fence, moex_error *err);
+bool vk_env_on(const char *name);   /* an environment switch set to anything but "" or "0" (device creation only) */
 
 /* vk_prof.c: timestamps around every op when MOEX_VK_PROFILE is set */
 bool vk_prof_wanted(void);
@@ -143,10 +156,9 @@ void vk_pipeline_cache_save(moex_vk *vk);
 /* vk_ops.c: the ops and the helpers every op file shares */
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz);
 uint32_t vk_fbits(float f);                /* a float's bits, for push constants */
-bool vk_env_on(const char *name);          /* an environment switch set to anything but "" or "0" */
 uint32_t vk_ceil_div(int64_t a, int64_t b);
 int vk_mv_mode(int mode, const moex_vk_matrix *w);   /* mode | VK_MV_GENERIC when unaligned */
-uint32_t vk_mv_groups(int64_t rows, int mode);                                /* mv.comp workgroups along the rows */
+uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode);           /* mv.comp workgroups along the rows */
 int vk_check_grid(int64_t gx, int64_t gy, int64_t gz, moex_error *err);
 int vk_check_matrix(const moex_vk_matrix *w, moex_error *err);
 /* x, or x rounded to the partner type of weight type t when rounding is on. */

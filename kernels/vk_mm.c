@@ -50,16 +50,15 @@ static VkPipeline mm_pipeline(moex_vk *vk, mm_kind *mk, moex_type t, int mode, i
 /* Few row tiles (k and v: 512 rows) leave most SMs idle under 64-token
  * tiles: 32-token ones double the workgroups (where there is more than one
  * 64-token tile to split). MOEX_VK_COOP_NARROW=0 keeps 64, for comparisons. */
-static bool coop_narrow(const mm_kind *mk, int64_t rows, int64_t n) {
-    const char *e = getenv("MOEX_VK_COOP_NARROW");
-    if (mk->k != VK_K_MM_COOP || n <= VK_COOP_BN || (e && atoi(e) == 0)) return false;
+static bool coop_narrow(const moex_vk *vk, const mm_kind *mk, int64_t rows, int64_t n) {
+    if (mk->k != VK_K_MM_COOP || n <= VK_COOP_BN || vk->tune.coop_wide) return false;
     return (int64_t)vk_ceil_div(rows, mk->bm) * vk_ceil_div(n, mk->bn) < VK_COOP_FEW;
 }
 
 int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err) {
     mm_kind mk = mm_kind_of(c->vk, w->type);
     int flags = coop_flags(w->type, w->data, w->data, 0);
-    if (coop_narrow(&mk, w->rows, n)) {
+    if (coop_narrow(c->vk, &mk, w->rows, n)) {
         flags |= VK_COOP_NARROW;
         mk.bn = 32;
     }

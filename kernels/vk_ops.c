@@ -14,11 +14,6 @@ uint32_t vk_fbits(float f) {
     return u;
 }
 
-bool vk_env_on(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
 uint32_t vk_ceil_div(int64_t a, int64_t b) { return (uint32_t)((a + b - 1) / b); }
 
 /* mv.comp reads Q4_K and f32 rows through 16-byte loads; weights placed at
@@ -28,16 +23,16 @@ int vk_mv_mode(int mode, const moex_vk_matrix *w) {
     return wide && w->data % 16 ? mode | VK_MV_GENERIC : mode;
 }
 
-int vk_mv_rpt(int mode) {
+int vk_mv_rpt(const moex_vk *vk, int mode) {
     if ((mode & 3) == 0) return 2;
     if ((mode & 3) == 3) return 1;
-    const char *e = getenv("MOEX_VK_MV_RPT");   /* a tuning switch: set it before the process starts */
-    const int v = e ? atoi(e) : 0;
-    return v >= 1 && v <= 8 ? v : VK_MV_RPT_STAGED;
+    return vk->tune.mv_rpt ? vk->tune.mv_rpt : VK_MV_RPT_STAGED;
 }
 
 /* Workgroups of mv.comp along the rows. */
-uint32_t vk_mv_groups(int64_t rows, int mode) { return vk_ceil_div(rows, VK_MV_GROUPS * vk_mv_rpt(mode)); }
+uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode) {
+    return vk_ceil_div(rows, VK_MV_GROUPS * vk_mv_rpt(vk, mode));
+}
 
 /* The staged one-token variants (modes 1, 2, 3 | VK_MV_STAGE): x fits the
  * shared-memory stage (24 KiB with its bank padding) and is 16-byte aligned. */
@@ -51,8 +46,8 @@ static bool mv_stageable(const moex_vk *vk, const moex_vk_matrix *w, moex_vk_ptr
 static uint32_t staged_groups(int64_t blocks) { return blocks < VK_MV_PERSIST ? (uint32_t)blocks : VK_MV_PERSIST; }
 
 /* Workgroups of a one-token mv.comp dispatch of mode over rows: staged, or one per row block. */
-static uint32_t mv_grid(int64_t rows, int mode, bool staged) {
-    return staged ? staged_groups(vk_mv_groups(rows, mode)) : vk_mv_groups(rows, mode);
+static uint32_t mv_grid(const moex_vk *vk, int64_t rows, int mode, bool staged) {
+    return staged ? staged_groups(vk_mv_groups(vk, rows, mode)) : vk_mv_groups(vk, rows, mode);
 }
 
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
@@ -168,13 +163,13 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     if (n == 1 && mv_stageable(c->vk, w, x)) {
         VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(1, w), err);
         if (!p) return -1;
-        vk_dispatch(c, p, &pc, mv_grid(w->rows, 1, true), 1, 1);
+        vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 1, true), 1, 1);
         return 0;
     }
     if (n <= VK_MV_NMAX) {
         VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w), err);
-        if (!p || vk_check_grid(vk_mv_groups(w->rows, 0), 1, 1, err)) return -1;
-        vk_dispatch(c, p, &pc, vk_mv_groups(w->rows, 0), 1, 1);
+        if (!p || vk_check_grid(vk_mv_groups(c->vk, w->rows, 0), 1, 1, err)) return -1;
+        vk_dispatch(c, p, &pc, vk_mv_groups(c->vk, w->rows, 0), 1, 1);
         return 0;
     }
     return vk_matmul_tiled(c, w, &pc, n, err);
@@ -200,7 +195,7 @@ int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
                            moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
     if (check_norm_fused(c, w, x, nw, err)) return -1;
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
-    const uint32_t groups = mv_grid(w->rows, mode, mode == 1);
+    const uint32_t groups = mv_grid(c->vk, w->rows, mode, mode == 1);
     VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(mode, w) | VK_MV_NORM, err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
@@ -223,13 +218,13 @@ static int dispatch_shared(moex_vk_cmd *c, const moex_vk_matrix *const *w, const
     vk_pc pc = vk_mat_pc(w0, x, 1, w0->cols, y[idx[0]], w0->rows, 0);
     pc.p[1] = nw;
     pc.u[9] = vk_fbits(eps);
-    int64_t blocks = vk_mv_groups(w0->rows, 2);
+    int64_t blocks = vk_mv_groups(c->vk, w0->rows, 2);
     for (int i = 1; i < n; i++) {   /* w1, y1 in p[4], p[5]; w2, y2 in p[6], p[7]; their rows in u[7], u[8] */
         const moex_vk_matrix *wi = w[idx[i]];
         pc.p[2 + 2 * i] = wi->data;
         pc.p[3 + 2 * i] = y[idx[i]];
         pc.u[6 + i] = (uint32_t)wi->rows;
-        blocks += vk_mv_groups(wi->rows, 2);
+        blocks += vk_mv_groups(c->vk, wi->rows, 2);
     }
     vk_dispatch(c, p, &pc, staged_groups(blocks), 1, 1);
     return 0;
@@ -281,8 +276,8 @@ int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_pt
                          (long long)w->rows, moex_vk_argmax_sync_bytes(w->rows), sync_bytes);
     if (!nw && vk_round_input(c, w->type, x, 1, w->cols, &x, err)) return -1;
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
-    const uint32_t g0 = vk_mv_groups(w->rows, 0),
-                   groups = mode ? staged_groups(vk_mv_groups(w->rows, 1)) : g0 < 2048 ? g0 : 2048;
+    const uint32_t g0 = vk_mv_groups(c->vk, w->rows, 0),
+                   groups = mode ? staged_groups(vk_mv_groups(c->vk, w->rows, 1)) : g0 < 2048 ? g0 : 2048;
     VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(mode, w) | (nw ? VK_MV_NORM : 0), err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, 0);
@@ -336,7 +331,7 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
         const int stage = n == 1 && mv_stageable(c->vk, w, x) ? VK_MV_STAGE : 0;
         VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | stage, err);
         if (!p) return -1;
-        vk_dispatch(c, p, &pc, mv_grid(w->rows, 3, stage != 0), 1, 1);
+        vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 3, stage != 0), 1, 1);
         return 0;
     }
     return vk_router_tiled(c, w, &pc, n, err);
@@ -360,6 +355,6 @@ int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     pc.u[5] = norm ? 2u : 0u;   /* bit 0 (add r) stays off: r is the xn output here */
     pc.u[6] = (uint32_t)k;
     pc.u[9] = vk_fbits(eps);
-    vk_dispatch(c, p, &pc, mv_grid(w->rows, 3, stage != 0), 1, 1);
+    vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 3, stage != 0), 1, 1);
     return 0;
 }

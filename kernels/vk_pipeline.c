@@ -103,22 +103,15 @@ static int add_file(strbuf *b, const char *name, moex_error *err) {
 static int block_elems(moex_type t) { return moex_type_get(t)->block_elems; }
 static int block_bytes(moex_type t) { return moex_type_get(t)->block_bytes; }
 
-/* mm_coop.comp's columns per step: VK_COOP_BK, or MOEX_VK_COOP_BK=32 for comparisons. */
-static int coop_bk(void) {
-    const char *e = getenv("MOEX_VK_COOP_BK");
-    return e && atoi(e) == 32 ? 32 : VK_COOP_BK;
-}
-
 /* mm_coop.comp's shared tiles: single (two barriers per step) by default,
- * double-buffered (one barrier per step) with MOEX_VK_COOP_NBUF=2 where the
+ * double-buffered (one barrier per step) with MOEX_VK_COOP_NBUF=2 (vk->tune) where the
  * device's shared memory holds two of each. On the H200 (48 KB) double buffers
  * made attn_q alone 11 % faster, but the experts' down 24 % slower (fewer
  * workgroups per SM), and the whole model's pp512 3 % slower even with them
  * on the dense products only (7673-7698 vs 7920-7936 tok/s, three
  * alternations in one run); gate+up (two weight tiles) never fits two. */
 static int coop_nbuf(const moex_vk *vk, int mode, int bk, int bn) {
-    const char *e = getenv("MOEX_VK_COOP_NBUF");
-    const int want = e && atoi(e) == 2 ? 2 : 1;
+    const int want = vk->tune.coop_nbuf;
     const uint32_t tile = (uint32_t)(bk / 8 + 1) * 16u;   /* one shared row, bytes */
     const uint32_t rows = (uint32_t)vk->coop_bm * (mode == 1 ? 2u : 1u) + (uint32_t)bn;
     const uint32_t rest = 4u * vk->info.coop_m * vk->info.coop_n * 4u + (uint32_t)bn * 4u;   /* staging, row map */
@@ -138,7 +131,7 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
         sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
     if (k == VK_K_MV) {
         sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n",
-                  vk->tpr, VK_MV_GROUPS, vk_mv_rpt(mode), !(mode & VK_MV_GENERIC));
+                  vk->tpr, VK_MV_GROUPS, vk_mv_rpt(vk, mode), !(mode & VK_MV_GENERIC));
         if (mode & VK_MV_NORM) sb_printf(&b, "#define NORM 1\n");
         if (mode & VK_MV_STAGE) sb_printf(&b, "#define STAGE 1\n");
         if (m == 1 || m == 2 || (mode & VK_MV_STAGE)) sb_printf(&b, "#define XMAX4 %du\n", VK_MV_XMAX / 4);
@@ -164,7 +157,7 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
         sb_printf(&b, "#define HDMAX %du\n#define BC %uu\n#define WARPS %uu\n#define EMU %d\n", 64 << mode, bc, warps,
                   vk->info.coop != 1);
     } else if (k == VK_K_MM_COOP) {
-        const int bk = coop_bk(), bn = mode & VK_COOP_NARROW ? 32 : VK_COOP_BN;
+        const int bk = vk->tune.coop_bk, bn = mode & VK_COOP_NARROW ? 32 : VK_COOP_BN;
         sb_printf(&b, "#define BM %du\n#define BN %du\n#define BK %du\n#define CM %uu\n#define CN %uu\n#define CK %uu\n"
                   "#define EMU %d\n#define NBUF %d\n#define FASTQ %d\n", vk->coop_bm, bn, bk,
                   vk->info.coop_m, vk->info.coop_n, vk->info.coop_k, vk->info.coop != 1, coop_nbuf(vk, m, bk, bn),

@@ -227,9 +227,9 @@ static void test_attention_prompt(void) {
         for (int64_t i = used; i < sh.n_ctx * kvd; i++) kc[i] = vc[i] = NAN;
         attention_ref64(q, kc, vc, ref, n, pos0, H, HK, hd, sh.scale);
         for (int simple = 0; simple < 2; simple++) {
-            if (simple) setenv("MOEX_VK_ATTN_SIMPLE", "1", 1);
+            vk->tune.attn_simple = simple;   /* the split-K path MOEX_VK_ATTN_SIMPLE=1 selects */
             prompt_attention_on(vk, &sh, q, kc, vc, n, pos0, simple ? got : tiled);
-            unsetenv("MOEX_VK_ATTN_SIMPLE");
+            vk->tune.attn_simple = false;
             const double e = rel_l2(simple ? got : tiled, ref, n * qd);
             CHECK(e <= 1e-5, "prompt attention (%s) n=%d pos0=%d heads %d/%d hd %d: rel err %.3g",
                   simple ? "split-K" : "tiled", n, pos0, H, HK, hd, e);
