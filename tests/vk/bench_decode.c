@@ -16,6 +16,8 @@ typedef struct ctx {
     moex_vk_matrix wq, wk, wv, wo, router, head;
     moex_vk_attn_shape sh;
     moex_vk_ptr x, xn, nw, q, k, v, att, kc, vc, qn, kn, scratch, params, sync, logits, ids, gw, rl, cnt, am;
+    moex_vk_buffer *bufs[8];   /* the weights' and activations' buffers, freed at the end */
+    int n_bufs;
 } ctx;
 
 typedef int (*record_fn)(moex_vk_cmd *c, ctx *b);
@@ -99,10 +101,14 @@ static int head_norm_argmax(moex_vk_cmd *c, ctx *b) {   /* everything in one dis
     return moex_vk_op_matmul_argmax(c, &b->head, b->x, b->nw, b->hp->rms_eps, b->logits, b->am, b->sync, 60000, &err);
 }
 
-static moex_vk_matrix upload(moex_vk *vk, const moex_matrix *m) {
+static moex_vk_buffer *keep(ctx *b, moex_vk_buffer *buf) {
+    MUST(!buf || b->n_bufs == (int)(sizeof b->bufs / sizeof b->bufs[0]));
+    return b->bufs[b->n_bufs++] = buf;
+}
+
+static moex_vk_matrix upload(moex_vk *vk, ctx *b, const moex_matrix *m) {
     const size_t bytes = (size_t)m->rows * m->row_bytes;
-    moex_vk_buffer *buf = moex_vk_buffer_create(vk, bytes, MOEX_VK_MEM_DEVICE, &err);   /* kept until exit */
-    MUST(!buf);
+    moex_vk_buffer *buf = keep(b, moex_vk_buffer_create(vk, bytes, MOEX_VK_MEM_DEVICE, &err));
     MUST(moex_vk_upload(vk, buf, 0, m->data, bytes, &err));
     return (moex_vk_matrix){.type = m->type, .rows = m->rows, .cols = m->cols, .row_bytes = m->row_bytes,
                             .data = moex_vk_buffer_ptr(buf)};
@@ -126,21 +132,21 @@ int main(int argc, char **argv) {
     const moex_hparams *hp = &m->hp;
     const moex_layer *L = &m->layers[0];
     ctx b = {.hp = hp};
-    b.wq = upload(vk, &L->wq);
-    b.wk = upload(vk, &L->wk);
-    b.wv = upload(vk, &L->wv);
-    b.wo = upload(vk, &L->wo);
-    b.head = upload(vk, &m->output);
+    b.wq = upload(vk, &b, &L->wq);
+    b.wk = upload(vk, &b, &L->wk);
+    b.wv = upload(vk, &b, &L->wv);
+    b.wo = upload(vk, &b, &L->wo);
+    b.head = upload(vk, &b, &m->output);
     const bool moe = moex_hparams_is_moe(hp);
-    if (moe) b.router = upload(vk, &L->router);
+    if (moe) b.router = upload(vk, &b, &L->router);
     b.sh = (moex_vk_attn_shape){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                                 .rope_dim = hp->rope_dim, .rope_base = hp->rope_freq_base, .rms_eps = hp->rms_eps,
                                 .scale = 0.088f, .neox = hp->rope_neox, .qk_norm = hp->qk_norm, .n_ctx = pos + 136};
     const size_t kvb = (size_t)b.sh.n_ctx * hp->n_head_kv * hp->head_dim * 4, MB = (size_t)1 << 20;
-    moex_vk_buffer *act = moex_vk_buffer_create(vk, 64 * MB + 2 * kvb, MOEX_VK_MEM_DEVICE, &err);
-    MUST(!act);
+    moex_vk_buffer *act = keep(&b, moex_vk_buffer_create(vk, 64 * MB + 2 * kvb, MOEX_VK_MEM_DEVICE, &err));
     /* random-ish activations: x = a smooth ramp, weights 1 (values only matter for exp/overflow) */
     float *h = malloc(16 * MB);
+    MUST(!h);
     for (size_t i = 0; i < 4 * MB; i++) h[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     MUST(moex_vk_upload(vk, act, 0, h, 16 * MB, &err));
     for (size_t i = 0; i < 4096; i++) h[i] = 1.0f;
@@ -167,6 +173,7 @@ int main(int argc, char **argv) {
     b.kc = a + 64 * MB;
     b.vc = b.kc + kvb;
     void *z = calloc(1, 4 * MB);
+    MUST(!z);
     MUST(moex_vk_upload(vk, act, 20 * MB, z, 2 * MB, &err));
     free(z);
     int32_t p = pos;
@@ -187,7 +194,8 @@ int main(int argc, char **argv) {
         printf("%-32s %8.2f us\n", ops[i].name, time_op(vk, ops[i].f, &b, r));
     }
     printf("head_bytes %zu\n", (size_t)b.head.rows * b.head.row_bytes);
-    moex_vk_free(vk);   /* the bench's buffers are left to process exit */
+    for (int i = 0; i < b.n_bufs; i++) moex_vk_buffer_free(b.bufs[i]);
+    moex_vk_free(vk);
     moex_model_free(m);
     return 0;
 }
