@@ -158,12 +158,17 @@ typedef struct ex_ctx {
     int path;      /* 0 moex_vk_op_experts, 1 gate+up alone, 2 down alone */
     int sets, i;   /* call i uses id set i % sets (EX_SET_BYTES apart) */
 } ex_ctx;
-#define EX_SET_BYTES 8192   /* an id set: ids, then the gate weights 4 KiB on */
+#define EX_SET_BYTES 8192   /* an id set: the ids, then their routing weights 4 KiB on */
 static int rec_experts(moex_vk_cmd *c, void *p) {
     ex_ctx *e = p;
     const moex_vk_ptr ids = e->ids + (size_t)(e->i++ % e->sets) * EX_SET_BYTES, w = ids + 4096;
     if (e->path) return vk_experts_mv_halves(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, e->path, &err);
     return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, &err);
+}
+
+/* E / k sets of k ids that together name each of E experts once (37 does not divide E). */
+static void fill_cold_ids(int32_t *ids, int E, int k) {
+    for (int i = 0; i < E / k * k; i++) ids[i] = (int32_t)((i * 37 + 11) % E);
 }
 
 /* The decode expert FFN on n tokens choosing ex->k experts each (ids: sets
@@ -238,7 +243,7 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
     vk_ex_shape saved[2][2];
     memcpy(saved, vk->ex_shape, sizeof saved);
     int32_t ids[VK_MV_NMAX * 64], cold_ids[VK_MAX_EXPERTS];
-    for (int i = 0; i < E / k * k; i++) cold_ids[i] = (int32_t)((i * 37 + 11) % E);
+    fill_cold_ids(cold_ids, E, k);
     for (int li = 0; li < 2 && layers[li] >= 0; li++) {
         const moex_layer *L = &m->layers[layers[li]];
         moex_vk_buffer *keep[3];
@@ -377,7 +382,7 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
             bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, 1, "k8", copy_bw);
             /* the same over E / k sets that together name every expert: each call's weights come from DRAM */
             int32_t cold[VK_MAX_EXPERTS];
-            for (int i = 0; i < E / k * k; i++) cold[i] = (int32_t)((i * 37 + 11) % E);
+            fill_cold_ids(cold, E, k);
             bench_experts_mv(vk, &ex, act, (size_t)12 << 20, cold, 1, E / k, "k8_cold", copy_bw);
             if (VK_MV_NMAX * k <= E) {
                 for (int i = 0; i < VK_MV_NMAX * k; i++) ids[i] = (int32_t)((i * 37 + 11) % E);
@@ -396,7 +401,7 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
         for (int t = 0; t < NT; t++)
             for (int j = 0; j < ex.k && j < 64; j++)
                 bids[t * ex.k + j] = (int32_t)((t * 7 + j * 37 + 11) % hp->n_expert), bw[t * ex.k + j] = 1.0f / ex.k;
-        MUST(NT * ex.k * 4 > 4096);   /* one id set: the ids, the weights 4 KiB on */
+        MUST(NT * ex.k * 4 > 4096);   /* one id set (EX_SET_BYTES): the ids, their weights 4 KiB on */
         MUST(moex_vk_upload(vk, act, (size_t)12 << 20, bids, (size_t)(NT * ex.k) * 4, &err));
         MUST(moex_vk_upload(vk, act, ((size_t)12 << 20) + 4096, bw, (size_t)(NT * ex.k) * 4, &err));
         ex.ids = a0 + ((size_t)12 << 20);
