@@ -168,8 +168,9 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     }
     if (n <= VK_MV_NMAX) {
         VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w), err);
-        if (!p || vk_check_grid(vk_mv_groups(c->vk, w->rows, 0), 1, 1, err)) return -1;
-        vk_dispatch(c, p, &pc, vk_mv_groups(c->vk, w->rows, 0), 1, 1);
+        const uint32_t groups = vk_mv_groups(c->vk, w->rows, 0);
+        if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
+        vk_dispatch(c, p, &pc, groups, 1, 1);
         return 0;
     }
     return vk_matmul_tiled(c, w, &pc, n, err);
@@ -277,7 +278,7 @@ int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_pt
     if (!nw && vk_round_input(c, w->type, x, 1, w->cols, &x, err)) return -1;
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
     const uint32_t g0 = vk_mv_groups(c->vk, w->rows, 0),
-                   groups = mode ? staged_groups(vk_mv_groups(c->vk, w->rows, 1)) : g0 < 2048 ? g0 : 2048;
+                   groups = mode ? mv_grid(c->vk, w->rows, 1, true) : g0 < 2048 ? g0 : 2048;
     VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(mode, w) | (nw ? VK_MV_NORM : 0), err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, 0);

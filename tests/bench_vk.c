@@ -112,7 +112,8 @@ static int rec_attn_dec(moex_vk_cmd *c, void *p) {
 }
 /* Decode attention at position 575 of a 648-token cache (bench_vk's own
  * -p 512 -n 128 midway), random q, k, v and caches, QK-norm weights 1:
- * the caches of one layer (in L2 after the first pass) and of 48. */
+ * the caches of one layer (in L2 after the first pass) and of 48; then the
+ * unfused split-K + merge (prompt batches' fallback) on one layer's. */
 static void bench_attn_decode(const moex_hparams *hp, moex_vk *vk, moex_vk_ptr a0, moex_vk_buffer *act) {
     attn_dec_ctx d = {.a.sh = {.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                                .rope_dim = hp->rope_dim, .rope_base = 1e6f, .rms_eps = 1e-6f,
@@ -146,6 +147,9 @@ static void bench_attn_decode(const moex_hparams *hp, moex_vk *vk, moex_vk_ptr a
         printf("kernel_attn_decode_ctx576_%s_us %.2f\n", cold ? "48_layers" : "1_layer",
                time_op(vk, rec_attn_dec, &d, 192) * 1e6);
     }
+    attn_ctx split = d.a;
+    split.out = a0 + ((size_t)1 << 20);
+    printf("kernel_attn_splitk_merge_ctx576_us %.2f\n", time_op(vk, rec_attn, &split, 192) * 1e6);
     free(h);
     moex_vk_buffer_free(kv);
 }
@@ -321,24 +325,6 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
     norm_ctx nc = {a0, a0 + ((size_t)1 << 20), 1, hp->n_embd};
     const double tn = time_op(vk, rec_norm, &nc, 500);
     printf("dispatch_barrier_us %.2f\n", tn * 1e6);
-    {   /* the unfused split-K + merge (prompt batches' fallback) at position 511 */
-        attn_ctx at = {.sh = {.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                              .rope_dim = hp->rope_dim, .scale = 0.088f, .n_ctx = 520}};
-        const size_t kvb = (size_t)at.sh.n_ctx * hp->n_head_kv * hp->head_dim * 4;
-        moex_vk_buffer *kv = moex_vk_buffer_create(vk, 2 * kvb + 4096, MOEX_VK_MEM_DEVICE, &err);
-        MUST(!kv);
-        int32_t pos = 511;
-        MUST(moex_vk_upload(vk, kv, 2 * kvb, &pos, 4, &err));
-        at.kc = moex_vk_buffer_ptr(kv);
-        at.vc = at.kc + kvb;
-        at.params = at.kc + 2 * kvb;
-        at.q = a0;
-        at.out = a0 + ((size_t)1 << 20);
-        at.scratch = a0 + ((size_t)2 << 20);
-        const double tt = time_op(vk, rec_attn, &at, 200);
-        printf("kernel_attn_splitk_merge_ctx512_us %.2f\n", tt * 1e6);
-        moex_vk_buffer_free(kv);
-    }
     bench_attn_decode(hp, vk, a0, act);
     if (moex_hparams_is_moe(hp)) {
         moex_vk_buffer *rk;
