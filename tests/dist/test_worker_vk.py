@@ -111,8 +111,10 @@ def takes_over_experts(model):
           f"rc={rc} got={toks[:6]} want={ref[:6]}" + ("" if rc == 0 else err[-2000:]))
     check("  the dying worker died", codes[2] not in (0, None), f"exit code {codes[2]}")
     held = slots(vk_log)
-    check("  the vulkan worker took over experts (its slots grew)",
-          len(held) >= 2 and held[-1][0] > held[0][0] and held[-1][1] >= held[-1][0] > held[0][1],
+    # against the fewest it held before the death: a slow (ASan) start can see an
+    # early assignment made before the third worker joined, (10, 10) then (5, 10)
+    check("  the vulkan worker took over experts (more resident, all in slots)",
+          len(held) >= 2 and held[-1][0] > min(r for r, _ in held[:-1]) and held[-1][1] >= held[-1][0],
           f"(resident, slots) after each assignment: {held}")
     row = worker_row(err, "vk")
     check("  ... and stayed in: no eviction", metric(err, "evictions") == 0 and row is not None and row[2] == "ready",
