@@ -199,6 +199,26 @@ static void read_tuning(vk_tuning *t) {
     t->mv_rpt = rpt >= 1 && rpt <= 8 ? rpt : 0;
 }
 
+/* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's
+ * workgroups (gate+up, then down: threads, rows, rows loaded together), for
+ * tuning on another GPU; a shape that does not fit is refused with a warning. */
+static void read_ex_shape(moex_vk *vk) {
+    const char *e = getenv("MOEX_VK_EX_SHAPE");
+    if (!e || !*e) return;
+    vk_ex_shape g, d;
+    int used = 0;
+    if (sscanf(e, "%d,%d,%d,%d,%d,%d%n", &g.wg, &g.rt, &g.ru, &d.wg, &d.rt, &d.ru, &used) != 6 || e[used] ||
+        !vk_ex_shape_ok(vk, 0, g) || !vk_ex_shape_ok(vk, 1, d)) {
+        moex_log(MOEX_LOG_WARN,
+                 "vulkan: MOEX_VK_EX_SHAPE=%s ignored: give six numbers GWG,GRT,GRU,DWG,DRT,DRU with "
+                 "RU <= RT <= WG <= 1024 and RU dividing RT (e.g. 64,8,2,192,4,2)",
+                 e);
+        return;
+    }
+    vk->ex_shape[0][0] = g;
+    vk->ex_shape[1][0] = d;
+}
+
 /* Cooperative matrices for the prompt-batch products: the extension and its
  * feature for compute, the Vulkan memory model its SPIR-V declares, f16
  * arithmetic, 32-wide subgroups (mm_coop.comp's warps) and enough shared memory. */
@@ -274,6 +294,7 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     vk->tpr = vk->use_subgroup ? (int)s : 32;
     memcpy(vk->ex_shape, vk_ex_default_shapes, sizeof vk->ex_shape);
     read_tuning(&vk->tune);
+    read_ex_shape(vk);
     read_coop(vk, &f12, opt->coop);
 }
 

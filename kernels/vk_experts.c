@@ -43,10 +43,21 @@ static int ex_ppt(int64_t npos, int wg) {
     return p < 1 ? 1 : p > VK_EX_PPT_MAX ? VK_EX_PPT_MAX : (int)p;
 }
 
+/* One token: 8 rows per gate+up workgroup and 192-thread down workgroups of
+ * 4 rows (half as many workgroups as 64.4.2 / 96.4.2) decode 15 % faster in
+ * the whole model on an H200 (docs/PERF.md, session 5), although alone, on
+ * weights in L2, the gate+up is 1 µs slower: inside a token the kernels pay
+ * per workgroup, not per byte. */
 const vk_ex_shape vk_ex_default_shapes[2][2] = {
-    {{64, 4, 2}, {64, 4, 2}},   /* gate+up: one token, a batch */
-    {{96, 4, 2}, {96, 4, 2}},   /* down */
+    {{64, 8, 2}, {64, 4, 2}},    /* gate+up: one token, a batch */
+    {{192, 4, 2}, {96, 4, 2}},   /* down */
 };
+
+bool vk_ex_shape_ok(const moex_vk *vk, int half, vk_ex_shape s) {
+    const int64_t nv = half == 0 ? 2 * s.rt : s.rt;   /* experts_mv.comp's red[NV * WG] */
+    return s.wg >= 1 && s.wg <= 1024 && s.ru >= 1 && s.rt >= s.ru && s.rt <= s.wg && s.rt % s.ru == 0 &&
+           nv * s.wg * 4 <= (int64_t)vk->info.shared_mem;
+}
 
 void vk_experts_forget(moex_vk *vk) {
     vkDeviceWaitIdle(vk->dev);

@@ -13,6 +13,9 @@
  * call vk_experts_forget(). */
 #define VK_EX_MANY 4
 extern const vk_ex_shape vk_ex_default_shapes[2][2];
+/* s fits experts_mv.comp on vk for half (0 gate+up, 1 down): rows divide
+ * into load groups, no more rows than threads, the reduction in shared memory. */
+bool vk_ex_shape_ok(const moex_vk *vk, int half, vk_ex_shape s);
 #define VK_EX_PPT_MAX 4   /* input positions a thread holds in registers (more: an outer loop) */
 
 /* experts_mv.comp modes: bit 0 the half, bit 1 generic positions (8 elements

@@ -2,7 +2,7 @@
  * decode from an empty context and after the prompt), and the achieved
  * bandwidth of the main kernels on the model's own layer-0 weights against
  * the device's buffer-copy bandwidth. Prints "key value" lines.
- * usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--exact|--round] */
+ * usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--ctx N] [--exact|--round] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,7 +263,7 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
             vk_ex_shape g, d;
             int used = 0;
             if (sscanf(p, "%d.%d.%d/%d.%d.%d%n", &g.wg, &g.rt, &g.ru, &d.wg, &d.rt, &d.ru, &used) != 6 ||
-                g.rt > g.wg || d.rt > d.wg || g.rt % g.ru || d.rt % d.ru)
+                !vk_ex_shape_ok(vk, 0, g) || !vk_ex_shape_ok(vk, 1, d))
                 break;
             p += used + (p[used] == ',');
             printf("kernel_experts_s%d_shape gu=%d.%d.%d dn=%d.%d.%d\n", i, g.wg, g.rt, g.ru, d.wg, d.rt, d.ru);
@@ -405,12 +405,13 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--round] [--no-kernels|--only-kernels|--only-experts]\n");
+        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--ctx N] [--round] [--no-kernels|--only-kernels|--only-experts]\n");
         return 2;
     }
     int n_p = 512, n_g = 128, reps = 3;
     bool kernels = true, only_kernels = false;   /* --only-kernels: skip pp/tg (compare kernel variants) */
     bool only_experts = false;   /* --only-experts: the expert shapes of MOEX_VK_EX_SWEEP alone */
+    int n_ctx = 0;   /* --ctx: the state's context (default: the prompt, the decode and 8) */
     moex_vk_options o = {.device = -1, .verbose = true};
     for (int i = 2; i < argc; i++) {
         const bool has = i + 1 < argc;
@@ -418,6 +419,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-p") && has) n_p = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && has) n_g = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && has) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ctx") && has) n_ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--round")) o.round_activations = true;
         else if (!strcmp(argv[i], "--no-kernels")) kernels = false;
         else if (!strcmp(argv[i], "--only-kernels")) only_kernels = true;
@@ -428,13 +430,14 @@ int main(int argc, char **argv) {
         }
     }
     if (n_p < 1 || n_g < 1 || reps < 1 || reps > 64) return 2;
+    if (n_ctx < n_p + n_g + 8) n_ctx = n_p + n_g + 8;
     double t0 = moex_time_s();
     moex_model *m = moex_model_load(argv[1], &err);
     MUST(!m);
     char desc[256];
     moex_model_describe(m, desc, sizeof desc);
     printf("model %s\n", desc);
-    moex_vk_state *s = moex_vk_state_create(m, n_p + n_g + 8, n_p, &o, &err);
+    moex_vk_state *s = moex_vk_state_create(m, n_ctx, n_p, &o, &err);
     MUST(!s);
     printf("device %s\nload_s %.2f\n", moex_vk_get_info(moex_vk_state_device(s))->name, moex_time_s() - t0);
     if (only_experts && moex_hparams_is_moe(&m->hp)) {
@@ -454,6 +457,10 @@ int main(int argc, char **argv) {
     int32_t *toks = malloc((size_t)n_p * sizeof *toks);
     for (int i = 0; i < n_p; i++) toks[i] = (int32_t)((i * 7919 + 13) % V); /* like llama-bench */
     double pp[64], tg0[64], tgd[64];
+    /* The decoded tokens after the prompt, hashed (FNV-1a): equal in every
+     * repetition (the kernels reduce in a fixed order), and a run with other
+     * settings (MOEX_VK_CHAIN=0) must print the same hash. */
+    uint32_t tok_hash[64];
     /* warm-up: compiles every variant used below */
     MUST(moex_vk_forward(m, s, toks, n_p, 0, false, NULL, &err));
     MUST(moex_vk_forward(m, s, toks, 1, 0, false, NULL, &err));
@@ -470,16 +477,23 @@ int main(int argc, char **argv) {
         pp[r] = n_p / (moex_time_s() - t);
         tok = moex_vk_last_argmax(s);
         t = moex_time_s();
+        uint32_t h = 2166136261u;
         for (int i = 0; i < n_g; i++) {   /* decode after the prompt */
             MUST(moex_vk_forward(m, s, &tok, 1, n_p + i, false, NULL, &err));
             tok = moex_vk_last_argmax(s);
+            h = (h ^ (uint32_t)tok) * 16777619u;
         }
         tgd[r] = n_g / (moex_time_s() - t);
+        tok_hash[r] = h;
         fprintf(stderr, "bench_vk: rep %d: pp%d %.1f tok/s, tg%d %.1f tok/s, tg%d@%d %.1f tok/s\n", r + 1, n_p, pp[r],
                 n_g, tg0[r], n_g, n_p, tgd[r]);
     }
     printf("pp%d_tok_s %.2f\ntg%d_tok_s %.2f\ntg%d_after_pp%d_tok_s %.2f\n", n_p, median(pp, reps), n_g,
            median(tg0, reps), n_g, n_p, median(tgd, reps));
+    bool same = true;
+    for (int r = 1; r < reps; r++) same = same && tok_hash[r] == tok_hash[0];
+    printf("tg_after_pp_tokens_fnv %08x\ntg_tokens_repeat %s\n", tok_hash[0], same ? "yes" : "NO");
+    if (!same) fprintf(stderr, "bench_vk: the decoded tokens differ between repetitions\n");
     if (kernels) bench_kernels(m, moex_vk_state_device(s));
     free(toks);
     moex_vk_state_free(s);

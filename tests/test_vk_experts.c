@@ -126,6 +126,14 @@ int main(int argc, char **argv) {
         {Q6K, Q6K, 256, 256, 2, 6, 3, 0, false},     /* Q6_K gate/up */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+    /* the defaults fit this device; shapes the kernel cannot run are refused (MOEX_VK_EX_SHAPE's check) */
+    for (int h = 0; h < 2; h++)
+        for (int b = 0; b < 2; b++)
+            CHECK(vk_ex_shape_ok(vk, h, vk_ex_default_shapes[h][b]), "default expert shape [%d][%d] refused", h, b);
+    const vk_ex_shape bad[] = {{64, 8, 3}, {16, 32, 2}, {2048, 4, 2}, {64, 0, 0}, {0, 1, 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(!vk_ex_shape_ok(vk, (int)(i % 2), bad[i]), "expert shape %d.%d.%d accepted", bad[i].wg, bad[i].rt,
+              bad[i].ru);
     /* other shapes: each replaces both token counts' shapes of its half */
     const vk_ex_shape other[][2] = {
         {{32, 8, 4}, {256, 2, 2}},   /* the shapes before the H200 sweep (docs/PERF.md), down and gate+up wider */
