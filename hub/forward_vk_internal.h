@@ -66,8 +66,11 @@ struct moex_vk_state {
     vk_dist *dist;                    /* NULL until an executor is set */
 };
 
-/* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
-enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
+/* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, the decode
+ * attention's grid[3] (moex_vk_attention_decode_grid at params[0]), tokens[n_batch]. */
+enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_GRID = 5, IO_TOKENS = 8 };
+/* The I/O words a forward pass of tokens[0..n) at pos reads (vk_forward.c). */
+void vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos);
 
 #define ACT(field) (moex_vk_buffer_ptr(s->act) + s->a.field)
 #define IO(word) (moex_vk_buffer_ptr(s->io) + (word) * 4)

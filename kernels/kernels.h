@@ -211,11 +211,17 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
  * row of n_head_kv x head_dim each), split-K attention over positions
  * 0..params[0] and the merge of the splits. The result overwrites q.
  * scratch: moex_vk_attention_scratch(sh, 1) floats; counters: n_head
- * uint32 that must be 0 (left at 0). */
+ * uint32 that must be 0 (left at 0). grid NULL: every split of the context
+ * runs. Else 3 words at grid_off of that buffer (host-visible) hold, when the
+ * work runs, moex_vk_attention_decode_grid(sh, params[0]): an indirect
+ * dispatch of the splits up to the position alone, so a recording made once
+ * serves every position without launching the empty splits of a long context. */
 int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
                                 moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
                                 moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params,
-                                moex_error *err);
+                                moex_vk_buffer *grid, size_t grid_off, moex_error *err);
+/* The workgroups (x, y, z) of the decode attention at position pos. */
+void moex_vk_attention_decode_grid(const moex_vk_attn_shape *sh, int64_t pos, uint32_t grid[3]);
 
 /* Router in one dispatch for small batches: logits = W x, softmax, top-k
  * (ties: lower id), renormalised when norm. ids/weights: n x k. logits: n x

@@ -155,6 +155,8 @@ void vk_pipeline_cache_save(moex_vk *vk);
 
 /* vk_ops.c: the ops and the helpers every op file shares */
 void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz);
+/* The same with the grid read from 3 words at off in b when the work runs. */
+void vk_dispatch_indirect(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, moex_vk_buffer *b, size_t off);
 uint32_t vk_fbits(float f);                /* a float's bits, for push constants */
 uint32_t vk_ceil_div(int64_t a, int64_t b);
 int vk_mv_mode(int mode, const moex_vk_matrix *w);   /* mode | VK_MV_GENERIC when unaligned */

@@ -50,13 +50,23 @@ static uint32_t mv_grid(const moex_vk *vk, int64_t rows, int mode, bool staged) 
     return staged ? staged_groups(vk_mv_groups(vk, rows, mode)) : vk_mv_groups(vk, rows, mode);
 }
 
-void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
+static void bind_push(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc) {
     if (c->bound != p) {
         vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         c->bound = p;
     }
     vkCmdPushConstants(c->cb, c->vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
+}
+
+void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
+    bind_push(c, p, pc);
     vkCmdDispatch(c->cb, gx, gy, gz);
+    if (c->prof) vk_prof_mark(c, p);
+}
+
+void vk_dispatch_indirect(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, moex_vk_buffer *b, size_t off) {
+    bind_push(c, p, pc);
+    vkCmdDispatchIndirect(c->cb, b->buf, off);
     if (c->prof) vk_prof_mark(c, p);
 }
 

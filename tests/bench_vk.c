@@ -108,7 +108,7 @@ static int rec_attn_dec(moex_vk_cmd *c, void *p) {
     const attn_ctx *a = &d->a;
     const size_t off = (size_t)(d->i++ % d->layers) * d->layer_bytes;
     return moex_vk_op_attention_decode(c, &a->sh, a->q, a->q + 65536, a->q + 2 * 65536, a->kc + off, a->vc + off,
-                                       a->out, a->out + 4096, a->scratch, a->out + 8192, a->params, &err);
+                                       a->out, a->out + 4096, a->scratch, a->out + 8192, a->params, NULL, 0, &err);
 }
 /* Decode attention at position 575 of a 648-token cache (bench_vk's own
  * -p 512 -n 128 midway), random q, k, v and caches, QK-norm weights 1:

@@ -492,13 +492,15 @@ static void norm_rope_ref(float *hv, const float *w, int hd, int rope_dim, int64
  * attention + merge in one dispatch) against the CPU (moex_rmsnorm,
  * moex_rope, moex_attention) and against the unfused GPU ops, over two
  * consecutive tokens (the second reads the first's appended row and finds
- * the counters back at zero), positions at split edges, GQA groups of 1 to
- * 32, head_dim 64 to 256 and a 4000-position cache. */
+ * the counters back at zero, and runs as an indirect dispatch of only the
+ * splits its position needs), positions at split edges, GQA groups of 1 to
+ * 32, head_dim 64 to 256, a 4000-position cache and an 8192-position one. */
 static void test_attention_decode(void) {
     struct { int hd, rope, neox, qkn, H, HK; int64_t pos, ctx; } cases[] = {
         {128, 128, 1, 1, 8, 2, 0, 200},    {128, 128, 1, 1, 8, 2, 63, 200},  {64, 48, 0, 0, 8, 2, 299, 600},
         {128, 128, 1, 1, 8, 2, 517, 1000}, {128, 128, 1, 1, 16, 2, 511, 600}, {96, 64, 1, 1, 6, 2, 40, 100},
-        {256, 256, 0, 1, 4, 4, 31, 64},    {128, 128, 1, 1, 32, 1, 100, 300}, {128, 128, 1, 1, 16, 2, 2999, 4000}};
+        {256, 256, 0, 1, 4, 4, 31, 64},    {128, 128, 1, 1, 32, 1, 100, 300}, {128, 128, 1, 1, 16, 2, 2999, 4000},
+        {128, 128, 1, 1, 8, 2, 130, 8192}};   /* a long context, a short position: 3 splits of 64 run */
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         const int hd = cases[ci].hd, H = cases[ci].H, HK = cases[ci].HK;
         moex_vk_attn_shape sh = {.n_head = H, .n_head_kv = HK, .head_dim = hd, .rope_dim = cases[ci].rope,
@@ -527,9 +529,19 @@ static void test_attention_decode(void) {
             moex_vk_buffer *qb = gpu_from(vk, q + tok * qd, qd * 4), *kb = gpu_from(vk, k + tok * kvd, kvd * 4),
                            *vb = gpu_from(vk, v + tok * kvd, kvd * 4), *qb2 = gpu_from(vk, q + tok * qd, qd * 4),
                            *pb = gpu_from(vk, &params, 4);
+            /* the second token runs only the splits up to its position (an indirect dispatch) */
+            uint32_t grid[3];
+            moex_vk_attention_decode_grid(&sh, pos, grid);
+            const int64_t ns = (ctx + 63) / 64 < 64 ? (ctx + 63) / 64 : 64, want = (pos + 64) / 64 < 64 ? (pos + 64) / 64 : 64;
+            CHECK(grid[0] == (uint32_t)H && grid[1] == 1 && grid[2] == (uint32_t)(want < ns ? want : ns),
+                  "decode grid at pos %lld of %lld: %u x %u x %u", (long long)pos, (long long)ctx, grid[0], grid[1],
+                  grid[2]);
+            moex_vk_buffer *gridb = moex_vk_buffer_create(vk, 64, MOEX_VK_MEM_HOST, &g_err);
+            MUST(!gridb);
+            memcpy((char *)moex_vk_buffer_map(gridb) + 16, grid, sizeof grid);
             moex_vk_cmd *c = cmd_begin(vk);
             MUST(moex_vk_op_attention_decode(c, &sh, P(qb), P(kb), P(vb), P(kcb), P(vcb), P(qnb), P(knb), P(sb), P(cb),
-                                             P(pb), &g_err));
+                                             P(pb), tok == 1 ? gridb : NULL, 16, &g_err));
             /* the unfused ops on their own caches */
             MUST(moex_vk_op_qk_rope(c, &sh, P(qb2), P(kb), P(vb), P(kcb2), P(vcb2), P(qnb), P(knb), P(pb), 1, &g_err));
             moex_vk_barrier(c);
@@ -567,10 +579,11 @@ static void test_attention_decode(void) {
             int nz = 0;
             for (int h = 0; h < H; h++) nz += cnt[h] != 0;
             CHECK(nz == 0, "decode attention: %d counters left non-zero", nz);
-            printf("  decode attention hd=%d rope=%d neox=%d qk_norm=%d heads %d/%d pos=%lld ctx=%lld: %.2g (unfused %.2g, "
-                   "k %.2g)\n", hd, sh.rope_dim, sh.neox, sh.qk_norm, H, HK, (long long)pos, (long long)ctx, e, e2, ek);
-            moex_vk_buffer *tmp[] = {qb, kb, vb, qb2, pb};
-            for (int i = 0; i < 5; i++) moex_vk_buffer_free(tmp[i]);
+            printf("  decode attention hd=%d rope=%d neox=%d qk_norm=%d heads %d/%d pos=%lld ctx=%lld splits %u%s: %.2g "
+                   "(unfused %.2g, k %.2g)\n", hd, sh.rope_dim, sh.neox, sh.qk_norm, H, HK, (long long)pos, (long long)ctx,
+                   tok == 1 ? grid[2] : (unsigned)ns, tok == 1 ? " (indirect)" : "", e, e2, ek);
+            moex_vk_buffer *tmp[] = {qb, kb, vb, qb2, pb, gridb};
+            for (int i = 0; i < 6; i++) moex_vk_buffer_free(tmp[i]);
         }
         moex_vk_buffer *all[] = {kcb, vcb, kcb2, vcb2, qnb, knb, sb, cb, ob};
         for (int i = 0; i < 9; i++) moex_vk_buffer_free(all[i]);

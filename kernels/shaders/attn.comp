@@ -4,7 +4,7 @@
 // n_split slices per head to fill the GPU; a prompt batch gets its
 // parallelism from the tokens. Keys beyond the token's position are skipped.
 // A thread owns one key for the scores and one dimension for the values.
-// MODE 1 (one decode token, grid (n_head, 1, n_split)) does the whole
+// MODE 1 (one decode token, grid (n_head, 1, splits up to n_split)) does the whole
 // attention step in one dispatch: each workgroup QK-norms and rotates its q
 // head; the split holding the new position also normalises and rotates the
 // new key, takes it and the new value from the k and v rows (the first q
@@ -222,8 +222,12 @@ void norm_rope(F32 w, uint pos) {
 void main() {
     const uint tid = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, sp = gl_WorkGroupID.z;
     const uint hd = HD, hd4 = hd / 4u, n_head = N_HEAD, kvd = N_HEAD_KV * hd, group = n_head / N_HEAD_KV, kvh = h / group;
-    const uint qpos = uint(pc.params.v[0]);
-    const uint start = sp * pc.chunk, stop = start + pc.chunk, end = min(stop, qpos);   // the new key comes last
+    // Splits that run: all pc.n_split over the context of pc.chunk keys each,
+    // or (flags & 4, an indirect dispatch) those the keys up to the position
+    // need, splitting them evenly; the partials keep the stride of pc.n_split.
+    const uint ns = gl_NumWorkGroups.z, qpos = uint(pc.params.v[0]);
+    const uint chunk = (pc.flags & 4u) != 0u ? (qpos + ns) / ns : pc.chunk;
+    const uint start = sp * chunk, stop = start + chunk, end = min(stop, qpos);   // the new key comes last
     const float scale = uintBitsToFloat(pc.scale_bits);
     const uint qo = h * hd;
     for (uint i = tid; i < hd; i += 128u) hv[i] = pc.q.v[qo + i];
@@ -298,21 +302,21 @@ void main() {
     // The last split of head h to finish merges (attn_merge.comp's sum) into q.
     memoryBarrierBuffer();
     barrier();
-    if (tid == 0u) last_split = atomicAdd(pc.counter.v[h], 1u) == pc.n_split - 1u;
+    if (tid == 0u) last_split = atomicAdd(pc.counter.v[h], 1u) == ns - 1u;
     barrier();
     if (!last_split) return;
     memoryBarrierBuffer();
     const uint base = h * pc.n_split * (hd + 2u);
     float M = NEG_BIG;
-    for (uint s = 0u; s < pc.n_split; s++) M = max(M, pc.part.v[base + s * (hd + 2u)]);
+    for (uint s = 0u; s < ns; s++) M = max(M, pc.part.v[base + s * (hd + 2u)]);
     float L = 0.0;
-    for (uint s = 0u; s < pc.n_split; s++) {
+    for (uint s = 0u; s < ns; s++) {
         const uint ob = base + s * (hd + 2u);
         L += exp(pc.part.v[ob] - M) * pc.part.v[ob + 1u];
     }
     for (uint d = tid; d < hd; d += 128u) {
         float a = 0.0;
-        for (uint s = 0u; s < pc.n_split; s++) {
+        for (uint s = 0u; s < ns; s++) {
             const uint ob = base + s * (hd + 2u);
             a += exp(pc.part.v[ob] - M) * pc.part.v[ob + 2u + d];
         }

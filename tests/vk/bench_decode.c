@@ -67,7 +67,7 @@ static int qkv_shared(moex_vk_cmd *c, ctx *b) {   /* the decode recording now: q
 static int q_only(moex_vk_cmd *c, ctx *b) { return moex_vk_op_matmul(c, &b->wq, b->xn, 1, b->q, 0, &err); }
 static int attn_fused(moex_vk_cmd *c, ctx *b) {
     return moex_vk_op_attention_decode(c, &b->sh, b->q, b->k, b->v, b->kc, b->vc, b->qn, b->kn, b->scratch, b->sync,
-                                       b->params, &err);
+                                       b->params, NULL, 0, &err);
 }
 static int attn_plain(moex_vk_cmd *c, ctx *b) {
     if (moex_vk_op_qk_rope(c, &b->sh, b->q, b->k, b->v, b->kc, b->vc, b->qn, b->kn, b->params, 1, &err)) return -1;
