@@ -268,7 +268,8 @@ static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err
     plan_activations(m, s);
     if (!(s->kv = moex_vk_buffer_create(s->vk, 2 * cache, MOEX_VK_MEM_DEVICE, err)) ||
         !(s->act = moex_vk_buffer_create(s->vk, s->a.total, MOEX_VK_MEM_DEVICE, err)) ||
-        !(s->io = moex_vk_buffer_create(s->vk, (IO_TOKENS + (size_t)s->n_batch) * 4, MOEX_VK_MEM_HOST, err)))
+        !(s->io = moex_vk_buffer_create(s->vk, (IO_TOKENS + (size_t)s->n_batch) * 4, MOEX_VK_MEM_HOST, err)) ||
+        !(s->grid = moex_vk_buffer_create(s->vk, 12, MOEX_VK_MEM_UPLOAD, err)))
         return -1;
     /* The router's completion counter must start at 0; the cache is zeroed so unwritten rows are finite. */
     moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
@@ -372,7 +373,7 @@ void vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos) 
     io[IO_PARAMS] = (int32_t)pos;
     uint32_t grid[3];
     moex_vk_attention_decode_grid(&s->sh, pos, grid);
-    memcpy(io + IO_GRID, grid, sizeof grid);
+    memcpy(moex_vk_buffer_map(s->grid), grid, sizeof grid);
     memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
 }
 
@@ -459,6 +460,7 @@ void moex_vk_state_free(moex_vk_state *s) {
     moex_vk_buffer_free(s->kv);
     moex_vk_buffer_free(s->act);
     moex_vk_buffer_free(s->io);
+    moex_vk_buffer_free(s->grid);
     moex_vk_buffer_free(s->logits_dev);
     moex_vk_buffer_free(s->logits_host);
     free(s->layers);

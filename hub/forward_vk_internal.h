@@ -52,6 +52,7 @@ struct moex_vk_state {
     moex_vk_buffer **chunks;
     int n_chunks;
     moex_vk_buffer *kv, *act, *io, *logits_dev, *logits_host;
+    moex_vk_buffer *grid;             /* the decode attention's indirect grid (device memory the host writes, a BAR) */
     int64_t logit_rows;               /* rows logits_dev/logits_host hold */
     act_plan a;
     moex_vk_attn_shape sh;
@@ -66,10 +67,10 @@ struct moex_vk_state {
     vk_dist *dist;                    /* NULL until an executor is set */
 };
 
-/* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, the decode
- * attention's grid[3] (moex_vk_attention_decode_grid at params[0]), tokens[n_batch]. */
-enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_GRID = 5, IO_TOKENS = 8 };
-/* The I/O words a forward pass of tokens[0..n) at pos reads (vk_forward.c). */
+/* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
+enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
+/* The I/O words a forward pass of tokens[0..n) at pos reads, and the decode
+ * attention's grid at pos in s->grid (forward_vk.c). */
 void vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos);
 
 #define ACT(field) (moex_vk_buffer_ptr(s->act) + s->a.field)

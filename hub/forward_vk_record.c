@@ -44,7 +44,7 @@ int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, i
         /* decode: QK-norm, RoPE, KV append, attention and merge in one dispatch, the result over q */
         moex_vk_cmd_label(c, "attention");
         if (moex_vk_op_attention_decode(c, &s->sh, ACT(q), ACT(k), ACT(v), kc, vc, L->q_norm, L->k_norm,
-                                        ACT(attn_scratch), ACT(sync) + SYNC_ATTN, IO(IO_PARAMS), s->io, IO_GRID * 4,
+                                        ACT(attn_scratch), ACT(sync) + SYNC_ATTN, IO(IO_PARAMS), s->grid, 0,
                                         err))
             return -1;
         moex_vk_barrier(c);

@@ -128,7 +128,11 @@ moex_vk *moex_vk_create(const moex_vk_options *opt, moex_error *err);
 void moex_vk_free(moex_vk *vk);
 const moex_vk_info *moex_vk_get_info(const moex_vk *vk);
 
-enum { MOEX_VK_MEM_DEVICE, MOEX_VK_MEM_HOST };
+/* MOEX_VK_MEM_HOST: host-visible, cached where possible (read back by the
+ * host). MOEX_VK_MEM_UPLOAD: host-visible, in device memory where the device
+ * maps some (a BAR): small words the host writes before each submit and the
+ * GPU reads many times, as the command processor does an indirect grid. */
+enum { MOEX_VK_MEM_DEVICE, MOEX_VK_MEM_HOST, MOEX_VK_MEM_UPLOAD };
 moex_vk_buffer *moex_vk_buffer_create(moex_vk *vk, size_t bytes, int mem, moex_error *err);
 void moex_vk_buffer_free(moex_vk_buffer *b);
 moex_vk_ptr moex_vk_buffer_ptr(const moex_vk_buffer *b);
@@ -213,9 +217,10 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
  * scratch: moex_vk_attention_scratch(sh, 1) floats; counters: n_head
  * uint32 that must be 0 (left at 0). grid NULL: every split of the context
  * runs. Else 3 words at grid_off of that buffer (host-visible) hold, when the
- * work runs, moex_vk_attention_decode_grid(sh, params[0]): an indirect
- * dispatch of the splits up to the position alone, so a recording made once
- * serves every position without launching the empty splits of a long context. */
+ * work runs, moex_vk_attention_decode_grid(sh, params[0]): a long context
+ * (over 1024 positions) then runs as an indirect dispatch of the splits up to
+ * the position alone, so a recording made once serves every position without
+ * launching the empty splits of the context. */
 int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
                                 moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
                                 moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params,

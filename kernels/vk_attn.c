@@ -26,15 +26,22 @@ int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr
     return 0;
 }
 
-/* Splits of the key positions: decode gives each workgroup about
- * SPLIT_KEYS keys (short serial chains fill the GPU), at most MAX_SPLITS. */
-enum { SPLIT_KEYS = 64, MAX_SPLITS = 64 };
-static int64_t splits_for(int64_t keys) {
-    const int64_t s = (keys + SPLIT_KEYS - 1) / SPLIT_KEYS;
+/* Splits of the key positions: decode gives each workgroup a short serial
+ * chain of keys (the splits fill the GPU), at most MAX_SPLITS. The context's
+ * splits of CTX_KEYS size the scratch and the direct dispatch; a long context
+ * (more than DIRECT_SPLITS of them) dispatches instead the splits of about
+ * POS_KEYS the position needs. On an H200 (docs/PERF.md, session 5) 48 keys
+ * a split measured best for that (64: -1.5 %, 32: -2 %, 16: -12 %), and a
+ * short context running all its splits, the empty ones exiting at once, 2 %
+ * faster again than fewer, longer ones. */
+enum { CTX_KEYS = 64, POS_KEYS = 48, MAX_SPLITS = 64, DIRECT_SPLITS = 16 };
+static int64_t splits_for(int64_t keys, int64_t per) {
+    const int64_t s = (keys + per - 1) / per;
     return s < 1 ? 1 : s > MAX_SPLITS ? MAX_SPLITS : s;
 }
-/* The splits over the whole context: the scratch and the direct dispatch. */
-static int64_t attn_splits(const moex_vk_attn_shape *sh, int64_t n) { return n > 1 ? 1 : splits_for(sh->n_ctx); }
+static int64_t attn_splits(const moex_vk_attn_shape *sh, int64_t n) {
+    return n > 1 ? 1 : splits_for(sh->n_ctx, CTX_KEYS);
+}
 
 size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
     return (size_t)n * (size_t)sh->n_head * (size_t)attn_splits(sh, n) * (size_t)(sh->head_dim + 2);
@@ -138,7 +145,7 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
 /* Indirect: the splits the position's keys 0..pos need, each of
  * ceil((pos + 1) / splits) keys (attn.comp computes the same chunk). */
 void moex_vk_attention_decode_grid(const moex_vk_attn_shape *sh, int64_t pos, uint32_t grid[3]) {
-    const int64_t used = splits_for(pos + 1), ns = attn_splits(sh, 1);
+    const int64_t used = splits_for(pos + 1, POS_KEYS), ns = attn_splits(sh, 1);
     grid[0] = (uint32_t)sh->n_head;
     grid[1] = 1;
     grid[2] = (uint32_t)(used < ns ? used : ns);
@@ -155,16 +162,17 @@ int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, mo
     if (!counters || counters % 4) return moex_fail(err, "vulkan: the fused attention needs n_head zeroed counters");
     if (grid && (grid_off % 4 || grid_off + 12 > grid->size || !grid->map))
         return moex_fail(err, "vulkan: the decode attention's grid needs 12 host-visible bytes at a 4-byte offset");
+    const bool indirect = grid && ns > DIRECT_SPLITS;
     VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN, 0, 1, err);
     if (!p) return -1;
     vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params, k, v, counters},
                 .u = {(uint32_t)sh->n_head | (uint32_t)sh->n_head_kv << 16,
                       (uint32_t)sh->head_dim | (uint32_t)sh->rope_dim << 16, (uint32_t)ns, (uint32_t)chunk,
                       vk_fbits(sh->scale), vk_fbits(sh->rope_base), vk_fbits(sh->rms_eps),
-                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u) | (grid ? 4u : 0u), (uint32_t)q_norm,
+                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u) | (indirect ? 4u : 0u), (uint32_t)q_norm,
                       (uint32_t)(q_norm >> 32),
                       (uint32_t)k_norm, (uint32_t)(k_norm >> 32)}};
-    if (grid) vk_dispatch_indirect(c, p, &pc, grid, grid_off);
+    if (indirect) vk_dispatch_indirect(c, p, &pc, grid, grid_off);
     else vk_dispatch(c, p, &pc, (uint32_t)sh->n_head, 1, (uint32_t)ns);
     return 0;
 }

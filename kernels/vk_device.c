@@ -440,9 +440,11 @@ moex_vk_buffer *moex_vk_buffer_create(moex_vk *vk, size_t bytes, int mem, moex_e
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(vk->dev, b->buf, &req);
     const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    int type = mem == MOEX_VK_MEM_HOST ? find_memory(vk, req.memoryTypeBits, host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
-                                       : find_memory(vk, req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
-    if (type < 0 && mem != MOEX_VK_MEM_HOST) type = find_memory(vk, req.memoryTypeBits, 0, 0);
+    const uint32_t bits = req.memoryTypeBits;
+    int type = mem == MOEX_VK_MEM_HOST     ? find_memory(vk, bits, host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+               : mem == MOEX_VK_MEM_UPLOAD ? find_memory(vk, bits, host, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+                                           : find_memory(vk, bits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+    if (type < 0 && mem == MOEX_VK_MEM_DEVICE) type = find_memory(vk, req.memoryTypeBits, 0, 0);
     if (type < 0) {
         moex_fail(err, "vulkan: no suitable memory type for a %zu-byte buffer", bytes);
         goto fail;
@@ -454,7 +456,7 @@ moex_vk_buffer *moex_vk_buffer_create(moex_vk *vk, size_t bytes, int mem, moex_e
     VkResult r = vkAllocateMemory(vk->dev, &ai, NULL, &b->mem);
     if (r != VK_SUCCESS) {
         moex_fail(err, "vulkan: cannot allocate %.1f MiB of %s memory (VkResult %d)", bytes / 1048576.0,
-                  mem == MOEX_VK_MEM_HOST ? "host-visible" : "device", (int)r);
+                  mem == MOEX_VK_MEM_DEVICE ? "device" : "host-visible", (int)r);
         goto fail;
     }
     if (vk_check(vkBindBufferMemory(vk->dev, b->buf, b->mem, 0), "vkBindBufferMemory", err)) goto fail;

@@ -492,15 +492,17 @@ static void norm_rope_ref(float *hv, const float *w, int hd, int rope_dim, int64
  * attention + merge in one dispatch) against the CPU (moex_rmsnorm,
  * moex_rope, moex_attention) and against the unfused GPU ops, over two
  * consecutive tokens (the second reads the first's appended row and finds
- * the counters back at zero, and runs as an indirect dispatch of only the
- * splits its position needs), positions at split edges, GQA groups of 1 to
- * 32, head_dim 64 to 256, a 4000-position cache and an 8192-position one. */
+ * the counters back at zero, and, in a context of over 16 splits, runs as
+ * an indirect dispatch of only the splits its position needs), positions at
+ * split edges, GQA groups of 1 to 32, head_dim 64 to 256, caches of 2048,
+ * 4000 and 8192 positions. */
 static void test_attention_decode(void) {
     struct { int hd, rope, neox, qkn, H, HK; int64_t pos, ctx; } cases[] = {
         {128, 128, 1, 1, 8, 2, 0, 200},    {128, 128, 1, 1, 8, 2, 63, 200},  {64, 48, 0, 0, 8, 2, 299, 600},
         {128, 128, 1, 1, 8, 2, 517, 1000}, {128, 128, 1, 1, 16, 2, 511, 600}, {96, 64, 1, 1, 6, 2, 40, 100},
         {256, 256, 0, 1, 4, 4, 31, 64},    {128, 128, 1, 1, 32, 1, 100, 300}, {128, 128, 1, 1, 16, 2, 2999, 4000},
-        {128, 128, 1, 1, 8, 2, 130, 8192}};   /* a long context, a short position: 3 splits of 64 run */
+        {128, 128, 1, 1, 8, 2, 130, 8192},    /* a long context, a short position: 3 splits of 44 run */
+        {128, 128, 1, 1, 8, 2, 1998, 2048}};  /* 42 splits of 48 wanted, the context's 32 of 64 run */
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         const int hd = cases[ci].hd, H = cases[ci].H, HK = cases[ci].HK;
         moex_vk_attn_shape sh = {.n_head = H, .n_head_kv = HK, .head_dim = hd, .rope_dim = cases[ci].rope,
@@ -532,7 +534,10 @@ static void test_attention_decode(void) {
             /* the second token runs only the splits up to its position (an indirect dispatch) */
             uint32_t grid[3];
             moex_vk_attention_decode_grid(&sh, pos, grid);
-            const int64_t ns = (ctx + 63) / 64 < 64 ? (ctx + 63) / 64 : 64, want = (pos + 64) / 64 < 64 ? (pos + 64) / 64 : 64;
+            /* splits of 64 over the context; indirect (over 16 of them) splits of 48 up to the position */
+            const int64_t ns = (ctx + 63) / 64 < 64 ? (ctx + 63) / 64 : 64,
+                          want = (pos + 48) / 48 < 64 ? (pos + 48) / 48 : 64;
+            const bool indirect = tok == 1 && ns > 16;
             CHECK(grid[0] == (uint32_t)H && grid[1] == 1 && grid[2] == (uint32_t)(want < ns ? want : ns),
                   "decode grid at pos %lld of %lld: %u x %u x %u", (long long)pos, (long long)ctx, grid[0], grid[1],
                   grid[2]);
@@ -581,7 +586,7 @@ static void test_attention_decode(void) {
             CHECK(nz == 0, "decode attention: %d counters left non-zero", nz);
             printf("  decode attention hd=%d rope=%d neox=%d qk_norm=%d heads %d/%d pos=%lld ctx=%lld splits %u%s: %.2g "
                    "(unfused %.2g, k %.2g)\n", hd, sh.rope_dim, sh.neox, sh.qk_norm, H, HK, (long long)pos, (long long)ctx,
-                   tok == 1 ? grid[2] : (unsigned)ns, tok == 1 ? " (indirect)" : "", e, e2, ek);
+                   indirect ? grid[2] : (unsigned)ns, indirect ? " (indirect)" : "", e, e2, ek);
             moex_vk_buffer *tmp[] = {qb, kb, vb, qb2, pb, gridb};
             for (int i = 0; i < 6; i++) moex_vk_buffer_free(tmp[i]);
         }

@@ -63,6 +63,8 @@ echo "model_bytes $(stat -c %s "$model")"
 MOEX_VK_PROFILE=1 "$bin/bench_vk" "$model" -p 512 -n 32 -r 1 --no-kernels 2>&1 | grep -v "^bench_vk: rep" |
     sed 's/^\([a-z]\)/profiled_\1/; s/^profiled_vkprof/vkprof/'
 "$bin/bench_vk" "$model" -p 512 -n 128 -r 3
+# the same decode with a 32768-token context (the decode attention runs only the splits the position needs)
+"$bin/bench_vk" "$model" -p 512 -n 128 -r 3 --ctx 32768 --no-kernels 2>&1 | grep "tok_s\|fnv" | sed 's/^/ctx32768_/'
 # 4. the distributed hub's per-layer GPU overhead (experts through an in-process executor)
 "$bin/bench_vk_dist" "$model" -p 16 -n 64 -r 3 2>&1 | grep -v "^bench_vk_dist: rep" || echo "bench_vk_dist failed"
 # 5. llama.cpp, same file
