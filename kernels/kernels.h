@@ -225,7 +225,7 @@ int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, mo
                                 moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
                                 moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params,
                                 moex_vk_buffer *grid, size_t grid_off, moex_error *err);
-/* The workgroups (x, y, z) of the decode attention at position pos. */
+/* The indirect grid (x, y, z workgroups) of the decode attention at position pos. */
 void moex_vk_attention_decode_grid(const moex_vk_attn_shape *sh, int64_t pos, uint32_t grid[3]);
 
 /* Router in one dispatch for small batches: logits = W x, softmax, top-k

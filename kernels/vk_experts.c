@@ -43,11 +43,11 @@ static int ex_ppt(int64_t npos, int wg) {
     return p < 1 ? 1 : p > VK_EX_PPT_MAX ? VK_EX_PPT_MAX : (int)p;
 }
 
-/* One token: 8 rows per gate+up workgroup and 192-thread down workgroups of
- * 4 rows (half as many workgroups as 64.4.2 / 96.4.2) decode 15 % faster in
- * the whole model on an H200 (docs/PERF.md, session 5), although alone, on
- * weights in L2, the gate+up is 1 µs slower: inside a token the kernels pay
- * per workgroup, not per byte. */
+/* One token: 8 rows per gate+up workgroup (half as many workgroups as 4)
+ * and down workgroups of 192 threads instead of 96 (half the positions per
+ * thread) decode 15 % faster in the whole model on an H200 (docs/PERF.md,
+ * session 5), although alone, on weights in L2, the gate+up is 1 µs slower:
+ * inside a token the workgroup count weighs more than the bytes. */
 const vk_ex_shape vk_ex_default_shapes[2][2] = {
     {{64, 8, 2}, {64, 4, 2}},    /* gate+up: one token, a batch */
     {{192, 4, 2}, {96, 4, 2}},   /* down */
