@@ -197,6 +197,8 @@ static void read_tuning(vk_tuning *t) {
     t->coop_nbuf = env_int("MOEX_VK_COOP_NBUF") == 2 ? 2 : 1;
     const int rpt = env_int("MOEX_VK_MV_RPT");
     t->mv_rpt = rpt >= 1 && rpt <= 8 ? rpt : 0;
+    const int groups = env_int("MOEX_VK_MV_GROUPS");
+    t->mv_groups = groups >= 1 && groups <= 32 ? groups : 0;
 }
 
 /* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's

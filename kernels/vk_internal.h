@@ -33,15 +33,20 @@ typedef enum vk_kernel {
 
 #define VK_MODES 32         /* variants per kernel and type (experts_mv.comp uses 5 mode bits) */
 #define VK_MV_NMAX 8        /* tokens per matrix-vector dispatch; more go to the tiled kernel */
-#define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup */
+#define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup; the staged modes: below */
 #define VK_MV_GENERIC 4     /* mv.comp mode flag: 8-element dq8 units (weights not 16-byte aligned) */
 #define VK_MV_NORM 8        /* mv.comp mode flag: RMSNorm of x fused (sum(x^2) in the product loop; modes 0 and 3, one token) */
 /* Weight rows per row group of mv.comp: plain products reuse each x load for
  * two rows (and keep both rows' loads in flight); the router (mode 3) has few
- * rows; the staged one-token modes 1 and 2 keep VK_MV_RPT_STAGED rows' loads in
- * flight (MOEX_VK_MV_RPT=1..8 overrides it, for tuning). */
-#define VK_MV_RPT_STAGED 2
+ * rows; the staged one-token modes 1 and 2 take VK_MV_RPT_STAGED rows per row
+ * group and VK_MV_GROUPS_STAGED row groups per workgroup (MOEX_VK_MV_RPT=1..8
+ * and MOEX_VK_MV_GROUPS=1..32 override them, for tuning). One row per group,
+ * 8 groups: decode 8 % faster on an H200 than 2 x 4 (docs/PERF.md, session 5),
+ * although the q product alone is slower (7.6 against 5.8 µs). */
+#define VK_MV_RPT_STAGED 1
+#define VK_MV_GROUPS_STAGED 8
 int vk_mv_rpt(const moex_vk *vk, int mode);
+int vk_mv_row_groups(const moex_vk *vk, int mode);   /* row groups per workgroup of mv.comp's mode */
 #define VK_MV_XMAX 4096     /* widest x mv.comp stages in shared memory (modes 1, 2); wider takes mode 0 */
 #define VK_MV_STAGE 16      /* mv.comp mode flag: the router (mode 3, one token) on the staged loop of mode 1 */
 _Static_assert(VK_MODES > (3 | VK_MV_GENERIC | VK_MV_NORM | VK_MV_STAGE), "mv.comp modes fit the pipeline table");
@@ -78,6 +83,7 @@ typedef struct vk_tuning {
     int coop_bk;         /* MOEX_VK_COOP_BK: mm_coop.comp columns per step, VK_COOP_BK or 32 */
     int coop_nbuf;       /* MOEX_VK_COOP_NBUF: 2 asks for double-buffered coop tiles, else 1 */
     int mv_rpt;          /* MOEX_VK_MV_RPT: rows per thread of the staged one-token products (1-8), 0: default */
+    int mv_groups;       /* MOEX_VK_MV_GROUPS: row groups per workgroup of those products (1-32), 0: default */
 } vk_tuning;
 
 typedef struct moex_vk_buffer {

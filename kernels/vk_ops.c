@@ -30,8 +30,14 @@ int vk_mv_rpt(const moex_vk *vk, int mode) {
 }
 
 /* Workgroups of mv.comp along the rows. */
+int vk_mv_row_groups(const moex_vk *vk, int mode) {
+    if ((mode & 3) != 1 && (mode & 3) != 2) return VK_MV_GROUPS;
+    int g = vk->tune.mv_groups ? vk->tune.mv_groups : VK_MV_GROUPS_STAGED;
+    while (g > 1 && g * vk->tpr > 1024) g /= 2;   /* the workgroup size every device allows */
+    return g;
+}
 uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode) {
-    return vk_ceil_div(rows, VK_MV_GROUPS * vk_mv_rpt(vk, mode));
+    return vk_ceil_div(rows, vk_mv_row_groups(vk, mode) * vk_mv_rpt(vk, mode));
 }
 
 /* The staged one-token variants (modes 1, 2, 3 | VK_MV_STAGE): x fits the
@@ -270,7 +276,7 @@ int moex_vk_op_norm_matmul_multi(moex_vk_cmd *c, int n_mats, const moex_vk_matri
 /* Workgroups of the head with the argmax: each loops over row blocks and
  * pays the argmax epilogue (a fence and an atomic) once; 2048 fill any GPU.
  * The sync words cover both variants: mode 0 (8 rows a block, at most 2048
- * workgroups) and the staged mode 1 (4 * rpt rows, at most VK_MV_PERSIST). */
+ * workgroups) and the staged mode 1 (at most VK_MV_PERSIST workgroups). */
 static uint32_t argmax_groups(int64_t rows) {
     const uint32_t g = vk_ceil_div(rows, VK_MV_GROUPS);
     return g < 2048 ? g : 2048;
