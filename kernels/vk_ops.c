@@ -29,13 +29,14 @@ int vk_mv_rpt(const moex_vk *vk, int mode) {
     return vk->tune.mv_rpt ? vk->tune.mv_rpt : VK_MV_RPT_STAGED;
 }
 
-/* Workgroups of mv.comp along the rows. */
 int vk_mv_row_groups(const moex_vk *vk, int mode) {
     if ((mode & 3) != 1 && (mode & 3) != 2) return VK_MV_GROUPS;
     int g = vk->tune.mv_groups ? vk->tune.mv_groups : VK_MV_GROUPS_STAGED;
-    while (g > 1 && g * vk->tpr > 1024) g /= 2;   /* the workgroup size every device allows */
+    while (g > 1 && g * vk->tpr > 1024) g /= 2;   /* workgroups of at most 1024 threads (desktop GPUs, lavapipe) */
     return g;
 }
+
+/* Workgroups of mv.comp along the rows. */
 uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode) {
     return vk_ceil_div(rows, vk_mv_row_groups(vk, mode) * vk_mv_rpt(vk, mode));
 }
