@@ -361,20 +361,21 @@ int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
     if (vk_dist_active(s)) return vk_dist_forward(m, s, tokens, n, pos, all_logits, logits, err);
     moex_vk_cmd *c = get_recording(m, s, n, all_logits, logits != NULL, err);
     if (!c) return -1;
-    vk_io_set(s, tokens, n, pos);
+    const int32_t *io = vk_io_set(s, tokens, n, pos);
     if (moex_vk_cmd_run(c, err)) return -1;
-    s->last_argmax = ((const int32_t *)moex_vk_buffer_map(s->io))[IO_ARGMAX];
+    s->last_argmax = io[IO_ARGMAX];
     if (logits) memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)rows * (size_t)hp->n_vocab * 4);
     return 0;
 }
 
-void vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos) {
+int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos) {
     int32_t *io = moex_vk_buffer_map(s->io);
     io[IO_PARAMS] = (int32_t)pos;
     uint32_t grid[3];
     moex_vk_attention_decode_grid(&s->sh, pos, grid);
     memcpy(moex_vk_buffer_map(s->grid), grid, sizeof grid);
     memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
+    return io;
 }
 
 int32_t moex_vk_last_argmax(const moex_vk_state *s) { return s->last_argmax; }

@@ -208,9 +208,9 @@ int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
     const double t0 = moex_time_s();
     moex_vk_cmd **seg = get_segments(m, s, n, all_logits, logits != NULL, err);
     if (!seg) return -1;
-    vk_io_set(s, tokens, n, pos);
+    const int32_t *io = vk_io_set(s, tokens, n, pos);
     if (run_segments(d, seg, n, err)) return -1;
-    s->last_argmax = ((const int32_t *)moex_vk_buffer_map(s->io))[IO_ARGMAX];
+    s->last_argmax = io[IO_ARGMAX];
     if (logits)
         memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);
     d->st.forwards++;

@@ -69,9 +69,9 @@ struct moex_vk_state {
 
 /* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
 enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
-/* The I/O words a forward pass of tokens[0..n) at pos reads, and the decode
- * attention's grid at pos in s->grid (forward_vk.c). */
-void vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos);
+/* Writes the I/O words a forward pass of tokens[0..n) at pos reads, and the
+ * decode attention's grid at pos in s->grid (forward_vk.c); returns the words. */
+int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos);
 
 #define ACT(field) (moex_vk_buffer_ptr(s->act) + s->a.field)
 #define IO(word) (moex_vk_buffer_ptr(s->io) + (word) * 4)

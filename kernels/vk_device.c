@@ -446,7 +446,7 @@ moex_vk_buffer *moex_vk_buffer_create(moex_vk *vk, size_t bytes, int mem, moex_e
     int type = mem == MOEX_VK_MEM_HOST     ? find_memory(vk, bits, host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
                : mem == MOEX_VK_MEM_UPLOAD ? find_memory(vk, bits, host, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
                                            : find_memory(vk, bits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
-    if (type < 0 && mem == MOEX_VK_MEM_DEVICE) type = find_memory(vk, req.memoryTypeBits, 0, 0);
+    if (type < 0 && mem == MOEX_VK_MEM_DEVICE) type = find_memory(vk, bits, 0, 0);
     if (type < 0) {
         moex_fail(err, "vulkan: no suitable memory type for a %zu-byte buffer", bytes);
         goto fail;

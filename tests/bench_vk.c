@@ -170,8 +170,11 @@ static int rec_experts(moex_vk_cmd *c, void *p) {
     return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, &err);
 }
 
-/* E / k sets of k ids that together name each of E experts once (37 does not divide E). */
-static void fill_cold_ids(int32_t *ids, int E, int k) {
+/* E / k sets of k ids that together name each of E experts once (37 does
+ * not divide E): the first k are one token's experts, the first n * k (n
+ * <= E / k) n tokens' all distinct ones, all the sets rotate through every
+ * expert (weights from DRAM). */
+static void fill_spread_ids(int32_t *ids, int E, int k) {
     for (int i = 0; i < E / k * k; i++) ids[i] = (int32_t)((i * 37 + 11) % E);
 }
 
@@ -246,8 +249,8 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
         if (m->layers[l].experts[0].down.type != m->layers[0].experts[0].down.type) layers[1] = l;
     vk_ex_shape saved[2][2];
     memcpy(saved, vk->ex_shape, sizeof saved);
-    int32_t ids[VK_MV_NMAX * 64], cold_ids[VK_MAX_EXPERTS];
-    fill_cold_ids(cold_ids, E, k);
+    int32_t ids[VK_MAX_EXPERTS];
+    fill_spread_ids(ids, E, k);
     for (int li = 0; li < 2 && layers[li] >= 0; li++) {
         const moex_layer *L = &m->layers[layers[li]];
         moex_vk_buffer *keep[3];
@@ -271,12 +274,10 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
             vk->ex_shape[1][0] = vk->ex_shape[1][1] = d;
             vk_experts_forget(vk);
             char name[64];
-            for (int j = 0; j < k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
             snprintf(name, sizeof name, "s%d_L%d_k8", i, layers[li]);
             bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, 1, name, copy_bw);
             snprintf(name, sizeof name, "s%d_L%d_k8_cold", i, layers[li]);
-            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, cold_ids, 1, E / k, name, copy_bw);
-            for (int j = 0; j < VK_MV_NMAX * k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, E / k, name, copy_bw);
             snprintf(name, sizeof name, "s%d_L%d_n8_distinct", i, layers[li]);
             bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, 1, name, copy_bw);
         }
@@ -363,17 +364,13 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
         if (k <= 64) {
             /* one token choosing k experts; a worker's batch of VK_MV_NMAX tokens whose n*k
              * experts are all distinct (up to 64 of them), or drawn from 24 (tokens share them) */
-            int32_t ids[VK_MV_NMAX * 64];
-            for (int j = 0; j < k; j++) ids[j] = (int32_t)((j * 37 + 11) % E);
-            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, 1, "k8", copy_bw);
+            int32_t spread[VK_MAX_EXPERTS], ids[VK_MV_NMAX * 64];
+            fill_spread_ids(spread, E, k);
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, spread, 1, 1, "k8", copy_bw);
             /* the same over E / k sets that together name every expert: each call's weights come from DRAM */
-            int32_t cold[VK_MAX_EXPERTS];
-            fill_cold_ids(cold, E, k);
-            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, cold, 1, E / k, "k8_cold", copy_bw);
-            if (VK_MV_NMAX * k <= E) {
-                for (int i = 0; i < VK_MV_NMAX * k; i++) ids[i] = (int32_t)((i * 37 + 11) % E);
-                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, 1, "n8_distinct", copy_bw);
-            }
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, spread, 1, E / k, "k8_cold", copy_bw);
+            if (VK_MV_NMAX * k <= E)
+                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, spread, VK_MV_NMAX, 1, "n8_distinct", copy_bw);
             if (k <= 24 && E >= 24) {
                 for (int t = 0; t < VK_MV_NMAX; t++)
                     for (int j = 0; j < k; j++) ids[t * k + j] = (int32_t)((t * 3 + j * 5) % 24);
@@ -458,8 +455,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_p; i++) toks[i] = (int32_t)((i * 7919 + 13) % V); /* like llama-bench */
     double pp[64], tg0[64], tgd[64];
     /* The decoded tokens after the prompt, hashed (FNV-1a): equal in every
-     * repetition (the kernels reduce in a fixed order), and a run with other
-     * settings (MOEX_VK_CHAIN=0) must print the same hash. */
+     * repetition (the kernels reduce in a fixed order), and a run with a
+     * tuning switch set (MOEX_VK_EX_SHAPE, MOEX_VK_MV_GROUPS) must print the
+     * same hash. */
     uint32_t tok_hash[64];
     /* warm-up: compiles every variant used below */
     MUST(moex_vk_forward(m, s, toks, n_p, 0, false, NULL, &err));
