@@ -214,7 +214,8 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
  * of q and of the new k at position params[0], the KV append (k, v: one
  * row of n_head_kv x head_dim each), split-K attention over positions
  * 0..params[0] and the merge of the splits. The result overwrites q.
- * scratch: moex_vk_attention_scratch(sh, 1) floats; counters: n_head
+ * scratch: moex_vk_attention_scratch(sh, 1) floats, 16-byte aligned like both
+ * caches; counters: n_head
  * uint32 that must be 0 (left at 0). grid NULL: every split of the context
  * runs. Else 3 words at grid_off of that buffer (host-visible) hold, when the
  * work runs, moex_vk_attention_decode_grid(sh, params[0]): a long context

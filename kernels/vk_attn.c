@@ -1,5 +1,5 @@
 /* Recording attention: QK-norm + RoPE + KV append, the split-K decode step
- * (attn.comp mode 1, fused) and the prompt-batch attention (attn_coop.comp on
+ * (attn_dec.comp, fused) and the prompt-batch attention (attn_coop.comp on
  * cooperative matrices, the f32 tiled modes, or the split-K path with its merge). */
 
 #include "kernels/vk_internal.h"
@@ -162,8 +162,12 @@ int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, mo
     if (!counters || counters % 4) return moex_fail(err, "vulkan: the fused attention needs n_head zeroed counters");
     if (grid && (grid_off % 4 || grid_off + 12 > grid->size || !grid->map))
         return moex_fail(err, "vulkan: the decode attention's grid needs 12 host-visible bytes at a 4-byte offset");
+    if (v_cache % 16 || scratch % 16)
+        return moex_fail(err, "vulkan: the V cache and the decode attention's scratch must be 16-byte aligned");
     const bool indirect = grid && ns > DIRECT_SPLITS;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN, 0, 1, err);
+    int cls = 0;   /* attn_dec.comp's head_dim class: 64 << cls */
+    while ((64 << cls) < sh->head_dim) cls++;
+    VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN_DEC, 0, cls, err);
     if (!p) return -1;
     vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params, k, v, counters},
                 .u = {(uint32_t)sh->n_head | (uint32_t)sh->n_head_kv << 16,

@@ -28,6 +28,7 @@ typedef enum vk_kernel {
     VK_K_EXPERTS_MV,   /* experts_mv.comp: the decode expert FFN */
     VK_K_MM_COOP,      /* mm_coop.comp: prompt-batch products on cooperative matrices */
     VK_K_ATTN_COOP,    /* attn_coop.comp: prompt-batch attention on cooperative matrices (vk_attn.c) */
+    VK_K_ATTN_DEC,     /* attn_dec.comp: one decode token's whole attention step */
     VK_K_COUNT
 } vk_kernel;
 

@@ -20,7 +20,7 @@ static const char *const kernel_file[VK_K_COUNT] = {
     [VK_K_ATTN_MERGE] = "attn_merge.comp", [VK_K_MOE_SORT] = "moe_sort.comp",
     [VK_K_MOE_COMBINE] = "moe_combine.comp", [VK_K_ELTWISE] = "eltwise.comp", [VK_K_ARGMAX] = "argmax.comp",
     [VK_K_ACTQ] = "actq.comp", [VK_K_EXPERTS_MV] = "experts_mv.comp", [VK_K_MM_COOP] = "mm_coop.comp",
-    [VK_K_ATTN_COOP] = "attn_coop.comp",
+    [VK_K_ATTN_COOP] = "attn_coop.comp", [VK_K_ATTN_DEC] = "attn_dec.comp",
 };
 
 /* Kernels specialised by weight type (TYPE, BLK, BLK_BYTES and _quant.comp). */
@@ -126,8 +126,8 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
     sb_printf(&b, "#version 450\n#define MAXE %d\n#define NMAX %d\n#define MODE %d\n#define OP %d\n",
               VK_MAX_EXPERTS, VK_MV_NMAX, m, m);
     /* Subgroup variants where the device has them: the row reductions of mv,
-     * the router's top-k, attention's key dot products. */
-    if (vk->use_subgroup && (k == VK_K_MV || k == VK_K_TOPK || k == VK_K_ATTN))
+     * the router's top-k, the decode attention's reductions. */
+    if (vk->use_subgroup && (k == VK_K_MV || k == VK_K_TOPK || k == VK_K_ATTN_DEC))
         sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
     if (k == VK_K_MV) {
         sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n",

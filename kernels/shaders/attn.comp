@@ -4,12 +4,7 @@
 // n_split slices per head to fill the GPU; a prompt batch gets its
 // parallelism from the tokens. Keys beyond the token's position are skipped.
 // A thread owns one key for the scores and one dimension for the values.
-// MODE 1 (one decode token, grid (n_head, 1, splits up to n_split)) does the whole
-// attention step in one dispatch: each workgroup QK-norms and rotates its q
-// head; the split holding the new position also normalises and rotates the
-// new key, takes it and the new value from the k and v rows (the first q
-// head of each KV group appends them to the caches), and the last split of
-// each head to finish (counter[h]) merges the partials into q, in place.
+// (One decode token runs attn_dec.comp instead: the whole step in one dispatch.)
 // MODE 2..5 (prompt batches, n > 1): tiled flash attention. A workgroup owns
 // R consecutive (token, q head) rows of one KV group, rows ordered token-major
 // (row f = t * group + g), so each K/V tile staged in shared memory serves
@@ -127,32 +122,14 @@ void main() {
     }
 }
 #else
-#if MODE == 1
-#extension GL_EXT_buffer_reference_uvec2 : require
-#endif
 layout(local_size_x = 128) in;
 layout(push_constant) uniform PC {
-#if MODE == 1
-    F32 q; V4 kc; F32 vc; CF32 part; I32 params; F32 k; F32 v; CU32 counter;
-    uint heads, dims, n_split, chunk, scale_bits, base_bits, eps_bits, flags;   // heads: n_head | n_head_kv << 16, dims: hd | rope_dim << 16
-    uvec2 qnw, knw;
-#else
     F32 q; V4 kc; F32 vc; F32 part; I32 params; U32 p5; U32 p6; U32 p7;
     uint n_head, n_head_kv, hd, n_split, chunk, scale_bits;
-#endif
 } pc;
 shared vec4 qv[128];
 shared float sc[128];
 shared float red[128];
-#if MODE == 1
-#define N_HEAD (pc.heads & 0xffffu)
-#define N_HEAD_KV (pc.heads >> 16)
-#define HD (pc.dims & 0xffffu)
-#else
-#define N_HEAD pc.n_head
-#define N_HEAD_KV pc.n_head_kv
-#define HD pc.hd
-#endif
 float wg_reduce(float v, bool is_max) {
     const uint tid = gl_LocalInvocationID.x;
     red[tid] = v;
@@ -179,152 +156,6 @@ float key_dot(uint ko4, uint hd4) {
     const vec4 s = (s0 + s1) + (s2 + s3);
     return (s.x + s.y) + (s.z + s.w);
 }
-#if MODE == 1
-shared float hv[512];
-shared float knew[512];
-shared bool last_split;
-const float TWO_PI = 6.283185307179586;
-// hv[0..hd) = RoPE(QK-norm(hv) * w) at pos, as qkrope.comp computes it (whole workgroup).
-void norm_rope(F32 w, uint pos) {
-    const uint tid = gl_LocalInvocationID.x, hd = HD, rope_dim = pc.dims >> 16, half_ = rope_dim / 2u;
-    if ((pc.flags & 1u) != 0u) {
-        float s = 0.0;
-        for (uint i = tid; i < hd; i += 128u) s += hv[i] * hv[i];
-        const float inv = 1.0 / sqrt(wg_reduce(s, false) / float(hd) + uintBitsToFloat(pc.eps_bits));
-        for (uint i = tid; i < hd; i += 128u) hv[i] *= inv * w.v[i];
-        barrier();
-    }
-    const bool neox = (pc.flags & 2u) != 0u;
-    float outv[4];
-    for (uint j = 0u; j < 4u; j++) {
-        const uint i = tid + 128u * j;
-        if (i >= hd) break;
-        float o = hv[i];
-        if (i < rope_dim) {
-            const uint pi = neox ? i % half_ : i / 2u;
-            const bool first = neox ? i < half_ : (i & 1u) == 0u;
-            const uint i0 = neox ? pi : 2u * pi, i1 = neox ? pi + half_ : 2u * pi + 1u;
-            const float theta = float(pos) * pow(uintBitsToFloat(pc.base_bits), -2.0 * float(pi) / float(rope_dim));
-            const float red_theta = theta - TWO_PI * floor(theta / TWO_PI + 0.5);
-            const float c = cos(red_theta), s = sin(red_theta);
-            o = first ? hv[i0] * c - hv[i1] * s : hv[i0] * s + hv[i1] * c;
-        }
-        outv[j] = o;
-    }
-    barrier();
-    for (uint j = 0u; j < 4u; j++) {
-        const uint i = tid + 128u * j;
-        if (i < hd) hv[i] = outv[j];
-    }
-    barrier();
-}
-
-void main() {
-    const uint tid = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, sp = gl_WorkGroupID.z;
-    const uint hd = HD, hd4 = hd / 4u, n_head = N_HEAD, kvd = N_HEAD_KV * hd, group = n_head / N_HEAD_KV, kvh = h / group;
-    // Splits that run: all pc.n_split over the context of pc.chunk keys each,
-    // or (flags & 4, an indirect dispatch) those the keys up to the position
-    // need, splitting them evenly; the partials keep the stride of pc.n_split.
-    const uint ns = gl_NumWorkGroups.z, qpos = uint(pc.params.v[0]);
-    const uint chunk = (pc.flags & 4u) != 0u ? (qpos + ns) / ns : pc.chunk;
-    const uint start = sp * chunk, stop = start + chunk, end = min(stop, qpos);   // the new key comes last
-    const float scale = uintBitsToFloat(pc.scale_bits);
-    const uint qo = h * hd;
-    for (uint i = tid; i < hd; i += 128u) hv[i] = pc.q.v[qo + i];
-    barrier();
-    norm_rope(F32(pc.qnw), qpos);
-    for (uint i = tid; i < hd4; i += 128u) qv[i] = vec4(hv[4u * i], hv[4u * i + 1u], hv[4u * i + 2u], hv[4u * i + 3u]);
-    barrier();   // hv is reused below
-    const bool has_new = start <= qpos && qpos < stop;
-    if (has_new) {   // the new key and value: rotated here, appended by the first q head of the group
-        for (uint i = tid; i < hd; i += 128u) hv[i] = pc.k.v[kvh * hd + i];
-        barrier();
-        norm_rope(F32(pc.knw), qpos);
-        const uint dst = qpos * kvd + kvh * hd;
-        for (uint i = tid; i < hd; i += 128u) {
-            knew[i] = hv[i];
-            if (h % group == 0u) {
-                pc.kc.v[(dst + i) >> 2][i & 3u] = hv[i];
-                pc.vc.v[dst + i] = pc.v.v[kvh * hd + i];
-            }
-        }
-    }
-    barrier();
-    float m = NEG_BIG, l = 0.0, acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
-    for (uint c0 = start; c0 < end; c0 += 128u) {
-        const uint key = c0 + tid;
-        const float s = key < end ? key_dot((key * kvd + kvh * hd) / 4u, hd4) * scale : NEG_BIG;
-        const float nm = max(m, wg_reduce(s, true));
-        const float p = key < end ? exp(s - nm) : 0.0;
-        sc[tid] = p;
-        const float ps = wg_reduce(p, false);
-        const float corr = exp(m - nm);
-        l = l * corr + ps;
-        const uint nk = min(128u, end - c0), vo = c0 * kvd + kvh * hd;
-        for (uint j = 0u; j < 4u; j++) {
-            const uint d = tid + 128u * j;
-            if (d >= hd) break;
-            float a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-            uint i = 0u;
-            for (; i + 4u <= nk; i += 4u) {
-                a0 += sc[i] * pc.vc.v[vo + i * kvd + d];
-                a1 += sc[i + 1u] * pc.vc.v[vo + (i + 1u) * kvd + d];
-                a2 += sc[i + 2u] * pc.vc.v[vo + (i + 2u) * kvd + d];
-                a3 += sc[i + 3u] * pc.vc.v[vo + (i + 3u) * kvd + d];
-            }
-            for (; i < nk; i++) a0 += sc[i] * pc.vc.v[vo + i * kvd + d];
-            acc[j] = acc[j] * corr + ((a0 + a1) + (a2 + a3));
-        }
-        m = nm;
-        barrier();
-    }
-    if (has_new) {   // one more key: the new position
-        float s = 0.0;
-        for (uint i = tid; i < hd; i += 128u) s += qv[i >> 2][i & 3u] * knew[i];
-        s = wg_reduce(s, false) * scale;
-        const float nm = max(m, s), corr = exp(m - nm), p = exp(s - nm);
-        l = l * corr + p;
-        for (uint j = 0u; j < 4u; j++) {
-            const uint d = tid + 128u * j;
-            if (d < hd) acc[j] = acc[j] * corr + p * pc.v.v[kvh * hd + d];
-        }
-        m = nm;
-    }
-    const uint o = (h * pc.n_split + sp) * (hd + 2u);
-    if (tid == 0u) {
-        pc.part.v[o] = m;
-        pc.part.v[o + 1u] = l;
-    }
-    for (uint j = 0u; j < 4u; j++) {
-        const uint d = tid + 128u * j;
-        if (d < hd) pc.part.v[o + 2u + d] = acc[j];
-    }
-    // The last split of head h to finish merges (attn_merge.comp's sum) into q.
-    memoryBarrierBuffer();
-    barrier();
-    if (tid == 0u) last_split = atomicAdd(pc.counter.v[h], 1u) == ns - 1u;
-    barrier();
-    if (!last_split) return;
-    memoryBarrierBuffer();
-    const uint base = h * pc.n_split * (hd + 2u);
-    float M = NEG_BIG;
-    for (uint s = 0u; s < ns; s++) M = max(M, pc.part.v[base + s * (hd + 2u)]);
-    float L = 0.0;
-    for (uint s = 0u; s < ns; s++) {
-        const uint ob = base + s * (hd + 2u);
-        L += exp(pc.part.v[ob] - M) * pc.part.v[ob + 1u];
-    }
-    for (uint d = tid; d < hd; d += 128u) {
-        float a = 0.0;
-        for (uint s = 0u; s < ns; s++) {
-            const uint ob = base + s * (hd + 2u);
-            a += exp(pc.part.v[ob] - M) * pc.part.v[ob + 2u + d];
-        }
-        pc.q.v[qo + d] = a / L;
-    }
-    if (tid == 0u) pc.counter.v[h] = 0u;
-}
-#else
 void main() {
     const uint tid = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, sp = gl_WorkGroupID.z;
     const uint hd = pc.hd, hd4 = hd / 4u, kvd = pc.n_head_kv * hd, kvh = h / (pc.n_head / pc.n_head_kv);
@@ -373,5 +204,4 @@ void main() {
         if (d < hd) pc.part.v[o + 2u + d] = acc[j];
     }
 }
-#endif
 #endif

@@ -49,9 +49,9 @@ for i, t in enumerate(tables):
     for label in ("embed", "attn_norm_qkv", "attention", "attn_out", "output_head"):
         if label not in per:
             sys.exit(f"table {i}: no row for {label}: {sorted(per)}")
-    # one attention step per layer: attn.comp mode 0 (prompt: after qkrope) or mode 1 (decode: fused)
-    layers = sum(n for k, n in per["attention"].items() if k.startswith("attn/"))
-    fused = per["attention"].get("attn/t0/m1", 0) == layers and "qk_norm_rope" not in per
+    # one attention step per layer: attn.comp mode 0 (prompt: after qkrope) or attn_dec.comp (decode: fused)
+    layers = sum(n for k, n in per["attention"].items() if k.startswith("attn/") or k.startswith("attn_dec/"))
+    fused = sum(n for k, n in per["attention"].items() if k.startswith("attn_dec/")) == layers and "qk_norm_rope" not in per
     if not layers or (not fused and per.get("qk_norm_rope", {}).get("qkrope/t0/m0") != layers):
         sys.exit(f"table {i}: per-layer op counts disagree: {per}")
     # the argmax: its own op once per token, or fused into the head (decode)
