@@ -203,22 +203,33 @@ static void read_tuning(vk_tuning *t) {
 
 /* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's
  * workgroups (gate+up, then down: threads, rows, rows loaded together), for
- * tuning on another GPU; a shape that does not fit is refused with a warning. */
+ * tuning on another GPU; six more numbers set the batches' (VK_EX_MANY
+ * tokens or more) the same way. A shape that does not fit is refused with a
+ * warning. */
 static void read_ex_shape(moex_vk *vk) {
     const char *e = getenv("MOEX_VK_EX_SHAPE");
     if (!e || !*e) return;
-    vk_ex_shape g, d;
-    int used = 0;
-    if (sscanf(e, "%d,%d,%d,%d,%d,%d%n", &g.wg, &g.rt, &g.ru, &d.wg, &d.rt, &d.ru, &used) != 6 || e[used] ||
-        !vk_ex_shape_ok(vk, 0, g) || !vk_ex_shape_ok(vk, 1, d)) {
+    int v[12], n = 0;
+    const char *p = e;
+    for (char *end; n < 12; p = end + 1) {
+        v[n++] = (int)strtol(p, &end, 10);
+        if (end == p || *end != ',') {
+            p = end == p ? p : end;
+            break;
+        }
+    }
+    vk_ex_shape s[4];
+    for (int i = 0; i < n / 3; i++) s[i] = (vk_ex_shape){v[3 * i], v[3 * i + 1], v[3 * i + 2]};
+    bool ok = (n == 6 || n == 12) && !*p;
+    for (int i = 0; ok && i < n / 3; i++) ok = vk_ex_shape_ok(vk, i % 2, s[i]);
+    if (!ok) {
         moex_log(MOEX_LOG_WARN,
-                 "vulkan: MOEX_VK_EX_SHAPE=%s ignored: give six numbers GWG,GRT,GRU,DWG,DRT,DRU with "
-                 "RU <= RT <= WG <= 1024 and RU dividing RT (e.g. 64,8,2,192,4,2)",
+                 "vulkan: MOEX_VK_EX_SHAPE=%s ignored: give six numbers GWG,GRT,GRU,DWG,DRT,DRU (one token), or "
+                 "twelve (one token, then batches), with RU <= RT <= WG <= 1024 and RU dividing RT (e.g. 64,8,2,192,4,2)",
                  e);
         return;
     }
-    vk->ex_shape[0][0] = g;
-    vk->ex_shape[1][0] = d;
+    for (int i = 0; i < n / 3; i++) vk->ex_shape[i % 2][i / 2] = s[i];
 }
 
 /* Cooperative matrices for the prompt-batch products: the extension and its

@@ -47,10 +47,13 @@ static int ex_ppt(int64_t npos, int wg) {
  * and down workgroups of 192 threads instead of 96 (half the positions per
  * thread) decode 15 % faster in the whole model on an H200 (docs/PERF.md,
  * session 5), although alone, on weights in L2, the gate+up is 1 µs slower:
- * inside a token the workgroup count weighs more than the bytes. */
+ * inside a token the workgroup count weighs more than the bytes. A batch
+ * over many experts: 2 rows per workgroup (both loaded at once) stream 4 %
+ * faster than 4 over 64 distinct experts (session 6; 1 row, or 8 and more,
+ * slower). */
 const vk_ex_shape vk_ex_default_shapes[2][2] = {
-    {{64, 8, 2}, {64, 4, 2}},    /* gate+up: one token, a batch */
-    {{192, 4, 2}, {96, 4, 2}},   /* down */
+    {{64, 8, 2}, {64, 2, 2}},    /* gate+up: one token, a batch */
+    {{192, 4, 2}, {96, 2, 2}},   /* down */
 };
 
 bool vk_ex_shape_ok(const moex_vk *vk, int half, vk_ex_shape s) {

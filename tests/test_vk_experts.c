@@ -105,6 +105,34 @@ static void run_case(const ex_case *t) {
     free(g), free(u), free(dn), free(x), free(res), free(gw), free(got), free(again), free(ids), free(ref);
 }
 
+/* MOEX_VK_EX_SHAPE, read when a device is created: six numbers set the
+ * one-token shapes, twelve the batches' too; anything else (a shape the
+ * kernel cannot run, a wrong count, trailing text) leaves the defaults. */
+static void check_shape_env(void) {
+    /* n: how many shapes the setting gives (gate+up, down; then the batches'), 0: refused */
+    static const struct { const char *env; int n; vk_ex_shape s[4]; } cs[] = {
+        {"64,4,2,96,8,4", 2, {{64, 4, 2}, {96, 8, 4}}},
+        {"32,8,4,192,2,2,128,8,2,64,4,4", 4, {{32, 8, 4}, {192, 2, 2}, {128, 8, 2}, {64, 4, 4}}},
+        {"64,8,3,192,4,2", 0, {{0}}},   /* 3 does not divide 8 */
+        {"64,8,2,192,4", 0, {{0}}},
+        {"64,8,2,192,4,2,64", 0, {{0}}},
+        {"64,8,2,192,4,2x", 0, {{0}}},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        setenv("MOEX_VK_EX_SHAPE", cs[i].env, 1);
+        moex_vk *d = test_vk(false);
+        for (int k = 0; k < 4; k++) {
+            const int h = k % 2, b = k / 2;
+            const vk_ex_shape g = d->ex_shape[h][b], w = k < cs[i].n ? cs[i].s[k] : vk_ex_default_shapes[h][b];
+            CHECK(g.wg == w.wg && g.rt == w.rt && g.ru == w.ru, "MOEX_VK_EX_SHAPE=%s: shape [%d][%d] %d.%d.%d",
+                  cs[i].env, h, b, g.wg, g.rt, g.ru);
+        }
+        moex_vk_free(d);
+    }
+    unsetenv("MOEX_VK_EX_SHAPE");
+    printf("  MOEX_VK_EX_SHAPE: %zu settings read as meant\n", sizeof cs / sizeof *cs);
+}
+
 int main(int argc, char **argv) {
     const bool no_sg = argc > 1 && !strcmp(argv[1], "--no-subgroup");
     R = test_rng("test_vk_experts");
@@ -150,5 +178,6 @@ int main(int argc, char **argv) {
                 run_case(&cases[i]);   /* hot mix, outer loop (, unaligned, Q4_K down) */
     }
     moex_vk_free(vk);
+    check_shape_env();
     return test_finish("test_vk_experts");
 }
