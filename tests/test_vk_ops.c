@@ -503,7 +503,7 @@ static void test_attention_decode(void) {
         {256, 256, 0, 1, 4, 4, 31, 64},    {128, 128, 1, 1, 32, 1, 100, 300}, {128, 128, 1, 1, 16, 2, 2999, 4000},
         {128, 128, 1, 1, 8, 2, 130, 8192},    /* a long context, a short position: 3 splits of 44 run */
         {128, 128, 1, 1, 8, 2, 1998, 2048},   /* 42 splits of 48 wanted, the context's 32 of 64 run */
-        {256, 256, 1, 1, 4, 2, 2300, 2400}};  /* head_dim 256, 36 splits: the merge loads past its first 16 a thread */
+        {256, 256, 1, 1, 4, 2, 2300, 2400}};  /* head_dim 256 over 36 splits (the merge: 18 a thread) */
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         const int hd = cases[ci].hd, H = cases[ci].H, HK = cases[ci].HK;
         moex_vk_attn_shape sh = {.n_head = H, .n_head_kv = HK, .head_dim = hd, .rope_dim = cases[ci].rope,

@@ -220,24 +220,17 @@ void main() {
     if (!last_split) return;
     memoryBarrierBuffer();
 
-    // The merge: out = sum_s w_s acc_s / sum_s w_s l_s, w_s = e^(m_s - M). The
-    // partials' loads (up to MP accs a thread) all go out before the reductions.
-    const uint p0 = h * pc.n_split, MP = min(16u, MAX_SPLITS / G);
+    // The merge: out = sum_s w_s acc_s / sum_s w_s l_s, w_s = e^(m_s - M).
+    const uint p0 = h * pc.n_split;
     const float ms = tid < used ? pc.part.v[ml + 2u * (p0 + tid)] : NEG_BIG;
-    const float ls = tid < used ? pc.part.v[ml + 2u * (p0 + tid) + 1u] : 0.0;
-    vec4 pa[MP];
-    for (uint i = 0u; i < MP; i++) {
-        const uint s = kg + G * i;
-        pa[i] = s < used && col < hd4 ? CV4(pc.part).v[(p0 + s) * hd4 + col] : vec4(0.0);
-    }
     const float M = wg_max(ms), w = tid < used ? exp(ms - M) : 0.0;
-    const float L = wg_sum(w * ls);
+    const float L = wg_sum(tid < used ? w * pc.part.v[ml + 2u * (p0 + tid) + 1u] : 0.0);
     red[tid].y = w;   // the split weights (KB may hold fewer than MAX_SPLITS)
     barrier();
     vec4 a = vec4(0.0);
-    for (uint i = 0u; i < MAX_SPLITS / G; i++) {   // beyond MP (head_dim over 128, many splits): loaded here
+    for (uint i = 0u; i < MAX_SPLITS / G; i++) {
         const uint s = kg + G * i;
-        if (s < used && col < hd4) a += red[s].y * (i < MP ? pa[i] : CV4(pc.part).v[(p0 + s) * hd4 + col]);
+        if (s < used && col < hd4) a += red[s].y * CV4(pc.part).v[(p0 + s) * hd4 + col];
     }
     sacc[tid] = a;
     barrier();
