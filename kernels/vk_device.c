@@ -209,14 +209,15 @@ static void read_tuning(vk_tuning *t) {
 static void read_ex_shape(moex_vk *vk) {
     const char *e = getenv("MOEX_VK_EX_SHAPE");
     if (!e || !*e) return;
-    int v[12], n = 0;
+    int v[12], n = 0;   /* six or twelve comma-separated integers, nothing after them */
     const char *p = e;
-    for (char *end; n < 12; p = end + 1) {
+    while (n < 12) {
+        char *end;
         v[n++] = (int)strtol(p, &end, 10);
-        if (end == p || *end != ',') {
-            p = end == p ? p : end;
-            break;
-        }
+        if (end == p) break;   /* not a number: p stays on it, so the setting is refused */
+        p = end;
+        if (*p != ',') break;
+        p++;
     }
     vk_ex_shape s[4];
     for (int i = 0; i < n / 3; i++) s[i] = (vk_ex_shape){v[3 * i], v[3 * i + 1], v[3 * i + 2]};

@@ -33,7 +33,7 @@ const float TWO_PI = 6.283185307179586;
 shared vec4 qs[H4M], kn[H4M], vn[H4M];   // rotated q, the new key and value
 shared float hq[HDM], hk[HDM];           // norm + RoPE scratch
 shared float spart[PASSES * 128u];       // partial scores
-shared float sc[KB];                     // probabilities of the block; merge: weights of the splits
+shared float sc[KB];                     // probabilities of the block's keys
 shared vec4 sacc[128];
 shared vec2 red[128];
 shared bool last_split;
@@ -75,7 +75,7 @@ float wg_max(float x) { return wg_tree(vec2(x), true).x; }
 #endif
 float wg_sum(float x) { return wg_sum2(vec2(x, 0.0)).x; }
 
-// RoPE of element i of a head (in h[]) at pos: the pair (i0, i1) rotated by theta.
+// RoPE of element i of the head in hq (or hk) at pos: the pair (i0, i1) rotated by theta.
 float rope_at(uint i, uint pos, bool is_k) {
     const uint rope_dim = pc.dims >> 16, half_ = rope_dim / 2u;
     const float x = is_k ? hk[i] : hq[i];
