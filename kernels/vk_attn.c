@@ -30,11 +30,20 @@ int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr
  * chain of keys (the splits fill the GPU), at most MAX_SPLITS. The context's
  * splits of CTX_KEYS size the scratch and the direct dispatch; a long context
  * (more than DIRECT_SPLITS of them) dispatches instead the splits of about
- * POS_KEYS the position needs. On an H200 (docs/PERF.md, session 5) 48 keys
- * a split measured best for that (64: -1.5 %, 32: -2 %, 16: -12 %), and a
- * short context running all its splits, the empty ones exiting at once, 2 %
- * faster again than fewer, longer ones. */
-enum { CTX_KEYS = 64, POS_KEYS = 48, MAX_SPLITS = 64, DIRECT_SPLITS = 16 };
+ * POS_KEYS the position needs. On an H200 (docs/PERF.md, sessions 5 and 6)
+ * 48 keys a split measured best for that (64: -1.5 %, 32: -2 %, 16: -12 %;
+ * with attn_dec.comp 96: -2 %, 192: -5 %), and a short context running all
+ * its 64-key splits, the empty ones exiting at once, 2-6 % faster than fewer,
+ * longer ones. attn_dec.comp's merge gets VK_ATTN_MAX_SPLITS as MAX_SPLITS. */
+enum { CTX_KEYS = 64, POS_KEYS = 48, MAX_SPLITS = VK_ATTN_MAX_SPLITS, DIRECT_SPLITS = 16 };
+
+/* The head_dim class of the f32 tiles and of attn_dec.comp: head_dim <= 64 << class. */
+static int head_dim_class(const moex_vk_attn_shape *sh) {
+    int cls = 0;
+    while ((64 << cls) < sh->head_dim) cls++;
+    return cls;
+}
+
 static int64_t splits_for(int64_t keys, int64_t per) {
     const int64_t s = (keys + per - 1) / per;
     return s < 1 ? 1 : s > MAX_SPLITS ? MAX_SPLITS : s;
@@ -54,8 +63,7 @@ size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
  * split-K path, kept for comparison), or too little shared memory. */
 static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int64_t n, uint32_t *rows) {
     if (n <= 1 || vk->tune.attn_simple) return 0;
-    int cls = 0;
-    while ((64 << cls) < sh->head_dim) cls++;
+    const int cls = head_dim_class(sh);
     const uint32_t hdmax = 64u << cls, st = hdmax / 4 + 1, bk = hdmax <= 128 ? 32 : 4096 / hdmax;
     for (int half = 0; half < 2; half++) {
         const uint32_t r = (half ? 2048 : 4096) / hdmax;
@@ -143,7 +151,7 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
 }
 
 /* Indirect: the splits the position's keys 0..pos need, each of
- * ceil((pos + 1) / splits) keys (attn.comp computes the same chunk). */
+ * ceil((pos + 1) / splits) keys (attn_dec.comp computes the same chunk). */
 void moex_vk_attention_decode_grid(const moex_vk_attn_shape *sh, int64_t pos, uint32_t grid[3]) {
     const int64_t used = splits_for(pos + 1, POS_KEYS), ns = attn_splits(sh, 1);
     grid[0] = (uint32_t)sh->n_head;
@@ -165,9 +173,7 @@ int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, mo
     if (v_cache % 16 || scratch % 16)
         return moex_fail(err, "vulkan: the V cache and the decode attention's scratch must be 16-byte aligned");
     const bool indirect = grid && ns > DIRECT_SPLITS;
-    int cls = 0;   /* attn_dec.comp's head_dim class: 64 << cls */
-    while ((64 << cls) < sh->head_dim) cls++;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN_DEC, 0, cls, err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN_DEC, 0, head_dim_class(sh), err);
     if (!p) return -1;
     vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params, k, v, counters},
                 .u = {(uint32_t)sh->n_head | (uint32_t)sh->n_head_kv << 16,

@@ -6,10 +6,10 @@
 #include "kernels/vk_internal.h"
 
 /* Shapes (vk_ex_shape, vk_internal.h) by [half (0 gate+up, 1 down)][batch of
- * at least VK_EX_MANY tokens], measured per GPU rather than derived: on an
- * H200 one token wants fewer, wider workgroups than the bytes suggest, a batch
- * over many experts short ones of 2 rows. Each device starts from these defaults, the best measured on an H200
- * (docs/PERF.md); tests change a device's ex_shape to compare variants, then
+ * at least VK_EX_MANY tokens], measured rather than derived: on an H200 one
+ * token wants fewer, wider workgroups than the bytes suggest, a batch over
+ * many experts short ones of 2 rows. Each device starts from these defaults,
+ * the best measured on an H200 (docs/PERF.md); tests change a device's ex_shape to compare variants, then
  * call vk_experts_forget(). */
 #define VK_EX_MANY 4
 extern const vk_ex_shape vk_ex_default_shapes[2][2];

@@ -34,6 +34,7 @@ typedef enum vk_kernel {
 
 #define VK_MODES 32         /* variants per kernel and type (experts_mv.comp uses 5 mode bits) */
 #define VK_MV_NMAX 8        /* tokens per matrix-vector dispatch; more go to the tiled kernel */
+#define VK_ATTN_MAX_SPLITS 64   /* key splits of the decode attention at most (vk_attn.c, attn_dec.comp's merge) */
 #define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup; the staged modes: below */
 #define VK_MV_GENERIC 4     /* mv.comp mode flag: 8-element dq8 units (weights not 16-byte aligned) */
 #define VK_MV_NORM 8        /* mv.comp mode flag: RMSNorm of x fused (sum(x^2) in the product loop; modes 0 and 3, one token) */

@@ -151,6 +151,8 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
          * of the subgroup size (96 threads on a 64-wide device) reduces through
          * shared memory instead (a partial subgroup's sums came out wrong) */
         if (vk->use_subgroup && s->wg % vk->tpr == 0) sb_printf(&b, "#define USE_SUBGROUP 1\n");
+    } else if (k == VK_K_ATTN_DEC) {
+        sb_printf(&b, "#define MAX_SPLITS %du\n", VK_ATTN_MAX_SPLITS);
     } else if (k == VK_K_ATTN_COOP) {   /* mode: head_dim class (vk_attn.c attn_coop_mode) */
         uint32_t warps = 4, bc = 32;
         vk_attn_coop_config(vk, mode, &warps, &bc);
