@@ -199,6 +199,10 @@ static void read_tuning(vk_tuning *t) {
     t->mv_rpt = rpt >= 1 && rpt <= 8 ? rpt : 0;
     const int groups = env_int("MOEX_VK_MV_GROUPS");
     t->mv_groups = groups >= 1 && groups <= 32 ? groups : 0;
+    t->gu_off = env_int("MOEX_VK_GU") == 0;
+    const int gwg = env_int("MOEX_VK_GU_WG"), gru = env_int("MOEX_VK_GU_RU");
+    t->gu_wg = gwg >= 64 && gwg <= 1024 ? gwg : 0;
+    t->gu_ru = gru >= 1 && gru <= 16 ? gru : 0;
 }
 
 /* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's

@@ -66,15 +66,76 @@ void vk_experts_forget(moex_vk *vk) {
     vkDeviceWaitIdle(vk->dev);
     for (int t = 0; t < VK_TYPE_SLOTS; t++)
         for (int m = 0; m < VK_MODES; m++) {
-            VkPipeline *p = &vk->pipes[VK_K_EXPERTS_MV][t][m];
-            if (*p) vkDestroyPipeline(vk->dev, *p, NULL);
-            *p = VK_NULL_HANDLE;
+            for (int k = 0; k < 2; k++) {
+                VkPipeline *p = &vk->pipes[k ? VK_K_EXPERTS_GU : VK_K_EXPERTS_MV][t][m];
+                if (*p) vkDestroyPipeline(vk->dev, *p, NULL);
+                *p = VK_NULL_HANDLE;
+            }
         }
 }
 
+/* ---- one token's Q4_K gate+up on experts_gu.comp ---- */
+
+#define GU_ROWS 64   /* rows per workgroup (the shader's CH) */
+
+static int pow2_floor(int v) {
+    int p = 1;
+    while (p * 2 <= v) p *= 2;
+    return p;
+}
+
+/* 1024 threads (16 row lanes of 64 positions for d = 2048), each loading
+ * 2 of its 4 rows at a time: decode after 512 tokens on an H200 ~4 % faster
+ * than with experts_mv.comp's gate+up (64.8.2), where all 4 at once was
+ * fastest alone (12.6 against 14.4 µs) but 2 % slower in the token, and 512
+ * threads slower still in the token (docs/PERF.md, session 7). */
+vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos) {
+    const int target = vk->tune.gu_wg ? vk->tune.gu_wg : 1024;
+    int rl = pow2_floor(target / npos > 1 ? target / npos : 1);
+    if (rl > GU_ROWS) rl = GU_ROWS;
+    vk_gu_shape s = {.npos = npos, .rl = rl, .wg = npos * rl, .ru = pow2_floor(vk->tune.gu_ru ? vk->tune.gu_ru : 2)};
+    if (s.ru > GU_ROWS / rl) s.ru = GU_ROWS / rl;
+    s.subgroup = vk->use_subgroup && npos % vk->tpr == 0;
+    return s;
+}
+
+/* Shared memory of experts_gu.comp's reduction (its red[] and sums[]). */
+static size_t gu_shared_bytes(const moex_vk *vk, vk_gu_shape s) {
+    const size_t nv = 2 * GU_ROWS / (size_t)s.rl, rv = nv < 4 ? nv : 4;
+    return 4 * (s.subgroup ? (size_t)(s.wg / vk->tpr) * nv : rv * (size_t)s.wg + 2 * GU_ROWS);
+}
+
+/* experts_gu.comp takes one token's gate+up: Q4_K on 16-byte aligned rows,
+ * a power-of-two count of positions that fits a workgroup, activation
+ * rounding off (h is written unrounded; the down half rounds it). */
+static bool gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
+    const moex_vk_matrix *g = &e->gate, *u = &e->up;
+    const int64_t npos = g->cols / 32;
+    if (n != 1 || vk->actq || vk->tune.gu_off || g->type != MOEX_TYPE_Q4_K || g->data % 16 || u->data % 16 ||
+        g->expert_stride % 16 || npos > 1024 || (npos & (npos - 1)))
+        return false;
+    const vk_gu_shape s = vk_gu_shape_of(vk, (int)npos);
+    return s.wg <= 1024 && gu_shared_bytes(vk, s) <= vk->info.shared_mem;
+}
+
+static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int k, moex_vk_ptr ids, moex_vk_ptr h,
+                       moex_error *err) {
+    int mode = 0;
+    while ((1 << (mode + 1)) <= e->gate.cols / 32) mode++;
+    const uint32_t gx = vk_ceil_div(e->gate.rows, GU_ROWS);
+    if (vk_check_grid(gx, k, 1, err)) return -1;
+    VkPipeline p = vk_pipeline(c->vk, VK_K_EXPERTS_GU, e->gate.type, mode, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {e->gate.data, e->up.data, x, h, ids},
+                .u = {(uint32_t)e->gate.rows, (uint32_t)e->gate.cols, (uint32_t)e->gate.expert_stride}};
+    vk_dispatch(c, p, &pc, gx, (uint32_t)k, 1);
+    return 0;
+}
+
 /* Decode (n <= VK_MV_NMAX): experts_mv.comp's gate+up over every (token, slot)
- * pair, then its down with the slot sum and the residual fused. halves: 1
- * gate+up, 2 down, 3 both (one alone only to time it). */
+ * pair (one token's Q4_K on experts_gu.comp where it applies), then its down
+ * with the slot sum and the residual fused. halves: 1 gate+up, 2 down, 3 both
+ * (one alone only to time it). */
 int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                          moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves,
                          moex_error *err) {
@@ -89,10 +150,14 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     const int dppt = ex_ppt((int64_t)k * (d->cols / ex_pe(d->type, dgen)), ds->wg);
     const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
-    VkPipeline pg = vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type, VK_EX_MODE(0, ggen, gppt, many), err),
+    const bool gu = (halves & 1) && gu_applies(c->vk, e, n);   /* one token's gate+up on experts_gu.comp */
+    VkPipeline pg = gu ? VK_NULL_HANDLE
+                       : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type, VK_EX_MODE(0, ggen, gppt, many), err),
                pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type, VK_EX_MODE(1, dgen, dppt, many), err);
-    if (!pg || !pd) return -1;
-    if (halves & 1) {
+    if ((!gu && !pg) || !pd) return -1;
+    if (gu) {
+        if (dispatch_gu(c, e, x, k, ids, h, err)) return -1;
+    } else if (halves & 1) {
         if (vk_round_input(c, g->type, x, n, g->cols, &x, err)) return -1;
         vk_pc pc = vk_mat_pc(g, x, n, g->cols, h, g->rows, 0);
         pc.p[1] = e->up.data;

@@ -34,7 +34,18 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
                          moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves,
                          moex_error *err);
 
-/* Drops this device's experts_mv pipelines (after its ex_shape changed; waits for the device). */
+/* experts_gu.comp's workgroup for rows of npos 32-column positions (its
+ * pipeline mode is log2(npos)): rl row lanes of npos threads (wg = npos *
+ * rl), ru rows a thread loads together, subgroup sums where a subgroup lies
+ * within a row lane. */
+typedef struct vk_gu_shape {
+    int npos, rl, wg, ru;
+    bool subgroup;
+} vk_gu_shape;
+vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos);
+
+/* Drops this device's experts_mv and experts_gu pipelines (after its ex_shape
+ * or gu tuning changed; waits for the device). */
 void vk_experts_forget(moex_vk *vk);
 
 #endif

@@ -29,6 +29,7 @@ typedef enum vk_kernel {
     VK_K_MM_COOP,      /* mm_coop.comp: prompt-batch products on cooperative matrices */
     VK_K_ATTN_COOP,    /* attn_coop.comp: prompt-batch attention on cooperative matrices (vk_attn.c) */
     VK_K_ATTN_DEC,     /* attn_dec.comp: one decode token's whole attention step */
+    VK_K_EXPERTS_GU,   /* experts_gu.comp: one decode token's expert gate+up on Q4_K */
     VK_K_COUNT
 } vk_kernel;
 
@@ -86,6 +87,8 @@ typedef struct vk_tuning {
     int coop_nbuf;       /* MOEX_VK_COOP_NBUF: 2 asks for double-buffered coop tiles, else 1 */
     int mv_rpt;          /* MOEX_VK_MV_RPT: rows per thread of the staged one-token products (1-8), 0: default */
     int mv_groups;       /* MOEX_VK_MV_GROUPS: row groups per workgroup of those products (1-32), 0: default */
+    bool gu_off;         /* MOEX_VK_GU=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
+    int gu_wg, gu_ru;    /* MOEX_VK_GU_WG (64-1024), MOEX_VK_GU_RU (1-16): experts_gu.comp's shape, 0: default */
 } vk_tuning;
 
 typedef struct moex_vk_buffer {

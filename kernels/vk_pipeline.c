@@ -21,11 +21,13 @@ static const char *const kernel_file[VK_K_COUNT] = {
     [VK_K_MOE_COMBINE] = "moe_combine.comp", [VK_K_ELTWISE] = "eltwise.comp", [VK_K_ARGMAX] = "argmax.comp",
     [VK_K_ACTQ] = "actq.comp", [VK_K_EXPERTS_MV] = "experts_mv.comp", [VK_K_MM_COOP] = "mm_coop.comp",
     [VK_K_ATTN_COOP] = "attn_coop.comp", [VK_K_ATTN_DEC] = "attn_dec.comp",
+    [VK_K_EXPERTS_GU] = "experts_gu.comp",
 };
 
 /* Kernels specialised by weight type (TYPE, BLK, BLK_BYTES and _quant.comp). */
 static bool is_typed(vk_kernel k) {
-    return k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM || k == VK_K_EXPERTS_MV || k == VK_K_MM_COOP;
+    return k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM || k == VK_K_EXPERTS_MV || k == VK_K_MM_COOP ||
+           k == VK_K_EXPERTS_GU;
 }
 
 int vk_type_slot(moex_type t) {
@@ -151,6 +153,10 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
          * of the subgroup size (96 threads on a 64-wide device) reduces through
          * shared memory instead (a partial subgroup's sums came out wrong) */
         if (vk->use_subgroup && s->wg % vk->tpr == 0) sb_printf(&b, "#define USE_SUBGROUP 1\n");
+    } else if (k == VK_K_EXPERTS_GU) {   /* mode: log2 of a row's 32-column positions */
+        const vk_gu_shape s = vk_gu_shape_of(vk, 1 << mode);
+        sb_printf(&b, "#define WG %du\n#define NPOS %du\n#define RL %du\n#define RU %du\n", s.wg, s.npos, s.rl, s.ru);
+        if (s.subgroup) sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
     } else if (k == VK_K_ATTN_DEC) {
         sb_printf(&b, "#define MAX_SPLITS %du\n", VK_ATTN_MAX_SPLITS);
     } else if (k == VK_K_ATTN_COOP) {   /* mode: head_dim class (vk_attn.c attn_coop_mode) */

@@ -114,7 +114,8 @@ void vk_prof_collect(moex_vk_cmd *c) {
 static void kernel_name(const moex_vk *vk, VkPipeline pipe, char *buf, size_t cap) {
     static const char *names[VK_K_COUNT] = {"dequant", "mv",        "mm",      "topk",    "rmsnorm", "qkrope", "attn",
                                             "attn_merge", "moe_sort", "moe_comb", "eltwise", "argmax", "actq", "experts_mv",
-                                            "mm_coop", [VK_K_ATTN_COOP] = "attn_coop", [VK_K_ATTN_DEC] = "attn_dec"};
+                                            "mm_coop", [VK_K_ATTN_COOP] = "attn_coop", [VK_K_ATTN_DEC] = "attn_dec",
+                                            [VK_K_EXPERTS_GU] = "experts_gu"};
     snprintf(buf, cap, "copy/fill");
     if (!pipe) return;
     for (int k = 0; k < VK_K_COUNT; k++)

@@ -4,7 +4,9 @@
  * not 16-byte aligned (the generic positions), one and several tokens,
  * repeated experts, and shapes that need the outer loop over positions; then
  * the same with other workgroup shapes (the device's ex_shape: threads not a power of
- * two or larger, more rows) than the defaults.
+ * two or larger, more rows) than the defaults. One token's Q4_K gate+up runs on
+ * experts_gu.comp where it applies: those cases run again in its other shapes
+ * and on experts_mv.comp (MOEX_VK_GU=0's switch).
  * usage: test_vk_experts_mv [--no-subgroup] */
 #include "kernels/vk_experts.h"
 #include "tests/vk/vk_test_util.h"
@@ -105,6 +107,35 @@ static void run_case(const ex_case *t) {
     free(g), free(u), free(dn), free(x), free(res), free(gw), free(got), free(again), free(ids), free(ref);
 }
 
+/* One token's Q4_K gate+up (experts_gu.comp where it applies) in other
+ * shapes (target threads, rows loaded together) and switched off
+ * (experts_mv.comp's); Qwen3-30B-A3B's shape in the default one. */
+static void check_gu(void) {
+    const ex_case cases[] = {
+        {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, 2048, 768, 1, 8, 8, 0, false},
+        {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, 512, 512, 1, 8, 4, 0, false},
+        {MOEX_TYPE_Q4_K, MOEX_TYPE_Q8_0, 1024, 320, 1, 6, 2, 0, true},   /* rows past 64 * 5: clamped, dropped */
+    };
+    const struct { int wg, ru; bool off; } shapes[] = {{0, 0, false}, {64, 1, false}, {256, 2, false}, {128, 16, false},
+                                                      {0, 0, true}};
+    const vk_tuning saved = vk->tune;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        vk->tune.gu_wg = shapes[s].wg;
+        vk->tune.gu_ru = shapes[s].ru;
+        vk->tune.gu_off = shapes[s].off;
+        vk_experts_forget(vk);
+        if (shapes[s].off) printf("  gate+up on experts_mv.comp (MOEX_VK_GU=0)\n");
+        else {
+            const vk_gu_shape g = vk_gu_shape_of(vk, 2048 / 32);
+            printf("  experts_gu.comp, d 2048: %d threads, %d row lanes, %d rows loaded together%s\n", g.wg, g.rl, g.ru,
+                   g.subgroup ? ", subgroups" : "");
+        }
+        for (size_t i = s == 0 ? 0 : 1; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+    }
+    vk->tune = saved;
+    vk_experts_forget(vk);
+}
+
 /* MOEX_VK_EX_SHAPE, read when a device is created: six numbers set the
  * one-token shapes, twelve the batches' too; anything else (a shape the
  * kernel cannot run, a wrong count, trailing text) leaves the defaults. */
@@ -179,6 +210,7 @@ int main(int argc, char **argv) {
             if (i == 0 || i == 7 || (s < 2 && (i < 3 || i == 8 || i == 10)))
                 run_case(&cases[i]);   /* hot mix, outer loop (, unaligned, Q4_K down) */
     }
+    check_gu();
     moex_vk_free(vk);
     check_shape_env();
     return test_finish("test_vk_experts");

@@ -32,49 +32,7 @@ layout(push_constant) uniform PC {
 //   PX pxload(x, xo4, pos)  x of that position (xo4: vec4 index of x's row)
 //   float pdot(w, x, pos)
 #if FAST && TYPE == T_Q4_K
-// 16 bytes of a group's qs: elements 64g+16hh+(0..15) (low nibbles, sub-block
-// 2g) and 64g+32+16hh+(0..15) (high nibbles, 2g+1); 8 positions per block,
-// which read its 16-byte header (d, dmin, scales) too.
-#define PE 32u
-struct PW { uvec4 q, h; };
-struct PX { vec4 lo[4], hi[4]; float slo, shi; };
-PX pxload(RV4 x, uint xo4, uint pos) {
-    const uint m = pos & 7u, o = xo4 + (pos >> 3) * 64u + (m >> 1) * 16u + (m & 1u) * 4u;
-    PX r;
-    for (uint i = 0u; i < 4u; i++) {
-        r.lo[i] = x.v[o + i];
-        r.hi[i] = x.v[o + 8u + i];
-    }
-    r.slo = hsum((r.lo[0] + r.lo[1]) + (r.lo[2] + r.lo[3]));
-    r.shi = hsum((r.hi[0] + r.hi[1]) + (r.hi[2] + r.hi[3]));
-    return r;
-}
-PW pload(UV4 p, uint rb, uint pos) {
-    const uint bi = (rb >> 4) + (pos >> 3) * 9u;
-    PW w;
-    w.h = p.v[bi];
-    w.q = p.v[bi + 1u + (pos & 7u)];
-    return w;
-}
-float pdot(PW w, PX x, uint pos) {
-    // ggml's get_scale_min_k4 for all four sub-blocks of the block's half
-    // (g < 2: 0-3, else 4-7) as the bytes of one word, then bytes 2(g%2), +1.
-    const uint g = (pos & 7u) >> 1, sh = 16u * (g & 1u);
-    const uint s4 = g >= 2u ? (w.h.w & 0x0f0f0f0fu) | ((w.h.y >> 2) & 0x30303030u) : w.h.y & 0x3f3f3f3fu;
-    const uint m4 = g >= 2u ? ((w.h.w >> 4) & 0x0f0f0f0fu) | ((w.h.z >> 2) & 0x30303030u) : w.h.z & 0x3f3f3f3fu;
-    const uint s2 = s4 >> sh, m2 = m4 >> sh;
-    const float sc0 = field(s2, 63u, 0u, 0.0), sc1 = field(s2, 63u, 8u, 0.0);
-    const float m0 = field(m2, 63u, 0u, 0.0), m1 = field(m2, 63u, 8u, 0.0);
-    const vec2 dm = unpackHalf2x16(w.h.x);
-    vec4 sl = vec4(0.0), shh = vec4(0.0);
-    for (uint i = 0u; i < 4u; i++) {
-        const uint q = w.q[i], q2 = q >> 16;
-        sl += vec4(field(q, 15u, 0u, 0.0), field(q, 15u, 8u, 0.0), field(q2, 15u, 0u, 0.0), field(q2, 15u, 8u, 0.0)) * x.lo[i];
-        shh += vec4(field(q, 15u, 4u, 0.0), field(q, 15u, 12u, 0.0), field(q2, 15u, 4u, 0.0), field(q2, 15u, 12u, 0.0)) * x.hi[i];
-    }
-    return dm.x * (sc0 * hsum(sl) + sc1 * hsum(shh)) - dm.y * (m0 * x.slo + m1 * x.shi);
-}
-
+#include "_q4k_pos.comp"
 #elif FAST && TYPE == T_Q6_K
 // Words 2m, 2m+1 of a block's ql (m = pos % 16): elements E..E+7 (low
 // nibbles) and E+64..E+71 (high), E = 128(m/8) + 8(m%8), with qh words
