@@ -105,10 +105,7 @@ static size_t gu_shared_bytes(const moex_vk *vk, vk_gu_shape s) {
     return 4 * (s.subgroup ? (size_t)(s.wg / vk->tpr) * nv : rv * (size_t)s.wg + 2 * GU_ROWS);
 }
 
-/* experts_gu.comp takes one token's gate+up: Q4_K on 16-byte aligned rows,
- * a power-of-two count of positions that fits a workgroup, activation
- * rounding off (h is written unrounded; the down half rounds it). */
-static bool gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
+bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
     const moex_vk_matrix *g = &e->gate, *u = &e->up;
     const int64_t npos = g->cols / 32;
     if (n != 1 || vk->actq || vk->tune.gu_off || g->type != MOEX_TYPE_Q4_K || g->data % 16 || u->data % 16 ||
@@ -150,7 +147,7 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     const int dppt = ex_ppt((int64_t)k * (d->cols / ex_pe(d->type, dgen)), ds->wg);
     const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
-    const bool gu = (halves & 1) && gu_applies(c->vk, e, n);   /* one token's gate+up on experts_gu.comp */
+    const bool gu = (halves & 1) && vk_gu_applies(c->vk, e, n);   /* one token's gate+up on experts_gu.comp */
     VkPipeline pg = gu ? VK_NULL_HANDLE
                        : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type, VK_EX_MODE(0, ggen, gppt, many), err),
                pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type, VK_EX_MODE(1, dgen, dppt, many), err);

@@ -43,6 +43,10 @@ typedef struct vk_gu_shape {
     bool subgroup;
 } vk_gu_shape;
 vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos);
+/* experts_gu.comp takes n tokens' gate+up: one token, Q4_K on 16-byte aligned
+ * rows, a power-of-two count of positions that fits a workgroup, activation
+ * rounding off (h is written unrounded; the down half rounds it). */
+bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n);
 
 /* Drops this device's experts_mv and experts_gu pipelines (after its ex_shape
  * or gu tuning changed; waits for the device). */

@@ -5,8 +5,8 @@
  * repeated experts, and shapes that need the outer loop over positions; then
  * the same with other workgroup shapes (the device's ex_shape: threads not a power of
  * two or larger, more rows) than the defaults. One token's Q4_K gate+up runs on
- * experts_gu.comp where it applies: those cases run again in its other shapes
- * and on experts_mv.comp (MOEX_VK_GU=0's switch).
+ * experts_gu.comp where it applies: it is checked to apply, and its cases run
+ * in other shapes and with it switched off (experts_mv.comp, MOEX_VK_GU=0).
  * usage: test_vk_experts_mv [--no-subgroup] */
 #include "kernels/vk_experts.h"
 #include "tests/vk/vk_test_util.h"
@@ -130,7 +130,18 @@ static void check_gu(void) {
             printf("  experts_gu.comp, d 2048: %d threads, %d row lanes, %d rows loaded together%s\n", g.wg, g.rl, g.ru,
                    g.subgroup ? ", subgroups" : "");
         }
-        for (size_t i = s == 0 ? 0 : 1; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+        for (size_t i = s == 0 ? 0 : 1; i < sizeof cases / sizeof *cases; i++) {
+            const ex_case *t = &cases[i];
+            moex_vk_experts ex = {.n_expert = t->E};
+            const size_t rb = moex_row_bytes(t->tg, t->d);
+            ex.gate = ex.up = (moex_vk_matrix){t->tg, t->f, t->d, rb, 4096, rb * (size_t)t->f};   /* only looked at */
+            CHECK(vk_gu_applies(vk, &ex, 1) == !shapes[s].off, "experts_gu.comp %s for d=%lld",
+                  shapes[s].off ? "not switched off" : "not taken", (long long)t->d);
+            CHECK(!vk_gu_applies(vk, &ex, 2), "experts_gu.comp taken for two tokens");
+            ex.gate.data += 4;
+            CHECK(!vk_gu_applies(vk, &ex, 1), "experts_gu.comp taken for gate weights off 16 bytes");
+            run_case(t);
+        }
     }
     vk->tune = saved;
     vk_experts_forget(vk);
