@@ -1,6 +1,6 @@
 // The gate+up half of one decode token's expert FFN, Q4_K weights on 16-byte
 // aligned rows: h[j][r] = silu(Wg_e x . row r) * (Wu_e x . row r), e = ids[j],
-// grid (n_ff / 64, k). Like experts_mv.comp's SIDE 0 each thread holds one
+// grid (ceil(n_ff / 64), k). Like experts_mv.comp's SIDE 0 each thread holds one
 // 32-column position of x in registers and walks rows (_q4k_pos.comp), but a
 // workgroup covers 64 rows with RL row lanes of NPOS threads (WG = NPOS * RL,
 // host-defined), and each thread issues the loads of RU of its 64 / RL rows
