@@ -78,10 +78,11 @@ void vk_experts_forget(moex_vk *vk) {
 
 #define GU_ROWS 64   /* rows per workgroup (the shader's CH) */
 
-static int pow2_floor(int v) {
-    int p = 1;
-    while (p * 2 <= v) p *= 2;
-    return p;
+/* log2 of v >= 1, rounded down. */
+static int log2_floor(int64_t v) {
+    int l = 0;
+    while (v >> (l + 1)) l++;
+    return l;
 }
 
 /* 1024 threads (16 row lanes of 64 positions for d = 2048), each loading
@@ -91,9 +92,10 @@ static int pow2_floor(int v) {
  * threads slower still in the token (docs/PERF.md, session 7). */
 vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos) {
     const int target = vk->tune.gu_wg ? vk->tune.gu_wg : 1024;
-    int rl = pow2_floor(target / npos > 1 ? target / npos : 1);
+    int rl = 1 << log2_floor(target / npos > 1 ? target / npos : 1);
     if (rl > GU_ROWS) rl = GU_ROWS;
-    vk_gu_shape s = {.npos = npos, .rl = rl, .wg = npos * rl, .ru = pow2_floor(vk->tune.gu_ru ? vk->tune.gu_ru : 2)};
+    vk_gu_shape s = {.npos = npos, .rl = rl, .wg = npos * rl,
+                     .ru = 1 << log2_floor(vk->tune.gu_ru ? vk->tune.gu_ru : 2)};
     if (s.ru > GU_ROWS / rl) s.ru = GU_ROWS / rl;
     s.subgroup = vk->use_subgroup && npos % vk->tpr == 0;
     return s;
@@ -111,14 +113,13 @@ bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
     if (n != 1 || vk->actq || vk->tune.gu_off || g->type != MOEX_TYPE_Q4_K || g->data % 16 || u->data % 16 ||
         g->expert_stride % 16 || npos > 1024 || (npos & (npos - 1)))
         return false;
-    const vk_gu_shape s = vk_gu_shape_of(vk, (int)npos);
-    return s.wg <= 1024 && gu_shared_bytes(vk, s) <= vk->info.shared_mem;
+    /* wg <= 1024 follows: npos * rl stays within the target (<= 1024), or rl is 1 */
+    return gu_shared_bytes(vk, vk_gu_shape_of(vk, (int)npos)) <= vk->info.shared_mem;
 }
 
 static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int k, moex_vk_ptr ids, moex_vk_ptr h,
                        moex_error *err) {
-    int mode = 0;
-    while ((1 << (mode + 1)) <= e->gate.cols / 32) mode++;
+    const int mode = log2_floor(e->gate.cols / 32);   /* the positions: a power of two */
     const uint32_t gx = vk_ceil_div(e->gate.rows, GU_ROWS);
     if (vk_check_grid(gx, k, 1, err)) return -1;
     VkPipeline p = vk_pipeline(c->vk, VK_K_EXPERTS_GU, e->gate.type, mode, err);
