@@ -113,6 +113,7 @@ typedef struct moex_vk_info {
     bool subgroup_arith;          /* subgroupAdd usable in compute */
     bool f16;                     /* shaderFloat16 */
     bool int_dot;                 /* VK_KHR_shader_integer_dot_product */
+    bool int_dot_fast;            /* ... its mixed-signedness 4x8-bit packed dot in hardware */
     uint32_t shared_mem;          /* bytes of shared memory per workgroup */
     uint64_t device_mem;          /* bytes of the largest device-local heap */
     /* Prompt-batch products on cooperative matrices (f16 x f16 -> f32, tiles of

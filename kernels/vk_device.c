@@ -203,6 +203,9 @@ static void read_tuning(vk_tuning *t) {
     const int gwg = env_int("MOEX_VK_GU_WG"), gru = env_int("MOEX_VK_GU_RU");
     t->gu_wg = gwg >= 64 && gwg <= 1024 ? gwg : 0;
     t->gu_ru = gru >= 1 && gru <= 16 ? gru : 0;
+    const int gch = env_int("MOEX_VK_GU_CH");
+    t->gu_ch = gch >= 16 && gch <= 64 && gch % 16 == 0 ? gch : 0;
+    t->idot = env_int("MOEX_VK_IDOT");
 }
 
 /* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's
@@ -269,6 +272,17 @@ static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12, 
     }
 }
 
+/* OpSUDot on 4x8-bit packed words (VK_KHR_shader_integer_dot_product):
+ * the decode expert kernels' int8 activation path (vk_experts.h vk_idot). */
+static bool has_int_dot(VkPhysicalDevice pd) {
+    if (!has_extension(pd, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) return false;
+    VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &idf};
+    vkGetPhysicalDeviceFeatures2(pd, &f);
+    return idf.shaderIntegerDotProduct;
+}
+
 /* Capabilities that choose kernel variants. */
 static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
@@ -284,7 +298,14 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     in->subgroup_arith = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                          (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
     in->f16 = f12.shaderFloat16;
-    in->int_dot = has_extension(vk->pd, "VK_KHR_shader_integer_dot_product");
+    in->int_dot = has_int_dot(vk->pd);
+    if (in->int_dot) {
+        VkPhysicalDeviceShaderIntegerDotProductProperties ip = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES};
+        VkPhysicalDeviceProperties2 pp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &ip};
+        vkGetPhysicalDeviceProperties2(vk->pd, &pp);
+        in->int_dot_fast = ip.integerDotProduct4x8BitPackedMixedSignednessAccelerated;
+    }
     in->shared_mem = p2.properties.limits.maxComputeSharedMemorySize;
     uint32_t nq = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(vk->pd, &nq, NULL);
@@ -331,23 +352,33 @@ static int make_device(moex_vk *vk, moex_error *err) {
     /* mm_coop.comp: f16 in shared memory; on the matrix unit also the extension and the Vulkan memory model */
     VkPhysicalDeviceCooperativeMatrixFeaturesNV cf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
                                                       .cooperativeMatrix = VK_TRUE};
-    const char *coop_ext = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+    /* the int8 activation path: OpSUDot */
+    VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES, .shaderIntegerDotProduct = VK_TRUE};
+    const char *ext[2];
+    uint32_t n_ext = 0;
+    if (vk->info.int_dot) {
+        ext[n_ext++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+        idf.pNext = f12.pNext;
+        f12.pNext = &idf;
+    }
     f12.shaderFloat16 = vk->info.coop != 0;
     if (vk->info.coop == 1) {
         f12.vulkanMemoryModel = VK_TRUE;
+        cf.pNext = f12.pNext;
         f12.pNext = &cf;
+        ext[n_ext++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
     }
     VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f, .queueCreateInfoCount = 1,
-                              .pQueueCreateInfos = &qci, .enabledExtensionCount = vk->info.coop == 1,
-                              .ppEnabledExtensionNames = &coop_ext};
+                              .pQueueCreateInfos = &qci, .enabledExtensionCount = n_ext, .ppEnabledExtensionNames = ext};
     if (vk->info.coop == 1 && vkCreateDevice(vk->pd, &dci, NULL, &vk->dev) != VK_SUCCESS) {
         /* a driver that lists cooperative matrices but refuses them: run without (the f32 tiles) */
         moex_log(MOEX_LOG_WARN, "vulkan: %s refused cooperative matrices; prompts use the f32 tiles", vk->info.name);
         vk->info.coop = 0;
         f12.shaderFloat16 = VK_FALSE;
         f12.vulkanMemoryModel = VK_FALSE;
-        f12.pNext = NULL;
-        dci.enabledExtensionCount = 0;
+        f12.pNext = cf.pNext;   /* the integer dot product stays */
+        dci.enabledExtensionCount = n_ext - 1;
         vk->dev = VK_NULL_HANDLE;
     }
     if (!vk->dev && vk_check(vkCreateDevice(vk->pd, &dci, NULL, &vk->dev), "vkCreateDevice", err)) return -1;
@@ -396,9 +427,10 @@ moex_vk *moex_vk_create(const moex_vk_options *opt, moex_error *err) {
     }
     vk_pipeline_cache_open(vk);
     if (vk->verbose)
-        moex_log(MOEX_LOG_INFO, "vulkan: %s (%s), subgroup %u%s, f16 %d, int dot %d, shared %u KiB, %.1f GiB, "
+        moex_log(MOEX_LOG_INFO, "vulkan: %s (%s), subgroup %u%s, f16 %d, int dot %d%s, shared %u KiB, %.1f GiB, "
                  "coop %s %ux%ux%u", vk->info.name, vk->info.type, vk->info.subgroup_size,
-                 vk->use_subgroup ? " (reductions)" : "", vk->info.f16, vk->info.int_dot, vk->info.shared_mem >> 10,
+                 vk->use_subgroup ? " (reductions)" : "", vk->info.f16, vk->info.int_dot,
+                 vk->info.int_dot_fast ? " (hardware)" : "", vk->info.shared_mem >> 10,
                  vk->info.device_mem / 1073741824.0,
                  vk->info.coop == 1 ? "nv" : vk->info.coop == 2 ? "emulated" : "off", vk->info.coop_m,
                  vk->info.coop_n, vk->info.coop_k);

@@ -37,6 +37,16 @@ static int64_t ex_pe(moex_type t, bool generic) {
     return t == MOEX_TYPE_Q4_K && !generic ? 32 : t == MOEX_TYPE_Q6_K ? 16 : 8;
 }
 
+bool vk_idot(const moex_vk *vk) {
+    const int want = vk->tune.idot;
+    return vk->info.int_dot && (want > 0 || (want < 0 && vk->info.int_dot_fast)) && !vk->actq;
+}
+
+/* experts_mv.comp's mode bit for int8 activations: where its positions are Q4_K's or Q6_K's. */
+static int ex_idot(const moex_vk *vk, moex_type t, bool generic) {
+    return vk_idot(vk) && ex_pe(t, generic) != 8 ? VK_EX_IDOT : 0;
+}
+
 /* Positions per thread for npos positions over wg threads (more than the maximum: an outer loop). */
 static int ex_ppt(int64_t npos, int wg) {
     const int64_t p = (npos + wg - 1) / wg;
@@ -76,8 +86,6 @@ void vk_experts_forget(moex_vk *vk) {
 
 /* ---- one token's Q4_K gate+up on experts_gu.comp ---- */
 
-#define GU_ROWS 64   /* rows per workgroup (the shader's CH) */
-
 /* log2 of v >= 1, rounded down. */
 static int log2_floor(int64_t v) {
     int l = 0;
@@ -85,26 +93,31 @@ static int log2_floor(int64_t v) {
     return l;
 }
 
-/* 1024 threads (16 row lanes of 64 positions for d = 2048), each loading
- * 2 of its 4 rows at a time: decode after 512 tokens on an H200 ~4 % faster
- * than with experts_mv.comp's gate+up (64.8.2), where all 4 at once was
- * fastest alone (12.6 against 14.4 µs) but 2 % slower in the token, and 512
- * threads slower still in the token (docs/PERF.md, session 7). */
+/* 48 rows per workgroup in 12 row lanes (768 threads for d = 2048; 128
+ * workgroups for Qwen3-30B-A3B's 8 x 768 rows, about one per SM of an H200),
+ * each thread loading 2 of its 4 rows at a time: decode after 512 tokens
+ * ~4 % faster than 64 rows in 16 lanes (96 workgroups; session 8), which were
+ * ~4 % faster than experts_mv.comp's gate+up (64.8.2); there all 4 rows at
+ * once was fastest alone but slower in the token, and 512 threads slower
+ * still (docs/PERF.md, sessions 7 and 8). Rows per thread stay a power of two
+ * where a row lane allows (the butterfly halves them); one row lane
+ * otherwise, whose 2 ch sums outnumber any subgroup. */
 vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos) {
-    const int target = vk->tune.gu_wg ? vk->tune.gu_wg : 1024;
-    int rl = 1 << log2_floor(target / npos > 1 ? target / npos : 1);
-    if (rl > GU_ROWS) rl = GU_ROWS;
-    vk_gu_shape s = {.npos = npos, .rl = rl, .wg = npos * rl,
-                     .ru = 1 << log2_floor(vk->tune.gu_ru ? vk->tune.gu_ru : 2)};
-    if (s.ru > GU_ROWS / rl) s.ru = GU_ROWS / rl;
+    const int target = vk->tune.gu_wg ? vk->tune.gu_wg : 1024, ch = vk->tune.gu_ch ? vk->tune.gu_ch : 48;
+    int rl = target / npos < ch ? target / npos : ch;
+    while (rl > 1 && (ch % rl || ((ch / rl) & (ch / rl - 1)))) rl--;
+    if (rl < 1) rl = 1;
+    vk_gu_shape s = {.npos = npos, .rl = rl, .wg = npos * rl, .ch = ch, .ru = vk->tune.gu_ru ? vk->tune.gu_ru : 2};
+    if (s.ru > ch / rl) s.ru = ch / rl;
+    while ((ch / rl) % s.ru) s.ru--;
     s.subgroup = vk->use_subgroup && npos % vk->tpr == 0;
     return s;
 }
 
 /* Shared memory of experts_gu.comp's reduction (its red[] and sums[]). */
 static size_t gu_shared_bytes(const moex_vk *vk, vk_gu_shape s) {
-    const size_t nv = 2 * GU_ROWS / (size_t)s.rl, rv = nv < 4 ? nv : 4;
-    return 4 * (s.subgroup ? (size_t)(s.wg / vk->tpr) * nv : rv * (size_t)s.wg + 2 * GU_ROWS);
+    const size_t nv = 2 * (size_t)s.ch / (size_t)s.rl, rv = nv < 4 ? nv : 4;
+    return 4 * (s.subgroup ? (size_t)(s.wg / vk->tpr) * nv : rv * (size_t)s.wg + 2 * (size_t)s.ch);
 }
 
 bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
@@ -120,7 +133,7 @@ bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
 static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int k, moex_vk_ptr ids, moex_vk_ptr h,
                        moex_error *err) {
     const int mode = log2_floor(e->gate.cols / 32);   /* the positions: a power of two */
-    const uint32_t gx = vk_ceil_div(e->gate.rows, GU_ROWS);
+    const uint32_t gx = vk_ceil_div(e->gate.rows, vk_gu_shape_of(c->vk, 1 << mode).ch);
     if (vk_check_grid(gx, k, 1, err)) return -1;
     VkPipeline p = vk_pipeline(c->vk, VK_K_EXPERTS_GU, e->gate.type, mode, err);
     if (!p) return -1;
@@ -150,8 +163,10 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
     const bool gu = (halves & 1) && vk_gu_applies(c->vk, e, n);   /* one token's gate+up on experts_gu.comp */
     VkPipeline pg = gu ? VK_NULL_HANDLE
-                       : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type, VK_EX_MODE(0, ggen, gppt, many), err),
-               pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type, VK_EX_MODE(1, dgen, dppt, many), err);
+                       : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type,
+                                     VK_EX_MODE(0, ggen, gppt, many) | ex_idot(c->vk, g->type, ggen), err),
+               pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type,
+                                VK_EX_MODE(1, dgen, dppt, many) | ex_idot(c->vk, d->type, dgen), err);
     if ((!gu && !pg) || !pd) return -1;
     if (gu) {
         if (dispatch_gu(c, e, x, k, ids, h, err)) return -1;

@@ -20,10 +20,12 @@ bool vk_ex_shape_ok(const moex_vk *vk, int half, vk_ex_shape s);
 
 /* experts_mv.comp modes: bit 0 the half, bit 1 generic positions (8 elements
  * through dq8: weights not 16-byte aligned), bits 2-3 positions per thread - 1,
- * bit 4 the batch shape (ex_shape[half][1]). */
+ * bit 4 the batch shape (ex_shape[half][1]), bit 5 int8 activations (IDOT). */
 #define VK_EX_DOWN 1
 #define VK_EX_GENERIC 2
 #define VK_EX_MANY_BIT 16
+#define VK_EX_IDOT 32
+_Static_assert(VK_MODES > (VK_EX_IDOT | VK_EX_MANY_BIT | 15), "experts_mv.comp modes fit the pipeline table");
 #define VK_EX_MODE(down, generic, ppt, many) \
     ((down) | ((generic) ? VK_EX_GENERIC : 0) | (((ppt) - 1) << 2) | ((many) ? VK_EX_MANY_BIT : 0))
 #define VK_EX_MODE_SHAPE(vk, mode) (&(vk)->ex_shape[(mode) & VK_EX_DOWN][((mode) & VK_EX_MANY_BIT) != 0])
@@ -35,11 +37,11 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
                          moex_error *err);
 
 /* experts_gu.comp's workgroup for rows of npos 32-column positions (its
- * pipeline mode is log2(npos)): rl row lanes of npos threads (wg = npos *
- * rl), ru rows a thread loads together, subgroup sums where a subgroup lies
- * within a row lane. */
+ * pipeline mode is log2(npos)): ch rows in rl row lanes of npos threads (wg
+ * = npos * rl, ch / rl rows a thread), ru rows a thread loads together,
+ * subgroup sums where a subgroup lies within a row lane. */
 typedef struct vk_gu_shape {
-    int npos, rl, wg, ru;
+    int npos, rl, wg, ru, ch;
     bool subgroup;
 } vk_gu_shape;
 vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos);
@@ -47,6 +49,17 @@ vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos);
  * rows, a power-of-two count of positions that fits a workgroup, activation
  * rounding off (h is written unrounded; the down half rounds it). */
 bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n);
+
+/* The expert kernels' int8 activation path: Q4_K and Q6_K positions take x (or
+ * h) as int8 with one f32 scale per position and multiply it into the weights'
+ * nibbles with 4-byte integer dot products (OpSUDot), a third of the
+ * instructions of the f32 path (which holds x in 34 registers, not 11): on an
+ * H200 one token x 8 experts 23.2 -> 16.7 us, 64 distinct experts 116 -> 93 us,
+ * decode after 512 tokens +8-11 % (docs/PERF.md, session 8). On
+ * where the device has the integer dot product in hardware (MOEX_VK_IDOT=1:
+ * wherever it has it, =0: never), unless activations are rounded to the
+ * CPU's grid (vk->actq). */
+bool vk_idot(const moex_vk *vk);
 
 /* Drops this device's experts_mv and experts_gu pipelines (after its ex_shape
  * or gu tuning changed; waits for the device). */

@@ -33,7 +33,7 @@ typedef enum vk_kernel {
     VK_K_COUNT
 } vk_kernel;
 
-#define VK_MODES 32         /* variants per kernel and type (experts_mv.comp uses 5 mode bits) */
+#define VK_MODES 64         /* variants per kernel and type (experts_mv.comp uses 6 mode bits) */
 #define VK_MV_NMAX 8        /* tokens per matrix-vector dispatch; more go to the tiled kernel */
 #define VK_ATTN_MAX_SPLITS 64   /* key splits of the decode attention at most (vk_attn.c, attn_dec.comp's merge) */
 #define VK_MV_GROUPS 4      /* row groups (of tpr threads) per mv.comp workgroup; the staged modes: below */
@@ -89,6 +89,9 @@ typedef struct vk_tuning {
     int mv_groups;       /* MOEX_VK_MV_GROUPS: row groups per workgroup of those products (1-32), 0: default */
     bool gu_off;         /* MOEX_VK_GU=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
     int gu_wg, gu_ru;    /* MOEX_VK_GU_WG (64-1024), MOEX_VK_GU_RU (1-16): experts_gu.comp's shape, 0: default */
+    int idot;            /* MOEX_VK_IDOT: the decode expert kernels' int8 activations: 0 off, 1 wherever the
+                          * device has integer dot products, unset (-1) where it has them in hardware */
+    int gu_ch;           /* MOEX_VK_GU_CH (16, 32, 48, 64): experts_gu.comp's rows per workgroup, 0: default */
 } vk_tuning;
 
 typedef struct moex_vk_buffer {

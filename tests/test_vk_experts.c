@@ -7,6 +7,10 @@
  * two or larger, more rows) than the defaults. One token's Q4_K gate+up runs on
  * experts_gu.comp where it applies: it is checked to apply, and its cases run
  * in other shapes and with it switched off (experts_mv.comp, MOEX_VK_GU=0).
+ * Where the device has integer dot products Q4_K and Q6_K positions take
+ * int8 activations (vk_idot): each half is then checked against float64 on
+ * its own input rounded exactly as the GPU rounds it (h read back from the
+ * scratch for the down half), and the f32 path of those cases runs too.
  * usage: test_vk_experts_mv [--no-subgroup] */
 #include "kernels/vk_experts.h"
 #include "tests/vk/vk_test_util.h"
@@ -53,6 +57,122 @@ static moex_vk_buffer *upload_experts(test_matrix *m, int E, size_t misalign, mo
     return b;
 }
 
+/* ---- the int8 activation path (vk_idot): its rounding, exactly ---- */
+
+/* Whether a half with weights of type t takes int8 activations. */
+static bool idot_half(moex_type t, size_t misalign) {
+    return vk_idot(vk) && (t == MOEX_TYPE_Q6_K || (t == MOEX_TYPE_Q4_K && misalign % 16 == 0));
+}
+
+/* v's values idx[0..n) rounded as _common.comp's i8_exp / pack_i8 do: q 2^(e-7),
+ * e the exponent (frexp) of their largest magnitude times 1 + 2^-7, q to the
+ * nearest (ties to even). Powers of two: exact in float, so bit for bit the GPU's. */
+static void round_group(const float *v, const int64_t *idx, int n, float *out) {
+    float a = 0;
+    for (int i = 0; i < n; i++) a = fmaxf(a, fabsf(v[idx[i]]));
+    int e;
+    frexpf(a * 1.0078125f, &e);
+    if (e < -100) e = -100;
+    for (int i = 0; i < n; i++) {
+        const float q = rintf(ldexpf(v[idx[i]], 7 - e));
+        CHECK(fabsf(q) <= 127, "int8 rounding: %g out of range", q);
+        out[idx[i]] = ldexpf(q, e - 7);
+    }
+}
+
+/* A row of cols values (a multiple of 256) rounded position by position:
+ * Q4_K's 32-value positions (_q4k_pos.comp: 16 values of sub-block 2g and
+ * 16 of 2g + 1), Q6_K's 16-value ones (experts_mv.comp: 8 values and the 8
+ * at +64). */
+static void round_positions(moex_type t, const float *v, int64_t cols, float *out) {
+    int64_t idx[32];
+    for (int64_t b = 0; b < cols; b += 256) {
+        if (t == MOEX_TYPE_Q4_K)
+            for (int m = 0; m < 8; m++) {
+                for (int i = 0; i < 16; i++) {
+                    idx[i] = b + 64 * (m >> 1) + 16 * (m & 1) + i;
+                    idx[16 + i] = idx[i] + 32;
+                }
+                round_group(v, idx, 32, out);
+            }
+        else
+            for (int m = 0; m < 16; m++) {
+                for (int i = 0; i < 8; i++) {
+                    idx[i] = b + 128 * (m >> 3) + 8 * (m & 7) + i;
+                    idx[8 + i] = idx[i] + 64;
+                }
+                round_group(v, idx, 16, out);
+            }
+    }
+}
+
+/* Q4_K's min part (-dmin m of each value's sub-block) of every expert's
+ * rows: the int8 path applies it to the exact x, not the rounded one. Read
+ * off by dequantizing the blocks with their 4-bit values zeroed. */
+static float *q4k_mins(const test_matrix *m) {
+    const size_t bytes = (size_t)m->rows * m->row_bytes;
+    uint8_t *z = malloc(bytes);
+    float *out = malloc((size_t)m->rows * (size_t)m->cols * sizeof *out);
+    memcpy(z, m->data, bytes);
+    for (size_t o = 0; o < bytes; o += 144) memset(z + o + 16, 0, 128);   /* d, dmin, scales[12], then qs[128] */
+    for (int64_t r = 0; r < m->rows; r++)
+        MUST(moex_dequantize_row(m->type, z + (size_t)r * m->row_bytes, out + r * m->cols, m->cols));
+    free(z);
+    return out;
+}
+
+/* Row r of m times x as the half computes it: the dequantised weights times
+ * x rounded (xr; x itself off the int8 path), plus for Q4_K the min part times
+ * what the rounding took off x. */
+static double half_dot(const test_matrix *m, const float *mins, int64_t r, const float *x, const float *xr) {
+    const int64_t c = m->cols;
+    double s = 0;
+    for (int64_t i = 0; i < c; i++) s += (double)m->deq[r * c + i] * xr[i];
+    if (mins && xr != x)
+        for (int64_t i = 0; i < c; i++) s += (double)mins[r * c + i] * ((double)x[i] - xr[i]);
+    return s;
+}
+
+/* Each half against float64 on its own input as the GPU had it: h (n k x f)
+ * from x, and y from the GPU's h (h_gpu); returns the larger relative error. */
+static double check_halves(const ex_case *t, const test_matrix *g, const test_matrix *u, const test_matrix *dn,
+                           const float *x, const float *res, const int32_t *ids, const float *gw, const float *h_gpu,
+                           const float *y_gpu) {
+    const int64_t d = t->d, f = t->f, n = t->n, E = t->E;
+    const int k = t->k;
+    const bool gi = idot_half(t->tg, t->misalign), di = idot_half(t->td, t->misalign);
+    float **gm = calloc((size_t)E, sizeof *gm), **um = calloc((size_t)E, sizeof *um), **dm = calloc((size_t)E, sizeof *dm);
+    for (int64_t e = 0; e < E; e++)
+        if (t->tg == MOEX_TYPE_Q4_K && gi) gm[e] = q4k_mins(&g[e]), um[e] = q4k_mins(&u[e]);
+    for (int64_t e = 0; e < E; e++)
+        if (t->td == MOEX_TYPE_Q4_K && di) dm[e] = q4k_mins(&dn[e]);
+    float *xr = malloc((size_t)(d > f ? d : f) * sizeof *xr);
+    double *h = malloc((size_t)(n * k * f) * sizeof *h), *y = malloc((size_t)(n * d) * sizeof *y);
+    for (int64_t tok = 0; tok < n; tok++)
+        for (int j = 0; j < k; j++) {
+            const int e = ids[tok * k + j];
+            const float *xt = x + tok * d;
+            if (gi) round_positions(t->tg, xt, d, xr);
+            for (int64_t r = 0; r < f; r++) {
+                const double a = half_dot(&g[e], gm[e], r, xt, gi ? xr : xt), b = half_dot(&u[e], um[e], r, xt, gi ? xr : xt);
+                h[(tok * k + j) * f + r] = a / (1 + exp(-a)) * b;
+            }
+        }
+    for (int64_t tok = 0; tok < n; tok++) {
+        for (int64_t r = 0; r < d; r++) y[tok * d + r] = res[tok * d + r];
+        for (int j = 0; j < k; j++) {
+            const int e = ids[tok * k + j];
+            const float *ht = h_gpu + (tok * k + j) * f;
+            if (di) round_positions(t->td, ht, f, xr);
+            for (int64_t r = 0; r < d; r++) y[tok * d + r] += gw[tok * k + j] * half_dot(&dn[e], dm[e], r, ht, di ? xr : ht);
+        }
+    }
+    const double eh = rel_l2(h_gpu, h, n * k * f), ey = rel_l2(y_gpu, y, n * d);
+    for (int64_t e = 0; e < E; e++) free(gm[e]), free(um[e]), free(dm[e]);
+    free(gm), free(um), free(dm), free(xr), free(h), free(y);
+    return eh > ey ? eh : ey;
+}
+
 static void run_case(const ex_case *t) {
     const int64_t d = t->d, f = t->f, n = t->n;
     const int E = t->E, k = t->k;
@@ -91,44 +211,55 @@ static void run_case(const ex_case *t) {
              moex_type_get(t->tg)->name, moex_type_get(t->td)->name, t->misalign ? " unaligned" : "",
              t->dup ? " repeated experts" : "");
     gpu_read(vk, yb, got, n * d * 4);
-    const double e1 = rel_l2(got, ref, n * d);
+    float *h_gpu = malloc(n * k * f * 4);
+    gpu_read(vk, sb, h_gpu, n * k * f * 4);   /* h: the scratch's first n k x f floats */
+    const double e1 = check_halves(t, g, u, dn, x, res, ids, gw, h_gpu, got);
+    /* against the unrounded FFN: int8 activations move these random experts' outputs by a few % (up to ~7 %
+     * with two experts), about what the CPU backend's Q8_K rounding does */
+    const bool idot = idot_half(t->tg, t->misalign) || idot_half(t->td, t->misalign);
+    const double e0 = rel_l2(got, ref, n * d);
     float *again = malloc(n * d * 4);
     gpu_read(vk, rb, again, n * d * 4);
-    CHECK(e1 <= 1e-5, "experts %s: rel err %.3g", what, e1);
+    CHECK(e1 <= 1e-5, "experts %s: rel err %.3g (each half on the GPU's input)", what, e1);
+    CHECK(e0 <= (idot ? 1e-1 : 1e-5), "experts %s: rel err %.3g against the unrounded FFN", what, e0);
     CHECK(!memcmp(got, again, n * d * 4), "experts %s: y aliasing the residual gives another result", what);
     /* the result must depend on every input: a wrong slot, weight or token would show */
     double moved = 0, den = 0;
     for (int64_t i = 0; i < n * d; i++) moved += (ref[i] - res[i]) * (ref[i] - res[i]), den += ref[i] * ref[i];
     CHECK(moved > 1e-4 * den, "experts %s: the experts add too little to the residual to test anything", what);
-    printf("  experts %s: rel err %.2g\n", what, e1);
+    printf("  experts %s%s: rel err %.2g, %.2g against the unrounded FFN\n", what, idot ? " (int8 activations)" : "",
+           e1, e0);
     moex_vk_buffer *all[] = {gb, ub, db, xb, rb, ib, wb, sb, yb};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) moex_vk_buffer_free(all[i]);
     for (int e = 0; e < E; e++) free_matrix(&g[e]), free_matrix(&u[e]), free_matrix(&dn[e]);
-    free(g), free(u), free(dn), free(x), free(res), free(gw), free(got), free(again), free(ids), free(ref);
+    free(g), free(u), free(dn), free(x), free(res), free(gw), free(got), free(again), free(ids), free(ref), free(h_gpu);
 }
 
 /* One token's Q4_K gate+up (experts_gu.comp where it applies) in other
- * shapes (target threads, rows loaded together) and switched off
+ * shapes (target threads, rows loaded together, rows per workgroup; 64 threads
+ * for 48 rows: one row lane, a thread writing several rows) and switched off
  * (experts_mv.comp's); Qwen3-30B-A3B's shape in the default one. */
 static void check_gu(void) {
     const ex_case cases[] = {
         {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, 2048, 768, 1, 8, 8, 0, false},
         {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, 512, 512, 1, 8, 4, 0, false},
-        {MOEX_TYPE_Q4_K, MOEX_TYPE_Q8_0, 1024, 320, 1, 6, 2, 0, true},   /* rows past 64 * 5: clamped, dropped */
+        {MOEX_TYPE_Q4_K, MOEX_TYPE_Q8_0, 1024, 320, 1, 6, 2, 0, true},   /* rows past the last 48 or 64: clamped, dropped */
     };
-    const struct { int wg, ru; bool off; } shapes[] = {{0, 0, false}, {64, 1, false}, {256, 2, false}, {128, 16, false},
-                                                      {0, 0, true}};
+    /* target threads, rows loaded together, rows per workgroup; off */
+    const struct { int wg, ru, ch; bool off; } shapes[] = {{0, 0, 0, false},   {64, 1, 0, false}, {256, 2, 64, false},
+                                                          {128, 16, 64, false}, {1024, 4, 16, false}, {0, 0, 0, true}};
     const vk_tuning saved = vk->tune;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         vk->tune.gu_wg = shapes[s].wg;
         vk->tune.gu_ru = shapes[s].ru;
+        vk->tune.gu_ch = shapes[s].ch;
         vk->tune.gu_off = shapes[s].off;
         vk_experts_forget(vk);
         if (shapes[s].off) printf("  gate+up on experts_mv.comp (MOEX_VK_GU=0)\n");
         else {
             const vk_gu_shape g = vk_gu_shape_of(vk, 2048 / 32);
-            printf("  experts_gu.comp, d 2048: %d threads, %d row lanes, %d rows loaded together%s\n", g.wg, g.rl, g.ru,
-                   g.subgroup ? ", subgroups" : "");
+            printf("  experts_gu.comp, d 2048: %d rows, %d threads, %d row lanes, %d rows loaded together%s\n", g.ch, g.wg,
+                   g.rl, g.ru, g.subgroup ? ", subgroups" : "");
         }
         for (size_t i = s == 0 ? 0 : 1; i < sizeof cases / sizeof *cases; i++) {
             const ex_case *t = &cases[i];
@@ -181,6 +312,7 @@ int main(int argc, char **argv) {
     const bool no_sg = argc > 1 && !strcmp(argv[1], "--no-subgroup");
     R = test_rng("test_vk_experts");
     vk = test_vk(no_sg);
+    vk->tune.idot = 1;   /* int8 activations wherever the device has integer dot products (lavapipe emulates them) */
     const moex_type Q4K = MOEX_TYPE_Q4_K, Q6K = MOEX_TYPE_Q6_K, Q8 = MOEX_TYPE_Q8_0, Q5K = MOEX_TYPE_Q5_K,
                     F16 = MOEX_TYPE_F16;
     const ex_case cases[] = {
@@ -198,6 +330,15 @@ int main(int argc, char **argv) {
         {Q6K, Q6K, 256, 256, 2, 6, 3, 0, false},     /* Q6_K gate/up */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+    if (vk_idot(vk)) {   /* the f32 path of the cases that took int8 activations */
+        printf("  f32 activations (MOEX_VK_IDOT=0)\n");
+        vk->tune.idot = 0;
+        vk_experts_forget(vk);
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            if (i < 3 || i >= 9) run_case(&cases[i]);
+        vk->tune.idot = 1;
+        vk_experts_forget(vk);
+    }
     /* the defaults fit this device; shapes the kernel cannot run are refused (MOEX_VK_EX_SHAPE's check) */
     for (int h = 0; h < 2; h++)
         for (int b = 0; b < 2; b++)

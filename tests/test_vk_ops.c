@@ -327,8 +327,10 @@ static void test_router(void) {
     }
 }
 
-/* Expert FFN: many experts in one dispatch (mv path, n <= 8) and grouped tiles (mm path), against float64. */
+/* Expert FFN: many experts in one dispatch (mv path, n <= 8) and grouped tiles (mm path), against float64
+ * with f32 activations (the int8 ones of a GPU with integer dot products: test_vk_experts_mv). */
 static void test_experts(void) {
+    vk->tune.idot = 0;
     const moex_type types[][2] = {{MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K}, {MOEX_TYPE_Q8_0, MOEX_TYPE_Q5_0}};
     const int64_t ns[] = {1, 3, 70};
     for (int ci = 0; ci < 3; ci++) {

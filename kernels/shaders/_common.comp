@@ -7,6 +7,9 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
+#if defined(IDOT) && IDOT
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer U32 { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer F32 { float v[]; };
@@ -31,3 +34,26 @@ layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer CU3
 #define NEG_BIG (-1.0e30)
 
 float silu(float g) { return g / (1.0 + exp(-g)); }
+
+#if defined(IDOT) && IDOT
+// OpSUDot (SPV_KHR_integer_dot_product; Debian 12's glslang lacks
+// GL_EXT_integer_dot_product): a's four signed bytes times b's four unsigned
+// ones, summed; packed_format 0 is PackedVectorFormat4x8Bit.
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
+int sudot4_op(uint a, uint b, spirv_literal int packed_format);
+int sudot4(uint a, uint b) { return sudot4_op(a, b, 0); }
+// Values whose largest magnitude is a as int8 q times 2^(e-7), e the
+// exponent (frexp) of a (1 + 2^-7): |v| / 2^(e-7) < 127.01, so |q| <= 127.
+// A power of two, not a / 127, so v / scale is exact and a reference rounds
+// bit for bit as the GPU does; ~half a bit coarser than a / 127, about the
+// CPU's Q8_K over 256 values. Exponents from the float's bits (frexp and
+// ldexp cost ~10 instructions a value on an H200).
+int i8_exp(float a) { return max(int((floatBitsToUint(a * 1.0078125) >> 23) & 255u) - 126, -100); }
+float pow2(int k) { return uintBitsToFloat(uint(127 + k) << 23); }   // 2^k, -127 < k < 128
+// v / 2^(e-7) (inv = 2^(7-e)) rounded to the nearest integers, ties to even,
+// as four bytes: adding 1.5 2^23 leaves the integer in the low mantissa bits.
+uint pack_i8(vec4 v, float inv) {
+    const uvec4 b = floatBitsToUint(fma(v, vec4(inv), vec4(12582912.0))) & 255u;
+    return b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+}
+#endif

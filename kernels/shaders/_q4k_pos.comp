@@ -8,6 +8,64 @@
 // which read its 16-byte header (d, dmin, scales) too.
 #define PE 32u
 struct PW { uvec4 q, h; };
+PW pload(UV4 p, uint rb, uint pos) {
+    const uint bi = (rb >> 4) + (pos >> 3) * 9u;
+    PW w;
+    w.h = p.v[bi];
+    w.q = p.v[bi + 1u + (pos & 7u)];
+    return w;
+}
+// ggml's get_scale_min_k4 for all four sub-blocks of the block's half
+// (g < 2: 0-3, else 4-7) as the bytes of one word: the position's two
+// sub-blocks' scales in bytes 0 and 1 of sc, their mins in those of mn.
+void scale_min(uvec4 h, uint pos, out uint sc, out uint mn) {
+    const uint g = (pos & 7u) >> 1, sh = 16u * (g & 1u);
+    const uint s4 = g >= 2u ? (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u) : h.y & 0x3f3f3f3fu;
+    const uint m4 = g >= 2u ? ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u) : h.z & 0x3f3f3f3fu;
+    sc = s4 >> sh;
+    mn = m4 >> sh;
+}
+
+#if IDOT
+// x as int8 with one power-of-two scale per position (x ~ sx q, _common.comp):
+// a row then costs 8 integer dot products of 4 bytes instead of 32 f32
+// multiply-adds, and x 11 registers instead of 34. The mins meet the exact
+// f32 sums of x.
+struct PX { uvec4 lo, hi; float sx, slo, shi; };
+PX pxload(RV4 x, uint xo4, uint pos) {
+    const uint m = pos & 7u, o = xo4 + (pos >> 3) * 64u + (m >> 1) * 16u + (m & 1u) * 4u;
+    vec4 lo[4], hi[4];
+    for (uint i = 0u; i < 4u; i++) {
+        lo[i] = x.v[o + i];
+        hi[i] = x.v[o + 8u + i];
+    }
+    const vec4 a = max(max(max(abs(lo[0]), abs(lo[1])), max(abs(lo[2]), abs(lo[3]))),
+                       max(max(abs(hi[0]), abs(hi[1])), max(abs(hi[2]), abs(hi[3]))));
+    const int e = i8_exp(max(max(a.x, a.y), max(a.z, a.w)));
+    const float inv = pow2(7 - e);
+    PX r;
+    for (uint i = 0u; i < 4u; i++) {
+        r.lo[i] = pack_i8(lo[i], inv);
+        r.hi[i] = pack_i8(hi[i], inv);
+    }
+    r.sx = pow2(e - 7);
+    r.slo = hsum((lo[0] + lo[1]) + (lo[2] + lo[3]));
+    r.shi = hsum((hi[0] + hi[1]) + (hi[2] + hi[3]));
+    return r;
+}
+float pdot(PW w, PX x, uint pos) {
+    uint sc, mn;
+    scale_min(w.h, pos, sc, mn);
+    int il = 0, ih = 0;
+    for (uint i = 0u; i < 4u; i++) {
+        il += sudot4(x.lo[i], w.q[i] & 0x0f0f0f0fu);
+        ih += sudot4(x.hi[i], (w.q[i] >> 4) & 0x0f0f0f0fu);
+    }
+    const vec2 dm = unpackHalf2x16(w.h.x);
+    const int s = int(sc & 63u) * il + int((sc >> 8) & 63u) * ih;
+    return dm.x * x.sx * float(s) - dm.y * (field(mn, 63u, 0u, 0.0) * x.slo + field(mn, 63u, 8u, 0.0) * x.shi);
+}
+#else
 struct PX { vec4 lo[4], hi[4]; float slo, shi; };
 PX pxload(RV4 x, uint xo4, uint pos) {
     const uint m = pos & 7u, o = xo4 + (pos >> 3) * 64u + (m >> 1) * 16u + (m & 1u) * 4u;
@@ -20,22 +78,11 @@ PX pxload(RV4 x, uint xo4, uint pos) {
     r.shi = hsum((r.hi[0] + r.hi[1]) + (r.hi[2] + r.hi[3]));
     return r;
 }
-PW pload(UV4 p, uint rb, uint pos) {
-    const uint bi = (rb >> 4) + (pos >> 3) * 9u;
-    PW w;
-    w.h = p.v[bi];
-    w.q = p.v[bi + 1u + (pos & 7u)];
-    return w;
-}
 float pdot(PW w, PX x, uint pos) {
-    // ggml's get_scale_min_k4 for all four sub-blocks of the block's half
-    // (g < 2: 0-3, else 4-7) as the bytes of one word, then bytes 2(g%2), +1.
-    const uint g = (pos & 7u) >> 1, sh = 16u * (g & 1u);
-    const uint s4 = g >= 2u ? (w.h.w & 0x0f0f0f0fu) | ((w.h.y >> 2) & 0x30303030u) : w.h.y & 0x3f3f3f3fu;
-    const uint m4 = g >= 2u ? ((w.h.w >> 4) & 0x0f0f0f0fu) | ((w.h.z >> 2) & 0x30303030u) : w.h.z & 0x3f3f3f3fu;
-    const uint s2 = s4 >> sh, m2 = m4 >> sh;
-    const float sc0 = field(s2, 63u, 0u, 0.0), sc1 = field(s2, 63u, 8u, 0.0);
-    const float m0 = field(m2, 63u, 0u, 0.0), m1 = field(m2, 63u, 8u, 0.0);
+    uint sc, mn;
+    scale_min(w.h, pos, sc, mn);
+    const float sc0 = field(sc, 63u, 0u, 0.0), sc1 = field(sc, 63u, 8u, 0.0);
+    const float m0 = field(mn, 63u, 0u, 0.0), m1 = field(mn, 63u, 8u, 0.0);
     const vec2 dm = unpackHalf2x16(w.h.x);
     vec4 sl = vec4(0.0), shh = vec4(0.0);
     for (uint i = 0u; i < 4u; i++) {
@@ -45,4 +92,4 @@ float pdot(PW w, PX x, uint pos) {
     }
     return dm.x * (sc0 * hsum(sl) + sc1 * hsum(shh)) - dm.y * (m0 * x.slo + m1 * x.shi);
 }
-
+#endif

@@ -1,10 +1,12 @@
 // The gate+up half of one decode token's expert FFN, Q4_K weights on 16-byte
 // aligned rows: h[j][r] = silu(Wg_e x . row r) * (Wu_e x . row r), e = ids[j],
-// grid (ceil(n_ff / 64), k). Like experts_mv.comp's SIDE 0 each thread holds one
-// 32-column position of x in registers and walks rows (_q4k_pos.comp), but a
-// workgroup covers 64 rows with RL row lanes of NPOS threads (WG = NPOS * RL,
-// host-defined), and each thread issues the loads of RU of its 64 / RL rows
-// together: on an H200 1024-thread workgroups (RU 2) decode ~4 % faster than
+// grid (ceil(n_ff / CH), k). Like experts_mv.comp's SIDE 0 each thread holds one
+// 32-column position of x in registers (as int8 where IDOT, _q4k_pos.comp) and
+// walks rows, but a workgroup covers CH rows with RL row lanes of NPOS
+// threads (WG = NPOS * RL; CH / RL rows a thread, host-defined), and each
+// thread issues the loads of RU of its rows together: on an H200
+// 768-thread workgroups of 48 rows (128 per token; RU 2) decode faster than
+// 1024 threads of 64 rows (96 per token), and those ~4 % faster than
 // experts_mv.comp's gate+up, whose workgroups hold one row lane.
 // Row sums: a butterfly over each subgroup (NPOS a multiple of SG), then the
 // subgroups of a row lane from shared memory; without subgroups, shared memory.
@@ -23,7 +25,6 @@ layout(push_constant) uniform PC {
 
 #include "_q4k_pos.comp"
 
-const uint CH = 64u;       // h rows per workgroup
 const uint NR = CH / RL;   // rows per thread (each gate and up)
 const uint NV = 2u * NR;   // sums per thread
 
@@ -43,10 +44,11 @@ void gu_load(out PW g[RU], out PW u[RU], uint eb, uint rowb, uint r0, uint pos) 
     }
 }
 
-// h of the workgroup's 64 rows from every thread's sums (acc[2i], acc[2i+1]:
-// gate and up of row lane rl's row rl + RL i).
+// h of the workgroup's CH rows from every thread's sums (acc[2i], acc[2i+1]:
+// gate and up of row lane rl's row rl + RL i); a workgroup of fewer threads
+// than rows writes several.
 void write_h(float acc[NV], uint c, uint slot) {
-    const uint tid = gl_LocalInvocationID.x, row = c * CH + tid;
+    const uint tid = gl_LocalInvocationID.x;
 #ifdef USE_SUBGROUP
     // butterfly: lane l ends with the subgroup's sum of value b N + l % N for each batch b
     const uint lane = gl_SubgroupInvocationID, N = NV < SG ? NV : SG;
@@ -63,14 +65,14 @@ void write_h(float acc[NV], uint c, uint slot) {
     if (lane < N)
         for (uint b = 0u; b < NV / N; b++) red[gl_SubgroupID * NV + b * N + lane] = acc[b * N];
     barrier();
-    if (tid < CH && row < pc.nff) {   // row tid: row lane tid % RL, sums 2 (tid / RL) and + 1
-        const uint v = 2u * (tid / RL), sg0 = (tid % RL) * (NPOS / SG);
+    for (uint i = tid; i < CH && c * CH + i < pc.nff; i += WG) {   // row i: row lane i % RL, sums 2 (i / RL) and + 1
+        const uint v = 2u * (i / RL), sg0 = (i % RL) * (NPOS / SG);
         float g = 0.0, u = 0.0;
         for (uint s = 0u; s < NPOS / SG; s++) {
             g += red[(sg0 + s) * NV + v];
             u += red[(sg0 + s) * NV + v + 1u];
         }
-        pc.h.v[slot * pc.nff + row] = silu(g) * u;
+        pc.h.v[slot * pc.nff + c * CH + i] = silu(g) * u;
     }
 #else
     // RV sums a round: thread (row lane, sum) adds up its row lane's NPOS threads
@@ -85,7 +87,7 @@ void write_h(float acc[NV], uint c, uint slot) {
         }
         barrier();
     }
-    if (tid < CH && row < pc.nff) pc.h.v[slot * pc.nff + row] = silu(sums[2u * tid]) * sums[2u * tid + 1u];
+    for (uint i = tid; i < CH && c * CH + i < pc.nff; i += WG) pc.h.v[slot * pc.nff + c * CH + i] = silu(sums[2u * i]) * sums[2u * i + 1u];
 #endif
 }
 

@@ -11,7 +11,8 @@
 // Loads of RU rows are issued before any of them is used, and the next RU
 // rows' loads are in flight while those are (software pipelining). The RT row sums
 // are reduced once at the end (subgroup adds, then shared memory, in a fixed
-// order: results do not depend on timing).
+// order: results do not depend on timing). IDOT: Q4_K and Q6_K positions hold
+// their input as int8 and take integer dot products (vk_experts.h vk_idot).
 layout(local_size_x = WG) in;
 
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer UV4 { uvec4 v[]; };
@@ -41,22 +42,12 @@ layout(push_constant) uniform PC {
 // only 2-byte aligned, so words are shifted into place.
 #define PE 16u
 struct PW { uvec2 ql, qh; float slo, shi; };
-struct PX { vec4 lo0, lo1, hi0, hi1; };
 // 8 bytes at a 2-aligned byte offset.
 uvec2 ld64(U32 p, uint off) {
     const uint i = off >> 2;
     if ((off & 2u) == 0u) return uvec2(p.v[i], p.v[i + 1u]);
     const uint w1 = p.v[i + 1u];
     return uvec2((p.v[i] >> 16) | (w1 << 16), (w1 >> 16) | (p.v[i + 2u] << 16));
-}
-PX pxload(RV4 x, uint xo4, uint pos) {
-    const uint m = pos & 15u, o = xo4 + (pos >> 4) * 64u + (m >> 3) * 32u + (m & 7u) * 2u;
-    PX r;
-    r.lo0 = x.v[o];
-    r.lo1 = x.v[o + 1u];
-    r.hi0 = x.v[o + 16u];
-    r.hi1 = x.v[o + 17u];
-    return r;
 }
 PW pload(U32 p, uint rb, uint pos) {
     const uint o = rb + (pos >> 4) * 210u, m = pos & 15u, sb = o + 192u + 8u * (m >> 3) + ((m & 7u) >> 1);
@@ -68,13 +59,55 @@ PW pload(U32 p, uint rb, uint pos) {
     w.shi = d * field(ld8(p, sb + 4u) ^ 0x80u, 255u, 0u, 128.0);
     return w;
 }
-float pdot(PW w, PX x, uint pos) {
+// The position's 16 weights as bytes 0..63 (q + 32): elements E.. (lo) and E+64.. (hi).
+void q6_bytes(PW w, uint pos, out uvec2 lo, out uvec2 hi) {
     const uvec2 qh = (pos & 4u) != 0u ? w.qh >> 2 : w.qh;
-    const uvec2 lo = (w.ql & 0x0f0f0f0fu) | ((qh << 4) & 0x30303030u);
-    const uvec2 hi = ((w.ql >> 4) & 0x0f0f0f0fu) | (qh & 0x30303030u);
+    lo = (w.ql & 0x0f0f0f0fu) | ((qh << 4) & 0x30303030u);
+    hi = ((w.ql >> 4) & 0x0f0f0f0fu) | (qh & 0x30303030u);
+}
+#if IDOT
+// x as int8 with one scale per position (see _q4k_pos.comp); zlo, zhi: 32 times
+// the sums of its int8 values, the weights' offset of 32.
+struct PX { uvec2 lo, hi; float sx; int zlo, zhi; };
+PX pxload(RV4 x, uint xo4, uint pos) {
+    const uint m = pos & 15u, o = xo4 + (pos >> 4) * 64u + (m >> 3) * 32u + (m & 7u) * 2u;
+    const vec4 l0 = x.v[o], l1 = x.v[o + 1u], h0 = x.v[o + 16u], h1 = x.v[o + 17u];
+    const vec4 a = max(max(abs(l0), abs(l1)), max(abs(h0), abs(h1)));
+    const int e = i8_exp(max(max(a.x, a.y), max(a.z, a.w)));
+    const float inv = pow2(7 - e);
+    PX r;
+    r.lo = uvec2(pack_i8(l0, inv), pack_i8(l1, inv));
+    r.hi = uvec2(pack_i8(h0, inv), pack_i8(h1, inv));
+    r.sx = pow2(e - 7);
+    r.zlo = 32 * (sudot4(r.lo.x, 0x01010101u) + sudot4(r.lo.y, 0x01010101u));
+    r.zhi = 32 * (sudot4(r.hi.x, 0x01010101u) + sudot4(r.hi.y, 0x01010101u));
+    return r;
+}
+float pdot(PW w, PX x, uint pos) {
+    uvec2 lo, hi;
+    q6_bytes(w, pos, lo, hi);
+    const int il = sudot4(x.lo.x, lo.x) + sudot4(x.lo.y, lo.y) - x.zlo;
+    const int ih = sudot4(x.hi.x, hi.x) + sudot4(x.hi.y, hi.y) - x.zhi;
+    return x.sx * (w.slo * float(il) + w.shi * float(ih));
+}
+#else
+struct PX { vec4 lo0, lo1, hi0, hi1; };
+PX pxload(RV4 x, uint xo4, uint pos) {
+    const uint m = pos & 15u, o = xo4 + (pos >> 4) * 64u + (m >> 3) * 32u + (m & 7u) * 2u;
+    PX r;
+    r.lo0 = x.v[o];
+    r.lo1 = x.v[o + 1u];
+    r.hi0 = x.v[o + 16u];
+    r.hi1 = x.v[o + 17u];
+    return r;
+}
+float pdot(PW w, PX x, uint pos) {
+    uvec2 lo, hi;
+    q6_bytes(w, pos, lo, hi);
     return w.slo * (dot(bytes4(lo.x, 63u, 32.0), x.lo0) + dot(bytes4(lo.y, 63u, 32.0), x.lo1)) +
            w.shi * (dot(bytes4(hi.x, 63u, 32.0), x.hi0) + dot(bytes4(hi.y, 63u, 32.0), x.hi1));
 }
+#endif
 
 #else
 // Any type: 8 consecutive elements through dq8() (4-byte alignment is enough).

@@ -39,8 +39,9 @@ static inline moex_vk *test_vk_coop_mode(bool no_subgroup, int coop) {
         exit(77);
     }
     const moex_vk_info *in = moex_vk_get_info(vk);
-    printf("device: %s (%s), subgroup %u, arith %d, f16 %d, int dot %d, shared %u\n", in->name, in->type,
-           in->subgroup_size, in->subgroup_arith, in->f16, in->int_dot, in->shared_mem);
+    printf("device: %s (%s), subgroup %u, arith %d, f16 %d, int dot %d%s, shared %u\n", in->name, in->type,
+           in->subgroup_size, in->subgroup_arith, in->f16, in->int_dot, in->int_dot_fast ? " (hardware)" : "",
+           in->shared_mem);
     return vk;
 }
 
