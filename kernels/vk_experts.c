@@ -37,7 +37,7 @@ static int64_t ex_pe(moex_type t, bool generic) {
     return t == MOEX_TYPE_Q4_K && !generic ? 32 : t == MOEX_TYPE_Q6_K ? 16 : 8;
 }
 
-bool vk_idot(const moex_vk *vk) {
+bool vk_idot(const moex_vk *vk) {   /* vk_internal.h */
     const int want = vk->tune.idot;
     return vk->info.int_dot && (want > 0 || (want < 0 && vk->info.int_dot_fast)) && !vk->actq;
 }

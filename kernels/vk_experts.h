@@ -50,17 +50,6 @@ vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos);
  * rounding off (h is written unrounded; the down half rounds it). */
 bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n);
 
-/* The expert kernels' int8 activation path: Q4_K and Q6_K positions take x (or
- * h) as int8 with one f32 scale per position and multiply it into the weights'
- * nibbles with 4-byte integer dot products (OpSUDot), a third of the
- * instructions of the f32 path (which holds x in 34 registers, not 11): on an
- * H200 one token x 8 experts 23.2 -> 16.7 us, 64 distinct experts 116 -> 93 us,
- * decode after 512 tokens +8-11 % (docs/PERF.md, session 8). On
- * where the device has the integer dot product in hardware (MOEX_VK_IDOT=1:
- * wherever it has it, =0: never), unless activations are rounded to the
- * CPU's grid (vk->actq). */
-bool vk_idot(const moex_vk *vk);
-
 /* Drops this device's experts_mv and experts_gu pipelines (after its ex_shape
  * or gu tuning changed; waits for the device). */
 void vk_experts_forget(moex_vk *vk);

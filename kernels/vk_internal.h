@@ -52,7 +52,8 @@ int vk_mv_rpt(const moex_vk *vk, int mode);
 int vk_mv_row_groups(const moex_vk *vk, int mode);   /* row groups per workgroup of mv.comp's mode */
 #define VK_MV_XMAX 4096     /* widest x mv.comp stages in shared memory (modes 1, 2); wider takes mode 0 */
 #define VK_MV_STAGE 16      /* mv.comp mode flag: the router (mode 3, one token) on the staged loop of mode 1 */
-_Static_assert(VK_MODES > (3 | VK_MV_GENERIC | VK_MV_NORM | VK_MV_STAGE), "mv.comp modes fit the pipeline table");
+#define VK_MV_IDOT 32       /* mv.comp mode flag: modes 1 and 2 on Q4_K stage x as int8 (vk_idot) */
+_Static_assert(VK_MODES > (3 | VK_MV_GENERIC | VK_MV_NORM | VK_MV_STAGE | VK_MV_IDOT), "mv.comp modes fit the pipeline table");
 #define VK_MV_PERSIST 1024  /* most workgroups of the staged modes (they loop over row blocks) */
 #define VK_MAX_EXPERTS 512  /* shared-memory arrays of the router and the expert grouping */
 #define VK_TYPE_SLOTS 32    /* moex_type ids fit below this after vk_type_slot() */
@@ -174,6 +175,17 @@ void vk_dispatch_indirect(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, moex_vk
 uint32_t vk_fbits(float f);                /* a float's bits, for push constants */
 uint32_t vk_ceil_div(int64_t a, int64_t b);
 int vk_mv_mode(int mode, const moex_vk_matrix *w);   /* mode | VK_MV_GENERIC when unaligned */
+/* int8 activations for the decode products that hold their input per thread
+ * (experts_mv.comp, experts_gu.comp: Q4_K and Q6_K positions) or staged in
+ * shared memory (mv.comp modes 1 and 2 on Q4_K): x (or h) rounded to int8 with
+ * one power-of-two scale per 32 values, multiplied into the weights' nibbles
+ * by 4-byte integer dot products (OpSUDot), about a third of the instructions
+ * of the f32 path. On an H200 one token x 8 experts 23.2 -> 16.7 us, 64
+ * distinct experts 116 -> 93 us, decode after 512 tokens +11-14 % from the
+ * experts alone (docs/PERF.md, session 8). On where the device has the
+ * integer dot product in hardware (MOEX_VK_IDOT=1: wherever it has it, =0:
+ * never), unless activations are rounded to the CPU's grid (vk->actq). */
+bool vk_idot(const moex_vk *vk);
 uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode);           /* mv.comp workgroups along the rows */
 int vk_check_grid(int64_t gx, int64_t gy, int64_t gz, moex_error *err);
 int vk_check_matrix(const moex_vk_matrix *w, moex_error *err);

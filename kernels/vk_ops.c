@@ -23,6 +23,13 @@ int vk_mv_mode(int mode, const moex_vk_matrix *w) {
     return wide && w->data % 16 ? mode | VK_MV_GENERIC : mode;
 }
 
+/* vk_mv_mode, and in the one-token staged modes (1, 2) Q4_K stages x as int8 where vk_idot. */
+static int mv_mode_of(const moex_vk *vk, int mode, const moex_vk_matrix *w) {
+    const int m = vk_mv_mode(mode, w);
+    const bool staged = mode == 1 || mode == 2;
+    return staged && w->type == MOEX_TYPE_Q4_K && !(m & VK_MV_GENERIC) && vk_idot(vk) ? m | VK_MV_IDOT : m;
+}
+
 int vk_mv_rpt(const moex_vk *vk, int mode) {
     if ((mode & 3) == 0) return 2;
     if ((mode & 3) == 3) return 1;
@@ -178,7 +185,7 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     if (vk_round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);
     if (n == 1 && mv_stageable(c->vk, w, x)) {
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(1, w), err);
+        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, 1, w), err);
         if (!p) return -1;
         vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 1, true), 1, 1);
         return 0;
@@ -214,7 +221,8 @@ int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     if (check_norm_fused(c, w, x, nw, err)) return -1;
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
     const uint32_t groups = mv_grid(c->vk, w->rows, mode, mode == 1);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(mode, w) | VK_MV_NORM, err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type,
+                               mv_mode_of(c->vk, mode, w) | VK_MV_NORM, err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
     pc.p[1] = nw;
@@ -231,7 +239,7 @@ bool moex_vk_mv_shareable(const moex_vk_matrix *a, const moex_vk_matrix *b) {
 static int dispatch_shared(moex_vk_cmd *c, const moex_vk_matrix *const *w, const moex_vk_ptr *y, const int *idx, int n,
                            moex_vk_ptr x, moex_vk_ptr nw, float eps, moex_error *err) {
     const moex_vk_matrix *w0 = w[idx[0]];   /* x as given: the caller sends rounded inputs elsewhere */
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w0->type, vk_mv_mode(2, w0) | (nw ? VK_MV_NORM : 0), err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w0->type, mv_mode_of(c->vk, 2, w0) | (nw ? VK_MV_NORM : 0), err);
     if (!p) return -1;
     vk_pc pc = vk_mat_pc(w0, x, 1, w0->cols, y[idx[0]], w0->rows, 0);
     pc.p[1] = nw;
@@ -296,7 +304,8 @@ int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_pt
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
     const uint32_t g0 = vk_mv_groups(c->vk, w->rows, 0),
                    groups = mode ? mv_grid(c->vk, w->rows, 1, true) : g0 < 2048 ? g0 : 2048;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(mode, w) | (nw ? VK_MV_NORM : 0), err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type,
+                               mv_mode_of(c->vk, mode, w) | (nw ? VK_MV_NORM : 0), err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, 0);
     pc.p[1] = nw;

@@ -135,6 +135,7 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
         sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n",
                   vk->tpr, vk_mv_row_groups(vk, mode), vk_mv_rpt(vk, mode), !(mode & VK_MV_GENERIC));
         if (mode & VK_MV_NORM) sb_printf(&b, "#define NORM 1\n");
+        sb_printf(&b, "#define IDOT %d\n", (mode & VK_MV_IDOT) != 0);
         if (mode & VK_MV_STAGE) sb_printf(&b, "#define STAGE 1\n");
         if (m == 1 || m == 2 || (mode & VK_MV_STAGE)) sb_printf(&b, "#define XMAX4 %du\n", VK_MV_XMAX / 4);
     } else if (k == VK_K_MM) {

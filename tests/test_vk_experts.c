@@ -64,22 +64,6 @@ static bool idot_half(moex_type t, size_t misalign) {
     return vk_idot(vk) && (t == MOEX_TYPE_Q6_K || (t == MOEX_TYPE_Q4_K && misalign % 16 == 0));
 }
 
-/* v's values idx[0..n) rounded as _common.comp's i8_exp / pack_i8 do: q 2^(e-7),
- * e the exponent (frexp) of their largest magnitude times 1 + 2^-7, q to the
- * nearest (ties to even). Powers of two: exact in float, so bit for bit the GPU's. */
-static void round_group(const float *v, const int64_t *idx, int n, float *out) {
-    float a = 0;
-    for (int i = 0; i < n; i++) a = fmaxf(a, fabsf(v[idx[i]]));
-    int e;
-    frexpf(a * 1.0078125f, &e);
-    if (e < -100) e = -100;
-    for (int i = 0; i < n; i++) {
-        const float q = rintf(ldexpf(v[idx[i]], 7 - e));
-        CHECK(fabsf(q) <= 127, "int8 rounding: %g out of range", q);
-        out[idx[i]] = ldexpf(q, e - 7);
-    }
-}
-
 /* A row of cols values (a multiple of 256) rounded position by position:
  * Q4_K's 32-value positions (_q4k_pos.comp: 16 values of sub-block 2g and
  * 16 of 2g + 1), Q6_K's 16-value ones (experts_mv.comp: 8 values and the 8
@@ -93,7 +77,7 @@ static void round_positions(moex_type t, const float *v, int64_t cols, float *ou
                     idx[i] = b + 64 * (m >> 1) + 16 * (m & 1) + i;
                     idx[16 + i] = idx[i] + 32;
                 }
-                round_group(v, idx, 32, out);
+                i8_round(v, idx, 32, out);
             }
         else
             for (int m = 0; m < 16; m++) {
@@ -101,36 +85,9 @@ static void round_positions(moex_type t, const float *v, int64_t cols, float *ou
                     idx[i] = b + 128 * (m >> 3) + 8 * (m & 7) + i;
                     idx[8 + i] = idx[i] + 64;
                 }
-                round_group(v, idx, 16, out);
+                i8_round(v, idx, 16, out);
             }
     }
-}
-
-/* Q4_K's min part (-dmin m of each value's sub-block) of every expert's
- * rows: the int8 path applies it to the exact x, not the rounded one. Read
- * off by dequantizing the blocks with their 4-bit values zeroed. */
-static float *q4k_mins(const test_matrix *m) {
-    const size_t bytes = (size_t)m->rows * m->row_bytes;
-    uint8_t *z = malloc(bytes);
-    float *out = malloc((size_t)m->rows * (size_t)m->cols * sizeof *out);
-    memcpy(z, m->data, bytes);
-    for (size_t o = 0; o < bytes; o += 144) memset(z + o + 16, 0, 128);   /* d, dmin, scales[12], then qs[128] */
-    for (int64_t r = 0; r < m->rows; r++)
-        MUST(moex_dequantize_row(m->type, z + (size_t)r * m->row_bytes, out + r * m->cols, m->cols));
-    free(z);
-    return out;
-}
-
-/* Row r of m times x as the half computes it: the dequantised weights times
- * x rounded (xr; x itself off the int8 path), plus for Q4_K the min part times
- * what the rounding took off x. */
-static double half_dot(const test_matrix *m, const float *mins, int64_t r, const float *x, const float *xr) {
-    const int64_t c = m->cols;
-    double s = 0;
-    for (int64_t i = 0; i < c; i++) s += (double)m->deq[r * c + i] * xr[i];
-    if (mins && xr != x)
-        for (int64_t i = 0; i < c; i++) s += (double)mins[r * c + i] * ((double)x[i] - xr[i]);
-    return s;
 }
 
 /* Each half against float64 on its own input as the GPU had it: h (n k x f)
@@ -154,7 +111,7 @@ static double check_halves(const ex_case *t, const test_matrix *g, const test_ma
             const float *xt = x + tok * d;
             if (gi) round_positions(t->tg, xt, d, xr);
             for (int64_t r = 0; r < f; r++) {
-                const double a = half_dot(&g[e], gm[e], r, xt, gi ? xr : xt), b = half_dot(&u[e], um[e], r, xt, gi ? xr : xt);
+                const double a = i8_dot(&g[e], gm[e], r, xt, gi ? xr : xt), b = i8_dot(&u[e], um[e], r, xt, gi ? xr : xt);
                 h[(tok * k + j) * f + r] = a / (1 + exp(-a)) * b;
             }
         }
@@ -164,7 +121,7 @@ static double check_halves(const ex_case *t, const test_matrix *g, const test_ma
             const int e = ids[tok * k + j];
             const float *ht = h_gpu + (tok * k + j) * f;
             if (di) round_positions(t->td, ht, f, xr);
-            for (int64_t r = 0; r < d; r++) y[tok * d + r] += gw[tok * k + j] * half_dot(&dn[e], dm[e], r, ht, di ? xr : ht);
+            for (int64_t r = 0; r < d; r++) y[tok * d + r] += gw[tok * k + j] * i8_dot(&dn[e], dm[e], r, ht, di ? xr : ht);
         }
     }
     const double eh = rel_l2(h_gpu, h, n * k * f), ey = rel_l2(y_gpu, y, n * d);

@@ -2,10 +2,35 @@
  * reference on the exactly dequantized weights: the matrix-vector kernel
  * (1..8 tokens, with and without the residual add; subgroup and
  * shared-memory reductions; weights 16-byte aligned or not) and the tiled
- * kernel (ragged tiles); then with activation rounding, against the CPU
- * backend (inputs without rounding ties) and the reference quantizer (ties). */
+ * kernel (ragged tiles); one token's Q4_K products with x staged as int8
+ * (vk_idot, where the device has integer dot products), against float64 on x
+ * rounded exactly as the GPU rounds it; then with activation rounding, against
+ * the CPU backend (inputs without rounding ties) and the reference quantizer (ties). */
 #include "tests/vk/vk_test_util.h"
-#include "kernels/vk_internal.h"   /* VK_MV_XMAX, VK_MV_PERSIST: the staged kernel's edges */
+#include "kernels/vk_internal.h"   /* VK_MV_XMAX, VK_MV_PERSIST: the staged kernel's edges; vk_idot */
+
+/* Whether one token's product on m stages x as int8 (mv.comp modes 1 and 2 on Q4_K where vk_idot). */
+static bool staged_i8(moex_vk *vk, const test_matrix *m, int64_t n) {
+    return n == 1 && m->type == MOEX_TYPE_Q4_K && m->cols <= VK_MV_XMAX && vk_idot(vk);
+}
+
+/* The reference row dots of m with one token's staged x (xs: x, or x * nw in f32 as the kernel stages it), each
+ * times scale: f32 staging exactly, int8 staging rounded as the GPU rounds it (32 values a group). */
+static void ref_rows(moex_vk *vk, const test_matrix *m, const float *xs, double scale, double *out) {
+    const int64_t cols = m->cols;
+    float *xr = malloc((size_t)cols * 4), *mins = NULL;
+    memcpy(xr, xs, (size_t)cols * 4);
+    if (staged_i8(vk, m, 1)) {
+        int64_t idx[32];
+        for (int64_t g = 0; g < cols; g += 32) {
+            for (int i = 0; i < 32; i++) idx[i] = g + i;
+            i8_round(xs, idx, 32, xr);
+        }
+        mins = q4k_mins(m);
+    }
+    for (int64_t o = 0; o < m->rows; o++) out[o] = scale * i8_dot(m, mins, o, xs, mins ? xr : xs);
+    free(xr), free(mins);
+}
 
 static double check_product(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64_t cols, int64_t n, bool resid) {
     test_matrix m = make_matrix(r, t, rows, cols);
@@ -13,12 +38,10 @@ static double check_product(moex_vk *vk, rng *r, moex_type t, int64_t rows, int6
     double *ref = malloc((size_t)(n * rows) * 8);
     fill_gauss(r, x, (size_t)(n * cols), 1.0f);
     fill_gauss(r, res, (size_t)(n * rows), 1.0f);
-    for (int64_t tk = 0; tk < n; tk++)
-        for (int64_t i = 0; i < rows; i++) {
-            double s = resid ? res[tk * rows + i] : 0;
-            for (int64_t j = 0; j < cols; j++) s += (double)m.deq[i * cols + j] * x[tk * cols + j];
-            ref[tk * rows + i] = s;
-        }
+    for (int64_t tk = 0; tk < n; tk++) {
+        ref_rows(vk, &m, x + tk * cols, 1.0, ref + tk * rows);
+        for (int64_t i = 0; i < rows && resid; i++) ref[tk * rows + i] += res[tk * rows + i];
+    }
     moex_vk_buffer *wb = gpu_from(vk, m.data, (size_t)rows * m.row_bytes), *xb = gpu_from(vk, x, (size_t)(n * cols) * 4),
                    *rb = gpu_from(vk, res, (size_t)(n * rows) * 4), *yb = gpu_from(vk, NULL, (size_t)(n * rows) * 4);
     moex_vk_matrix vm = vk_matrix_of(&m, wb);
@@ -48,12 +71,13 @@ static double check_product(moex_vk *vk, rng *r, moex_type t, int64_t rows, int6
  * with the RMSNorm fused (nw) or not. Against float64. */
 static double check_multi(moex_vk *vk, rng *r, const moex_type *types, const int64_t *rows, int64_t cols, bool norm) {
     const float eps = 1e-6f;
-    float *x = malloc((size_t)cols * 4), *nw = malloc((size_t)cols * 4);
-    double *xn = malloc((size_t)cols * 8), ss = 0;
+    float *x = malloc((size_t)cols * 4), *nw = malloc((size_t)cols * 4), *xs = malloc((size_t)cols * 4);
+    double ss = 0;
     fill_gauss(r, x, (size_t)cols, 3.0f);
     fill_gauss(r, nw, (size_t)cols, 1.0f);
     for (int64_t j = 0; j < cols; j++) ss += (double)x[j] * x[j];
-    for (int64_t j = 0; j < cols; j++) xn[j] = norm ? x[j] / sqrt(ss / (double)cols + eps) * nw[j] : x[j];
+    for (int64_t j = 0; j < cols; j++) xs[j] = norm ? x[j] * nw[j] : x[j];   /* staged as the kernel does, in f32 */
+    const double inv = norm ? 1 / sqrt(ss / (double)cols + eps) : 1;
     moex_vk_buffer *xb = gpu_from(vk, x, (size_t)cols * 4), *nb = gpu_from(vk, nw, (size_t)cols * 4), *wb[3], *yb[3];
     test_matrix m[3];
     moex_vk_matrix vm[3];
@@ -78,10 +102,7 @@ static double check_multi(moex_vk *vk, rng *r, const moex_type *types, const int
         float *y = malloc((size_t)rows[i] * 4);
         double *ref = malloc((size_t)rows[i] * 8);
         gpu_read(vk, yb[i], y, (size_t)rows[i] * 4);
-        for (int64_t o = 0; o < rows[i]; o++) {
-            ref[o] = 0;
-            for (int64_t j = 0; j < cols; j++) ref[o] += (double)m[i].deq[o * cols + j] * xn[j];
-        }
+        ref_rows(vk, &m[i], xs, inv, ref);
         const double e = rel_l2(y, ref, (size_t)rows[i]);
         worst = e > worst ? e : worst;
         free(y), free(ref);
@@ -90,7 +111,7 @@ static double check_multi(moex_vk *vk, rng *r, const moex_type *types, const int
     }
     moex_vk_cmd_free(c);
     moex_vk_buffer_free(xb), moex_vk_buffer_free(nb);
-    free(x), free(nw), free(xn);
+    free(x), free(nw), free(xs);
     return worst;
 }
 
@@ -219,6 +240,7 @@ int main(int argc, char **argv) {
     rng r = test_rng("test_vk_matmul");
     /* The f32 tiles (mm.comp) at f32 precision on every device; test_vk_coop covers the f16 tensor-core tiles. */
     moex_vk *vk = test_vk_coop_mode(no_subgroup, MOEX_VK_COOP_OFF);
+    vk->tune.idot = 0;   /* f32 activations; the int8 staging of Q4_K: below */
     for (int i = 0; i < N_ALL_TYPES; i++) {
         const moex_type t = k_all_types[i];
         const double e1 = check_product(vk, &r, t, 37, 512, 1, false);
@@ -249,6 +271,20 @@ int main(int argc, char **argv) {
         printf("  q,k,v shared x: q4_K x3 + norm %.2g, q4_K x2 + q6_K + norm %.2g, q8_0/f32/q8_0 %.2g, past the stage %.2g\n",
                e1, e2, e3, e4);
         CHECK(e1 < 2e-6 && e2 < 2e-6 && e3 < 2e-6 && e4 < 2e-6, "shared-x products: relative L2 error too large");
+    }
+    if (vk->info.int_dot) {   /* one token's Q4_K products staging x as int8, where the device can */
+        vk->tune.idot = 1;
+        const moex_type all_q4[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K},
+                        v_q6[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K};
+        const int64_t rows[3] = {133, 35, 19};
+        const double e1 = check_product(vk, &r, MOEX_TYPE_Q4_K, 37, 512, 1, true),
+                     e2 = check_product(vk, &r, MOEX_TYPE_Q4_K, 21, VK_MV_XMAX, 1, false),
+                     e3 = check_multi(vk, &r, all_q4, rows, 768, true), e4 = check_multi(vk, &r, v_q6, rows, 2048, true),
+                     e5 = check_multi(vk, &r, all_q4, rows, 256, false);
+        printf("  q4_K staged as int8: n=1+res %.2g, as wide as the stage %.2g, q,k,v + norm %.2g, with a q6_K v %.2g, "
+               "no norm %.2g\n", e1, e2, e3, e4, e5);
+        CHECK(e1 < 2e-6 && e2 < 2e-6 && e3 < 2e-6 && e4 < 2e-6 && e5 < 2e-6, "int8-staged products: relative L2 error too large");
+        vk->tune.idot = 0;
     }
     MUST(moex_vk_set_activation_rounding(vk, 70 * 512, &g_err));
     check_rounding_ties(vk, &r);

@@ -327,10 +327,8 @@ static void test_router(void) {
     }
 }
 
-/* Expert FFN: many experts in one dispatch (mv path, n <= 8) and grouped tiles (mm path), against float64
- * with f32 activations (the int8 ones of a GPU with integer dot products: test_vk_experts_mv). */
+/* Expert FFN: many experts in one dispatch (mv path, n <= 8) and grouped tiles (mm path), against float64. */
 static void test_experts(void) {
-    vk->tune.idot = 0;
     const moex_type types[][2] = {{MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K}, {MOEX_TYPE_Q8_0, MOEX_TYPE_Q5_0}};
     const int64_t ns[] = {1, 3, 70};
     for (int ci = 0; ci < 3; ci++) {
@@ -684,6 +682,7 @@ int main(int argc, char **argv) {
     /* The tiled expert products are held to f32 accuracy here; their f16
      * cooperative-matrix variant has its own test (test_vk_coop). */
     vk = test_vk_coop_mode(argc > 2 && !strcmp(argv[2], "--no-subgroup"), MOEX_VK_COOP_OFF);
+    vk->tune.idot = 0;   /* f32 activations: the int8 ones (vk_idot) are test_vk_matmul's and test_vk_experts_mv's */
     if (!strcmp(argv[1], "norm")) test_norm();
     else if (!strcmp(argv[1], "rope")) test_rope();
     else if (!strcmp(argv[1], "attention")) test_attention(), test_attention_prompt();

@@ -16,7 +16,18 @@
 // xsh, one vec4 of padding after every 2^XPAD vec4s. XPAD is the log2 of the
 // type's unit stretch, so the vec4s the lanes of a subgroup read together
 // (lane u: unit u) fall in distinct banks instead of all in one.
-#ifdef XSTAGE
+#if defined(XSTAGE) && IDOT
+// XSTAGE with IDOT (Q4_K): x staged as int8, each 32-value group with one
+// power-of-two scale (_common.comp) and its exact f32 sum; a unit reads its
+// 64 values as 4 uvec4 (one of padding after every 4: lanes read units 4
+// apart) and the scale and sum of its two groups as one vec4.
+#ifdef USE_SUBGROUP
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
+shared uvec4 xq[XMAX4 / 4u + XMAX4 / 16u];
+shared vec4 xgs[XMAX4 / 16u];
+#define XQSLOT(i) ((i) + ((i) >> 2))
+#elif defined(XSTAGE)
 #if FAST && TYPE == T_Q4_K
 #define XPAD 4u
 #elif FAST && TYPE == T_Q6_K
@@ -72,6 +83,66 @@ WU wload(UV4 p, uint rb, uint u) {
     r.s = vec4(dm.x * float(sm.x), dm.y * float(sm.y), dm.x * float(sm.z), dm.y * float(sm.w));
     return r;
 }
+#if defined(XSTAGE) && IDOT
+// Unit u's 64 staged values (f32 v: 16 vec4 of x) as int8, with their scales and sums.
+void stage_unit(uint u, vec4 v[16]) {
+    vec4 sc;
+    for (uint hf = 0u; hf < 2u; hf++) {
+        vec4 a = vec4(0.0), s = vec4(0.0);
+        for (uint i = 0u; i < 8u; i++) {
+            a = max(a, abs(v[8u * hf + i]));
+            s += v[8u * hf + i];
+        }
+        const int e = i8_exp(max(max(a.x, a.y), max(a.z, a.w)));
+        const float inv = pow2(7 - e);
+        uint q[8];
+        for (uint i = 0u; i < 8u; i++) q[i] = pack_i8(v[8u * hf + i], inv);
+        xq[XQSLOT(4u * u + 2u * hf)] = uvec4(q[0], q[1], q[2], q[3]);
+        xq[XQSLOT(4u * u + 2u * hf + 1u)] = uvec4(q[4], q[5], q[6], q[7]);
+        sc[2u * hf] = pow2(e - 7);
+        sc[2u * hf + 1u] = hsum(s);
+    }
+    xgs[u] = sc;
+}
+#ifdef USE_SUBGROUP
+// vec4s i and i + 1 (i even; a quarter of group i / 8, whose other quarters
+// the neighbouring lanes hold): the group's largest magnitude and sum by
+// shuffles, then this quarter's 8 values as int8.
+void stage_quarter(uint i, vec4 v0, vec4 v1) {
+    const vec4 a4 = max(abs(v0), abs(v1));
+    float a = max(max(a4.x, a4.y), max(a4.z, a4.w)), s = hsum(v0 + v1);
+    a = max(a, subgroupShuffleXor(a, 1u));
+    a = max(a, subgroupShuffleXor(a, 2u));
+    s += subgroupShuffleXor(s, 1u);
+    s += subgroupShuffleXor(s, 2u);
+    const int e = i8_exp(a);
+    const float inv = pow2(7 - e);
+    xq[XQSLOT(i >> 2)][i & 3u] = pack_i8(v0, inv);
+    xq[XQSLOT(i >> 2)][(i & 3u) + 1u] = pack_i8(v1, inv);
+    if ((i & 7u) == 0u) {
+        const uint c = (i >> 2) & 2u;   // the group's scale and sum in its unit's vec4
+        xgs[i >> 4][c] = pow2(e - 7);
+        xgs[i >> 4][c + 1u] = s;
+    }
+}
+#endif
+// xo: vec4 16 u of unit u. Low nibbles meet group 2u, high ones 2u + 1.
+void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
+    const uint u = xo >> 4;
+    const uvec4 l0 = xq[XQSLOT(4u * u)], l1 = xq[XQSLOT(4u * u + 1u)], h0 = xq[XQSLOT(4u * u + 2u)],
+                h1 = xq[XQSLOT(4u * u + 3u)];
+    const vec4 g = xgs[u];   // scale, sum of the low group; of the high one
+    for (uint r = 0u; r < NR; r++) {
+        int il = 0, ih = 0;
+        for (uint i = 0u; i < 4u; i++) {
+            const uint a = w[r].q0[i], b = w[r].q1[i];
+            il += sudot4(l0[i], a & 0x0f0f0f0fu) + sudot4(l1[i], b & 0x0f0f0f0fu);
+            ih += sudot4(h0[i], (a >> 4) & 0x0f0f0f0fu) + sudot4(h1[i], (b >> 4) & 0x0f0f0f0fu);
+        }
+        acc[r] += (w[r].s.x * g.x * float(il) - w[r].s.y * g.y) + (w[r].s.z * g.z * float(ih) - w[r].s.w * g.w);
+    }
+}
+#else
 void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     vec4 xl = vec4(0.0), xh = vec4(0.0), ql[NR], qh[NR];
     for (uint r = 0u; r < NR; r++) { ql[r] = vec4(0.0); qh[r] = vec4(0.0); }
@@ -89,6 +160,7 @@ void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     for (uint r = 0u; r < NR; r++)
         acc[r] += (w[r].s.x * hsum(ql[r]) - w[r].s.y * sl) + (w[r].s.z * hsum(qh[r]) - w[r].s.w * sh);
 }
+#endif
 
 #elif FAST && TYPE == T_Q6_K
 // Unit = 16 positions l0..l0+15 of half hf of a block: 64 elements in 4 runs

@@ -30,6 +30,10 @@
 // row blocks of w, then of w1, then of w2; one dispatch, no norm pass.
 // MODE 3 with STAGE (one token): the router on MODE 1's staged loop, then
 // MODE 3's epilogue (xn written by workgroup 0, the last workgroup routes).
+// IDOT (modes 1 and 2 on Q4_K, vk_idot): x staged as int8 in groups of 32
+// values (_mvunit.comp), each thread rounding 8 of them (4 lanes share a
+// group's scale through shuffles; without subgroups a thread rounds a unit's
+// 64), and the rows' dots taken as 4-byte integer dot products.
 layout(local_size_x = WG) in;
 
 #define NR RPT
@@ -305,6 +309,30 @@ void main() {
     WU cur[NR], nxt[NR];
     if (b < nblk) load_rows(b, grp, lane, units, row_bytes, cur);
     float ss = 0.0;
+#if IDOT && defined(USE_SUBGROUP)
+    // 8 values a thread, 4 neighbouring lanes a 32-value group (whole groups drop out of the loop together)
+    for (uint i = 2u * tid; i < pc.cols / 4u; i += 2u * WG) {
+        vec4 v0 = pc.x.v[i], v1 = pc.x.v[i + 1u];
+#ifdef NORM
+        ss += dot(v0, v0) + dot(v1, v1);
+        v0 *= pc.nw.v[i];
+        v1 *= pc.nw.v[i + 1u];
+#endif
+        stage_quarter(i, v0, v1);
+    }
+#elif IDOT
+    for (uint u = tid; u < pc.cols / 64u; u += WG) {   // a thread per 64-value unit: its two int8 groups
+        vec4 v[16];
+        for (uint i = 0u; i < 16u; i++) v[i] = pc.x.v[16u * u + i];
+#ifdef NORM
+        for (uint i = 0u; i < 16u; i++) {
+            ss += dot(v[i], v[i]);
+            v[i] *= pc.nw.v[16u * u + i];
+        }
+#endif
+        stage_unit(u, v);
+    }
+#else
     for (uint i = tid; i < pc.cols / 4u; i += WG) {
         vec4 v = pc.x.v[i];
 #ifdef NORM
@@ -313,6 +341,7 @@ void main() {
 #endif
         xsh[XSLOT(i)] = v;
     }
+#endif
 #ifdef NORM
     const float inv = 1.0 / sqrt(wg_sum(ss) / float(pc.cols) + uintBitsToFloat(pc.eps_bits));
 #else

@@ -125,6 +125,50 @@ static inline void ref_experts(const test_matrix *g, const test_matrix *u, const
     free(h);
 }
 
+/* The int8 activation path (kernels/vk_internal.h vk_idot): v's values
+ * idx[0..n) rounded as _common.comp's i8_exp / pack_i8 do: q 2^(e-7),
+ * e the exponent (frexp) of their largest magnitude times 1 + 2^-7, q to the
+ * nearest (ties to even). Powers of two: exact in float, so bit for bit the GPU's. */
+static inline void i8_round(const float *v, const int64_t *idx, int n, float *out) {
+    float a = 0;
+    for (int i = 0; i < n; i++) a = fmaxf(a, fabsf(v[idx[i]]));
+    int e;
+    frexpf(a * 1.0078125f, &e);
+    if (e < -100) e = -100;
+    for (int i = 0; i < n; i++) {
+        const float q = rintf(ldexpf(v[idx[i]], 7 - e));
+        CHECK(fabsf(q) <= 127, "int8 rounding: %g out of range", q);
+        out[idx[i]] = ldexpf(q, e - 7);
+    }
+}
+
+/* Q4_K's min part (-dmin m of each value's sub-block) of every expert's
+ * rows: the int8 path applies it to the exact x, not the rounded one. Read
+ * off by dequantizing the blocks with their 4-bit values zeroed. */
+static inline float *q4k_mins(const test_matrix *m) {
+    const size_t bytes = (size_t)m->rows * m->row_bytes;
+    uint8_t *z = malloc(bytes);
+    float *out = malloc((size_t)m->rows * (size_t)m->cols * sizeof *out);
+    memcpy(z, m->data, bytes);
+    for (size_t o = 0; o < bytes; o += 144) memset(z + o + 16, 0, 128);   /* d, dmin, scales[12], then qs[128] */
+    for (int64_t r = 0; r < m->rows; r++)
+        MUST(moex_dequantize_row(m->type, z + (size_t)r * m->row_bytes, out + r * m->cols, m->cols));
+    free(z);
+    return out;
+}
+
+/* Row r of m times x as the half computes it: the dequantised weights times
+ * x rounded (xr; x itself off the int8 path), plus for Q4_K the min part times
+ * what the rounding took off x. */
+static inline double i8_dot(const test_matrix *m, const float *mins, int64_t r, const float *x, const float *xr) {
+    const int64_t c = m->cols;
+    double s = 0;
+    for (int64_t i = 0; i < c; i++) s += (double)m->deq[r * c + i] * xr[i];
+    if (mins && xr != x)
+        for (int64_t i = 0; i < c; i++) s += (double)mins[r * c + i] * ((double)x[i] - xr[i]);
+    return s;
+}
+
 static inline moex_vk_matrix vk_matrix_of(const test_matrix *m, moex_vk_buffer *b) {
     return (moex_vk_matrix){.type = m->type, .rows = m->rows, .cols = m->cols, .row_bytes = m->row_bytes,
                             .data = moex_vk_buffer_ptr(b)};
