@@ -182,7 +182,8 @@ int vk_mv_mode(int mode, const moex_vk_matrix *w);   /* mode | VK_MV_GENERIC whe
  * by 4-byte integer dot products (OpSUDot), about a third of the instructions
  * of the f32 path. On an H200 one token x 8 experts 23.2 -> 16.7 us, 64
  * distinct experts 116 -> 93 us, decode after 512 tokens +11-14 % from the
- * experts alone (docs/PERF.md, session 8). On where the device has the
+ * experts and +4.6 % more from the staged products (docs/PERF.md, session
+ * 8). On where the device has the
  * integer dot product in hardware (MOEX_VK_IDOT=1: wherever it has it, =0:
  * never), unless activations are rounded to the CPU's grid (vk->actq). */
 bool vk_idot(const moex_vk *vk);

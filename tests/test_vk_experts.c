@@ -292,7 +292,7 @@ int main(int argc, char **argv) {
         vk->tune.idot = 0;
         vk_experts_forget(vk);
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-            if (i < 3 || i >= 9) run_case(&cases[i]);
+            if (i == 0 || i == 1 || i >= 10) run_case(&cases[i]);   /* one token, a batch, Q4_K down, Q6_K gate/up */
         vk->tune.idot = 1;
         vk_experts_forget(vk);
     }

@@ -131,6 +131,7 @@ static void schedule_reconnect(session *s, const char *reason) {
 }
 
 static void connect_hub(session *s) {
+    if (s->down_since_s == 0) s->down_since_s = moex_time_s();
     struct lws_client_connect_info ci;
     worker_lws_connect_info(&ci, s->ctx, &s->hub);
     ci.path = s->path;
@@ -497,7 +498,7 @@ static int session_init(session *s, const moex_worker_options *o, const moex_mod
     else default_name(s->name, sizeof s->name);
     s->backoff_s = BACKOFF_MIN_S;
     s->jitter_rng = o->seed ^ 0x6a09e667f3bcc909ull;
-    s->down_since_s = moex_time_s();
+    s->down_since_s = 0;   /* set by the first attempt: start-up time (loading experts) does not count */
     s->state = MOEX_STATE_STARTING;
     s->backlog = moex_worker_backlog_create(o->backlog);
     s->outbox = moex_worker_outbox_create(LWS_PRE);
