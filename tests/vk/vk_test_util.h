@@ -142,9 +142,9 @@ static inline void i8_round(const float *v, const int64_t *idx, int n, float *ou
     }
 }
 
-/* Q4_K's min part (-dmin m of each value's sub-block) of every expert's
- * rows: the int8 path applies it to the exact x, not the rounded one. Read
- * off by dequantizing the blocks with their 4-bit values zeroed. */
+/* Q4_K's min part (-dmin m of each value's sub-block) of m's rows: the
+ * int8 path applies it to the exact x, not the rounded one. Read off by
+ * dequantizing the blocks with their 4-bit values zeroed. */
 static inline float *q4k_mins(const test_matrix *m) {
     const size_t bytes = (size_t)m->rows * m->row_bytes;
     uint8_t *z = malloc(bytes);
@@ -157,9 +157,9 @@ static inline float *q4k_mins(const test_matrix *m) {
     return out;
 }
 
-/* Row r of m times x as the half computes it: the dequantised weights times
- * x rounded (xr; x itself off the int8 path), plus for Q4_K the min part times
- * what the rounding took off x. */
+/* Row r of m times x as the int8 path computes it: the dequantised weights
+ * times x rounded (xr; x itself off the path), plus for Q4_K (mins) the min
+ * part times what the rounding took off x. */
 static inline double i8_dot(const test_matrix *m, const float *mins, int64_t r, const float *x, const float *xr) {
     const int64_t c = m->cols;
     double s = 0;
