@@ -93,7 +93,11 @@ def slow_worker_hedge_auto():
     slow = [["--inject-delay-ms", "150", "--inject-delay-prob", "1"], [], []]
     rc1, t1, s1, e1 = timed_run(["--replicas", "3", "--hedge", "auto"], slow, N_TIMED)
     check("slow worker, hedge auto: same tokens", rc0 == 0 and rc1 == 0 and t0 == REF_TIMED and t1 == REF_TIMED)
-    check("slow worker, hedge auto: within 1.5x of no delay", s1 <= 1.5 * s0, f"base={s0:.3f}s slow={s1:.3f}s")
+    # Plus two of the slow worker's delays: the hub learns its latency from the first dispatches, a one-off
+    # cost that 96 tokens no longer amortise now that the base run takes ~0.3 s (without hedging the
+    # slow worker would add up to 150 ms a token, seconds in all).
+    check("slow worker, hedge auto: within 1.5x of no delay (+ 0.3 s to learn)", s1 <= 1.5 * s0 + 0.3,
+          f"base={s0:.3f}s slow={s1:.3f}s")
 
 
 @scenario
