@@ -273,7 +273,7 @@ static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12, 
 }
 
 /* OpSUDot on 4x8-bit packed words (VK_KHR_shader_integer_dot_product):
- * the decode expert kernels' int8 activation path (vk_experts.h vk_idot). */
+ * the decode products' int8 activation path (vk_internal.h vk_idot). */
 static bool has_int_dot(VkPhysicalDevice pd) {
     if (!has_extension(pd, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) return false;
     VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {

@@ -132,8 +132,9 @@ bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
 
 static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int k, moex_vk_ptr ids, moex_vk_ptr h,
                        moex_error *err) {
-    const int mode = log2_floor(e->gate.cols / 32);   /* the positions: a power of two */
-    const uint32_t gx = vk_ceil_div(e->gate.rows, vk_gu_shape_of(c->vk, 1 << mode).ch);
+    const int lp = log2_floor(e->gate.cols / 32);   /* the positions: a power of two */
+    const int mode = lp | (vk_idot(c->vk) ? VK_GU_IDOT : 0);
+    const uint32_t gx = vk_ceil_div(e->gate.rows, vk_gu_shape_of(c->vk, 1 << lp).ch);
     if (vk_check_grid(gx, k, 1, err)) return -1;
     VkPipeline p = vk_pipeline(c->vk, VK_K_EXPERTS_GU, e->gate.type, mode, err);
     if (!p) return -1;

@@ -36,8 +36,11 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
                          moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves,
                          moex_error *err);
 
-/* experts_gu.comp's workgroup for rows of npos 32-column positions (its
- * pipeline mode is log2(npos)): ch rows in rl row lanes of npos threads (wg
+/* experts_gu.comp's modes: bits 0-3 log2 of a row's 32-column positions, bit
+ * 4 int8 activations (IDOT). */
+#define VK_GU_IDOT 16
+_Static_assert(VK_MODES > (VK_GU_IDOT | 15), "experts_gu.comp modes fit the pipeline table");
+/* experts_gu.comp's workgroup for rows of npos 32-column positions: ch rows in rl row lanes of npos threads (wg
  * = npos * rl, ch / rl rows a thread), ru rows a thread loads together,
  * subgroup sums where a subgroup lies within a row lane. */
 typedef struct vk_gu_shape {

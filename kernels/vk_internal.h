@@ -90,9 +90,9 @@ typedef struct vk_tuning {
     int mv_groups;       /* MOEX_VK_MV_GROUPS: row groups per workgroup of those products (1-32), 0: default */
     bool gu_off;         /* MOEX_VK_GU=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
     int gu_wg, gu_ru;    /* MOEX_VK_GU_WG (64-1024), MOEX_VK_GU_RU (1-16): experts_gu.comp's shape, 0: default */
-    int idot;            /* MOEX_VK_IDOT: the decode expert kernels' int8 activations: 0 off, 1 wherever the
-                          * device has integer dot products, unset (-1) where it has them in hardware */
     int gu_ch;           /* MOEX_VK_GU_CH (16, 32, 48, 64): experts_gu.comp's rows per workgroup, 0: default */
+    int idot;            /* MOEX_VK_IDOT: the decode products' int8 activations (vk_idot): 0 off, 1 wherever the
+                          * device has integer dot products, unset (-1) where it has them in hardware */
 } vk_tuning;
 
 typedef struct moex_vk_buffer {
@@ -176,14 +176,14 @@ uint32_t vk_fbits(float f);                /* a float's bits, for push constants
 uint32_t vk_ceil_div(int64_t a, int64_t b);
 int vk_mv_mode(int mode, const moex_vk_matrix *w);   /* mode | VK_MV_GENERIC when unaligned */
 /* int8 activations for the decode products that hold their input per thread
- * (experts_mv.comp, experts_gu.comp: Q4_K and Q6_K positions) or staged in
- * shared memory (mv.comp modes 1 and 2 on Q4_K): x (or h) rounded to int8 with
- * one power-of-two scale per 32 values, multiplied into the weights' nibbles
- * by 4-byte integer dot products (OpSUDot), about a third of the instructions
- * of the f32 path. On an H200 one token x 8 experts 23.2 -> 16.7 us, 64
- * distinct experts 116 -> 93 us, decode after 512 tokens +11-14 % from the
- * experts and +4.6 % more from the staged products (docs/PERF.md, session
- * 8). On where the device has the
+ * (experts_mv.comp, experts_gu.comp: Q4_K and Q6_K positions of 32 or 16
+ * values) or staged in shared memory (mv.comp modes 1 and 2 on Q4_K: groups of
+ * 32): x (or h) rounded to int8 with one power-of-two scale per position or
+ * group, multiplied into the weights' nibbles by 4-byte integer dot products
+ * (OpSUDot), about a third of the instructions of the f32 path. On an H200
+ * one token x 8 experts 23.2 -> 16.7 us, 64 distinct experts 116 -> 93 us,
+ * decode after 512 tokens +11-14 % from the experts and +4.6 % more from the
+ * staged products (docs/PERF.md, session 8). On where the device has the
  * integer dot product in hardware (MOEX_VK_IDOT=1: wherever it has it, =0:
  * never), unless activations are rounded to the CPU's grid (vk->actq). */
 bool vk_idot(const moex_vk *vk);

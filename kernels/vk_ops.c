@@ -221,8 +221,7 @@ int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     if (check_norm_fused(c, w, x, nw, err)) return -1;
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
     const uint32_t groups = mv_grid(c->vk, w->rows, mode, mode == 1);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type,
-                               mv_mode_of(c->vk, mode, w) | VK_MV_NORM, err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, mode, w) | VK_MV_NORM, err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
     pc.p[1] = nw;
@@ -304,8 +303,7 @@ int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_pt
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
     const uint32_t g0 = vk_mv_groups(c->vk, w->rows, 0),
                    groups = mode ? mv_grid(c->vk, w->rows, 1, true) : g0 < 2048 ? g0 : 2048;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type,
-                               mv_mode_of(c->vk, mode, w) | (nw ? VK_MV_NORM : 0), err);
+    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, mode, w) | (nw ? VK_MV_NORM : 0), err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, 0);
     pc.p[1] = nw;

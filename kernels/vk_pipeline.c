@@ -155,10 +155,10 @@ static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, 
          * shared memory instead (a partial subgroup's sums came out wrong) */
         if (vk->use_subgroup && s->wg % vk->tpr == 0) sb_printf(&b, "#define USE_SUBGROUP 1\n");
         sb_printf(&b, "#define IDOT %d\n", (mode & VK_EX_IDOT) != 0);
-    } else if (k == VK_K_EXPERTS_GU) {   /* mode: log2 of a row's 32-column positions */
-        const vk_gu_shape s = vk_gu_shape_of(vk, 1 << mode);
+    } else if (k == VK_K_EXPERTS_GU) {   /* mode: log2 of a row's 32-column positions | VK_GU_IDOT */
+        const vk_gu_shape s = vk_gu_shape_of(vk, 1 << (mode & (VK_GU_IDOT - 1)));
         sb_printf(&b, "#define WG %du\n#define NPOS %du\n#define RL %du\n#define RU %du\n#define CH %du\n#define IDOT %d\n",
-                  s.wg, s.npos, s.rl, s.ru, s.ch, vk_idot(vk));
+                  s.wg, s.npos, s.rl, s.ru, s.ch, (mode & VK_GU_IDOT) != 0);
         if (s.subgroup) sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
     } else if (k == VK_K_ATTN_DEC) {
         sb_printf(&b, "#define MAX_SPLITS %du\n", VK_ATTN_MAX_SPLITS);

@@ -1,7 +1,8 @@
 /* The whole model with its prompt batch on the cooperative-matrix products
  * (f16 inputs) against the same GPU backend on the f32 tiles (MOEX_VK_COOP_OFF),
  * both with f32 activations (with activation rounding on the coop kernels are
- * not used; the int8 decode activations of vk_idot are switched off here). The CPU backend is no reference here: it
+ * not used; the int8 decode activations of vk_idot are switched off here).
+ * The CPU backend is no reference here: it
  * rounds activations to 8 bits, which alone puts the logits ~5e-2 apart on a
  * random-weight model. Thresholds as test_vk_forward's: top-1 >= 0.98 over the
  * prompt rows, relative logit error <= 1e-2, 12 greedy tokens identical.

@@ -48,8 +48,14 @@ int sudot4(uint a, uint b) { return sudot4_op(a, b, 0); }
 // bit for bit as the GPU does; ~half a bit coarser than a / 127, about the
 // CPU's Q8_K over 256 values. Exponents from the float's bits (frexp and
 // ldexp cost ~10 instructions a value on an H200).
-int i8_exp(float a) { return max(int((floatBitsToUint(a * 1.0078125) >> 23) & 255u) - 126, -100); }
 float pow2(int k) { return uintBitsToFloat(uint(127 + k) << 23); }   // 2^k, -127 < k < 128
+float vmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }
+// The scale 2^(e-7) of values whose largest magnitude is a, and inv = 2^(7-e).
+float i8_scale(float a, out float inv) {
+    const int e = max(int((floatBitsToUint(a * 1.0078125) >> 23) & 255u) - 126, -100);
+    inv = pow2(7 - e);
+    return pow2(e - 7);
+}
 // v / 2^(e-7) (inv = 2^(7-e)) rounded to the nearest integers, ties to even,
 // as four bytes: adding 1.5 2^23 leaves the integer in the low mantissa bits.
 uint pack_i8(vec4 v, float inv) {

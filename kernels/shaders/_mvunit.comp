@@ -93,13 +93,12 @@ void stage_unit(uint u, vec4 v[16]) {
             a = max(a, abs(v[8u * hf + i]));
             s += v[8u * hf + i];
         }
-        const int e = i8_exp(max(max(a.x, a.y), max(a.z, a.w)));
-        const float inv = pow2(7 - e);
+        float inv;
+        sc[2u * hf] = i8_scale(vmax(a), inv);
         uint q[8];
         for (uint i = 0u; i < 8u; i++) q[i] = pack_i8(v[8u * hf + i], inv);
         xq[XQSLOT(4u * u + 2u * hf)] = uvec4(q[0], q[1], q[2], q[3]);
         xq[XQSLOT(4u * u + 2u * hf + 1u)] = uvec4(q[4], q[5], q[6], q[7]);
-        sc[2u * hf] = pow2(e - 7);
         sc[2u * hf + 1u] = hsum(s);
     }
     xgs[u] = sc;
@@ -109,19 +108,17 @@ void stage_unit(uint u, vec4 v[16]) {
 // the neighbouring lanes hold): the group's largest magnitude and sum by
 // shuffles, then this quarter's 8 values as int8.
 void stage_quarter(uint i, vec4 v0, vec4 v1) {
-    const vec4 a4 = max(abs(v0), abs(v1));
-    float a = max(max(a4.x, a4.y), max(a4.z, a4.w)), s = hsum(v0 + v1);
+    float a = vmax(max(abs(v0), abs(v1))), s = hsum(v0 + v1), inv;
     a = max(a, subgroupShuffleXor(a, 1u));
     a = max(a, subgroupShuffleXor(a, 2u));
     s += subgroupShuffleXor(s, 1u);
     s += subgroupShuffleXor(s, 2u);
-    const int e = i8_exp(a);
-    const float inv = pow2(7 - e);
+    const float sx = i8_scale(a, inv);
     xq[XQSLOT(i >> 2)][i & 3u] = pack_i8(v0, inv);
     xq[XQSLOT(i >> 2)][(i & 3u) + 1u] = pack_i8(v1, inv);
     if ((i & 7u) == 0u) {
         const uint c = (i >> 2) & 2u;   // the group's scale and sum in its unit's vec4
-        xgs[i >> 4][c] = pow2(e - 7);
+        xgs[i >> 4][c] = sx;
         xgs[i >> 4][c + 1u] = s;
     }
 }

@@ -41,14 +41,13 @@ PX pxload(RV4 x, uint xo4, uint pos) {
     }
     const vec4 a = max(max(max(abs(lo[0]), abs(lo[1])), max(abs(lo[2]), abs(lo[3]))),
                        max(max(abs(hi[0]), abs(hi[1])), max(abs(hi[2]), abs(hi[3]))));
-    const int e = i8_exp(max(max(a.x, a.y), max(a.z, a.w)));
-    const float inv = pow2(7 - e);
     PX r;
+    float inv;
+    r.sx = i8_scale(vmax(a), inv);
     for (uint i = 0u; i < 4u; i++) {
         r.lo[i] = pack_i8(lo[i], inv);
         r.hi[i] = pack_i8(hi[i], inv);
     }
-    r.sx = pow2(e - 7);
     r.slo = hsum((lo[0] + lo[1]) + (lo[2] + lo[3]));
     r.shi = hsum((hi[0] + hi[1]) + (hi[2] + hi[3]));
     return r;

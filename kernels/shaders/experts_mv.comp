@@ -12,7 +12,7 @@
 // rows' loads are in flight while those are (software pipelining). The RT row sums
 // are reduced once at the end (subgroup adds, then shared memory, in a fixed
 // order: results do not depend on timing). IDOT: Q4_K and Q6_K positions hold
-// their input as int8 and take integer dot products (vk_experts.h vk_idot).
+// their input as int8 and take integer dot products (vk_internal.h vk_idot).
 layout(local_size_x = WG) in;
 
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer UV4 { uvec4 v[]; };
@@ -73,12 +73,11 @@ PX pxload(RV4 x, uint xo4, uint pos) {
     const uint m = pos & 15u, o = xo4 + (pos >> 4) * 64u + (m >> 3) * 32u + (m & 7u) * 2u;
     const vec4 l0 = x.v[o], l1 = x.v[o + 1u], h0 = x.v[o + 16u], h1 = x.v[o + 17u];
     const vec4 a = max(max(abs(l0), abs(l1)), max(abs(h0), abs(h1)));
-    const int e = i8_exp(max(max(a.x, a.y), max(a.z, a.w)));
-    const float inv = pow2(7 - e);
     PX r;
+    float inv;
+    r.sx = i8_scale(vmax(a), inv);
     r.lo = uvec2(pack_i8(l0, inv), pack_i8(l1, inv));
     r.hi = uvec2(pack_i8(h0, inv), pack_i8(h1, inv));
-    r.sx = pow2(e - 7);
     r.zlo = 32 * (sudot4(r.lo.x, 0x01010101u) + sudot4(r.lo.y, 0x01010101u));
     r.zhi = 32 * (sudot4(r.hi.x, 0x01010101u) + sudot4(r.hi.y, 0x01010101u));
     return r;
