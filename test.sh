@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds and runs the whole test suite: the Release build, then the same suite
-# under ASan+UBSan (MOEX_SANITIZE=ON), then short fuzz runs of the decoders.
+# Builds and runs the whole test suite: the Release build, the CPU-only build
+# (-DMOEX_VULKAN=OFF), then the suite under ASan+UBSan (MOEX_SANITIZE=ON), then
+# short fuzz runs of the decoders.
 #   ./test.sh             everything
 #   ./test.sh --quick     Release build only
 set -euo pipefail
@@ -13,6 +14,11 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$J"
 ctest --test-dir build --output-on-failure -j"$J"
 [ "${1:-}" = "--quick" ] && exit 0
+
+echo "== CPU-only build (-DMOEX_VULKAN=OFF) + tests"
+cmake -S . -B build-cpu -DCMAKE_BUILD_TYPE=Release -DMOEX_VULKAN=OFF >/dev/null
+cmake --build build-cpu -j"$J"
+ctest --test-dir build-cpu --output-on-failure -j"$J"
 
 echo "== sanitizer build (ASan + UBSan) + tests"
 cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_SANITIZE=ON >/dev/null

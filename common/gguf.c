@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #define MAX_NESTING 8
 #define INDEX_PRESIZE (1u << 16)   /* names indexed up front; beyond, the index grows */
 /* Smallest possible encodings, for the "could the rest of the file hold this many" checks. */
@@ -627,4 +629,9 @@ double moex_gguf_arr_f64(const moex_gguf_value *arr, uint64_t i) {
     if (v.type == MOEX_GGUF_FLOAT32 || v.type == MOEX_GGUF_FLOAT64) return v.v.f64;
     if (is_signed_int(v.type)) return (double)v.v.i64;
     return (double)v.v.u64;
+}
+
+uint64_t moex_gguf_identity(const moex_gguf *g) {
+    size_t n = g->data_offset <= g->size ? g->data_offset : g->size;
+    return XXH3_64bits(g->base, n);
 }

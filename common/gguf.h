@@ -96,6 +96,11 @@ moex_gguf *moex_gguf_open(const char *path, moex_error *err);
 /* Same, over a caller-owned buffer (must outlive the result). For fuzzing and tests. */
 moex_gguf *moex_gguf_open_memory(const void *data, size_t size, moex_error *err);
 void moex_gguf_close(moex_gguf *g);
+/* The file's identity: XXH3-64 (seed 0) of its bytes [0, data_offset) --
+ * header, metadata and tensor infos, not the weights. It names the
+ * architecture, tokenizer, shapes, types and layout in milliseconds even for
+ * a 100 GB model; hub and worker compare it before a worker computes. */
+uint64_t moex_gguf_identity(const moex_gguf *g);
 
 /* Lookups return NULL / -1 when absent. Keys compare as exact byte strings. */
 const moex_gguf_kv *moex_gguf_find(const moex_gguf *g, const char *key);

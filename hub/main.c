@@ -11,6 +11,9 @@
 
 #include "hub/hub.h"
 #include "proto/proto.h"
+#if MOEX_HAVE_VULKAN
+#include "engine/vk/engine_vk.h"
+#endif
 
 typedef struct options {
     const char *model, *prompt, *prompt_tokens, *dump_logits;
@@ -25,6 +28,8 @@ typedef struct options {
     int64_t min_workers;
     double wait_s;
 } options;
+
+#define NO_VULKAN "this moex-hub was built without Vulkan (-DMOEX_VULKAN=OFF); rebuild with -DMOEX_VULKAN=ON"
 
 static volatile sig_atomic_t interrupted;
 static void on_signal(int sig) { interrupted = sig; }
@@ -115,6 +120,7 @@ static int parse_args(int argc, char **argv, options *o) {
             usage(stdout);
             return 1;
         } else if (!strcmp(a, "--list-devices")) {
+#if MOEX_HAVE_VULKAN
             char buf[4096];
             moex_error err = {0};
             if (moex_vk_list_devices(buf, sizeof buf, &err) < 0) {
@@ -123,6 +129,10 @@ static int parse_args(int argc, char **argv, options *o) {
             }
             fputs(buf, stdout);
             return 1;
+#else
+            fprintf(stderr, "moex-hub: %s\n", NO_VULKAN);
+            return -1;
+#endif
         } else if (!strcmp(a, "--local")) {
             o->local = true;
         } else if (!strcmp(a, "--print-tokens")) {
@@ -186,7 +196,14 @@ static int parse_args(int argc, char **argv, options *o) {
             }
         } else if (!strcmp(a, "--backend")) {
             NEED_VALUE();
-            if (!strcmp(v, "vulkan")) o->vulkan = true;
+            if (!strcmp(v, "vulkan")) {
+#if MOEX_HAVE_VULKAN
+                o->vulkan = true;
+#else
+                fprintf(stderr, "moex-hub: --backend vulkan: %s\n", NO_VULKAN);
+                return -1;
+#endif
+            }
             else if (!strcmp(v, "cpu")) o->vulkan = false;
             else {
                 fprintf(stderr, "moex-hub: --backend expects cpu or vulkan, got '%s'\n", v);
@@ -309,6 +326,7 @@ static int64_t tokenize_prompt(const moex_model *m, const options *o, int32_t **
     return n;
 }
 
+#if MOEX_HAVE_VULKAN
 /* --backend vulkan: the Vulkan state behind the engine interface. */
 typedef struct vk_engine {
     const moex_model *m;
@@ -320,6 +338,24 @@ static int vk_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, 
     vk_engine *v = ctx;
     return moex_vk_forward(v->m, v->vs, tokens, n, pos, all_logits, logits, err);
 }
+
+/* The Vulkan engine: the whole model on the GPU, or (hub not NULL) its
+ * attention, norms, router and head with the experts sent to the workers. */
+static int vk_engine_start(const options *o, const moex_model *m, moex_hub *hub, int64_t n_ctx, vk_engine *vk,
+                           moex_engine *eng, moex_error *err) {
+    /* distributed: products round their inputs to 8 bits as the CPU does, so hub + workers print the tokens
+     * of --local (the workers' experts see the same xn); --local keeps the faster f32 activations */
+    moex_vk_options vo = {.device = o->device, .round_activations = hub != NULL};
+    /* distributed: the experts' weights stay off the GPU, the workers (or this CPU, as fallback) run them */
+    vk->m = m;
+    vk->vs = hub ? moex_vk_state_create_remote(m, n_ctx, o->n_batch, &vo, moex_hub_executor(hub), err)
+                 : moex_vk_state_create(m, n_ctx, o->n_batch, &vo, err);
+    if (!vk->vs) return -1;
+    *eng = (moex_engine){.ctx = vk, .forward = vk_forward, .n_ctx = moex_vk_state_n_ctx(vk->vs),
+                         .n_batch = moex_vk_state_n_batch(vk->vs)};
+    return 0;
+}
+#endif
 
 typedef struct output_ctx {
     const moex_model *m;
@@ -373,7 +409,9 @@ static int run(const options *o) {
     moex_local_executor *le = NULL;
     moex_hub *hub = NULL;
     moex_state *s = NULL;
+#if MOEX_HAVE_VULKAN
     vk_engine vk = {.m = m};
+#endif
     moex_engine eng;
     moex_sampler *smp = NULL;
     output_ctx oc = {.m = m, .print_tokens = o->print_tokens};
@@ -413,18 +451,12 @@ static int run(const options *o) {
         }
     }
     if (o->vulkan) {
-        /* distributed: products round their inputs to 8 bits as the CPU does, so hub + workers print the tokens
-         * of --local (the workers' experts see the same xn); --local keeps the faster f32 activations */
-        moex_vk_options vo = {.device = o->device, .round_activations = hub != NULL};
-        /* distributed: the experts' weights stay off the GPU, the workers (or this CPU, as fallback) run them */
-        vk.vs = hub ? moex_vk_state_create_remote(m, n_ctx, o->n_batch, &vo, moex_hub_executor(hub), &err)
-                    : moex_vk_state_create(m, n_ctx, o->n_batch, &vo, &err);
-        if (!vk.vs) {
+#if MOEX_HAVE_VULKAN
+        if (vk_engine_start(o, m, hub, n_ctx, &vk, &eng, &err)) {
             fprintf(stderr, "moex-hub: Vulkan: %s\n", err.msg);
             goto done;
         }
-        eng = (moex_engine){.ctx = &vk, .forward = vk_forward, .n_ctx = moex_vk_state_n_ctx(vk.vs),
-                            .n_batch = moex_vk_state_n_batch(vk.vs)};
+#endif
     } else {
         moex_expert_executor exec = hub ? moex_hub_executor(hub) : moex_local_executor_iface(le);
         if (!(s = moex_state_create(m, n_ctx, o->n_batch, pool, exec, &err))) {
@@ -463,7 +495,9 @@ done:
     }
     moex_sampler_free(smp);
     moex_state_free(s);
+#if MOEX_HAVE_VULKAN
     moex_vk_state_free(vk.vs);
+#endif
     moex_local_executor_free(le);
     moex_pool_destroy(pool);
     free(prompt);

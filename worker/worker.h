@@ -26,8 +26,9 @@
 #include <stdint.h>
 
 #include "common/common.h"
-#include "hub/hub.h"
+#include "model/model.h"
 #include "kernels/kernels.h"
+#include "kernels/vk/vk.h"
 #include "proto/proto.h"
 
 enum {
@@ -113,12 +114,6 @@ float *moex_worker_vk_batch_values(const moex_worker_vk *g, int i);
 int moex_worker_vk_warm_up(moex_worker_vk *g, moex_error *err);
 /* One dispatch: begin + add + run. */
 int moex_worker_vk_run(moex_worker_vk *g, const moex_proto_msg *dispatch, float **values, moex_error *err);
-
-/* ---- model identity --------------------------------------------------------- */
-
-/* XXH3-64 (seed 0) of the GGUF bytes [0, data_offset): header, metadata and
- * tensor infos. The hub computes the same for ASSIGN's model_hash. */
-uint64_t moex_gguf_identity(const moex_gguf *g);
 
 /* ---- residency: page hints for the experts' slices of the mapped file ------ */
 

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/kernels.h"
+#include "kernels/vk/vk.h"
 #include "tests/test_util.h"
 
 #define MUST(call)                                                                \

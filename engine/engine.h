@@ -1,0 +1,108 @@
+/* The engine module: a model's forward pass and generation on this machine.
+ *
+ * One token's path: moex_generate -> engine forward (moex_forward on the CPU,
+ * engine/vk on a GPU) -> per layer attention (kernels) -> router ->
+ * executor.run (the local executor: moex_experts_run; the distributed hub
+ * plugs its remote executor in here) -> residual -> LM head -> sampler. */
+#ifndef MOEX_ENGINE_H
+#define MOEX_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+/* ---- the expert executor: "compute these experts for these tokens with
+ * these gate weights". The forward pass calls it once per MoE layer. ---- */
+
+typedef struct moex_moe_request {
+    int layer;
+    int64_t n_tokens;
+    int n_used;                  /* k experts per token */
+    const int32_t *expert_ids;   /* n_tokens x k, best first */
+    const float *gate_weights;   /* n_tokens x k, renormalised */
+    const float *x;              /* n_tokens x n_embd: the FFN-normed hidden states */
+    float *out;                  /* n_tokens x n_embd: sum_j gate_j * expert_j(x), summed in j order */
+} moex_moe_request;
+
+typedef struct moex_expert_executor {
+    void *ctx;
+    int (*run)(void *ctx, const moex_moe_request *req, moex_error *err);
+} moex_expert_executor;
+
+/* Expert boundary rounding. wire_dtype is a proto dtype (MOEX_DT_F16 = 1,
+ * BF16 = 2, INT8 = 3, F32 = 5) or MOEX_WIRE_EXACT (no rounding at all). Rows
+ * (expert inputs and results) round through the wire dtype; gates travel as
+ * f16 whatever the dtype. tmp holds moex_wire_tmp_bytes(dim). */
+#define MOEX_WIRE_EXACT 0
+#define MOEX_WIRE_DEFAULT 1 /* f16, as in the paper */
+void moex_wire_round_rows(int wire_dtype, float *rows, int64_t n_rows, int64_t dim, uint8_t *tmp);
+void moex_wire_round_gates(int wire_dtype, float *gates, int64_t n);
+size_t moex_wire_tmp_bytes(int64_t dim);
+
+/* The executor that computes experts from the model's own weights, rounding
+ * at the expert boundary as the wire would (wire_dtype). */
+typedef struct moex_local_executor moex_local_executor;
+moex_local_executor *moex_local_executor_create(const moex_model *m, moex_pool *pool, int wire_dtype);
+void moex_local_executor_free(moex_local_executor *le);
+moex_expert_executor moex_local_executor_iface(moex_local_executor *le);
+
+/* ---- inference state: KV cache and activations, allocated once ---- */
+
+typedef struct moex_state moex_state;
+
+/* n_ctx: positions the KV cache holds; n_batch: most tokens per forward call. */
+moex_state *moex_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, moex_pool *pool,
+                              moex_expert_executor exec, moex_error *err);
+void moex_state_free(moex_state *s);
+int64_t moex_state_n_ctx(const moex_state *s);
+int64_t moex_state_n_batch(const moex_state *s);
+
+/* The checks every forward makes before anything changes: batch size,
+ * positions within the context, token ids within the vocabulary. */
+int moex_forward_check(const moex_model *m, int64_t n_batch, int64_t n_ctx, const int32_t *tokens, int64_t n,
+                       int64_t pos, moex_error *err);
+
+/* Evaluates n tokens at positions pos .. pos+n-1 (n <= n_batch, pos+n <= n_ctx).
+ * logits: n x n_vocab when all_logits, else n_vocab for the last token.
+ * Tokens are validated (0 <= id < n_vocab) before anything changes. */
+int moex_forward(const moex_model *m, moex_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                 bool all_logits, float *logits, moex_error *err);
+
+/* ---- generation ---- */
+
+typedef struct moex_gen_stats {
+    double prompt_s, decode_s;    /* time in prompt evaluation / in the decode loop */
+    int64_t n_prompt, n_generated;
+    int64_t n_decode_evals;       /* single-token forward passes in decode_s */
+} moex_gen_stats;
+
+typedef struct moex_gen_params {
+    int64_t n_predict;
+    bool ignore_eos;             /* keep going past end-of-generation tokens */
+    /* Called with every generated token; return nonzero to stop. */
+    int (*on_token)(void *ctx, int32_t id);
+    /* Called with the logits of each evaluated position (prompt first) when set;
+     * rows are n_vocab floats. Makes the prompt evaluate all positions' logits. */
+    int (*on_logits)(void *ctx, const float *logits, int64_t n_rows);
+    void *cb_ctx;
+} moex_gen_params;
+
+/* What generation runs on: a forward function with the moex_forward contract
+ * (the CPU state, or the Vulkan state with --backend vulkan). */
+typedef struct moex_engine {
+    void *ctx;
+    int (*forward)(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+                   moex_error *err);
+    int64_t n_ctx, n_batch;
+} moex_engine;
+
+/* The CPU engine over a state (moex_forward with the state's model). */
+moex_engine moex_engine_cpu(moex_state *s);
+
+int moex_generate(const moex_model *m, const moex_engine *eng, moex_sampler *smp, const int32_t *prompt,
+                  int64_t n_prompt, const moex_gen_params *gp, moex_gen_stats *stats, moex_error *err);
+
+#endif

@@ -1,0 +1,225 @@
+/* The transformer forward pass, read top to bottom: embeddings, then per
+ * layer attention and FFN (dense or MoE through the expert executor), then the
+ * output head. A call evaluates a batch of tokens; decode is a batch of one. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+
+struct moex_state {
+    const moex_model *m;
+    moex_pool *pool;
+    moex_expert_executor exec;
+    int64_t n_ctx, n_batch;
+    float *k_cache, *v_cache;  /* [layer][n_ctx][kv_dim] */
+    float *x;                  /* residual stream, n_batch x n_embd */
+    float *xn;                 /* normed input of a block */
+    float *q, *att;            /* n_batch x q_dim */
+    float *proj;               /* block output, n_batch x n_embd */
+    float *ff_g, *ff_u;        /* dense FFN, n_batch x n_ff */
+    float *router;             /* n_batch x n_expert */
+    int32_t *topk_ids;         /* n_batch x k */
+    float *topk_w;
+};
+
+static int64_t q_dim(const moex_hparams *hp) { return (int64_t)hp->n_head * hp->head_dim; }
+static int64_t kv_dim(const moex_hparams *hp) { return (int64_t)hp->n_head_kv * hp->head_dim; }
+
+moex_state *moex_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, moex_pool *pool,
+                              moex_expert_executor exec, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    if (n_ctx <= 0 || n_batch <= 0) {
+        moex_fail(err, "context (%lld) and batch (%lld) must be positive", (long long)n_ctx, (long long)n_batch);
+        return NULL;
+    }
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    moex_state *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->m = m;
+    s->pool = pool;
+    s->exec = exec;
+    s->n_ctx = n_ctx;
+    s->n_batch = n_batch;
+    const size_t cache = (size_t)hp->n_layer * (size_t)n_ctx * (size_t)kv_dim(hp);
+    const size_t nb = (size_t)n_batch, d = (size_t)hp->n_embd;
+    s->k_cache = calloc(cache, sizeof(float));
+    s->v_cache = calloc(cache, sizeof(float));
+    s->x = malloc(nb * d * sizeof(float));
+    s->xn = malloc(nb * d * sizeof(float));
+    s->q = malloc(nb * (size_t)q_dim(hp) * sizeof(float));
+    s->att = malloc(nb * (size_t)q_dim(hp) * sizeof(float));
+    s->proj = malloc(nb * d * sizeof(float));
+    if (!s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->att || !s->proj) goto oom;
+    if (moex_hparams_is_moe(hp)) {
+        s->router = malloc(nb * (size_t)hp->n_expert * sizeof(float));
+        s->topk_ids = malloc(nb * (size_t)hp->n_expert_used * sizeof(int32_t));
+        s->topk_w = malloc(nb * (size_t)hp->n_expert_used * sizeof(float));
+        if (!s->router || !s->topk_ids || !s->topk_w) goto oom;
+    } else {
+        s->ff_g = malloc(nb * (size_t)hp->n_ff * sizeof(float));
+        s->ff_u = malloc(nb * (size_t)hp->n_ff * sizeof(float));
+        if (!s->ff_g || !s->ff_u) goto oom;
+    }
+    return s;
+oom:
+    moex_fail(err, "out of memory for a context of %lld tokens (try a smaller --ctx)", (long long)n_ctx);
+    moex_state_free(s);
+    return NULL;
+}
+
+void moex_state_free(moex_state *s) {
+    if (!s) return;
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s->x);
+    free(s->xn);
+    free(s->q);
+    free(s->att);
+    free(s->proj);
+    free(s->ff_g);
+    free(s->ff_u);
+    free(s->router);
+    free(s->topk_ids);
+    free(s->topk_w);
+    free(s);
+}
+
+int64_t moex_state_n_ctx(const moex_state *s) { return s->n_ctx; }
+int64_t moex_state_n_batch(const moex_state *s) { return s->n_batch; }
+
+static void rmsnorm_rows(float *out, const float *x, const float *w, int64_t n_rows, int64_t dim, float eps) {
+    for (int64_t t = 0; t < n_rows; t++) moex_rmsnorm(out + t * dim, x + t * dim, w, dim, eps);
+}
+
+static void add_rows(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static int embed_tokens(const moex_model *m, moex_state *s, const int32_t *tokens, int64_t n) {
+    const moex_matrix *e = &m->tok_embd;
+    for (int64_t t = 0; t < n; t++)
+        if (moex_dequantize_row(e->type, (const uint8_t *)e->data + (size_t)tokens[t] * e->row_bytes,
+                                s->x + t * e->cols, e->cols))
+            return -1;
+    return 0;
+}
+
+/* Self-attention of layer il for n tokens at positions pos..; result in s->proj. */
+static int attention_block(const moex_model *m, moex_state *s, int il, int64_t n, int64_t pos) {
+    const moex_hparams *hp = &m->hp;
+    const moex_layer *L = &m->layers[il];
+    const int64_t kvd = kv_dim(hp), hd = hp->head_dim;
+    float *k_cache = s->k_cache + (size_t)il * (size_t)s->n_ctx * (size_t)kvd;
+    float *v_cache = s->v_cache + (size_t)il * (size_t)s->n_ctx * (size_t)kvd;
+    /* K and V of the new tokens go straight into their cache rows. */
+    float *k_new = k_cache + pos * kvd, *v_new = v_cache + pos * kvd;
+    const moex_matrix w[3] = {L->wq, L->wk, L->wv};
+    float *ys[3] = {s->q, k_new, v_new};
+
+    rmsnorm_rows(s->xn, s->x, L->attn_norm, n, hp->n_embd, hp->rms_eps);
+    if (moex_matmul_multi(s->pool, w, 3, s->xn, n, ys)) return -1;
+    for (int64_t t = 0; t < n; t++) {
+        float *qt = s->q + t * q_dim(hp), *kt = k_new + t * kvd;
+        if (hp->qk_norm) {
+            rmsnorm_rows(qt, qt, L->q_norm, hp->n_head, hd, hp->rms_eps);
+            rmsnorm_rows(kt, kt, L->k_norm, hp->n_head_kv, hd, hp->rms_eps);
+        }
+        moex_rope(qt, hp->n_head, (int)hd, hp->rope_dim, pos + t, hp->rope_freq_base, hp->rope_neox);
+        moex_rope(kt, hp->n_head_kv, (int)hd, hp->rope_dim, pos + t, hp->rope_freq_base, hp->rope_neox);
+    }
+    if (moex_attention(s->pool, s->q, k_cache, v_cache, s->att, n, pos, hp->n_head, hp->n_head_kv, (int)hd,
+                       1.0f / sqrtf((float)hd)))
+        return -1;
+    return moex_matmul(s->pool, &L->wo, s->att, n, s->proj);
+}
+
+static int dense_ffn_block(const moex_model *m, moex_state *s, int il, int64_t n) {
+    const moex_layer *L = &m->layers[il];
+    const moex_matrix w[2] = {L->ffn_gate, L->ffn_up};
+    float *ys[2] = {s->ff_g, s->ff_u};
+    if (moex_matmul_multi(s->pool, w, 2, s->xn, n, ys)) return -1;
+    moex_swiglu(s->ff_g, s->ff_g, s->ff_u, n * m->hp.n_ff);
+    return moex_matmul(s->pool, &L->ffn_down, s->ff_g, n, s->proj);
+}
+
+/* Router: softmax over all experts (in place), keep the k largest (ties: lower
+ * id), renormalise them to sum 1. */
+static void route_token(float *probs, int n_expert, int k, bool norm, int32_t *ids, float *w) {
+    moex_softmax(probs, n_expert);
+    float sum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n_expert; e++)
+            if (probs[e] >= 0 && (best < 0 || probs[e] > probs[best])) best = e;
+        ids[j] = best;
+        w[j] = probs[best];
+        sum += w[j];
+        probs[best] = -1.0f; /* taken */
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= sum;
+}
+
+static int moe_ffn_block(const moex_model *m, moex_state *s, int il, int64_t n, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    const int k = hp->n_expert_used;
+    if (moex_matmul(s->pool, &m->layers[il].router, s->xn, n, s->router)) return moex_fail(err, "router matmul failed");
+    for (int64_t t = 0; t < n; t++)
+        route_token(s->router + t * hp->n_expert, hp->n_expert, k, hp->norm_topk, s->topk_ids + t * k,
+                    s->topk_w + t * k);
+    moex_moe_request req = {.layer = il, .n_tokens = n, .n_used = k, .expert_ids = s->topk_ids,
+                            .gate_weights = s->topk_w, .x = s->xn, .out = s->proj};
+    return s->exec.run(s->exec.ctx, &req, err);
+}
+
+static int output_head(const moex_model *m, moex_state *s, int64_t n, bool all_logits, float *logits) {
+    const int64_t d = m->hp.n_embd;
+    const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
+    rmsnorm_rows(s->xn, s->x + first * d, m->output_norm, rows, d, m->hp.rms_eps);
+    return moex_matmul(s->pool, &m->output, s->xn, rows, logits);
+}
+
+int moex_forward_check(const moex_model *m, int64_t n_batch, int64_t n_ctx, const int32_t *tokens, int64_t n,
+                       int64_t pos, moex_error *err) {
+    if (n <= 0 || n > n_batch) return moex_fail(err, "batch of %lld tokens (limit %lld)", (long long)n, (long long)n_batch);
+    if (pos < 0 || pos + n > n_ctx)
+        return moex_fail(err, "positions %lld..%lld exceed the context of %lld (use a larger --ctx)", (long long)pos,
+                         (long long)(pos + n - 1), (long long)n_ctx);
+    for (int64_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->hp.n_vocab)
+            return moex_fail(err, "token id %d at index %lld is outside the vocabulary (0..%d)", tokens[t],
+                             (long long)t, m->hp.n_vocab - 1);
+    return 0;
+}
+
+int moex_forward(const moex_model *m, moex_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                 bool all_logits, float *logits, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    if (moex_forward_check(m, s->n_batch, s->n_ctx, tokens, n, pos, err)) return -1;
+    if (embed_tokens(m, s, tokens, n)) return moex_fail(err, "embedding lookup failed");
+    const int64_t nd = n * hp->n_embd;
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (attention_block(m, s, il, n, pos)) return moex_fail(err, "attention failed in layer %d", il);
+        add_rows(s->x, s->proj, nd);
+        rmsnorm_rows(s->xn, s->x, m->layers[il].ffn_norm, n, hp->n_embd, hp->rms_eps);
+        if (moex_hparams_is_moe(hp)) {
+            if (moe_ffn_block(m, s, il, n, err)) return -1;
+        } else if (dense_ffn_block(m, s, il, n)) {
+            return moex_fail(err, "feed-forward failed in layer %d", il);
+        }
+        add_rows(s->x, s->proj, nd);
+    }
+    if (output_head(m, s, n, all_logits, logits)) return moex_fail(err, "output head failed");
+    return 0;
+}
+
+static int cpu_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+                       moex_error *err) {
+    moex_state *s = ctx;
+    return moex_forward(s->m, s, tokens, n, pos, all_logits, logits, err);
+}
+
+moex_engine moex_engine_cpu(moex_state *s) {
+    return (moex_engine){.ctx = s, .forward = cpu_forward, .n_ctx = s->n_ctx, .n_batch = s->n_batch};
+}

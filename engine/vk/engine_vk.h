@@ -1,0 +1,62 @@
+/* The Vulkan engine: the forward pass with weights, KV cache and activations
+ * on a GPU (engine/vk/forward_vk.c), and the distributed hub's GPU half
+ * (forward_vk_dist.c). Built only with -DMOEX_VULKAN=ON. */
+#ifndef MOEX_ENGINE_VK_H
+#define MOEX_ENGINE_VK_H
+
+#include "engine/engine.h"
+#include "kernels/vk/vk.h"
+
+/* ---- Vulkan whole-model state (engine/vk/forward_vk.c): the weights, KV cache
+ * and activations live on the GPU, allocated once; a token is one submit
+ * (the recorded command buffer is reused, per-token values go through a
+ * small host-visible buffer). Mirrors moex_state_create / moex_forward. ---- */
+
+typedef struct moex_vk_state moex_vk_state;
+
+/* opt: device choice and caches (NULL: defaults). Uploads the weights. */
+moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
+                                    moex_error *err);
+void moex_vk_state_free(moex_vk_state *s);
+int64_t moex_vk_state_n_ctx(const moex_vk_state *s);
+int64_t moex_vk_state_n_batch(const moex_vk_state *s);
+moex_vk *moex_vk_state_device(moex_vk_state *s);
+/* As moex_forward; logits may be NULL when only the greedy token is wanted. */
+int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                    bool all_logits, float *logits, moex_error *err);
+/* Argmax of the last token's logits of the latest moex_vk_forward, computed on the GPU. */
+int32_t moex_vk_last_argmax(const moex_vk_state *s);
+
+/* The distributed hub on Vulkan (engine/vk/forward_vk_dist.c): the GPU runs the
+ * embeddings, attention, norms, router and output head; every MoE layer's
+ * experts go to an executor (moex_hub_executor: workers). A forward is then
+ * n_layer + 1 recorded segments [add the previous layer's expert result ->
+ * attention -> FFN norm + router -> read back ids, gates, xn]; between two
+ * segments the host calls exec.run and writes the result where the next
+ * segment reads it; each segment is one submit and fence wait. A failed
+ * exec.run stops the forward; the error is returned and the state stays usable
+ * (the KV rows of the failed positions are rewritten by the next call there). */
+
+/* As moex_vk_state_create with the experts sent to exec: their weights are
+ * not uploaded (the GPU holds attention, router and head only). */
+moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch,
+                                           const moex_vk_options *opt, moex_expert_executor exec, moex_error *err);
+/* Sends the experts to exec from the next forward on; exec.run NULL returns
+ * them to the GPU (an error for a state without the experts). No effect on dense models. */
+int moex_vk_state_set_executor(const moex_model *m, moex_vk_state *s, moex_expert_executor exec, moex_error *err);
+
+/* Host-side times of the distributed forwards since the last reset. */
+typedef struct moex_vk_dist_stats {
+    int64_t forwards;     /* distributed forwards that completed */
+    int64_t segments;     /* middle segments timed in gpu_s (layers 1 .. n_layer-1 of each forward) */
+    double gpu_s;         /* per middle segment: from submitting it (layer l-1's result written) until
+                           * layer l's ids/gates/xn are readable on the host: GPU work (add, attention,
+                           * router, readback copies) plus the submit/fence latency */
+    double first_s;       /* submit -> layer 0's readback (embedding + layer 0), summed over forwards */
+    double head_s;        /* last result written -> logits/argmax readable */
+    double exec_s;        /* inside exec.run */
+    double total_s;       /* whole distributed forwards */
+} moex_vk_dist_stats;
+void moex_vk_state_dist_stats(moex_vk_state *s, moex_vk_dist_stats *st, bool reset);
+
+#endif

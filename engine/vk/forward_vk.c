@@ -1,0 +1,470 @@
+/* The forward pass on Vulkan: the same ops in the same order as
+ * engine/forward.c, recorded into one command buffer per batch shape. Decode
+ * reuses its recording for every token: the token id and position go
+ * through a host-visible buffer the kernels read, so a token is one submit
+ * and no host round trip inside it.
+ *
+ * Memory plan (allocated once in moex_vk_state_create): weights in chunks of
+ * at most 1 GiB (every device allows that allocation size), one KV cache,
+ * one activation buffer sub-allocated statically, one host-visible I/O
+ * buffer; all-position logits get a buffer sized on first use. A state for
+ * the distributed hub (moex_vk_state_create_remote) skips the experts'
+ * weights and scratch; its layer segments live in forward_vk_dist.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/vk/forward_vk_internal.h"
+
+#define CHUNK_BYTES ((size_t)1 << 30)
+#define STAGE_BYTES ((size_t)64 << 20)
+#define ALIGN 256
+
+/* ---- weight upload: place every tensor, allocate the chunks, copy through a staging buffer ---- */
+
+typedef struct upload {
+    const void *src;
+    size_t bytes;
+    moex_vk_ptr *dst;
+    int chunk;
+    size_t off;
+} upload;
+
+typedef struct uploader {
+    upload *items;
+    int n, cap;
+    bool oom;
+} uploader;
+
+static void add_upload(uploader *u, const void *src, size_t bytes, moex_vk_ptr *dst) {
+    if (u->oom) return;
+    if (u->n == u->cap) {
+        int cap = u->cap ? u->cap * 2 : 256;
+        upload *p = realloc(u->items, (size_t)cap * sizeof *p);
+        if (!p) {
+            u->oom = true;
+            return;
+        }
+        u->items = p;
+        u->cap = cap;
+    }
+    u->items[u->n++] = (upload){.src = src, .bytes = bytes, .dst = dst};
+}
+
+static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+/* Assigns chunk and offset to each upload; returns the chunk count and their sizes. */
+static int place_uploads(uploader *u, size_t **sizes) {
+    int n_chunks = 0;
+    size_t used = 0;
+    *sizes = calloc((size_t)u->n + 1, sizeof **sizes);
+    if (!*sizes) return -1;
+    for (int i = 0; i < u->n; i++) {
+        const size_t b = align_up(u->items[i].bytes);
+        if (n_chunks == 0 || (used + b > CHUNK_BYTES && used > 0)) {
+            n_chunks++;
+            used = 0;
+        }
+        u->items[i].chunk = n_chunks - 1;
+        u->items[i].off = used;
+        used += b;
+        (*sizes)[n_chunks - 1] = used;
+    }
+    return n_chunks;
+}
+
+/* Copies everything to the GPU, batching many small tensors per staging flush. */
+static int copy_uploads(moex_vk_state *s, uploader *u, moex_error *err) {
+    moex_vk_buffer *stage = NULL;
+    moex_vk_cmd *c = NULL;
+    size_t fill = 0;
+    int rc = -1;
+    for (int i = 0; i < u->n; i++) {
+        upload *it = &u->items[i];
+        moex_vk_buffer *dst = s->chunks[it->chunk];
+        *it->dst = moex_vk_buffer_ptr(dst) + it->off;
+        if (moex_vk_buffer_map(dst)) { /* host-visible device memory (lavapipe, ReBAR): write directly */
+            memcpy((char *)moex_vk_buffer_map(dst) + it->off, it->src, it->bytes);
+            continue;
+        }
+        if (!stage && (!(stage = moex_vk_buffer_create(s->vk, STAGE_BYTES, MOEX_VK_MEM_HOST, err)) ||
+                       !(c = moex_vk_cmd_create(s->vk, err)) || moex_vk_cmd_begin(c, err)))
+            goto done;
+        for (size_t done = 0; done < it->bytes;) {
+            if (fill == STAGE_BYTES) {
+                if (moex_vk_cmd_run(c, err) || moex_vk_cmd_begin(c, err)) goto done;
+                fill = 0;
+            }
+            size_t part = it->bytes - done < STAGE_BYTES - fill ? it->bytes - done : STAGE_BYTES - fill;
+            memcpy((char *)moex_vk_buffer_map(stage) + fill, (const char *)it->src + done, part);
+            moex_vk_copy(c, dst, it->off + done, stage, fill, part);
+            fill += (part + 15) & ~(size_t)15;
+            if (fill > STAGE_BYTES) fill = STAGE_BYTES;
+            done += part;
+        }
+    }
+    rc = c ? moex_vk_cmd_run(c, err) : 0;
+done:
+    moex_vk_cmd_free(c);
+    moex_vk_buffer_free(stage);
+    return rc;
+}
+
+static moex_vk_matrix gpu_matrix(const moex_matrix *w) {
+    return (moex_vk_matrix){.type = w->type, .rows = w->rows, .cols = w->cols, .row_bytes = w->row_bytes};
+}
+
+static int check_matrix(const moex_matrix *w, const char *what, int il, moex_error *err) {
+    char where[48] = "";
+    if (il >= 0) snprintf(where, sizeof where, " of layer %d", il);
+    if (!moex_vk_type_supported(w->type))
+        return moex_fail(err, "vulkan: %s%s has type %s, which the GPU kernels do not read", what, where,
+                         moex_type_get(w->type)->name);
+    if (w->cols % 32)
+        return moex_fail(err, "vulkan: %s%s has %lld columns (need a multiple of 32)", what, where, (long long)w->cols);
+    return 0;
+}
+
+/* Registers one matrix for upload. */
+static int add_matrix(uploader *u, moex_vk_matrix *dst, const moex_matrix *src, const char *what, int il,
+                      moex_error *err) {
+    if (check_matrix(src, what, il, err)) return -1;
+    *dst = gpu_matrix(src);
+    const size_t bytes = (size_t)src->rows * src->row_bytes;
+    add_upload(u, src->data, bytes, &dst->data);
+    return 0;
+}
+
+/* Expert tensors: one upload per tensor when the experts are contiguous in the file, else one per expert. */
+static int add_experts(uploader *u, vk_layer *L, const moex_layer *ml, int n_expert, int il, moex_error *err) {
+    const size_t off[3] = {offsetof(moex_expert_weights, gate), offsetof(moex_expert_weights, up),
+                           offsetof(moex_expert_weights, down)};
+    moex_vk_matrix *dst[3] = {&L->experts.gate, &L->experts.up, &L->experts.down};
+    static const char *names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    for (int w = 0; w < 3; w++) {
+        const moex_matrix *m0 = (const moex_matrix *)((const char *)&ml->experts[0] + off[w]);
+        if (check_matrix(m0, names[w], il, err)) return -1;
+        const size_t stride = (size_t)m0->rows * m0->row_bytes;
+        bool contiguous = true;
+        for (int e = 1; e < n_expert && contiguous; e++) {
+            const moex_matrix *me = (const moex_matrix *)((const char *)&ml->experts[e] + off[w]);
+            contiguous = me->type == m0->type && (const char *)me->data == (const char *)m0->data + e * stride;
+        }
+        *dst[w] = gpu_matrix(m0);
+        dst[w]->expert_stride = stride;
+        if (contiguous) {
+            add_upload(u, m0->data, stride * (size_t)n_expert, &dst[w]->data);
+            continue;
+        }
+        return moex_fail(err, "vulkan: layer %d: experts stored as separate tensors are not supported yet", il);
+    }
+    L->experts.n_expert = n_expert;
+    return 0;
+}
+
+static void add_vector(uploader *u, const float *v, int64_t n, moex_vk_ptr *dst) {
+    add_upload(u, v, (size_t)n * sizeof(float), dst);
+}
+
+static int plan_weights(const moex_model *m, moex_vk_state *s, uploader *u, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    if (check_matrix(&m->tok_embd, "token_embd", -1, err)) return -1;
+    s->tok_embd = gpu_matrix(&m->tok_embd);
+    add_upload(u, m->tok_embd.data, (size_t)m->tok_embd.rows * m->tok_embd.row_bytes, &s->tok_embd.data);
+    add_vector(u, m->output_norm, hp->n_embd, &s->output_norm);
+    const bool tied = m->output.data == m->tok_embd.data;
+    if (!tied && add_matrix(u, &s->output, &m->output, "output", -1, err)) return -1;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const moex_layer *ml = &m->layers[il];
+        vk_layer *L = &s->layers[il];
+        add_vector(u, ml->attn_norm, hp->n_embd, &L->attn_norm);
+        add_vector(u, ml->ffn_norm, hp->n_embd, &L->ffn_norm);
+        if (hp->qk_norm) {
+            add_vector(u, ml->q_norm, hp->head_dim, &L->q_norm);
+            add_vector(u, ml->k_norm, hp->head_dim, &L->k_norm);
+        }
+        if (add_matrix(u, &L->wq, &ml->wq, "attn_q", il, err) || add_matrix(u, &L->wk, &ml->wk, "attn_k", il, err) ||
+            add_matrix(u, &L->wv, &ml->wv, "attn_v", il, err) || add_matrix(u, &L->wo, &ml->wo, "attn_output", il, err))
+            return -1;
+        if (moex_hparams_is_moe(hp)) {
+            if (add_matrix(u, &L->router, &ml->router, "ffn_gate_inp", il, err) ||
+                (!s->experts_remote && add_experts(u, L, ml, hp->n_expert, il, err)))
+                return -1;
+        } else if (add_matrix(u, &L->ffn_gate, &ml->ffn_gate, "ffn_gate", il, err) ||
+                   add_matrix(u, &L->ffn_up, &ml->ffn_up, "ffn_up", il, err) ||
+                   add_matrix(u, &L->ffn_down, &ml->ffn_down, "ffn_down", il, err)) {
+            return -1;
+        }
+    }
+    return u->oom ? moex_fail(err, "out of memory") : 0;
+}
+
+static int upload_weights(const moex_model *m, moex_vk_state *s, moex_error *err) {
+    uploader u = {0};
+    size_t *sizes = NULL;
+    int rc = -1;
+    if (plan_weights(m, s, &u, err)) goto done;
+    s->n_chunks = place_uploads(&u, &sizes);
+    if (s->n_chunks < 0 || !(s->chunks = calloc((size_t)s->n_chunks, sizeof *s->chunks))) {
+        moex_fail(err, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < s->n_chunks; i++)
+        if (!(s->chunks[i] = moex_vk_buffer_create(s->vk, sizes[i], MOEX_VK_MEM_DEVICE, err))) goto done;
+    if (copy_uploads(s, &u, err)) goto done;
+    if (m->output.data == m->tok_embd.data) s->output = s->tok_embd;
+    rc = 0;
+done:
+    free(u.items);
+    free(sizes);
+    return rc;
+}
+
+/* ---- activations ---- */
+
+static size_t take(size_t *total, size_t bytes) {
+    size_t off = *total;
+    *total += align_up(bytes ? bytes : 4);
+    return off;
+}
+
+static void plan_activations(const moex_model *m, moex_vk_state *s) {
+    const moex_hparams *hp = &m->hp;
+    const size_t nb = (size_t)s->n_batch, d = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim,
+                 kvd = (size_t)hp->n_head_kv * hp->head_dim, f = 4;
+    act_plan *a = &s->a;
+    size_t t = 0;
+    a->x = take(&t, nb * d * f);
+    a->xn = take(&t, nb * d * f);
+    a->q = take(&t, nb * qd * f);
+    a->k = take(&t, nb * kvd * f);
+    a->v = take(&t, nb * kvd * f);
+    a->att = take(&t, nb * qd * f);
+    size_t as = moex_vk_attention_scratch(&s->sh, s->n_batch), as1 = moex_vk_attention_scratch(&s->sh, 1);
+    a->attn_scratch = take(&t, (as > as1 ? as : as1) * f);
+    a->argmax = take(&t, 4);
+    a->sync = take(&t, SYNC_BYTES);
+    if (moex_hparams_is_moe(hp)) {
+        const int k = hp->n_expert_used;
+        a->router_logits = take(&t, nb * (size_t)hp->n_expert * f);
+        a->counter = take(&t, 4);
+        a->ids = take(&t, nb * (size_t)k * 4);   /* ids then gw: the distributed readback copies both at once */
+        a->gw = take(&t, nb * (size_t)k * 4);
+        const moex_vk_experts *ex = &s->layers[0].experts;
+        size_t e1 = 0, e2 = 0;
+        if (!s->experts_remote) e1 = moex_vk_experts_scratch(ex, s->n_batch, k), e2 = moex_vk_experts_scratch(ex, 1, k);
+        a->ex_scratch = take(&t, e1 > e2 ? e1 : e2);
+    } else {
+        a->ff_g = take(&t, nb * (size_t)hp->n_ff * f);
+        a->ff_u = take(&t, nb * (size_t)hp->n_ff * f);
+    }
+    a->total = t;
+}
+
+static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    const size_t cache = (size_t)hp->n_layer * (size_t)s->n_ctx * (size_t)hp->n_head_kv * hp->head_dim * 4;
+    plan_activations(m, s);
+    if (!(s->kv = moex_vk_buffer_create(s->vk, 2 * cache, MOEX_VK_MEM_DEVICE, err)) ||
+        !(s->act = moex_vk_buffer_create(s->vk, s->a.total, MOEX_VK_MEM_DEVICE, err)) ||
+        !(s->io = moex_vk_buffer_create(s->vk, (IO_TOKENS + (size_t)s->n_batch) * 4, MOEX_VK_MEM_HOST, err)) ||
+        !(s->grid = moex_vk_buffer_create(s->vk, 12, MOEX_VK_MEM_UPLOAD, err)))
+        return -1;
+    /* The router's completion counter must start at 0; the cache is zeroed so unwritten rows are finite. */
+    moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
+    if (!c) return -1;
+    int rc = moex_vk_cmd_begin(c, err);
+    if (!rc) {
+        moex_vk_fill(c, s->kv, 0, 2 * cache, 0);
+        moex_vk_fill(c, s->act, 0, s->a.total, 0);
+        rc = moex_vk_cmd_run(c, err);
+    }
+    moex_vk_cmd_free(c);
+    return rc;
+}
+
+/* Grows the logit buffers to rows (only when a larger all-logits batch first appears). */
+static int reserve_logits(const moex_model *m, moex_vk_state *s, int64_t rows, moex_error *err) {
+    if (rows <= s->logit_rows) return 0;
+    moex_vk_buffer_free(s->logits_dev);
+    moex_vk_buffer_free(s->logits_host);
+    s->logits_host = NULL;
+    s->logit_rows = 0;
+    vk_rec_invalidate(&s->rec_lru); /* the recordings point at the old buffers */
+    vk_dist_invalidate(s);
+    const size_t bytes = (size_t)rows * (size_t)m->hp.n_vocab * 4;
+    if (!(s->logits_dev = moex_vk_buffer_create(s->vk, bytes, MOEX_VK_MEM_DEVICE, err)) ||
+        !(s->logits_host = moex_vk_buffer_create(s->vk, bytes, MOEX_VK_MEM_HOST, err)))
+        return -1;
+    s->logit_rows = rows;
+    return 0;
+}
+
+static int record_forward(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits,
+                          bool copy_logits, moex_error *err) {
+    if (moex_vk_cmd_begin(c, err) || vk_record_embed(m, s, c, n, err)) return -1;
+    for (int il = 0; il < m->hp.n_layer; il++)
+        if (vk_record_attention(m, s, c, il, n, err) || vk_record_ffn(m, s, c, il, n, err)) return -1;
+    if (vk_record_head(m, s, c, n, all_logits, err)) return -1;
+    moex_vk_cmd_label(c, "logits_copy");
+    if (copy_logits)
+        moex_vk_copy(c, s->logits_host, 0, s->logits_dev, 0, (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);
+    return moex_vk_cmd_end(c, err);
+}
+
+int vk_rec_find(rec_lru *l, rec_key k, bool *hit) {
+    int slot = 0;
+    for (int i = 0; i < N_RECORDINGS; i++) {
+        if (l->valid[i] && l->key[i].n == k.n && l->key[i].all_logits == k.all_logits &&
+            l->key[i].copy_logits == k.copy_logits) {
+            l->last_use[i] = ++l->clock;
+            *hit = true;
+            return i;
+        }
+        if (!l->valid[i] || (l->valid[slot] && l->last_use[i] < l->last_use[slot])) slot = i;
+    }
+    l->valid[slot] = false;
+    *hit = false;
+    return slot;
+}
+
+void vk_rec_recorded(rec_lru *l, int slot, rec_key k) {
+    l->key[slot] = k;
+    l->valid[slot] = true;
+    l->last_use[slot] = ++l->clock;
+}
+
+void vk_rec_invalidate(rec_lru *l) {
+    for (int i = 0; i < N_RECORDINGS; i++) l->valid[i] = false;
+}
+
+/* The recording for this batch shape: reused when it exists, else recorded in the least recently used slot. */
+static moex_vk_cmd *get_recording(const moex_model *m, moex_vk_state *s, int64_t n, bool all_logits, bool copy_logits,
+                                  moex_error *err) {
+    const rec_key k = {n, all_logits, copy_logits};
+    bool hit;
+    const int i = vk_rec_find(&s->rec_lru, k, &hit);
+    if (hit) return s->rec[i];
+    if (!s->rec[i] && !(s->rec[i] = moex_vk_cmd_create(s->vk, err))) return NULL;
+    if (record_forward(m, s, s->rec[i], n, all_logits, copy_logits, err)) return NULL;
+    vk_rec_recorded(&s->rec_lru, i, k);
+    return s->rec[i];
+}
+
+int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                    bool all_logits, float *logits, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    if (moex_forward_check(m, s->n_batch, s->n_ctx, tokens, n, pos, err)) return -1;
+    const int64_t rows = all_logits ? n : 1;
+    if (reserve_logits(m, s, rows, err)) return -1;
+    if (vk_dist_active(s)) return vk_dist_forward(m, s, tokens, n, pos, all_logits, logits, err);
+    moex_vk_cmd *c = get_recording(m, s, n, all_logits, logits != NULL, err);
+    if (!c) return -1;
+    const int32_t *io = vk_io_set(s, tokens, n, pos);
+    if (moex_vk_cmd_run(c, err)) return -1;
+    s->last_argmax = io[IO_ARGMAX];
+    if (logits) memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)rows * (size_t)hp->n_vocab * 4);
+    return 0;
+}
+
+int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos) {
+    int32_t *io = moex_vk_buffer_map(s->io);
+    io[IO_PARAMS] = (int32_t)pos;
+    uint32_t grid[3];
+    moex_vk_attention_decode_grid(&s->sh, pos, grid);
+    memcpy(moex_vk_buffer_map(s->grid), grid, sizeof grid);
+    memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
+    return io;
+}
+
+int32_t moex_vk_last_argmax(const moex_vk_state *s) { return s->last_argmax; }
+int64_t moex_vk_state_n_ctx(const moex_vk_state *s) { return s->n_ctx; }
+int64_t moex_vk_state_n_batch(const moex_vk_state *s) { return s->n_batch; }
+moex_vk *moex_vk_state_device(moex_vk_state *s) { return s->vk; }
+
+static int check_model(const moex_model *m, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    if (hp->n_embd % 32 || (moex_hparams_is_moe(hp) ? hp->n_ff_exp : hp->n_ff) % 32)
+        return moex_fail(err, "vulkan: hidden and FFN sizes must be multiples of 32");
+    if (hp->head_dim > 512 || hp->head_dim % 4) return moex_fail(err, "vulkan: head_dim %d is not supported", hp->head_dim);
+    if (moex_hparams_is_moe(hp) && hp->n_expert > 512)
+        return moex_fail(err, "vulkan: %d experts (the GPU router handles up to 512)", hp->n_expert);
+    return 0;
+}
+
+/* Rounding buffer for the largest product input of a batch. */
+static int set_rounding(const moex_model *m, moex_vk_state *s, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    int64_t w = hp->n_embd;
+    const int64_t cand[3] = {(int64_t)hp->n_head * hp->head_dim, hp->n_ff, (int64_t)hp->n_expert_used * hp->n_ff_exp};
+    for (int i = 0; i < 3; i++) w = cand[i] > w ? cand[i] : w;
+    return moex_vk_set_activation_rounding(s->vk, (size_t)(s->n_batch * w), err);
+}
+
+/* experts_remote: the experts' weights stay off the GPU (an executor runs them). */
+static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
+                                   bool experts_remote, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    if (n_ctx <= 0 || n_batch <= 0) {
+        moex_fail(err, "context (%lld) and batch (%lld) must be positive", (long long)n_ctx, (long long)n_batch);
+        return NULL;
+    }
+    if (check_model(m, err)) return NULL;
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    moex_vk_state *s = calloc(1, sizeof *s);
+    if (!s || !(s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers))) {
+        free(s);
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    s->n_ctx = n_ctx;
+    s->n_batch = n_batch;
+    s->experts_remote = experts_remote && moex_hparams_is_moe(hp);
+    s->sh = (moex_vk_attn_shape){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                                 .rope_dim = hp->rope_dim, .rope_base = hp->rope_freq_base, .rms_eps = hp->rms_eps,
+                                 .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = hp->rope_neox,
+                                 .qk_norm = hp->qk_norm, .n_ctx = n_ctx};
+    if (!(s->vk = moex_vk_create(opt, err)) || upload_weights(m, s, err) || create_buffers(m, s, err) ||
+        reserve_logits(m, s, 1, err) || (opt && opt->round_activations && set_rounding(m, s, err))) {
+        moex_vk_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
+                                    moex_error *err) {
+    return create_state(m, n_ctx, n_batch, opt, false, err);
+}
+
+moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch,
+                                           const moex_vk_options *opt, moex_expert_executor exec, moex_error *err) {
+    if (!exec.run) {
+        moex_fail(err, "vulkan: a state without the experts needs an expert executor");
+        return NULL;
+    }
+    moex_vk_state *s = create_state(m, n_ctx, n_batch, opt, true, err);
+    if (s && moex_vk_state_set_executor(m, s, exec, err)) {
+        moex_vk_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void moex_vk_state_free(moex_vk_state *s) {
+    if (!s) return;
+    vk_dist_free(s);
+    for (int i = 0; i < N_RECORDINGS; i++) moex_vk_cmd_free(s->rec[i]);
+    for (int i = 0; i < s->n_chunks; i++) moex_vk_buffer_free(s->chunks[i]);
+    free(s->chunks);
+    moex_vk_buffer_free(s->kv);
+    moex_vk_buffer_free(s->act);
+    moex_vk_buffer_free(s->io);
+    moex_vk_buffer_free(s->grid);
+    moex_vk_buffer_free(s->logits_dev);
+    moex_vk_buffer_free(s->logits_host);
+    free(s->layers);
+    moex_vk_free(s->vk);
+    free(s);
+}

@@ -1,0 +1,99 @@
+/* Private to engine/vk/forward_vk*.c: the Vulkan forward state and the recording
+ * of each piece of a forward pass (forward_vk_record.c), which the local
+ * path (one recording per token) and the distributed path (one recording per
+ * layer segment) both assemble. */
+#ifndef MOEX_FORWARD_VK_INTERNAL_H
+#define MOEX_FORWARD_VK_INTERNAL_H
+
+#include "engine/vk/engine_vk.h"
+
+#define N_RECORDINGS 4
+#define SYNC_BYTES ((size_t)64 << 10)
+
+typedef struct vk_dist vk_dist;   /* forward_vk_dist.c */
+
+typedef struct vk_layer {
+    moex_vk_ptr attn_norm, ffn_norm, q_norm, k_norm;
+    moex_vk_matrix wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down, router;
+    moex_vk_experts experts;
+} vk_layer;
+
+/* Which recordings exist, by batch shape: the local path's whole-token
+ * recordings and the distributed path's segment sets each keep one, its slot i
+ * indexing their own command buffers. */
+typedef struct rec_key {
+    int64_t n;
+    bool all_logits, copy_logits;
+} rec_key;
+typedef struct rec_lru {
+    rec_key key[N_RECORDINGS];
+    bool valid[N_RECORDINGS];
+    uint64_t last_use[N_RECORDINGS], clock;
+} rec_lru;
+/* The slot recorded for k (*hit true), else the least recently used one,
+ * marked invalid until vk_rec_recorded says its new recording is complete. */
+int vk_rec_find(rec_lru *l, rec_key k, bool *hit);
+void vk_rec_recorded(rec_lru *l, int slot, rec_key k);
+/* Every slot invalid (the buffers the recordings point at changed). */
+void vk_rec_invalidate(rec_lru *l);
+
+/* Offsets (bytes) into the activation buffer. */
+typedef struct act_plan {
+    size_t x, xn, q, k, v, att, attn_scratch, router_logits, counter, ids, gw, ex_scratch, ff_g, ff_u, argmax;
+    /* SYNC_BYTES of zeros for kernels' completion counters (last-workgroup
+     * patterns); a kernel that uses a counter resets it to 0 before it ends. */
+    size_t sync;
+    size_t total;
+} act_plan;
+
+struct moex_vk_state {
+    moex_vk *vk;
+    int64_t n_ctx, n_batch;
+    moex_vk_buffer **chunks;
+    int n_chunks;
+    moex_vk_buffer *kv, *act, *io, *logits_dev, *logits_host;
+    moex_vk_buffer *grid;             /* the decode attention's indirect grid (device memory the host writes, a BAR) */
+    int64_t logit_rows;               /* rows logits_dev/logits_host hold */
+    act_plan a;
+    moex_vk_attn_shape sh;
+    vk_layer *layers;
+    moex_vk_matrix tok_embd, output;
+    moex_vk_ptr output_norm;
+    moex_vk_cmd *rec[N_RECORDINGS];   /* whole-token recordings, slots of rec_lru */
+    rec_lru rec_lru;
+    int32_t last_argmax;
+    /* Distributed path (forward_vk_dist.c): experts through an executor. */
+    bool experts_remote;              /* created without the experts' weights on the GPU */
+    vk_dist *dist;                    /* NULL until an executor is set */
+};
+
+/* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
+enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
+/* Writes the I/O words a forward pass of tokens[0..n) at pos reads, and the
+ * decode attention's grid at pos in s->grid (forward_vk.c); returns the words. */
+int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos);
+
+#define ACT(field) (moex_vk_buffer_ptr(s->act) + s->a.field)
+#define IO(word) (moex_vk_buffer_ptr(s->io) + (word) * 4)
+
+/* forward_vk_record.c: each appends its ops (and the barrier after them) to c. */
+int vk_record_embed(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, moex_error *err);
+/* Attention of layer il: x += Wo attention(norm(x)). */
+int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+/* MoE layers: xn = norm(x), then ids, gw = top-k of the router over xn. */
+int vk_record_router(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+/* MoE layers: x += experts(xn) over ids and gw (the experts on this GPU). */
+int vk_record_experts(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+/* The FFN of layer il: router + experts, or the dense FFN. */
+int vk_record_ffn(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+/* Output norm and head over the last token (or all when all_logits) into logits_dev, argmax into the I/O buffer. */
+int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits, moex_error *err);
+
+/* forward_vk_dist.c: the forward pass as layer segments with the experts run by s->dist's executor. */
+bool vk_dist_active(const moex_vk_state *s);
+int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                    bool all_logits, float *logits, moex_error *err);
+void vk_dist_invalidate(moex_vk_state *s);   /* the logit buffers moved: record the head segments again */
+void vk_dist_free(moex_vk_state *s);
+
+#endif

@@ -1,0 +1,188 @@
+/* Recording attention: QK-norm + RoPE + KV append, the split-K decode step
+ * (attn_dec.comp, fused) and the prompt-batch attention (attn_coop.comp on
+ * cooperative matrices, the f32 tiled modes, or the split-K path with its merge). */
+
+#include "kernels/vk/vk_internal.h"
+
+static int check_attn_shape(const moex_vk_attn_shape *sh, moex_error *err) {
+    if (sh->n_head <= 0 || sh->n_head_kv <= 0 || sh->n_head % sh->n_head_kv || sh->head_dim <= 0 ||
+        sh->head_dim > 512 || sh->head_dim % 4 || sh->rope_dim > sh->head_dim || sh->rope_dim % 2 || sh->n_ctx <= 0)
+        return moex_fail(err, "vulkan: attention shape heads %d/%d x %d (rope %d) is not supported "
+                         "(head_dim a multiple of 4, <= 512)", sh->n_head, sh->n_head_kv, sh->head_dim, sh->rope_dim);
+    return 0;
+}
+
+int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k, moex_vk_ptr v,
+                       moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm, moex_vk_ptr k_norm,
+                       moex_vk_ptr params, int64_t n, moex_error *err) {
+    if (check_attn_shape(sh, err) || vk_check_grid(n, sh->n_head + sh->n_head_kv, 1, err)) return -1;
+    if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
+    VkPipeline p = vk_pipeline(c->vk, VK_K_QKROPE, 0, 0, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {q, k, v, k_cache, v_cache, params, q_norm, k_norm},
+                .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)sh->rope_dim,
+                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u), vk_fbits(sh->rope_base), vk_fbits(sh->rms_eps)}};
+    if (n > 0) vk_dispatch(c, p, &pc, (uint32_t)n, (uint32_t)(sh->n_head + sh->n_head_kv), 1);
+    return 0;
+}
+
+/* Splits of the key positions: decode gives each workgroup a short serial
+ * chain of keys (the splits fill the GPU), at most MAX_SPLITS. The context's
+ * splits of CTX_KEYS size the scratch and the direct dispatch; a long context
+ * (more than DIRECT_SPLITS of them) dispatches instead the splits of about
+ * POS_KEYS the position needs. On an H200 (docs/PERF.md, sessions 5 and 6)
+ * 48 keys a split measured best for that (64: -1.5 %, 32: -2 %, 16: -12 %;
+ * with attn_dec.comp 96: -2 %, 192: -5 %), and a short context running all
+ * its 64-key splits, the empty ones exiting at once, 2-6 % faster than fewer,
+ * longer ones. attn_dec.comp's merge gets VK_ATTN_MAX_SPLITS as MAX_SPLITS. */
+enum { CTX_KEYS = 64, POS_KEYS = 48, MAX_SPLITS = VK_ATTN_MAX_SPLITS, DIRECT_SPLITS = 16 };
+
+/* The head_dim class of the f32 tiles and of attn_dec.comp: head_dim <= 64 << class. */
+static int head_dim_class(const moex_vk_attn_shape *sh) {
+    int cls = 0;
+    while ((64 << cls) < sh->head_dim) cls++;
+    return cls;
+}
+
+static int64_t splits_for(int64_t keys, int64_t per) {
+    const int64_t s = (keys + per - 1) / per;
+    return s < 1 ? 1 : s > MAX_SPLITS ? MAX_SPLITS : s;
+}
+static int64_t attn_splits(const moex_vk_attn_shape *sh, int64_t n) {
+    return n > 1 ? 1 : splits_for(sh->n_ctx, CTX_KEYS);
+}
+
+size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
+    return (size_t)n * (size_t)sh->n_head * (size_t)attn_splits(sh, n) * (size_t)(sh->head_dim + 2);
+}
+
+/* The tiled prompt-batch attention (attn.comp modes 2..5 by head_dim class
+ * HDMAX = 64 << (mode - 2), R = 4096 / HDMAX query rows and BK keys a tile;
+ * modes 6..9 the same with half the rows, for 32 KiB of shared memory).
+ * Returns 0 where it does not apply: one token, MOEX_VK_ATTN_SIMPLE=1 (the
+ * split-K path, kept for comparison), or too little shared memory. */
+static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int64_t n, uint32_t *rows) {
+    if (n <= 1 || vk->tune.attn_simple) return 0;
+    const int cls = head_dim_class(sh);
+    const uint32_t hdmax = 64u << cls, st = hdmax / 4 + 1, bk = hdmax <= 128 ? 32 : 4096 / hdmax;
+    for (int half = 0; half < 2; half++) {
+        const uint32_t r = (half ? 2048 : 4096) / hdmax;
+        if ((size_t)(r + bk) * st * 16 + (size_t)r * bk * 4 + r * 4 <= vk->info.shared_mem) {
+            *rows = r;
+            return 2 + cls + 4 * half;
+        }
+    }
+    return 0;
+}
+
+/* attn_coop.comp's shared memory: the K and V tiles (f16, rows of HDMAX + 8
+ * halfs; Q passes through them, or has its own rows under emulation), the
+ * scores (f32) and P (f16) of every query row, and a factor per row. */
+static size_t attn_coop_shared(uint32_t hdmax, uint32_t warps, uint32_t bc, bool emu) {
+    const size_t br = 16 * warps, ldh = hdmax + 8, kv_rows = emu ? 2 * bc + br : (2 * bc > br ? 2 * bc : br);
+    return kv_rows * ldh * 2 + br * (bc + 4) * 4 + br * (bc + 8) * 2 + br * 4;
+}
+
+/* Tiles (warps, keys) in order of preference: 64 rows (8 tokens x 8 q heads
+ * for GQA 8) and 32 keys where the memory allows (the H200's 48 KiB; 32 rows
+ * measured 2x slower there), smaller ones for emulation on 32 KiB. */
+static const uint32_t coop_tiles[][2] = {{4, 32}, {2, 32}, {4, 16}, {2, 16}};
+
+int vk_attn_coop_config(const moex_vk *vk, int mode, uint32_t *warps, uint32_t *bc) {
+    for (int i = 0; i < 4; i++)
+        if (attn_coop_shared(64u << mode, coop_tiles[i][0], coop_tiles[i][1], vk->info.coop != 1) <=
+            vk->info.shared_mem) {
+            *warps = coop_tiles[i][0];
+            *bc = coop_tiles[i][1];
+            return 0;
+        }
+    return -1;
+}
+
+/* The prompt attention on cooperative matrices: its mode (the head_dim
+ * class, 0: <= 64, 1: <= 128) and rows per workgroup, or -1 where it does not
+ * apply: no cooperative matrices of 16 x 16 x 16, head_dim over 128, a V cache
+ * not 16-byte aligned, MOEX_VK_ATTN_NO_COOP=1 (the f32 tiles, for comparison). */
+static int attn_coop_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, moex_vk_ptr v_cache, uint32_t *rows) {
+    const moex_vk_info *in = &vk->info;
+    uint32_t warps, bc;
+    if (!in->coop || in->coop_m != 16 || in->coop_n != 16 || in->coop_k != 16 || sh->head_dim > 128 ||
+        v_cache % 16 || vk->tune.attn_no_coop)
+        return -1;
+    const int mode = sh->head_dim > 64;
+    if (vk_attn_coop_config(vk, mode, &warps, &bc)) return -1;
+    *rows = 16 * warps;
+    return mode;
+}
+
+int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k_cache,
+                         moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr params, int64_t n,
+                         moex_error *err) {
+    const int64_t ns = attn_splits(sh, n), chunk = (sh->n_ctx + ns - 1) / ns;
+    if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, n, ns, err)) return -1;
+    if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
+    uint32_t rows = 0;
+    const int tiled = attn_tiled_mode(c->vk, sh, n, &rows);
+    if (tiled) {   /* workgroup = rows (token, q head) pairs of one KV group; writes out directly */
+        /* the same on the matrix unit where it applies: same grid and push constants */
+        const int coop = n >= VK_ATTN_COOP_MIN ? attn_coop_mode(c->vk, sh, v_cache, &rows) : -1;
+        const int64_t gx = (n * (sh->n_head / sh->n_head_kv) + rows - 1) / rows;
+        if (vk_check_grid(gx, sh->n_head_kv, 1, err)) return -1;
+        VkPipeline p = coop >= 0 ? vk_pipeline(c->vk, VK_K_ATTN_COOP, 0, coop, err)
+                                 : vk_pipeline(c->vk, VK_K_ATTN, 0, tiled, err);
+        if (!p) return -1;
+        vk_pc pc = {.p = {q, k_cache, v_cache, out, params},
+                    .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)n,
+                          vk_fbits(sh->scale)}};
+        vk_dispatch(c, p, &pc, (uint32_t)gx, (uint32_t)sh->n_head_kv, 1);
+        return 0;
+    }
+    VkPipeline pa = vk_pipeline(c->vk, VK_K_ATTN, 0, 0, err), pm = vk_pipeline(c->vk, VK_K_ATTN_MERGE, 0, 0, err);
+    if (!pa || !pm) return -1;
+    if (n <= 0) return 0;
+    vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params},
+                .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)ns,
+                      (uint32_t)chunk, vk_fbits(sh->scale)}};
+    vk_dispatch(c, pa, &pc, (uint32_t)sh->n_head, (uint32_t)n, (uint32_t)ns);
+    moex_vk_barrier(c);
+    vk_pc pm_pc = {.p = {scratch, out}, .u = {(uint32_t)sh->n_head, (uint32_t)sh->head_dim, (uint32_t)ns}};
+    vk_dispatch(c, pm, &pm_pc, (uint32_t)sh->n_head, (uint32_t)n, 1);
+    return 0;
+}
+
+/* Indirect: the splits the position's keys 0..pos need, each of
+ * ceil((pos + 1) / splits) keys (attn_dec.comp computes the same chunk). */
+void moex_vk_attention_decode_grid(const moex_vk_attn_shape *sh, int64_t pos, uint32_t grid[3]) {
+    const int64_t used = splits_for(pos + 1, POS_KEYS), ns = attn_splits(sh, 1);
+    grid[0] = (uint32_t)sh->n_head;
+    grid[1] = 1;
+    grid[2] = (uint32_t)(used < ns ? used : ns);
+}
+
+int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
+                                moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
+                                moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params,
+                                moex_vk_buffer *grid, size_t grid_off, moex_error *err) {
+    const int64_t ns = attn_splits(sh, 1), chunk = (sh->n_ctx + ns - 1) / ns;
+    if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, 1, ns, err)) return -1;
+    if (k_cache % 16) return moex_fail(err, "vulkan: the K cache must be 16-byte aligned on the GPU");
+    if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
+    if (!counters || counters % 4) return moex_fail(err, "vulkan: the fused attention needs n_head zeroed counters");
+    if (grid && (grid_off % 4 || grid_off + 12 > grid->size || !grid->map))
+        return moex_fail(err, "vulkan: the decode attention's grid needs 12 host-visible bytes at a 4-byte offset");
+    if (v_cache % 16 || scratch % 16)
+        return moex_fail(err, "vulkan: the V cache and the decode attention's scratch must be 16-byte aligned");
+    const bool indirect = grid && ns > DIRECT_SPLITS;
+    VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN_DEC, 0, head_dim_class(sh), err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params, k, v, counters},
+                .u = {(uint32_t)sh->n_head | (uint32_t)sh->n_head_kv << 16,
+                      (uint32_t)sh->head_dim | (uint32_t)sh->rope_dim << 16, (uint32_t)ns, (uint32_t)chunk,
+                      vk_fbits(sh->scale), vk_fbits(sh->rope_base), vk_fbits(sh->rms_eps),
+                      (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u) | (indirect ? 4u : 0u), (uint32_t)q_norm,
+                      (uint32_t)(q_norm >> 32),
+                      (uint32_t)k_norm, (uint32_t)(k_norm >> 32)}};
+    if (indirect) vk_dispatch_indirect(c, p, &pc, grid, grid_off);
+    else vk_dispatch(c, p, &pc, (uint32_t)sh->n_head, 1, (uint32_t)ns);
+    return 0;
+}

@@ -1,0 +1,105 @@
+# engine/: whole models against the independent NumPy reference (tests/ref),
+# and (Vulkan builds) the Vulkan engine against the CPU engine.
+
+# The reference's own pieces: decoders against hand-made blocks and a scalar
+# transcription of ggml's loops; forward-pass identities on tiny models.
+add_test(NAME ref_dequant COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/ref/test_ref_dequant.py)
+add_test(NAME ref_model COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/ref/test_ref_model.py)
+set_tests_properties(ref_dequant ref_model PROPERTIES TIMEOUT 60 LABELS "ref")
+
+# Engine vs reference: one test per architecture x weight type (generated
+# model, 12-token prompt, 12 greedy tokens, all 23 logit rows compared).
+foreach(arch qwen3moe qwen3 llama mixtral)
+  foreach(wtype f32 mixed q4_K_M)
+    add_test(NAME models_${arch}_${wtype}
+             COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_models.py
+                     --hub $<TARGET_FILE:moex-hub> --gguf $<TARGET_FILE:moex-gguf>
+                     --fixtures ${MOEX_FIXTURES}
+                     --workdir ${CMAKE_CURRENT_BINARY_DIR}/models/${arch}_${wtype}
+                     --arch ${arch} --type ${wtype})
+    set_tests_properties(models_${arch}_${wtype} PROPERTIES TIMEOUT 120 LABELS "models")
+  endforeach()
+endforeach()
+
+# The prompt in chunks of 5 tokens: the KV cache must carry across passes.
+add_test(NAME models_qwen3moe_q4_K_M_batch5
+         COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_models.py
+                 --hub $<TARGET_FILE:moex-hub> --gguf $<TARGET_FILE:moex-gguf>
+                 --fixtures ${MOEX_FIXTURES}
+                 --workdir ${CMAKE_CURRENT_BINARY_DIR}/models/qwen3moe_q4_K_M_batch5
+                 --arch qwen3moe --type q4_K_M --batch 5 --seed 2)
+set_tests_properties(models_qwen3moe_q4_K_M_batch5 PROPERTIES TIMEOUT 120 LABELS "models")
+
+# The reference itself against llama.cpp (the peer in <repo>/.peer, set up by
+# tests/peer/setup_peer.sh; skipped when absent): qwen3moe f32 to float32
+# rounding, mixtral q4_K_M through the reference's emulation of 8-bit activations.
+foreach(case qwen3moe:f32 mixtral:q4_K_M)
+  string(REPLACE ":" ";" parts ${case})
+  list(GET parts 0 arch)
+  list(GET parts 1 wtype)
+  add_test(NAME ref_vs_llamacpp_${arch}_${wtype}
+           COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_models.py
+                   --peer ${CMAKE_SOURCE_DIR}/.peer/bin/llama_peer --gguf $<TARGET_FILE:moex-gguf>
+                   --fixtures ${MOEX_FIXTURES} --workdir ${CMAKE_CURRENT_BINARY_DIR}/models/ref_vs_llamacpp_${arch}
+                   --arch ${arch} --type ${wtype} --seed 4)
+  set_tests_properties(ref_vs_llamacpp_${arch}_${wtype} PROPERTIES TIMEOUT 120 LABELS "ref;peer"
+                       SKIP_RETURN_CODE 77 RESOURCE_LOCK moex_peer DEPENDS peer_setup)
+endforeach()
+
+if(MOEX_VULKAN)
+  # Whole models, generated once per build tree, then vulkan vs cpu.
+  add_executable(test_vk_forward ${CMAKE_CURRENT_LIST_DIR}/test_vk_forward.c)
+  target_link_libraries(test_vk_forward PRIVATE moex_engine_vk Threads::Threads ${MATH_LIB})
+  set_target_properties(test_vk_forward PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  set(moex_vk_model_dir ${CMAKE_BINARY_DIR}/vk-models)
+  file(MAKE_DIRECTORY ${moex_vk_model_dir})
+  set(moex_vk_models "qwen3moe:q4_K_M:ggml-vocab-llama-spm:" "llama:mixed:ggml-vocab-llama-spm:--loose")
+  foreach(spec ${moex_vk_models})
+    string(REPLACE ":" ";" parts ${spec})
+    list(GET parts 0 arch)
+    list(GET parts 1 wtype)
+    list(GET parts 2 vocab)
+    list(LENGTH parts np)
+    set(extra "")
+    if(np GREATER 3)
+      list(GET parts 3 extra)
+    endif()
+    set(model ${moex_vk_model_dir}/${arch}_${wtype}.gguf)
+    add_test(NAME vk_gen_${arch}_${wtype}
+             COMMAND $<TARGET_FILE:moex-gguf> gen --arch ${arch} --preset test
+                     --vocab ${moex_vocab}/${vocab}.gguf --type ${wtype} --seed 1 --quiet -o ${model})
+    set_tests_properties(vk_gen_${arch}_${wtype} PROPERTIES FIXTURES_SETUP vk_models LABELS vulkan TIMEOUT 120)
+    add_test(NAME test_vk_forward_${arch}_${wtype} COMMAND test_vk_forward ${model} ${extra})
+    set_tests_properties(test_vk_forward_${arch}_${wtype} PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
+                         LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+  endforeach()
+
+  # GPU timestamps per op (MOEX_VK_PROFILE=1): same model test, tables checked.
+  add_test(NAME test_vk_profile COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/vk/check_vkprof.py
+           $<TARGET_FILE:test_vk_forward> ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
+  set_tests_properties(test_vk_profile PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77 LABELS vulkan
+                       TIMEOUT 180 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+
+  # The whole model: prompt batch on the coop kernels vs the f32 tiles. Cold, a
+  # CPU driver compiles the emulated variants in ~20 s (~140 s under ASan, whose
+  # allocator slows the driver's compiler); the caches make later runs quick.
+  moex_c_test(test_vk_coop_forward SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop_forward.c LIBS moex_engine_vk
+    ARGS ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
+  set_tests_properties(test_vk_coop_forward PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
+                       LABELS "engine;vulkan" TIMEOUT 400 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+
+  # The distributed hub's GPU half (engine/vk/forward_vk_dist.c), in process:
+  # against moex_vk_forward and the CPU engine, failing executors, the error path.
+  set(moex_distvk_dir ${CMAKE_BINARY_DIR}/distvk-models)
+  set(moex_distvk_model ${moex_distvk_dir}/qwen3moe_q4_K_M.gguf)
+  file(MAKE_DIRECTORY ${moex_distvk_dir})
+  add_test(NAME distvk_gen_model
+           COMMAND $<TARGET_FILE:moex-gguf> gen --arch qwen3moe --preset test
+                   --vocab ${moex_vocab}/ggml-vocab-llama-spm.gguf --type q4_K_M --seed 1 --quiet
+                   -o ${moex_distvk_model})
+  set_tests_properties(distvk_gen_model PROPERTIES FIXTURES_SETUP distvk_models LABELS vulkan TIMEOUT 120)
+  moex_c_test(test_vk_dist SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_dist.c LIBS moex_engine_vk
+    ARGS ${moex_distvk_model})
+  set_tests_properties(test_vk_dist PROPERTIES FIXTURES_REQUIRED distvk_models SKIP_RETURN_CODE 77
+                       LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+endif()

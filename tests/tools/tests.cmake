@@ -1,0 +1,25 @@
+# moex-gguf: `info`, `tokenize`/`detokenize` (llama.cpp's vectors through the
+# CLI), and `gen` (random-weight test models): a checker that opens generated
+# models with our reader and compares tensors, shapes, types, hyperparameters
+# and weight statistics with expectations of its own, and the weights re-derived
+# bit for bit by an independent NumPy implementation of the PRNG.
+add_test(NAME gguf_info COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/gguf_info_test.sh $<TARGET_FILE:moex-gguf>
+  ${moex_vocab}/ggml-vocab-qwen2.gguf 151936 ${CMAKE_BINARY_DIR}/tests)
+set_tests_properties(gguf_info PROPERTIES TIMEOUT 60 LABELS tools)
+add_test(NAME test_tokenizer_cli
+         COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer_cli.py $<TARGET_FILE:moex-gguf> ${moex_vocab})
+set_tests_properties(test_tokenizer_cli PROPERTIES TIMEOUT 120 LABELS "tools;tokenizer")
+
+add_executable(test_gen_check ${CMAKE_CURRENT_LIST_DIR}/test_gen_check.c)
+target_link_libraries(test_gen_check PRIVATE moex_kernels Threads::Threads ${MATH_LIB})
+set_target_properties(test_gen_check PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+foreach(group models determinism usage)
+  add_test(NAME gen_${group}
+           COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_gen.sh ${group} $<TARGET_FILE:moex-gguf>
+                   $<TARGET_FILE:test_gen_check> ${MOEX_FIXTURES} ${CMAKE_BINARY_DIR}/tests/gen_${group})
+  set_tests_properties(gen_${group} PROPERTIES TIMEOUT 180 LABELS "tools;gen")
+endforeach()
+add_test(NAME gen_prng
+         COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_gen_prng.py $<TARGET_FILE:moex-gguf>
+                 ${moex_vocab}/ggml-vocab-llama-spm.gguf ${CMAKE_BINARY_DIR}/tests/gen_prng)
+set_tests_properties(gen_prng PROPERTIES TIMEOUT 60 LABELS "tools;gen")

@@ -1,0 +1,35 @@
+# worker/: the transport-free core against a float64 reference and the
+# engine's executors, moex-worker's command line and failure exits, and
+# (Vulkan builds) the Vulkan core against the CPU core on the same frames.
+set(moex_worker_fixture ${CMAKE_BINARY_DIR}/worker-fixtures/qwen3moe-q8_0.gguf)
+add_test(NAME worker_model
+  COMMAND sh -c "mkdir -p \"$(dirname \"$1\")\" && exec \"$0\" gen --arch qwen3moe --preset test --vocab \"$2\" --type q8_0 --seed 3 -o \"$1\""
+          $<TARGET_FILE:moex-gguf> ${moex_worker_fixture} ${moex_vocab}/ggml-vocab-llama-spm.gguf)
+set_tests_properties(worker_model PROPERTIES FIXTURES_SETUP worker_model TIMEOUT 60)
+
+# The hub's executors are the references of the core's results: the test links the engine too.
+moex_c_test(test_worker_core SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker_core.c LIBS moex_worker moex_engine
+  ARGS ${moex_worker_fixture} TIMEOUT 60 LABELS worker)
+set_tests_properties(test_worker_core PROPERTIES FIXTURES_REQUIRED worker_model)
+
+add_test(NAME worker_cli COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_worker_cli.sh $<TARGET_FILE:moex-worker>
+  ${moex_worker_fixture})
+set_tests_properties(worker_cli PROPERTIES FIXTURES_REQUIRED worker_model TIMEOUT 60 LABELS worker)
+
+if(MOEX_VULKAN)
+  set(moex_worker_vk_dir ${CMAKE_BINARY_DIR}/worker-vk-fixtures)
+  set(moex_worker_vk_models "")
+  foreach(wtype q8_0 q4_K_M)
+    set(model ${moex_worker_vk_dir}/qwen3moe-${wtype}.gguf)
+    list(APPEND moex_worker_vk_models ${model})
+    add_test(NAME worker_vk_model_${wtype}
+             COMMAND $<TARGET_FILE:moex-gguf> gen --arch qwen3moe --preset test
+                     --vocab ${moex_vocab}/ggml-vocab-llama-spm.gguf --type ${wtype} --seed 5 --quiet -o ${model})
+    set_tests_properties(worker_vk_model_${wtype} PROPERTIES FIXTURES_SETUP worker_vk_models TIMEOUT 60)
+  endforeach()
+  file(MAKE_DIRECTORY ${moex_worker_vk_dir})
+  moex_c_test(test_worker_vk SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker_vk.c LIBS moex_worker
+    ARGS ${moex_worker_vk_models} TIMEOUT 120)
+  set_tests_properties(test_worker_vk PROPERTIES FIXTURES_REQUIRED worker_vk_models SKIP_RETURN_CODE 77
+    LABELS "worker;vulkan" ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+endif()
