@@ -69,6 +69,43 @@ typedef enum moex_proto_dtype {
     MOEX_DT_F32 = 5,   /* extension: exact activations for testing and debugging */
 } moex_proto_dtype;
 
+/* ERROR frame codes (positive; a negative code is the moex_proto_status of a
+ * frame the sender could not decode). The one definition both sides use;
+ * docs/PROTOCOL.md's table is checked against moex_proto_error_info by
+ * tests/proto. What the receiver does is part of the code's meaning. */
+typedef enum moex_proto_error_code {
+    MOEX_ERR_MODEL_MISMATCH = 1,  /* either way: the peer serves another model */
+    MOEX_ERR_BUSY = 2,            /* worker -> hub: backlog full; the hub re-dispatches elsewhere now */
+    MOEX_ERR_PREEMPTED = 3,       /* worker -> hub: dropped for a newer layer's dispatch; re-dispatch if still wanted */
+    MOEX_ERR_COMPUTE = 4,         /* worker -> hub: expert not held, wrong shape, kernel failure; re-dispatch */
+    MOEX_ERR_ALREADY_JOINED = 5,  /* hub -> worker: a second JOIN on one connection, ignored */
+    MOEX_ERR_VERSION = 6,         /* hub -> worker: no common protocol version */
+    MOEX_ERR_EVICTED = 7,         /* hub -> worker: this worker returned wrong results and is refused */
+    MOEX_ERR_REFUSED = 8,         /* hub -> worker: a limit (capacity, JOIN rate, workers) refused the JOIN */
+} moex_proto_error_code;
+#define MOEX_ERR_FIRST MOEX_ERR_MODEL_MISMATCH
+#define MOEX_ERR_LAST MOEX_ERR_REFUSED
+
+/* What the receiver of an ERROR does. */
+typedef enum moex_proto_error_action {
+    MOEX_ERR_ACT_IGNORE,      /* log it; nothing else changes */
+    MOEX_ERR_ACT_REDISPATCH,  /* hub: the request (seq) goes to another replica, or is computed here, at once */
+    MOEX_ERR_ACT_RECONNECT,   /* worker: the hub closes this connection; reconnect with backoff */
+    MOEX_ERR_ACT_EXIT,        /* worker: stop for good and say why, since retrying cannot help (a worker
+                               * without its own model file re-reads the hub's model instead) */
+} moex_proto_error_action;
+
+typedef struct moex_proto_error_info {
+    int32_t code;
+    const char *name;          /* "model mismatch", ... */
+    moex_proto_error_action on_hub, on_worker;  /* the reaction of a hub / a worker that receives it */
+} moex_proto_error_info;
+
+/* The code's entry; NULL for codes this version does not define (a receiver
+ * logs those and otherwise ignores them). Negative codes get a shared entry
+ * ("bad frame", close). */
+const moex_proto_error_info *moex_proto_error_info_of(int32_t code);
+
 #define MOEX_FLAG_COMPRESSED 0x01u /* payload is one LZ4 block (DISPATCH and RESULT only) */
 
 typedef enum moex_proto_backend {
@@ -263,6 +300,36 @@ int moex_proto_encode_assign(uint32_t seq, const moex_proto_assign *a, const moe
 /* text: UTF-8, not NUL-terminated, <= 65535 bytes. */
 int moex_proto_encode_error(uint32_t seq, int32_t code, const char *text, uint16_t text_len,
                             uint8_t *out, size_t cap, size_t *out_len, moex_error *err);
+
+/* ---- Messages: transport framing -------------------------------------------
+ *
+ * A WebSocket message carries one or more frames back to back (a hub sends a
+ * worker all its experts of a layer in one message; a worker may answer with
+ * several RESULTs in one). Transports deliver a message in fragments; the
+ * reassembly buffer below collects them, bounded, so that a peer cannot make
+ * the receiver buffer more than `max_bytes`. */
+
+typedef struct moex_proto_reasm {
+    uint8_t *buf;
+    size_t len, cap;
+    size_t max_bytes;   /* a message over this is refused */
+} moex_proto_reasm;
+
+/* Appends a fragment. 0, or MOEX_PROTO_E_TOO_BIG (the message would exceed
+ * max_bytes; the buffer is emptied), or MOEX_PROTO_E_ARG (out of memory). */
+int moex_proto_reasm_add(moex_proto_reasm *r, const void *data, size_t n, moex_error *err);
+/* Empties the buffer for the next message (keeps its memory, up to a
+ * modest size, so a steady stream does not reallocate). */
+void moex_proto_reasm_reset(moex_proto_reasm *r);
+void moex_proto_reasm_free(moex_proto_reasm *r);
+
+/* Splits a message into frames: *frame_len is the length of the frame at
+ * msg[*off]; the caller decodes it and advances *off by it. Returns 1 while
+ * a frame is there, 0 at the end, a negative status when the bytes at *off
+ * are not a whole valid header + payload (the rest of the message is then
+ * unusable). */
+int moex_proto_next_frame(const uint8_t *msg, size_t len, size_t *off, const moex_proto_limits *lim,
+                          size_t *frame_len, moex_error *err);
 
 /* ---- Decoding ----------------------------------------------------------------- */
 

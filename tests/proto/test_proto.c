@@ -681,8 +681,84 @@ static int write_corpus(const char *dir) {
     return write_file(dir, "error", f, n);
 }
 
+
+/* A message of several frames splits back into them; a truncated or corrupt
+ * frame stops the split with an error; reassembly is bounded. */
+static void test_messages(void) {
+    uint8_t msg[512];
+    size_t off = 0, n = 0;
+    for (uint32_t seq = 1; seq <= 3; seq++) {
+        CHECK(moex_proto_encode_cancel(seq, 2, (uint16_t)seq, msg + off, sizeof msg - off, &n, NULL) == 0, "cancel");
+        off += n;
+    }
+    uint8_t hb[64];
+    moex_proto_heartbeat h = {.timestamp_us = 7, .state = MOEX_STATE_READY};
+    CHECK(moex_proto_encode_heartbeat(9, &h, hb, sizeof hb, &n, NULL) == 0, "heartbeat");
+    memcpy(msg + off, hb, n);
+    const size_t len = off + n;
+    size_t at = 0, fl = 0;
+    uint32_t seqs[8];
+    int count = 0, rc;
+    while ((rc = moex_proto_next_frame(msg, len, &at, NULL, &fl, NULL)) == 1 && count < 8) {
+        moex_proto_msg m;
+        CHECK(moex_proto_decode(msg + at, fl, NULL, NULL, 0, &m, NULL) == 0, "frame %d decodes", count);
+        seqs[count++] = m.h.seq;
+        at += fl;
+    }
+    CHECK(rc == 0 && count == 4 && at == len, "4 frames in the message (got %d, rc %d)", count, rc);
+    CHECK(count == 4 && seqs[0] == 1 && seqs[2] == 3 && seqs[3] == 9, "frames in order");
+    at = 0;
+    int frames = 0;
+    while ((rc = moex_proto_next_frame(msg, len - 3, &at, NULL, &fl, NULL)) == 1) at += fl, frames++;
+    CHECK(frames == 3 && rc == MOEX_PROTO_E_TRUNCATED, "a cut last frame is an error after 3 good ones (%d, %d)",
+          frames, rc);
+    msg[off] ^= 0xff; /* the heartbeat's magic */
+    at = 0, frames = 0;
+    while ((rc = moex_proto_next_frame(msg, len, &at, NULL, &fl, NULL)) == 1) at += fl, frames++;
+    CHECK(frames == 3 && rc == MOEX_PROTO_E_MAGIC, "a corrupt frame stops the split (%d, %d)", frames, rc);
+
+    moex_proto_reasm r = {.max_bytes = 100};
+    CHECK(moex_proto_reasm_add(&r, msg, 60, NULL) == 0 && r.len == 60, "first fragment");
+    CHECK(moex_proto_reasm_add(&r, msg, 40, NULL) == 0 && r.len == 100, "up to the bound");
+    CHECK(moex_proto_reasm_add(&r, msg, 1, NULL) == MOEX_PROTO_E_TOO_BIG && r.len == 0, "over the bound: refused, emptied");
+    CHECK(moex_proto_reasm_add(&r, msg, 0, NULL) == 0 && r.len == 0, "an empty fragment");
+    CHECK(moex_proto_reasm_add(&r, msg, (size_t)-1, NULL) == MOEX_PROTO_E_TOO_BIG, "no overflow on a huge size");
+    moex_proto_reasm_reset(&r);
+    moex_proto_reasm_free(&r);
+}
+
+/* Every code from MOEX_ERR_FIRST to MOEX_ERR_LAST has a name and reactions;
+ * others have none; negative codes are bad frames. */
+static void test_error_codes(void) {
+    for (int32_t c = MOEX_ERR_FIRST; c <= MOEX_ERR_LAST; c++) {
+        const moex_proto_error_info *e = moex_proto_error_info_of(c);
+        CHECK(e && e->code == c && e->name && e->name[0], "code %d defined", c);
+    }
+    CHECK(!moex_proto_error_info_of(0) && !moex_proto_error_info_of(MOEX_ERR_LAST + 1), "undefined codes");
+    const moex_proto_error_info *bad = moex_proto_error_info_of(MOEX_PROTO_E_MAGIC);
+    CHECK(bad && bad->on_worker == MOEX_ERR_ACT_RECONNECT, "a negative code is a bad frame");
+    CHECK(moex_proto_error_info_of(MOEX_ERR_MODEL_MISMATCH)->on_worker == MOEX_ERR_ACT_EXIT, "mismatch: exit");
+    CHECK(moex_proto_error_info_of(MOEX_ERR_BUSY)->on_hub == MOEX_ERR_ACT_REDISPATCH, "busy: re-dispatch");
+}
+
+/* --error-table: the ERROR codes as docs/PROTOCOL.md's table rows
+ * (tests/proto/check_error_table.py compares the two). */
+static void print_error_table(void) {
+    static const char *const act[] = {"ignore", "re-dispatch", "reconnect", "exit"};
+    for (int32_t c = MOEX_ERR_FIRST; c <= MOEX_ERR_LAST; c++) {
+        const moex_proto_error_info *e = moex_proto_error_info_of(c);
+        printf("| %d | %s | %s | %s |\n", (int)c, e->name, act[e->on_hub], act[e->on_worker]);
+    }
+    const moex_proto_error_info *b = moex_proto_error_info_of(-1);
+    printf("| < 0 | %s | %s | %s |\n", b->name, act[b->on_hub], act[b->on_worker]);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--write-corpus")) return write_corpus(argv[2]) != 0;
+    if (argc == 2 && !strcmp(argv[1], "--error-table")) {
+        print_error_table();
+        return 0;
+    }
     lim = moex_proto_default_limits();
     test_golden_header();
     test_tensor_roundtrips();
@@ -693,6 +769,8 @@ int main(int argc, char **argv) {
     test_malformed_lz4();
     test_malformed_control();
     test_encoder_errors();
+    test_messages();
+    test_error_codes();
     if (g_failures) fprintf(stderr, "%d check(s) failed\n", g_failures);
     else printf("all proto checks passed\n");
     return g_failures != 0;

@@ -16,3 +16,7 @@ if(MOEX_FUZZ)
     ${moex_proto_seeds})
   set_tests_properties(fuzz_proto PROPERTIES FIXTURES_REQUIRED proto_seeds TIMEOUT 120 LABELS fuzz)
 endif()
+# docs/PROTOCOL.md's ERROR code table against the one definition in proto/.
+add_test(NAME proto_error_table COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/check_error_table.py
+         $<TARGET_FILE:test_proto> ${CMAKE_SOURCE_DIR}/docs/PROTOCOL.md)
+set_tests_properties(proto_error_table PROPERTIES TIMEOUT 30 LABELS proto)
