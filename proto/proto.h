@@ -270,17 +270,20 @@ typedef struct moex_proto_join {
     uint16_t capacity_centi;       /* capacity weight x 100 (100 = weight 1.0), >= 1 */
     uint64_t memory_budget;        /* bytes the worker may use for experts */
     uint64_t model_hash;           /* model the held experts come from, 0 if none */
+    uint64_t session;              /* the key of an earlier ASSIGN to this worker, 0 when it has none */
     const char *name;              /* not NUL-terminated; <= 255 bytes */
     uint8_t name_len;
 } moex_proto_join;
-#define MOEX_PROTO_JOIN_FIXED_BYTES 28
+#define MOEX_PROTO_JOIN_FIXED_BYTES 36
 
 typedef struct moex_proto_assign {
     uint64_t model_hash;  /* identity of the model the hub serves */
     uint32_t worker_id;   /* the hub's id for this worker */
     uint16_t n_layers, n_experts, replicas;
+    uint64_t session;     /* secret key naming this worker to the hub: a reconnect that presents it in JOIN
+                           * is the same worker (same id, same experts, same record) */
 } moex_proto_assign;
-#define MOEX_PROTO_ASSIGN_FIXED_BYTES 24
+#define MOEX_PROTO_ASSIGN_FIXED_BYTES 32
 
 #define MOEX_PROTO_ERROR_FIXED_BYTES 6
 

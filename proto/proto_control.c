@@ -102,6 +102,7 @@ int moex_proto_encode_join(uint32_t seq, const moex_proto_join *j, const moex_pr
     moex_put_u64(p + 8, j->memory_budget);
     moex_put_u64(p + 16, j->model_hash);
     moex_put_u32(p + 24, n_held);
+    moex_put_u64(p + 28, j->session);
     if (j->name_len) memcpy(p + MOEX_PROTO_JOIN_FIXED_BYTES, j->name, j->name_len);
     put_experts(p + MOEX_PROTO_JOIN_FIXED_BYTES + j->name_len, held, n_held);
     return MOEX_PROTO_OK;
@@ -126,6 +127,7 @@ int moex_proto_encode_assign(uint32_t seq, const moex_proto_assign *a, const moe
     moex_put_u16(p + 16, a->replicas);
     moex_put_u16(p + 18, 0);
     moex_put_u32(p + 20, n_experts);
+    moex_put_u64(p + 24, a->session);
     put_experts(p + MOEX_PROTO_ASSIGN_FIXED_BYTES, experts, n_experts);
     return MOEX_PROTO_OK;
 }
@@ -213,6 +215,7 @@ static int parse_join(moex_proto_msg *m, const moex_proto_limits *lim, moex_erro
     j->memory_budget = moex_get_u64(p + 8);
     j->model_hash = moex_get_u64(p + 16);
     uint32_t n_held = moex_get_u32(p + 24);
+    j->session = moex_get_u64(p + 28);
     j->name = (const char *)p + MOEX_PROTO_JOIN_FIXED_BYTES;
     int rc = check_variable_length(m, "JOIN", MOEX_PROTO_JOIN_FIXED_BYTES + (uint64_t)j->name_len + 4ull * n_held, err);
     if (rc) return rc;
@@ -235,6 +238,7 @@ static int parse_assign(moex_proto_msg *m, const moex_proto_limits *lim, moex_er
     a->n_experts = moex_get_u16(p + 14);
     a->replicas = moex_get_u16(p + 16);
     uint32_t n = moex_get_u32(p + 20);
+    a->session = moex_get_u64(p + 24);
     int rc = check_variable_length(m, "ASSIGN", MOEX_PROTO_ASSIGN_FIXED_BYTES + 4ull * n, err);
     if (rc) return rc;
     if (a->replicas == 0 || moex_get_u16(p + 18))

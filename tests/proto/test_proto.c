@@ -319,14 +319,15 @@ static void test_control_roundtrips(void) {
 
     moex_proto_expert held[3] = {{0, 1}, {47, 127}, {12, 64}};
     moex_proto_join j = {.proto_min = 1, .proto_max = 1, .backend = MOEX_BACKEND_VULKAN, .capacity_centi = 250,
-                         .memory_budget = 8ull << 30, .model_hash = 0xfeedfacecafebeefull, .name = "gpu-box",
-                         .name_len = 7};
-    CHECK(moex_proto_encode_join(1, &j, held, 3, f, sizeof f, &n, NULL) == 0 && n == 28 + 28 + 7 + 12, "join");
+                         .memory_budget = 8ull << 30, .model_hash = 0xfeedfacecafebeefull,
+                         .session = 0x8877665544332211ull, .name = "gpu-box", .name_len = 7};
+    CHECK(moex_proto_encode_join(1, &j, held, 3, f, sizeof f, &n, NULL) == 0 && n == 28 + 36 + 7 + 12, "join");
     if (decode_expect(f, n, 0, &m, "join") == 0) {
         const moex_proto_join *d = &m.u.join.info;
         CHECK(d->proto_min == 1 && d->proto_max == 1 && d->backend == MOEX_BACKEND_VULKAN && d->capacity_centi == 250,
               "join caps");
         CHECK(d->memory_budget == (8ull << 30) && d->model_hash == j.model_hash, "join sizes");
+        CHECK(d->session == j.session, "join session key");
         CHECK(d->name_len == 7 && memcmp(d->name, "gpu-box", 7) == 0, "join name");
         CHECK(m.u.join.held.count == 3, "join held count");
         for (uint32_t i = 0; i < 3 && m.u.join.held.count == 3; i++) {
@@ -335,16 +336,16 @@ static void test_control_roundtrips(void) {
         }
     }
     CHECK(moex_proto_encode_join(1, &(moex_proto_join){.proto_min = 1, .proto_max = 1, .capacity_centi = 1}, NULL, 0,
-                                 f, sizeof f, &n, NULL) == 0 && n == 56, "empty join");
+                                 f, sizeof f, &n, NULL) == 0 && n == 64, "empty join");
     decode_expect(f, n, 0, &m, "empty join");
 
     moex_proto_assign a = {.model_hash = 0x0123456789abcdefull, .worker_id = 12, .n_layers = 48, .n_experts = 128,
-                           .replicas = 2};
-    CHECK(moex_proto_encode_assign(2, &a, held, 3, f, sizeof f, &n, NULL) == 0 && n == 28 + 24 + 12, "assign");
+                           .replicas = 2, .session = 0xa5a5a5a5deadbeefull};
+    CHECK(moex_proto_encode_assign(2, &a, held, 3, f, sizeof f, &n, NULL) == 0 && n == 28 + 32 + 12, "assign");
     if (decode_expect(f, n, 0, &m, "assign") == 0) {
         const moex_proto_assign *d = &m.u.assign.info;
         CHECK(d->model_hash == a.model_hash && d->worker_id == 12 && d->n_layers == 48 && d->n_experts == 128 &&
-                  d->replicas == 2,
+                  d->replicas == 2 && d->session == a.session,
               "assign fields");
         CHECK(m.u.assign.experts.count == 3 && moex_proto_expert_at(&m.u.assign.experts, 2).expert == 64, "assign list");
     }
@@ -557,14 +558,14 @@ static void test_malformed_control(void) {
     CTRL(JOIN, put32(f + 28 + 24, 3), MOEX_PROTO_E_LENGTH, "join claims 3 experts, carries 2");
     CTRL(JOIN, put32(f + 28 + 24, 0x40000000), MOEX_PROTO_E_LENGTH, "join claims 2^30 experts");
     CTRL(JOIN, f[28 + 5] = 3, MOEX_PROTO_E_LENGTH, "join name longer than sent");
-    CTRL(JOIN, (put32(f + 8, 27), n = 55), MOEX_PROTO_E_LENGTH, "join shorter than its fixed part");
+    CTRL(JOIN, (put32(f + 8, 35), n = 63), MOEX_PROTO_E_LENGTH, "join shorter than its fixed part");
     CTRL(JOIN, put16(f + 28, 0), MOEX_PROTO_E_FIELD, "join min version 0");
     CTRL(JOIN, put16(f + 28, 3), MOEX_PROTO_E_FIELD, "join min > max");
     CTRL(JOIN, f[28 + 4] = 4, MOEX_PROTO_E_FIELD, "join backend 4");
     CTRL(JOIN, put16(f + 28 + 6, 0), MOEX_PROTO_E_FIELD, "join capacity 0");
-    CTRL(JOIN, f[28 + 28] = '\n', MOEX_PROTO_E_FIELD, "join name with a newline");
-    CTRL(JOIN, put16(f + 28 + 30 + 4, 5000), MOEX_PROTO_E_LIMIT, "join holds expert 5000");
-    CTRL(JOIN, put16(f + 28 + 30, 1024), MOEX_PROTO_E_LIMIT, "join holds layer 1024");
+    CTRL(JOIN, f[28 + 36] = '\n', MOEX_PROTO_E_FIELD, "join name with a newline");
+    CTRL(JOIN, put16(f + 28 + 38 + 4, 5000), MOEX_PROTO_E_LIMIT, "join holds expert 5000");
+    CTRL(JOIN, put16(f + 28 + 38, 1024), MOEX_PROTO_E_LIMIT, "join holds layer 1024");
 
     moex_proto_assign a = {.worker_id = 1, .n_layers = 4, .n_experts = 8, .replicas = 2};
 #define ASSIGN moex_proto_encode_assign(1, &a, e, 2, f, sizeof f, &n, NULL)
@@ -572,7 +573,7 @@ static void test_malformed_control(void) {
     CTRL(ASSIGN, put16(f + 28 + 16, 0), MOEX_PROTO_E_FIELD, "assign replicas 0");
     CTRL(ASSIGN, put16(f + 28 + 18, 1), MOEX_PROTO_E_FIELD, "assign reserved");
     CTRL(ASSIGN, put32(f + 28 + 20, 1), MOEX_PROTO_E_LENGTH, "assign count 1 for 2");
-    CTRL(ASSIGN, put16(f + 28 + 24 + 4, 4), MOEX_PROTO_E_LIMIT, "assign layer 4 of 4");
+    CTRL(ASSIGN, put16(f + 28 + 32 + 4, 4), MOEX_PROTO_E_LIMIT, "assign layer 4 of 4");
     CTRL(ASSIGN, put16(f + 28 + 14, 5000), MOEX_PROTO_E_LIMIT, "assign model of 5000 experts");
     CTRL(ASSIGN, put16(f + 6, MOEX_MSG_JOIN), MOEX_PROTO_E_LENGTH, "assign payload read as a join");
 
