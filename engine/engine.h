@@ -32,6 +32,33 @@ typedef struct moex_expert_executor {
     int (*run)(void *ctx, const moex_moe_request *req, moex_error *err);
 } moex_expert_executor;
 
+/* A MoE layer's work grouped by expert, shared by the local and the remote
+ * executor so that both sum each token's k results in the same order:
+ *   build:   the request's (token, expert) pairs, one group per active expert
+ *            (ascending expert id), each group's pairs in token order;
+ *   compute: each group's rows (results[pair * dim]) by whoever computes it;
+ *   combine: out[t] = sum over j = 0..k-1 of the result of pair (t, j), in j order. */
+typedef struct moex_moe_plan {
+    int n_groups;              /* experts with at least one token */
+    int32_t *group_expert;     /* [n_groups] expert id */
+    int32_t *group_first;      /* [n_groups + 1] first pair of each group (grouped order) */
+    int32_t *rows;             /* [n_pairs] grouped: the pair's token index in the request */
+    float *gates;              /* [n_pairs] grouped: the pair's gate weight */
+    int32_t *slot_of_pair;     /* [n_pairs] token-major pair t*k + j -> its grouped index */
+    int64_t n_pairs;
+    /* capacity (grown once per batch size, never per decode token) */
+    int64_t cap_pairs;
+    int cap_experts;
+    int32_t *count;            /* [cap_experts] scratch */
+} moex_moe_plan;
+
+/* Groups req's pairs. Fails (nothing changed but the plan) when an expert id
+ * is outside 0..n_expert-1 or memory runs out. */
+int moex_moe_plan_build(moex_moe_plan *p, const moex_moe_request *req, int n_expert, moex_error *err);
+/* req->out[t] = sum_j results[slot_of_pair[t*k + j] * dim .. + dim), in j order. */
+void moex_moe_plan_combine(const moex_moe_plan *p, const moex_moe_request *req, const float *results, int64_t dim);
+void moex_moe_plan_free(moex_moe_plan *p);
+
 /* Expert boundary rounding. wire_dtype is a proto dtype (MOEX_DT_F16 = 1,
  * BF16 = 2, INT8 = 3, F32 = 5) or MOEX_WIRE_EXACT (no rounding at all). Rows
  * (expert inputs and results) round through the wire dtype; gates travel as

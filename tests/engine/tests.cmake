@@ -7,6 +7,9 @@ add_test(NAME ref_dequant COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/ref/t
 add_test(NAME ref_model COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/ref/test_ref_model.py)
 set_tests_properties(ref_dequant ref_model PROPERTIES TIMEOUT 60 LABELS "ref")
 
+# The MoE plan (group by expert, combine in slot order) both executors share.
+moex_c_test(test_moe_plan SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_moe_plan.c LIBS moex_engine TIMEOUT 60 LABELS engine)
+
 # Engine vs reference: one test per architecture x weight type (generated
 # model, 12-token prompt, 12 greedy tokens, all 23 logit rows compared).
 foreach(arch qwen3moe qwen3 llama mixtral)
