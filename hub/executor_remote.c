@@ -1,215 +1,415 @@
-/* The remote expert executor: one DISPATCH per active expert of a layer, sent
- * to h replicas chosen by observed latency; the first valid RESULT wins and
- * the others are cancelled. Deadlines re-dispatch to another replica; an
- * expert with no live replica is computed here from the hub's own weights, so
- * no token is ever lost. Results are combined in the same slot order as the
- * local executor, with the same rounding, so the output equals --local. */
+/* The remote expert executor: a MoE layer's experts computed by workers.
+ *
+ * One layer, on the engine's thread:
+ *   plan      the engine's MoE plan groups the (token, expert) pairs: one task per active expert
+ *   encode    x rounded to the wire dtype once; one DISPATCH frame per task
+ *   choose    replicas from the registry (placement, ready, healthy), fastest first by the latency record
+ *   send      each worker gets ONE message holding all its frames of the layer; one wake of the network thread
+ *   wait      on the inbox: RESULT messages (the first valid answer per task wins, the other replicas get a
+ *             CANCEL), ERRORs and departures (re-dispatch at once), deadlines (time out, re-dispatch), deferred
+ *             hedges; an expert with no replica left is computed here while the network works
+ *   verify    a sampled fraction recomputed here; a worker that disagrees is evicted, the hub's answer used
+ *   combine   the plan sums each token's k results in slot order, as the local executor does
+ *
+ * Everything here belongs to the engine's thread: the network thread only
+ * hands messages over through the inbox, so tasks need no lock. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "hub/dist.h"
+#include "hub/executor.h"
 
-/* ---- scratch, grown once per batch size ---- */
+#define ONE_MESSAGE_PER_WORKER 0 /* TEMPORARY until workers split messages */
+#define MAX_SENDS 8              /* replicas one task may be sent to, re-dispatches included */
+#define TIMING_LAYERS 4096       /* layers kept for the time breakdown */
 
-static int reserve(moex_hub *hub, int64_t n_tokens, int64_t n_pairs, int n_tasks) {
-    const size_t d = (size_t)hub->m->hp.n_embd;
-    if (n_pairs > hub->cap_pairs) {
-        free(hub->x_wire);
-        free(hub->gather);
-        free(hub->check);
-        free(hub->slot_of_pair);
-        hub->x_wire = malloc((size_t)n_pairs * d * sizeof(float));
-        hub->gather = malloc((size_t)n_pairs * d * sizeof(float));
-        hub->check = malloc((size_t)n_pairs * d * sizeof(float));
-        hub->slot_of_pair = malloc((size_t)n_pairs * 2 * sizeof(int32_t));
-        if (!hub->tmp) hub->tmp = malloc(moex_wire_tmp_bytes((int64_t)d));
-        hub->cap_pairs = hub->x_wire && hub->gather && hub->check && hub->slot_of_pair && hub->tmp ? n_pairs : 0;
-        if (!hub->cap_pairs) return -1;
+typedef struct hub_send {
+    uint32_t worker;
+    hub_conn *conn;              /* referenced until the layer ends */
+    double at;
+    bool failed;                 /* errored, timed out, bad result or its worker left */
+} hub_send;
+
+typedef struct hub_task {
+    uint32_t seq;
+    int group;                   /* in the plan */
+    int expert;
+    int64_t n_tokens;
+    uint8_t *frame;              /* the encoded DISPATCH */
+    size_t frame_len, frame_cap;
+    hub_send sends[MAX_SENDS];
+    int n_sent;
+    double deadline_s, hedge_at_s;
+    bool done, local;
+    uint32_t winner;
+    float *dup;                  /* a hedged duplicate's rows, compared after the layer */
+    size_t dup_cap;
+    uint32_t dup_from;
+    bool dup_seen;
+} hub_task;
+
+/* The message being built for one worker in this round of sends. */
+typedef struct outgoing {
+    uint32_t worker;
+    hub_conn *conn;              /* referenced */
+    uint8_t *buf;                /* hub_conn_buffer: headroom, then the frames */
+    size_t len, cap;
+    int frames;
+} outgoing;
+
+typedef struct worker_count {
+    uint32_t worker;
+    int n;
+} worker_count;
+
+/* Per-layer times (µs), a ring. */
+typedef struct layer_times {
+    float plan_encode, send, wait, decode, combine;
+} layer_times;
+
+struct hub_executor {
+    const moex_model *m;
+    moex_pool *pool;
+    hub_executor_config cfg;
+    hub_registry *reg;
+    hub_inbox *inbox;
+    hub_net *net;
+    hub_metrics *metrics;
+    moex_proto_limits limits;
+    atomic_bool stopping;
+    int64_t d;                   /* n_embd */
+
+    moex_moe_plan plan;
+    hub_task *tasks;
+    int n_tasks, cap_tasks;
+    uint32_t next_seq, seq0;
+    int layer;
+
+    float *x_wire;               /* [cap_tokens x d] */
+    float *results;              /* [cap_pairs x d] grouped, as the plan orders pairs */
+    float *gather, *check;       /* [cap_group x d]: one task's rows */
+    int64_t cap_tokens, cap_pairs, cap_group;
+    uint8_t *tmp;                /* one row in wire form */
+    uint8_t *scratch;            /* decompressing RESULT frames */
+    size_t scratch_cap;
+
+    outgoing out[HUB_MAX_WORKERS];
+    int n_out;
+    worker_count inflight[HUB_MAX_WORKERS];  /* sends of this layer per worker */
+    int n_inflight;
+    uint64_t rng;
+
+    layer_times times[TIMING_LAYERS];
+    uint64_t n_times;
+    double decode_s;             /* this layer's RESULT decoding so far */
+};
+
+/* ---- set-up ---- */
+
+hub_executor *hub_executor_create(const moex_model *m, moex_pool *pool, const hub_executor_config *cfg,
+                                  hub_registry *reg, hub_inbox *inbox, hub_net *net, hub_metrics *metrics,
+                                  const moex_proto_limits *limits, moex_error *err) {
+    hub_executor *x = calloc(1, sizeof *x);
+    if (!x || !(x->tmp = malloc(moex_wire_tmp_bytes(m->hp.n_embd)))) {
+        free(x);
+        moex_fail(err, "out of memory");
+        return NULL;
     }
-    (void)n_tokens;
-    if (n_tasks > hub->cap_tasks) {
-        hub_task *grown = realloc(hub->tasks, (size_t)n_tasks * sizeof *grown);
+    x->m = m;
+    x->pool = pool;
+    x->cfg = *cfg;
+    x->reg = reg;
+    x->inbox = inbox;
+    x->net = net;
+    x->metrics = metrics;
+    x->limits = *limits;
+    x->d = m->hp.n_embd;
+    x->next_seq = 1;
+    x->rng = cfg->seed * 0x9E3779B97F4A7C15ull + 1;
+    atomic_init(&x->stopping, false);
+    return x;
+}
+
+static void release_sends(hub_executor *x) {
+    for (int i = 0; i < x->n_tasks; i++) {
+        hub_task *t = &x->tasks[i];
+        for (int s = 0; s < t->n_sent; s++) hub_conn_unref(t->sends[s].conn);
+        t->n_sent = 0;
+    }
+}
+
+void hub_executor_free(hub_executor *x) {
+    if (!x) return;
+    release_sends(x);
+    for (int i = 0; i < x->cap_tasks; i++) {
+        free(x->tasks[i].frame);
+        free(x->tasks[i].dup);
+    }
+    free(x->tasks);
+    moex_moe_plan_free(&x->plan);
+    free(x->x_wire);
+    free(x->results);
+    free(x->gather);
+    free(x->check);
+    free(x->tmp);
+    free(x->scratch);
+    free(x);
+}
+
+void hub_executor_stop(hub_executor *x) {
+    atomic_store(&x->stopping, true);
+    hub_inbox_push(x->inbox, &(hub_event){.kind = HUB_EV_WAKE});
+}
+
+/* Grows a float buffer of rows x d; once per batch size, never per decode token. */
+static int grow_rows(float **buf, int64_t *cap, int64_t rows, int64_t d) {
+    if (rows <= *cap) return 0;
+    free(*buf);
+    *buf = malloc((size_t)rows * (size_t)d * sizeof **buf);
+    *cap = *buf ? rows : 0;
+    return *buf ? 0 : -1;
+}
+
+static int reserve(hub_executor *x, int64_t n_tokens) {
+    const moex_moe_plan *p = &x->plan;
+    int64_t max_group = 0;
+    for (int g = 0; g < p->n_groups; g++)
+        if (p->group_first[g + 1] - p->group_first[g] > max_group) max_group = p->group_first[g + 1] - p->group_first[g];
+    int64_t cap_gather = x->cap_group, cap_check = x->cap_group;
+    if (grow_rows(&x->x_wire, &x->cap_tokens, n_tokens, x->d) || grow_rows(&x->results, &x->cap_pairs, p->n_pairs, x->d) ||
+        grow_rows(&x->gather, &cap_gather, max_group, x->d) || grow_rows(&x->check, &cap_check, max_group, x->d))
+        return -1;
+    x->cap_group = cap_gather < cap_check ? cap_gather : cap_check;
+    if (p->n_groups > x->cap_tasks) {
+        hub_task *grown = realloc(x->tasks, (size_t)p->n_groups * sizeof *grown);
         if (!grown) return -1;
-        memset(grown + hub->cap_tasks, 0, (size_t)(n_tasks - hub->cap_tasks) * sizeof *grown);
-        hub->tasks = grown;
-        hub->cap_tasks = n_tasks;
+        memset(grown + x->cap_tasks, 0, (size_t)(p->n_groups - x->cap_tasks) * sizeof *grown);
+        x->tasks = grown;
+        x->cap_tasks = p->n_groups;
     }
     return 0;
 }
 
-/* Per-task buffers, sized for n tokens; kept across layers. */
-static int task_reserve(hub_task *t, int64_t n, size_t d, size_t frame_bytes) {
-    free(t->rows);
-    free(t->gates);
-    free(t->result);
-    free(t->dup);
-    free(t->frame);
-    t->rows = malloc((size_t)n * sizeof *t->rows);
-    t->gates = malloc((size_t)n * sizeof *t->gates);
-    t->result = malloc((size_t)n * d * sizeof *t->result);
-    t->dup = malloc((size_t)n * d * sizeof *t->dup);
-    t->frame = malloc(frame_bytes);
-    return t->rows && t->gates && t->result && t->dup && t->frame ? 0 : -1;
-}
-
-/* ---- choosing replicas ---- */
-
-static uint64_t next_random(moex_hub *hub) {
-    uint64_t z = (hub->rng += 0x9E3779B97F4A7C15ull);
+static uint64_t next_random(hub_executor *x) {
+    uint64_t z = (x->rng += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-/* Expected wait for one more dispatch: its typical round trip times the work
- * already queued on it in this layer, so a prefill layer's many experts
- * spread over the replicas instead of piling onto the fastest. */
-static float estimate_ms(const hub_worker *w) {
-    float lat = w->lat_ewma_ms < 0 ? 0.0f : w->lat_ewma_ms;
-    return (lat + 0.05f) * (float)(1 + w->inflight);
+/* ---- encoding ---- */
+
+static int encode_task(hub_executor *x, hub_task *t, moex_error *err) {
+    const moex_moe_plan *p = &x->plan;
+    const int32_t first = p->group_first[t->group];
+    for (int64_t i = 0; i < t->n_tokens; i++)
+        memcpy(x->gather + i * x->d, x->x_wire + (int64_t)p->rows[first + i] * x->d, (size_t)x->d * sizeof(float));
+    moex_proto_tensor_msg m = {.type = MOEX_MSG_DISPATCH, .seq = t->seq, .layer = (uint16_t)x->layer,
+                               .expert = (uint16_t)t->expert, .n_tokens = (uint32_t)t->n_tokens,
+                               .hidden = (uint16_t)x->d, .dtype = (uint8_t)x->cfg.wire_dtype};
+    const size_t need = moex_proto_tensor_frame_bytes(&m);
+    if (need > t->frame_cap) {
+        free(t->frame);
+        t->frame = malloc(need);
+        t->frame_cap = t->frame ? need : 0;
+        if (!t->frame) return moex_fail(err, "out of memory for a %zu-byte DISPATCH", need);
+    }
+    return moex_proto_encode_tensor_f32(&m, x->gather, p->gates + first, t->frame, t->frame_cap, &t->frame_len, err);
 }
 
-static bool already_sent(const hub_task *t, uint32_t id) {
+/* ---- choosing replicas and sending ---- */
+
+static int *inflight_of(hub_executor *x, uint32_t worker) {
+    for (int i = 0; i < x->n_inflight; i++)
+        if (x->inflight[i].worker == worker) return &x->inflight[i].n;
+    if (x->n_inflight == HUB_MAX_WORKERS) return NULL;
+    x->inflight[x->n_inflight] = (worker_count){.worker = worker, .n = 0};
+    return &x->inflight[x->n_inflight++].n;
+}
+
+/* Expected wait for one more dispatch: its typical round trip times the work
+ * already sent to it in this layer, so a prefill layer's many experts spread
+ * over the replicas instead of piling onto the fastest. */
+static float estimate_ms(hub_executor *x, const hub_replica *r) {
+    const float lat = r->lat_ms < 0 ? 0.0f : r->lat_ms;
+    const int *n = inflight_of(x, r->id);
+    return (lat + 0.05f) * (float)(1 + (n ? *n : 0));
+}
+
+static bool already_sent(const hub_task *t, uint32_t worker) {
     for (int i = 0; i < t->n_sent; i++)
-        if (t->sent_to[i] == id) return true;
+        if (t->sends[i].worker == worker) return true;
     return false;
 }
 
-/* Usable replicas of (layer, expert) not yet tried, fastest first. */
-static int candidates(moex_hub *hub, int layer, const hub_task *t, hub_worker **out) {
-    if (!hub->placement) return 0;
-    const uint32_t *ids = moex_placement_lookup(hub->placement, (uint32_t)layer, (uint32_t)t->expert);
-    if (!ids) return 0;
+/* Usable replicas not yet tried, fastest first (references to release). */
+static int candidates(hub_executor *x, const hub_task *t, hub_replica *out) {
+    hub_replica all[MOEX_PLACEMENT_MAX_REPLICAS];
+    const int n_all = hub_registry_replicas(x->reg, x->layer, t->expert, all, MOEX_PLACEMENT_MAX_REPLICAS);
     int n = 0;
-    for (uint32_t i = 0; i < moex_placement_replicas(hub->placement); i++) {
-        hub_worker *w = hub_worker_by_id(hub, ids[i]);
-        if (!hub_worker_usable(hub, w, layer, t->expert) || already_sent(t, w->id)) continue;
+    for (int i = 0; i < n_all; i++) {
+        if (already_sent(t, all[i].id)) {
+            hub_conn_unref(all[i].conn);
+            continue;
+        }
         int j = n++;
-        for (; j > 0 && estimate_ms(out[j - 1]) > estimate_ms(w); j--) out[j] = out[j - 1];
-        out[j] = w;
+        const float e = estimate_ms(x, &all[i]);
+        for (; j > 0 && estimate_ms(x, &out[j - 1]) > e; j--) out[j] = out[j - 1];
+        out[j] = all[i];
     }
     return n;
 }
 
-/* The pool's typical latency: the median of the workers' estimates (0 when none known). */
-static float pool_median_ms(const moex_hub *hub) {
-    float v[HUB_MAX_WORKERS];
-    int n = 0;
-    for (int i = 0; i < hub->n_workers; i++)
-        if (hub->workers[i]->lat_ewma_ms >= 0 && hub->workers[i]->wsi) v[n++] = hub->workers[i]->lat_ewma_ms;
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            float x = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = x;
-        }
-    return n ? v[n / 2] : 0.0f;
+static void release_candidates(hub_replica *c, int from, int n) {
+    for (int i = from; i < n; i++) hub_conn_unref(c[i].conn);
 }
 
-static void send_to(moex_hub *hub, hub_task *t, hub_worker *w, double now) {
-    int i = t->n_sent++;
-    t->sent_to[i] = w->id;
-    t->sent_at[i] = now;
-    t->send_failed[i] = false;
-    w->inflight++;
-    w->n_dispatched++;
-    hub->metrics.dispatches++;
-    hub_send(hub, w, t->frame, t->frame_len);
+/* Appends the task's frame to the worker's message of this round. */
+static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *frame, size_t len) {
+    outgoing *o = NULL;
+    for (int i = 0; i < x->n_out && !o; i++)
+        if (x->out[i].worker == r->id) o = &x->out[i];
+    if (!o) {
+        if (x->n_out == HUB_MAX_WORKERS) return; /* cannot happen: one per worker; the deadline would catch it */
+        o = &x->out[x->n_out++];
+        hub_conn_ref(r->conn);
+        *o = (outgoing){.worker = r->id, .conn = r->conn};
+    }
+    if (o->len + len > o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 4 * len;
+        while (cap < o->len + len) cap *= 2;
+        uint8_t *buf = hub_conn_buffer(cap);
+        if (!buf) return; /* the send fails at its deadline */
+        if (o->buf) memcpy(buf + LWS_PRE, o->buf + LWS_PRE, o->len);
+        free(o->buf);
+        o->buf = buf;
+        o->cap = cap;
+    }
+    memcpy(o->buf + LWS_PRE + o->len, frame, len);
+    o->len += len;
+    o->frames++;
+}
+
+/* Sends every worker its message of this round, then wakes the network thread once. */
+static void flush_round(hub_executor *x) {
+    for (int i = 0; i < x->n_out; i++) {
+        outgoing *o = &x->out[i];
+        if (o->buf && !ONE_MESSAGE_PER_WORKER) { /* workers that take one frame per message */
+            size_t off = 0, n = 0;
+            while (moex_proto_next_frame(o->buf + LWS_PRE, o->len, &off, NULL, &n, NULL) == 1) {
+                if (hub_conn_send(o->conn, o->buf + LWS_PRE + off, n)) HUB_COUNT(x->metrics, messages_out);
+                off += n;
+            }
+            HUB_ADD(x->metrics, bytes_out, o->len);
+            free(o->buf);
+        } else if (o->buf && hub_conn_send_owned(o->conn, o->buf, o->len)) {
+            HUB_ADD(x->metrics, bytes_out, o->len);
+            HUB_COUNT(x->metrics, messages_out);
+        }
+        hub_registry_count_dispatch(x->reg, o->worker, o->frames);
+        hub_conn_unref(o->conn);
+    }
+    if (x->n_out) hub_net_wake(x->net);
+    x->n_out = 0;
+}
+
+static void send_to(hub_executor *x, hub_task *t, const hub_replica *r, double now) {
+    hub_conn_ref(r->conn);
+    t->sends[t->n_sent++] = (hub_send){.worker = r->id, .conn = r->conn, .at = now};
+    int *n = inflight_of(x, r->id);
+    if (n) (*n)++;
+    HUB_COUNT(x->metrics, dispatches);
+    queue_frame(x, r, t->frame, t->frame_len);
 }
 
 /* Paper §4.1, adaptive: one replica while the fastest is as fast as the pool;
  * two at once when its recent latency is well above the pool's; and, like
  * Dean & Barroso's hedged requests, a deferred second copy when the answer is
  * late against the primary's own history. */
-static int auto_hedge_now(moex_hub *hub, const hub_worker *primary, float median) {
-    if (primary->lat_ewma_ms >= 0 && median > 0 && primary->lat_ewma_ms > 2.0f * median + 2.0f) return 2;
-    return 1;
+static int auto_hedge_now(const hub_replica *primary, float median) {
+    return primary->lat_ms >= 0 && median > 0 && primary->lat_ms > 2.0f * median + 2.0f ? 2 : 1;
 }
 
-static double auto_hedge_delay_s(const hub_worker *primary, float median) {
-    float base = primary->lat_ewma_ms >= 0 ? primary->lat_ewma_ms : (median > 0 ? median : 5.0f);
-    float ms = 3.0f * base + 2.0f;
-    return ms / 1000.0;
+static double auto_hedge_delay_s(const hub_replica *primary, float median) {
+    const float base = primary->lat_ms >= 0 ? primary->lat_ms : (median > 0 ? median : 5.0f);
+    return (3.0f * base + 2.0f) / 1000.0;
 }
 
-/* Sends a task to its first replicas; no replica: computed here. */
-static void dispatch_task(moex_hub *hub, int layer, hub_task *t, double now) {
-    hub_worker *c[MOEX_PLACEMENT_MAX_REPLICAS];
-    int n = candidates(hub, layer, t, c);
-    t->hedge_at_s = INFINITY;
-    if (n == 0) {
-        t->local = true;
-        hub->metrics.fallbacks++;
-        return;
-    }
-    int h = hub->cfg.hedge;
-    if (h == 0) {
-        float median = pool_median_ms(hub);
-        h = auto_hedge_now(hub, c[0], median);
-        if (n > h) t->hedge_at_s = now + auto_hedge_delay_s(c[0], median);
-    }
-    if (h > n) h = n;
-    for (int i = 0; i < h; i++) send_to(hub, t, c[i], now);
-    hub->metrics.hedges_sent += (uint64_t)(h - 1);
-    t->deadline_s = now + hub->cfg.timeout_ms / 1000.0;
-}
-
-/* The task's sends all failed or timed out: another replica, else here. */
-static int redispatch(moex_hub *hub, int layer, hub_task *t, double now, moex_error *err) {
-    hub_worker *c[MOEX_PLACEMENT_MAX_REPLICAS];
-    int n = t->n_sent < HUB_MAX_SENDS ? candidates(hub, layer, t, c) : 0;
-    if (n > 0) {
-        send_to(hub, t, c[0], now);
-        hub->metrics.redispatches++;
-        t->deadline_s = now + hub->cfg.timeout_ms / 1000.0;
-        t->hedge_at_s = INFINITY;
-        return 0;
-    }
-    if (!hub->cfg.local_fallback)
-        return moex_fail(err, "expert %d of layer %d has no live replica and --no-local-fallback is set", t->expert, layer);
+/* No replica can take the task: computed here, or (--no-local-fallback) the
+ * layer fails. */
+static int fall_back(hub_executor *x, hub_task *t, moex_error *err) {
+    if (!x->cfg.local_fallback)
+        return moex_fail(err, "expert %d of layer %d has no live replica and --no-local-fallback is set", t->expert,
+                         x->layer);
     t->local = true;
-    hub->metrics.fallbacks++;
+    HUB_COUNT(x->metrics, fallbacks);
     return 0;
 }
 
-static bool send_outstanding(moex_hub *hub, const hub_task *t, int i) {
-    if (t->send_failed[i]) return false;
-    const hub_worker *w = hub_worker_by_id(hub, t->sent_to[i]);
-    return w && w->wsi && !w->closing;
+/* The task's first sends: h replicas (or one plus a deferred hedge). */
+static int dispatch_task(hub_executor *x, hub_task *t, float median, double now, moex_error *err) {
+    hub_replica c[MOEX_PLACEMENT_MAX_REPLICAS];
+    const int n = candidates(x, t, c);
+    t->hedge_at_s = INFINITY;
+    t->deadline_s = now + x->cfg.timeout_ms / 1000.0;
+    if (n == 0) return fall_back(x, t, err);
+    int h = x->cfg.hedge;
+    if (h == 0) {
+        h = auto_hedge_now(&c[0], median);
+        if (n > h) t->hedge_at_s = now + auto_hedge_delay_s(&c[0], median);
+    }
+    if (h > n) h = n;
+    for (int i = 0; i < h; i++) send_to(x, t, &c[i], now);
+    HUB_ADD(x->metrics, hedges_sent, h - 1);
+    release_candidates(c, 0, n);
+    return 0;
 }
 
-/* Checks deadlines; returns the next time something is due. */
-static double service_tasks(moex_hub *hub, int layer, double now, int *rc, moex_error *err) {
+/* Every copy of the task failed: another replica, else here. */
+static int redispatch(hub_executor *x, hub_task *t, double now, moex_error *err) {
+    hub_replica c[MOEX_PLACEMENT_MAX_REPLICAS];
+    const int n = t->n_sent < MAX_SENDS ? candidates(x, t, c) : 0;
+    t->hedge_at_s = INFINITY;
+    if (n == 0) return fall_back(x, t, err);
+    send_to(x, t, &c[0], now);
+    release_candidates(c, 0, n);
+    HUB_COUNT(x->metrics, redispatches);
+    t->deadline_s = now + x->cfg.timeout_ms / 1000.0;
+    return 0;
+}
+
+static int outstanding(const hub_task *t) {
+    int n = 0;
+    for (int s = 0; s < t->n_sent; s++) n += !t->sends[s].failed;
+    return n;
+}
+
+/* Deadlines, hedges and tasks whose every copy failed. Returns the next time
+ * something is due (INFINITY: nothing). */
+static double service(hub_executor *x, double now, int *rc, moex_error *err) {
     double next = INFINITY;
-    for (int i = 0; i < hub->n_tasks && *rc == 0; i++) {
-        hub_task *t = &hub->tasks[i];
+    for (int i = 0; i < x->n_tasks && *rc == 0; i++) {
+        hub_task *t = &x->tasks[i];
         if (t->done || t->local) continue;
-        int outstanding = 0;
-        for (int s = 0; s < t->n_sent; s++) outstanding += send_outstanding(hub, t, s);
-        if (outstanding == 0) { /* every copy failed or its worker left: no need to wait */
-            *rc = redispatch(hub, layer, t, now, err);
+        if (outstanding(t) == 0) {
+            *rc = redispatch(x, t, now, err);
         } else if (now >= t->deadline_s) {
             for (int s = 0; s < t->n_sent; s++) {
-                if (!send_outstanding(hub, t, s)) continue;
-                hub_worker *w = hub_worker_by_id(hub, t->sent_to[s]);
-                t->send_failed[s] = true;
-                hub_record_latency(w, (float)hub->cfg.timeout_ms);
-                w->n_timeouts++;
-                hub->metrics.timeouts++;
-                if (++w->consecutive_timeouts >= 3 && !w->unhealthy) {
-                    w->unhealthy = true;
-                    moex_log(MOEX_LOG_WARN, "worker %s: 3 consecutive timeouts, unhealthy until a good heartbeat", w->name);
-                }
+                if (t->sends[s].failed) continue;
+                t->sends[s].failed = true;
+                hub_registry_record(x->reg, t->sends[s].worker, (float)x->cfg.timeout_ms, HUB_TIMEOUT);
+                HUB_COUNT(x->metrics, timeouts);
             }
-            *rc = redispatch(hub, layer, t, now, err);
+            *rc = redispatch(x, t, now, err);
         } else if (now >= t->hedge_at_s) {
-            hub_worker *c[MOEX_PLACEMENT_MAX_REPLICAS];
-            if (t->n_sent < HUB_MAX_SENDS && candidates(hub, layer, t, c) > 0) {
-                send_to(hub, t, c[0], now);
-                hub->metrics.hedges_sent++;
+            hub_replica c[MOEX_PLACEMENT_MAX_REPLICAS];
+            const int n = t->n_sent < MAX_SENDS ? candidates(x, t, c) : 0;
+            if (n > 0) {
+                send_to(x, t, &c[0], now);
+                HUB_COUNT(x->metrics, hedges_sent);
             }
+            release_candidates(c, 0, n);
             t->hedge_at_s = INFINITY;
         }
         if (!t->done && !t->local) {
@@ -217,37 +417,165 @@ static double service_tasks(moex_hub *hub, int layer, double now, int *rc, moex_
             if (t->hedge_at_s < next) next = t->hedge_at_s;
         }
     }
+    flush_round(x);
     return next;
 }
 
-static void wait_until(moex_hub *hub, double until) {
-    double now = moex_time_s();
-    double dt = until - now;
-    if (dt > 0.05) dt = 0.05; /* re-check liveness regularly */
-    if (dt <= 0) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long ns = ts.tv_nsec + (long)(dt * 1e9);
-    ts.tv_sec += ns / 1000000000L;
-    ts.tv_nsec = ns % 1000000000L;
-    pthread_cond_timedwait(&hub->cv, &hub->mu, &ts);
+/* ---- receiving ---- */
+
+static hub_task *task_for(hub_executor *x, uint32_t seq) {
+    const uint32_t i = seq - x->seq0;
+    return i < (uint32_t)x->n_tasks ? &x->tasks[i] : NULL;
 }
 
-/* ---- computing on the hub: fallback and verification ---- */
+static int send_index(const hub_task *t, uint32_t worker) {
+    for (int i = 0; i < t->n_sent; i++)
+        if (t->sends[i].worker == worker) return i;
+    return -1;
+}
 
-static int compute_here(moex_hub *hub, int layer, const hub_task *t, float *out) {
-    moex_expert_job job = {.w = &hub->m->layers[layer].experts[t->expert], .n_tokens = t->n_tokens, .rows = t->rows,
-                           .gates = t->gates, .out = out};
-    if (moex_experts_run(hub->pool, &job, 1, hub->x_wire, hub->m->hp.n_embd)) return -1;
-    moex_wire_round_rows(hub->cfg.wire_dtype, out, t->n_tokens, hub->m->hp.n_embd, hub->tmp);
+static void fail_sends_of(hub_executor *x, uint32_t worker) {
+    for (int i = 0; i < x->n_tasks; i++) {
+        const int s = send_index(&x->tasks[i], worker);
+        if (s >= 0) x->tasks[i].sends[s].failed = true;
+    }
+}
+
+/* Rows of a RESULT as f32 into dst; false when a value is not finite (an
+ * overflowing or hostile worker: such a result must never reach the router). */
+static bool read_rows(const moex_proto_tensor_view *v, float *dst, int64_t d) {
+    for (uint32_t i = 0; i < v->n_tokens; i++) moex_proto_tensor_row_f32(v, i, dst + i * d);
+    const int64_t n = (int64_t)v->n_tokens * d;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(dst[i])) return false;
+    return true;
+}
+
+static void cancel_losers(hub_executor *x, hub_task *t, int winner, double now) {
+    for (int i = 0; i < t->n_sent; i++) {
+        hub_send *s = &t->sends[i];
+        if (i == winner || s->failed) continue;
+        /* their answer will not come: what they took so far is a lower bound
+         * of their latency, so a slow replica stops being picked first */
+        hub_registry_record(x->reg, s->worker, (float)((now - s->at) * 1000.0), HUB_LOST);
+        uint8_t buf[64];
+        size_t n;
+        if (!moex_proto_encode_cancel(t->seq, (uint16_t)x->layer, (uint16_t)t->expert, buf, sizeof buf, &n, NULL) &&
+            hub_conn_send(s->conn, buf, n))
+            HUB_COUNT(x->metrics, cancels);
+        s->failed = true; /* no longer outstanding */
+    }
+}
+
+static void on_result(hub_executor *x, uint32_t worker, const moex_proto_msg *msg, double t_rx) {
+    hub_task *t = task_for(x, msg->h.seq);
+    if (!t) return; /* a straggler from an earlier layer: already answered */
+    const int s = send_index(t, worker);
+    const moex_proto_tensor_view *v = &msg->u.tensor;
+    if (s < 0 || msg->h.layer != x->layer || msg->h.expert != t->expert || v->n_tokens != t->n_tokens ||
+        v->hidden != x->d) {
+        fail_sends_of(x, worker);
+        hub_registry_bad_result(x->reg, worker, "a RESULT that does not match its DISPATCH");
+        return;
+    }
+    if (t->local) return; /* being computed here after its replicas failed */
+    const float ms = (float)((t_rx - t->sends[s].at) * 1000.0);
+    if (t->done) { /* a hedged duplicate: compared after the layer */
+        if (!t->dup_seen && t->winner != worker) {
+            const size_t need = (size_t)t->n_tokens * (size_t)x->d;
+            if (need > t->dup_cap) {
+                free(t->dup);
+                t->dup = malloc(need * sizeof *t->dup);
+                t->dup_cap = t->dup ? need : 0;
+            }
+            if (t->dup && read_rows(v, t->dup, x->d)) {
+                t->dup_from = worker;
+                t->dup_seen = true;
+            }
+        }
+        return;
+    }
+    float *dst = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
+    if (!read_rows(v, dst, x->d)) {
+        t->sends[s].failed = true; /* re-dispatched like a wrong answer, counted against the worker */
+        HUB_COUNT(x->metrics, bad_results);
+        hub_registry_record(x->reg, worker, ms, HUB_TIMEOUT);
+        moex_log(MOEX_LOG_WARN, "layer %d expert %d: a RESULT with non-finite values; re-dispatched", x->layer, t->expert);
+        return;
+    }
+    t->done = true;
+    t->winner = worker;
+    hub_registry_record(x->reg, worker, ms, HUB_WON);
+    if (s != 0) HUB_COUNT(x->metrics, hedges_won);
+    cancel_losers(x, t, s, t_rx);
+}
+
+static void on_error(hub_executor *x, uint32_t worker, const moex_proto_msg *msg) {
+    HUB_COUNT(x->metrics, errors_in);
+    const moex_proto_error_info *e = moex_proto_error_info_of(msg->u.error.code);
+    moex_log(MOEX_LOG_DEBUG, "worker %08x: error %d (%s) for seq %u: %.*s", worker, msg->u.error.code,
+             e ? e->name : "unknown", msg->h.seq, (int)msg->u.error.text_len, msg->u.error.text);
+    if (!e || e->on_hub != MOEX_ERR_ACT_REDISPATCH) return;
+    hub_task *t = task_for(x, msg->h.seq);
+    const int s = t ? send_index(t, worker) : -1;
+    if (s >= 0) t->sends[s].failed = true;
+}
+
+/* A message from a worker: its RESULT and ERROR frames (the network thread
+ * handled the rest and checked every header). */
+static void on_message(hub_executor *x, const hub_event *ev) {
+    const double t0 = moex_time_s();
+    size_t off = 0, len = 0;
+    int rc;
+    while ((rc = moex_proto_next_frame(ev->data, ev->len, &off, &x->limits, &len, NULL)) == 1) {
+        const uint8_t *f = ev->data + off;
+        off += len;
+        moex_proto_header h;
+        moex_proto_header_read(f, &h);
+        if (h.type != MOEX_MSG_RESULT && h.type != MOEX_MSG_ERROR) continue;
+        const size_t need = moex_proto_scratch_bytes(&h);
+        if (need > x->scratch_cap) {
+            uint8_t *grown = realloc(x->scratch, need);
+            if (!grown) continue;
+            x->scratch = grown;
+            x->scratch_cap = need;
+        }
+        moex_proto_msg msg;
+        moex_error err = {0};
+        if (moex_proto_decode(f, len, &x->limits, x->scratch, x->scratch_cap, &msg, &err)) {
+            fail_sends_of(x, ev->worker);
+            hub_registry_bad_result(x->reg, ev->worker, err.msg);
+            break;
+        }
+        if (h.type == MOEX_MSG_RESULT) on_result(x, ev->worker, &msg, ev->t_rx);
+        else on_error(x, ev->worker, &msg);
+    }
+    x->decode_s += moex_time_s() - t0;
+}
+
+static void on_event(hub_executor *x, const hub_event *ev) {
+    if (ev->kind == HUB_EV_MESSAGE) on_message(x, ev);
+    else if (ev->kind == HUB_EV_WORKER_GONE) fail_sends_of(x, ev->worker);
+    free(ev->data);
+}
+
+/* ---- computing here: fallback and verification ---- */
+
+static int compute_here(hub_executor *x, const hub_task *t, float *out) {
+    const moex_moe_plan *p = &x->plan;
+    const int32_t first = p->group_first[t->group];
+    moex_expert_job job = {.w = &x->m->layers[x->layer].experts[t->expert], .n_tokens = t->n_tokens,
+                           .rows = p->rows + first, .gates = p->gates + first, .out = out};
+    if (moex_experts_run(x->pool, &job, 1, x->x_wire, x->d)) return -1;
+    moex_wire_round_rows(x->cfg.wire_dtype, out, t->n_tokens, x->d, x->tmp);
     return 0;
 }
 
 static double rel_l2(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
+        const double e = (double)a[i] - b[i];
+        num += e * e;
         den += (double)b[i] * b[i];
     }
     if (!isfinite(num)) return INFINITY;
@@ -258,269 +586,178 @@ static double rel_l2(const float *a, const float *b, size_t n) {
  * bit-identical on the same SIMD path, so anything above float noise is wrong.
  * Other backends (GPU) sum in a different order and may land one 8-bit
  * activation step away (~1e-2); corruption is orders of magnitude larger. */
-static double verify_tolerance(const hub_worker *w) {
-    return !w || w->backend == MOEX_BACKEND_CPU ? 1e-3 : 3e-2;
+static double tolerance(hub_executor *x, uint32_t worker) {
+    const int b = hub_registry_backend(x->reg, worker);
+    return b < 0 || b == MOEX_BACKEND_CPU ? 1e-3 : 3e-2;
 }
 
-/* Recomputes a result here; a worker that disagrees is evicted and the hub's answer used. */
-static int verify_task(moex_hub *hub, int layer, hub_task *t) {
-    const size_t n = (size_t)t->n_tokens * (size_t)hub->m->hp.n_embd;
-    if (compute_here(hub, layer, t, hub->check)) return -1;
-    pthread_mutex_lock(&hub->mu);
-    hub->metrics.verified++;
-    hub_worker *winner = hub_worker_by_id(hub, t->winner);
-    double e = rel_l2(t->result, hub->check, n);
-    if (e > verify_tolerance(winner)) {
-        hub->metrics.verify_mismatches++;
+/* Recomputes a task here; a worker whose answer disagrees is evicted and the hub's answer used. */
+static int verify_task(hub_executor *x, hub_task *t) {
+    const size_t n = (size_t)t->n_tokens * (size_t)x->d;
+    float *result = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
+    if (compute_here(x, t, x->check)) return -1;
+    HUB_COUNT(x->metrics, verified);
+    const double e = rel_l2(result, x->check, n);
+    if (e > tolerance(x, t->winner)) {
+        HUB_COUNT(x->metrics, verify_mismatches);
         char why[128];
-        snprintf(why, sizeof why, "result of layer %d expert %d differs from the hub's (relative error %.3g)", layer,
+        snprintf(why, sizeof why, "result of layer %d expert %d differs from the hub's (relative error %.3g)", x->layer,
                  t->expert, e);
-        if (winner) hub_evict(hub, winner, why);
-        memcpy(t->result, hub->check, n * sizeof(float));
+        hub_registry_evict(x->reg, t->winner, why);
+        memcpy(result, x->check, n * sizeof(float));
     }
-    hub_worker *second = t->dup_seen ? hub_worker_by_id(hub, t->dup_from) : NULL;
-    if (t->dup_seen && rel_l2(t->dup, hub->check, n) > verify_tolerance(second)) {
-        hub->metrics.verify_mismatches++;
-        if (second) hub_evict(hub, second, "a hedged duplicate differs from the hub's result");
+    if (t->dup_seen && rel_l2(t->dup, x->check, n) > tolerance(x, t->dup_from)) {
+        HUB_COUNT(x->metrics, verify_mismatches);
+        hub_registry_evict(x->reg, t->dup_from, "a hedged duplicate differs from the hub's result");
     }
-    pthread_mutex_unlock(&hub->mu);
     return 0;
 }
 
-/* ---- the executor ---- */
-
-/* Groups (token, expert) pairs into one task per active expert; records
- * where each pair's result lives. Touches only tasks the network thread
- * cannot see (hub->n_tasks is 0 meanwhile). */
-static int build_tasks(moex_hub *hub, const moex_moe_request *req, int *n_tasks_out) {
-    const int k = req->n_used, n_expert = hub->n_experts;
-    const int64_t n_pairs = req->n_tokens * k;
-    int32_t task_of_expert[4096];
-    int64_t counts[4096];
-    if (n_expert > 4096) return -1; /* the protocol's expert limit */
-    for (int e = 0; e < n_expert; e++) task_of_expert[e] = -1;
-    int n_tasks = 0;
-    for (int64_t p = 0; p < n_pairs; p++) {
-        int e = req->expert_ids[p];
-        if (e < 0 || e >= n_expert) return -1;
-        if (task_of_expert[e] < 0) {
-            task_of_expert[e] = n_tasks;
-            counts[n_tasks++] = 0;
+static int verify_layer(hub_executor *x, moex_error *err) {
+    for (int i = 0; i < x->n_tasks; i++) {
+        hub_task *t = &x->tasks[i];
+        if (t->local) continue;
+        const bool sampled = x->cfg.verify_p > 0 && (next_random(x) >> 11) * 0x1.0p-53 < x->cfg.verify_p;
+        bool disagree = false;
+        if (t->dup_seen) {
+            const float *result = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
+            const double tol = fmax(tolerance(x, t->winner), tolerance(x, t->dup_from));
+            disagree = rel_l2(t->dup, result, (size_t)t->n_tokens * (size_t)x->d) > tol;
         }
-        counts[task_of_expert[e]]++;
+        if ((sampled || disagree) && verify_task(x, t))
+            return moex_fail(err, "layer %d: verifying expert %d failed to compute", x->layer, t->expert);
     }
-    if (reserve(hub, req->n_tokens, n_pairs, n_tasks)) return -1;
-    const size_t d = (size_t)hub->m->hp.n_embd;
-    for (int i = 0; i < n_tasks; i++) {
-        hub_task *t = &hub->tasks[i];
-        moex_proto_tensor_msg m = {.type = MOEX_MSG_DISPATCH, .n_tokens = (uint32_t)counts[i], .hidden = (uint16_t)d,
-                                   .dtype = (uint8_t)hub->cfg.wire_dtype};
-        size_t fb = moex_proto_tensor_frame_bytes(&m);
-        if (counts[i] > t->cap_tokens || fb > t->cap_frame) {
-            if (task_reserve(t, counts[i], d, fb)) return -1;
-            t->cap_tokens = counts[i];
-            t->cap_frame = fb;
-        }
-        t->frame_len = fb;
-        t->n_tokens = 0;
-    }
-    for (int64_t p = 0; p < n_pairs; p++) {
-        int ti = task_of_expert[req->expert_ids[p]];
-        hub_task *t = &hub->tasks[ti];
-        t->expert = req->expert_ids[p];
-        t->rows[t->n_tokens] = (int32_t)(p / k);
-        t->gates[t->n_tokens] = req->gate_weights[p];
-        hub->slot_of_pair[2 * p] = ti;
-        hub->slot_of_pair[2 * p + 1] = (int32_t)t->n_tokens++;
-    }
-    *n_tasks_out = n_tasks;
     return 0;
 }
 
-static int encode_task(moex_hub *hub, int layer, hub_task *t, moex_error *err) {
-    const int64_t d = hub->m->hp.n_embd;
-    moex_wire_round_gates(hub->cfg.wire_dtype, t->gates, t->n_tokens);
-    for (int64_t i = 0; i < t->n_tokens; i++)
-        memcpy(hub->gather + i * d, hub->x_wire + (int64_t)t->rows[i] * d, (size_t)d * sizeof(float));
-    moex_proto_tensor_msg m = {.type = MOEX_MSG_DISPATCH, .seq = t->seq, .layer = (uint16_t)layer,
-                               .expert = (uint16_t)t->expert, .n_tokens = (uint32_t)t->n_tokens, .hidden = (uint16_t)d,
-                               .dtype = (uint8_t)hub->cfg.wire_dtype};
-    size_t len;
-    if (moex_proto_encode_tensor_f32(&m, hub->gather, t->gates, t->frame, t->frame_len, &len, err)) return -1;
-    t->frame_len = len;
+/* ---- the layer ---- */
+
+static int prepare(hub_executor *x, const moex_moe_request *req, moex_error *err) {
+    moex_moe_plan *p = &x->plan;
+    if (moex_moe_plan_build(p, req, x->m->hp.n_expert, err)) return -1;
+    if (reserve(x, req->n_tokens))
+        return moex_fail(err, "layer %d: out of memory for %lld expert pairs", req->layer, (long long)p->n_pairs);
+    memcpy(x->x_wire, req->x, (size_t)(req->n_tokens * x->d) * sizeof(float));
+    moex_wire_round_rows(x->cfg.wire_dtype, x->x_wire, req->n_tokens, x->d, x->tmp);
+    moex_wire_round_gates(x->cfg.wire_dtype, p->gates, p->n_pairs);
+    x->layer = req->layer;
+    x->seq0 = x->next_seq;
+    x->next_seq += (uint32_t)p->n_groups;
+    x->n_tasks = p->n_groups;
+    for (int g = 0; g < p->n_groups; g++) {
+        hub_task *t = &x->tasks[g];
+        t->seq = x->seq0 + (uint32_t)g;
+        t->group = g;
+        t->expert = p->group_expert[g];
+        t->n_tokens = p->group_first[g + 1] - p->group_first[g];
+        t->n_sent = 0;
+        t->done = t->local = t->dup_seen = false;
+        t->deadline_s = t->hedge_at_s = INFINITY;
+        if (encode_task(x, t, err)) return -1;
+    }
     return 0;
 }
 
-static void reset_task(hub_task *t, uint32_t seq) {
-    t->seq = seq;
-    t->n_sent = 0;
-    t->done = t->local = t->dup_pending = t->dup_seen = t->verify = false;
-    t->deadline_s = t->hedge_at_s = INFINITY;
-}
-
-static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
-    moex_hub *hub = ctx;
-    const int layer = req->layer, k = req->n_used;
-    const int64_t d = hub->m->hp.n_embd;
-    if (req->n_tokens > hub->cfg.max_batch)
-        return moex_fail(err, "batch of %lld tokens over the hub's --batch %lld", (long long)req->n_tokens,
-                         (long long)hub->cfg.max_batch);
-    pthread_mutex_lock(&hub->mu); /* late answers to the previous layer now find no task */
-    hub->n_tasks = 0;
-    pthread_mutex_unlock(&hub->mu);
-    int n_tasks = 0;
-    if (reserve(hub, req->n_tokens, req->n_tokens * k, 1) || build_tasks(hub, req, &n_tasks))
-        return moex_fail(err, "out of memory (or a bad expert id) in layer %d", layer);
-    memcpy(hub->x_wire, req->x, (size_t)(req->n_tokens * d) * sizeof(float));
-    moex_wire_round_rows(hub->cfg.wire_dtype, hub->x_wire, req->n_tokens, d, hub->tmp);
-    uint32_t seq0;
-    pthread_mutex_lock(&hub->mu);
-    seq0 = hub->next_seq;
-    hub->next_seq += (uint32_t)n_tasks;
-    pthread_mutex_unlock(&hub->mu);
+static int send_layer(hub_executor *x, moex_error *err) {
+    x->n_inflight = 0;
+    const float median = x->cfg.hedge == 0 ? hub_registry_median_ms(x->reg) : 0.0f;
+    const double now = moex_time_s();
     int rc = 0;
-    for (int i = 0; i < n_tasks && rc == 0; i++) {
-        reset_task(&hub->tasks[i], seq0 + (uint32_t)i);
-        rc = encode_task(hub, layer, &hub->tasks[i], err);
-    }
-    if (rc) return rc;
+    for (int i = 0; i < x->n_tasks && rc == 0; i++) rc = dispatch_task(x, &x->tasks[i], median, now, err);
+    flush_round(x);
+    return rc;
+}
 
-    pthread_mutex_lock(&hub->mu);
-    hub->task_layer = layer;
-    hub->task_seq0 = seq0;
-    hub->n_tasks = n_tasks;
-    for (int i = 0; i < hub->n_workers; i++) hub->workers[i]->inflight = 0;
-    double now = moex_time_s();
-    for (int i = 0; i < n_tasks; i++) dispatch_task(hub, layer, &hub->tasks[i], now);
-    hub_wake_net(hub);
+/* Until every task has its result: events, deadlines, and local work. */
+static int wait_layer(hub_executor *x, moex_error *err) {
+    int rc = 0;
+    double next = 0;
     while (rc == 0) {
         hub_task *local = NULL;
         int pending = 0;
-        for (int i = 0; i < n_tasks; i++) {
-            hub_task *t = &hub->tasks[i];
+        for (int i = 0; i < x->n_tasks; i++) {
+            hub_task *t = &x->tasks[i];
             if (t->done) continue;
             pending++;
             if (t->local && !local) local = t;
         }
         if (!pending) break;
-        if (atomic_load(&hub->stop)) {
-            rc = moex_fail(err, "hub stopping");
-            break;
-        }
-        if (local) { /* compute while the network works */
-            pthread_mutex_unlock(&hub->mu);
-            if (compute_here(hub, layer, local, local->result)) rc = moex_fail(err, "expert computation failed");
-            pthread_mutex_lock(&hub->mu);
+        if (atomic_load(&x->stopping)) return moex_fail(err, "hub stopping");
+        if (local) { /* computed while the network works */
+            float *out = x->results + (size_t)x->plan.group_first[local->group] * (size_t)x->d;
+            if (compute_here(x, local, out))
+                return moex_fail(err, "layer %d: computing expert %d here failed", x->layer, local->expert);
             local->done = true;
             continue;
         }
-        double next = service_tasks(hub, layer, moex_time_s(), &rc, err);
-        hub_wake_net(hub);
-        if (rc == 0) wait_until(hub, next);
-    }
-    for (int i = 0; i < n_tasks; i++) {
-        hub_task *t = &hub->tasks[i];
-        t->verify = !t->local && hub->cfg.verify_p > 0 && (next_random(hub) >> 11) * 0x1.0p-53 < hub->cfg.verify_p;
-        t->dup_seen = !t->local && t->dup_pending; /* its dup buffer no longer changes */
-    }
-    pthread_mutex_unlock(&hub->mu);
-    if (rc) return rc;
-
-    /* Sampled results are recomputed here; two replicas that disagree are settled here too. */
-    const size_t d_sz = (size_t)d;
-    for (int i = 0; i < n_tasks; i++) {
-        hub_task *t = &hub->tasks[i];
-        bool disagree = false;
-        if (t->dup_seen) {
-            pthread_mutex_lock(&hub->mu);
-            double tol = fmax(verify_tolerance(hub_worker_by_id(hub, t->winner)),
-                              verify_tolerance(hub_worker_by_id(hub, t->dup_from)));
-            pthread_mutex_unlock(&hub->mu);
-            disagree = rel_l2(t->dup, t->result, (size_t)t->n_tokens * d_sz) > tol;
+        hub_event ev;
+        if (hub_inbox_pop(x->inbox, &ev, next)) {
+            on_event(x, &ev);
+            while (hub_inbox_pop(x->inbox, &ev, 0)) on_event(x, &ev); /* everything already there */
         }
-        if ((t->verify || disagree) && verify_task(hub, layer, t)) return moex_fail(err, "verification failed to compute");
+        next = service(x, moex_time_s(), &rc, err);
     }
-    for (int64_t tok = 0; tok < req->n_tokens; tok++) {
-        float *o = req->out + tok * d;
-        for (int j = 0; j < k; j++) {
-            const int64_t p = tok * k + j;
-            const hub_task *t = &hub->tasks[hub->slot_of_pair[2 * p]];
-            const float *r = t->result + (int64_t)hub->slot_of_pair[2 * p + 1] * d;
-            if (j == 0) memcpy(o, r, (size_t)d * sizeof(float));
-            else
-                for (int64_t i = 0; i < d; i++) o[i] += r[i];
-        }
-    }
-    return 0;
+    return rc;
 }
 
-moex_expert_executor moex_hub_executor(moex_hub *hub) {
-    return (moex_expert_executor){.ctx = hub, .run = remote_run};
+static void record_times(hub_executor *x, double t0, double t1, double t2, double t3, double t4) {
+    layer_times *lt = &x->times[x->n_times++ % TIMING_LAYERS];
+    *lt = (layer_times){.plan_encode = (float)((t1 - t0) * 1e6), .send = (float)((t2 - t1) * 1e6),
+                        .wait = (float)((t3 - t2 - x->decode_s) * 1e6), .decode = (float)(x->decode_s * 1e6),
+                        .combine = (float)((t4 - t3) * 1e6)};
 }
 
-/* ---- called by the network thread, under mu ---- */
-
-static hub_task *task_for(moex_hub *hub, uint32_t seq) {
-    uint32_t i = seq - hub->task_seq0;
-    return i < (uint32_t)hub->n_tasks ? &hub->tasks[i] : NULL;
+static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
+    hub_executor *x = ctx;
+    if (req->n_tokens > x->cfg.max_batch)
+        return moex_fail(err, "batch of %lld tokens over the hub's --batch %lld", (long long)req->n_tokens,
+                         (long long)x->cfg.max_batch);
+    const double t0 = moex_time_s();
+    x->decode_s = 0;
+    x->n_tasks = 0; /* late answers to the previous layer now find no task */
+    int rc = prepare(x, req, err);
+    const double t1 = moex_time_s();
+    if (rc == 0) rc = send_layer(x, err);
+    const double t2 = moex_time_s();
+    if (rc == 0) rc = wait_layer(x, err);
+    const double t3 = moex_time_s();
+    if (rc == 0) rc = verify_layer(x, err);
+    if (rc == 0) moex_moe_plan_combine(&x->plan, req, x->results, x->d);
+    release_sends(x);
+    if (rc == 0) record_times(x, t0, t1, t2, t3, moex_time_s());
+    return rc;
 }
 
-static int send_index(const hub_task *t, uint32_t worker_id) {
-    for (int i = 0; i < t->n_sent; i++)
-        if (t->sent_to[i] == worker_id) return i;
-    return -1;
+moex_expert_executor hub_executor_iface(hub_executor *x) {
+    return (moex_expert_executor){.ctx = x, .run = remote_run};
 }
 
-void hub_task_result(moex_hub *hub, hub_worker *w, const moex_proto_msg *msg) {
-    hub_task *t = task_for(hub, msg->h.seq);
-    if (!t) return; /* a straggler from an earlier layer: already answered */
-    int s = send_index(t, w->id);
-    const moex_proto_tensor_view *v = &msg->u.tensor;
-    if (s < 0 || msg->h.layer != hub->task_layer || msg->h.expert != t->expert || v->n_tokens != t->n_tokens ||
-        v->hidden != hub->m->hp.n_embd) {
-        hub->metrics.bad_frames++;
-        moex_log(MOEX_LOG_WARN, "worker %s: RESULT seq %u does not match its DISPATCH; ignored", w->name, msg->h.seq);
-        return;
+/* ---- the time breakdown ---- */
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void percentiles(float *v, size_t n, float *p50, float *p99) {
+    qsort(v, n, sizeof *v, cmp_float);
+    *p50 = v[n / 2];
+    *p99 = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+}
+
+void hub_executor_print_timing(hub_executor *x, FILE *f) {
+    const size_t n = x->n_times < TIMING_LAYERS ? (size_t)x->n_times : TIMING_LAYERS;
+    if (!n) return;
+    float *v = malloc(n * sizeof *v);
+    if (!v) return;
+    static const char *const names[] = {"plan+encode", "send", "wait", "decode", "combine"};
+    fprintf(f, "hub layer timing (us, p50/p99 over %zu layers):", n);
+    for (int k = 0; k < 5; k++) {
+        for (size_t i = 0; i < n; i++) v[i] = ((const float *)&x->times[i])[k];
+        float p50, p99;
+        percentiles(v, n, &p50, &p99);
+        fprintf(f, " %s %.0f/%.0f", names[k], p50, p99);
     }
-    if (t->local) return; /* being computed here after its replicas failed */
-    double now = moex_time_s();
-    hub_record_latency(w, (float)((now - t->sent_at[s]) * 1000.0));
-    w->consecutive_timeouts = 0;
-    const size_t d = (size_t)hub->m->hp.n_embd;
-    if (t->done) {
-        if (!t->local && !t->dup_pending && t->winner != w->id) { /* a hedged duplicate: compared after the layer */
-            for (uint32_t i = 0; i < v->n_tokens; i++) moex_proto_tensor_row_f32(v, i, t->dup + i * d);
-            t->dup_from = w->id;
-            t->dup_pending = true;
-        }
-        return;
-    }
-    for (uint32_t i = 0; i < v->n_tokens; i++) moex_proto_tensor_row_f32(v, i, t->result + i * d);
-    t->done = true;
-    t->winner = w->id;
-    w->n_won++;
-    if (s != 0) hub->metrics.hedges_won++;
-    for (int i = 0; i < t->n_sent; i++) { /* cancel the stragglers */
-        if (i == s || !send_outstanding(hub, t, i)) continue;
-        /* Their answer will not come: what they took so far is a lower bound
-         * of their latency, so a slow replica stops being picked first. */
-        hub_worker *loser = hub_worker_by_id(hub, t->sent_to[i]);
-        hub_record_latency(loser, (float)((now - t->sent_at[i]) * 1000.0));
-        uint8_t buf[64];
-        size_t n;
-        if (!moex_proto_encode_cancel(t->seq, (uint16_t)hub->task_layer, (uint16_t)t->expert, buf, sizeof buf, &n, NULL)) {
-            hub_send(hub, hub_worker_by_id(hub, t->sent_to[i]), buf, n);
-            hub->metrics.cancels++;
-        }
-    }
-    pthread_cond_broadcast(&hub->cv);
-}
-
-void hub_task_error(moex_hub *hub, hub_worker *w, uint32_t seq) {
-    hub_task *t = task_for(hub, seq);
-    if (!t || t->done) return;
-    int s = send_index(t, w->id);
-    if (s < 0) return;
-    t->send_failed[s] = true;
-    pthread_cond_broadcast(&hub->cv);
+    fprintf(f, "\n");
+    free(v);
 }

@@ -9,7 +9,7 @@
  * one gets 403. libwebsockets does the HTTP; this file only routes and
  * writes bodies, one chunk per HTTP_WRITEABLE, straight from the model's
  * mapping, so a slow client never holds the network thread. Runs on that
- * thread only: hub->m is read-only, the hash cache is the network thread's. */
+ * thread only: the model is read-only, the hash cache is the network thread's. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +18,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
-#include "hub/dist.h"
+#include "hub/http.h"
 
 #define BODY_CHUNK (256 * 1024)
 #define CLIENT_IDLE_S 30      /* a client that reads nothing for this long is dropped */
@@ -49,17 +49,6 @@ static void req_free(http_req *r) {
 }
 
 /* ---- request checks ---- */
-
-/* The check server.c applies to WebSocket upgrades. */
-static bool token_ok(const moex_hub *hub, struct lws *wsi) {
-    const char *want = hub->cfg.token;
-    if (!want || !*want) return true;
-    char buf[512];
-    const char *v = lws_get_urlarg_by_name(wsi, "token=", buf, sizeof buf);
-    if (v && !strcmp(v, want)) return true;
-    int n = lws_hdr_copy(wsi, buf, sizeof buf, WSI_TOKEN_HTTP_AUTHORIZATION);
-    return n > 7 && !strncmp(buf, "Bearer ", 7) && !strcmp(buf + 7, want);
-}
 
 /* Parses a decimal id of 1..9 digits ending at *end or '/'; advances *p. */
 static bool parse_id(const char **p, int *out) {
@@ -151,6 +140,20 @@ static int respond_error(struct lws *wsi, http_req *r, unsigned status, const ch
     return respond_owned(wsi, r, status, "text/plain; charset=utf-8", msg, NULL);
 }
 
+/* A wrong or missing token: 403, logged at most a few times a second (a
+ * flood of bad requests must not become a flood of log lines). */
+static int respond_refused(hub_http *h, struct lws *wsi, http_req *r, const char *uri) {
+    uint32_t suppressed = 0;
+    if (hub_log_limit_take(&h->refusals, moex_time_s(), &suppressed)) {
+        char peer[64] = "?";
+        lws_get_peer_simple(wsi, peer, sizeof peer);
+        moex_log(MOEX_LOG_WARN, "http: %s GET %s -> 403: wrong or missing token%s", peer, uri,
+                 suppressed ? " (and more refusals not logged)" : "");
+    }
+    return respond_owned(wsi, r, HTTP_STATUS_FORBIDDEN, "text/plain; charset=utf-8",
+                         "wrong or missing token: pass ?token=T or Authorization: Bearer T\n", NULL);
+}
+
 /* ---- /v1/model ---- */
 
 static cJSON *matrix_json(const moex_matrix *m) {
@@ -204,10 +207,10 @@ static cJSON *layer_json(const moex_layer *L, int n_experts) {
     return o;
 }
 
-static char *model_json(const moex_hub *hub) {
-    const moex_hparams *hp = &hub->m->hp;
+static char *model_json(const hub_http *h) {
+    const moex_hparams *hp = &h->m->hp;
     char hex[17];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hub->model_hash);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h->model_hash);
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
     cJSON_AddStringToObject(root, "model_hash", hex);
@@ -218,14 +221,14 @@ static char *model_json(const moex_hub *hub) {
     cJSON_AddNumberToObject(root, "n_embd", hp->n_embd);
     cJSON_AddNumberToObject(root, "n_ff_exp", hp->n_ff_exp);
     cJSON *layers = cJSON_AddArrayToObject(root, "layers");
-    for (int l = 0; l < hp->n_layer; l++) cJSON_AddItemToArray(layers, layer_json(&hub->m->layers[l], hp->n_expert));
+    for (int l = 0; l < hp->n_layer; l++) cJSON_AddItemToArray(layers, layer_json(&h->m->layers[l], hp->n_expert));
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
 }
 
-static int serve_model(moex_hub *hub, struct lws *wsi, http_req *r, const char *uri) {
-    char *json = model_json(hub);
+static int serve_model(hub_http *h, struct lws *wsi, http_req *r, const char *uri) {
+    char *json = model_json(h);
     if (!json) return respond_error(wsi, r, HTTP_STATUS_INTERNAL_SERVER_ERROR, uri, "out of memory");
     int rc = respond_owned(wsi, r, HTTP_STATUS_OK, "application/json", json, NULL);
     cJSON_free(json);
@@ -234,30 +237,30 @@ static int serve_model(moex_hub *hub, struct lws *wsi, http_req *r, const char *
 
 /* ---- /v1/expert/L/E ---- */
 
-static hash_cache *hashes(moex_hub *hub, struct lws *wsi) {
+static hash_cache *hashes(hub_http *h, struct lws *wsi) {
     struct lws_vhost *vh = lws_get_vhost(wsi);
     const struct lws_protocols *prot = lws_get_protocol(wsi);
     hash_cache *c = lws_protocol_vh_priv_get(vh, prot);
     if (c) return c;
-    const int n = hub->n_layers * hub->n_experts;
+    const int n = h->m->hp.n_layer * h->m->hp.n_expert;
     c = lws_protocol_vh_priv_zalloc(vh, prot, (int)(sizeof *c + (size_t)n * sizeof c->e[0]));
     if (c) c->n = n;
     return c;
 }
 
-static uint64_t expert_hash(moex_hub *hub, struct lws *wsi, int layer, int expert) {
-    hash_cache *c = hashes(hub, wsi);
-    const size_t i = hub_bit_index(hub, layer, expert);
+static uint64_t expert_hash(hub_http *h, struct lws *wsi, int layer, int expert) {
+    hash_cache *c = hashes(h, wsi);
+    const size_t i = (size_t)layer * (size_t)h->m->hp.n_expert + (size_t)expert;
     if (c && c->e[i].known) return c->e[i].hash;
-    const moex_expert_weights *w = &hub->m->layers[layer].experts[expert];
+    const moex_expert_weights *w = &h->m->layers[layer].experts[expert];
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     XXH3_64bits_update(&st, w->gate.data, matrix_bytes(&w->gate));
     XXH3_64bits_update(&st, w->up.data, matrix_bytes(&w->up));
     XXH3_64bits_update(&st, w->down.data, matrix_bytes(&w->down));
-    const uint64_t h = XXH3_64bits_digest(&st);
-    if (c) c->e[i].hash = h, c->e[i].known = 1;
-    return h;
+    const uint64_t hash = XXH3_64bits_digest(&st);
+    if (c) c->e[i].hash = hash, c->e[i].known = 1;
+    return hash;
 }
 
 /* Points the body at bytes [from, from + len) of the three matrices. */
@@ -271,11 +274,11 @@ static void set_expert_body(http_req *r, const moex_expert_weights *w, size_t fr
     r->left = len;
 }
 
-static int serve_expert(moex_hub *hub, struct lws *wsi, http_req *r, const char *uri, int layer, int expert) {
-    if (layer >= hub->n_layers || expert >= hub->n_experts)
+static int serve_expert(hub_http *h, struct lws *wsi, http_req *r, const char *uri, int layer, int expert) {
+    if (layer >= h->m->hp.n_layer || expert >= h->m->hp.n_expert)
         return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, uri, "no expert (%d, %d): the model has %d layers x %d experts",
-                             layer, expert, hub->n_layers, hub->n_experts);
-    const moex_expert_weights *w = &hub->m->layers[layer].experts[expert];
+                             layer, expert, h->m->hp.n_layer, h->m->hp.n_expert);
+    const moex_expert_weights *w = &h->m->layers[layer].experts[expert];
     const size_t total = expert_bytes(w);
     int64_t from = 0, to = (int64_t)total - 1;
     char range[256] = "", crange[96];
@@ -293,7 +296,7 @@ static int serve_expert(moex_hub *hub, struct lws *wsi, http_req *r, const char 
         snprintf(crange, sizeof crange, "bytes %lld-%lld/%zu", (long long)from, (long long)to, total);
     }
     char hex[17];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)expert_hash(hub, wsi, layer, expert));
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)expert_hash(h, wsi, layer, expert));
     const size_t len = (size_t)(to - from + 1);
     set_expert_body(r, w, (size_t)from, len);
     char peer[64] = "?";
@@ -307,7 +310,7 @@ static int serve_expert(moex_hub *hub, struct lws *wsi, http_req *r, const char 
 
 /* ---- the callbacks ---- */
 
-static int on_request(moex_hub *hub, struct lws *wsi, http_req *r) {
+static int on_request(hub_http *h, struct lws *wsi, http_req *r) {
     char uri[256] = "";
     const int uri_len = lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI);
     if (uri_len <= 0) { /* HEAD, POST, ...: the connection may carry a body we do not read */
@@ -316,17 +319,15 @@ static int on_request(moex_hub *hub, struct lws *wsi, http_req *r) {
     }
     if (uri_len >= (int)sizeof uri || lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) <= 0)
         return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, "(long path)", "not found");
-    if (!token_ok(hub, wsi)) {
-        pthread_mutex_lock(&hub->mu);
-        hub->metrics.refused++;
-        pthread_mutex_unlock(&hub->mu);
-        return respond_error(wsi, r, HTTP_STATUS_FORBIDDEN, uri, "wrong or missing token");
+    if (!hub_auth_ok(wsi, h->token)) {
+        HUB_COUNT(h->metrics, refused);
+        return respond_refused(h, wsi, r, uri);
     }
-    if (!strcmp(uri, "/v1/model")) return serve_model(hub, wsi, r, uri);
+    if (!strcmp(uri, "/v1/model")) return serve_model(h, wsi, r, uri);
     int layer, expert;
     const int kind = parse_expert_path(uri, &layer, &expert);
     if (kind < 0) return respond_error(wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad expert path (want /v1/expert/<layer>/<expert>)");
-    if (kind > 0) return serve_expert(hub, wsi, r, uri, layer, expert);
+    if (kind > 0) return serve_expert(h, wsi, r, uri, layer, expert);
     return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, uri, "not found (the hub serves /ws, /v1/model, /v1/expert/<layer>/<expert>)");
 }
 
@@ -360,7 +361,7 @@ static int on_writeable(struct lws *wsi, http_req *r, void **state) {
     return lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 
-int hub_http_callback(moex_hub *hub, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
+int hub_http_callback(hub_http *h, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
                       size_t len) {
     (void)in;
     (void)len;
@@ -379,7 +380,7 @@ int hub_http_callback(moex_hub *hub, struct lws *wsi, enum lws_callback_reasons 
         http_req *r = calloc(1, sizeof *r);
         *state = r;
         if (!r) return -1;
-        return on_request(hub, wsi, r) ? -1 : 0;
+        return on_request(h, wsi, r) ? -1 : 0;
     }
     case LWS_CALLBACK_HTTP_WRITEABLE:
         return *state ? on_writeable(wsi, *state, state) : 0;

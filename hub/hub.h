@@ -21,7 +21,6 @@ typedef struct moex_hub_config {
     double verify_p;           /* fraction of results recomputed on the hub */
     bool local_fallback;       /* compute experts with no live replica here */
     int wire_dtype;            /* MOEX_DT_F16 (default), BF16, INT8 or F32 */
-    bool compress;             /* LZ4 frames when it pays */
     int heartbeat_ms;          /* both ways */
     int dead_after_ms;         /* a silent worker is removed after this */
     uint64_t seed;             /* for verification sampling */

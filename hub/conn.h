@@ -1,0 +1,65 @@
+/* Private to the hub: one peer connection's outgoing side, shared between the
+ * network thread, which owns the libwebsockets handle and is the only one to
+ * write, and any other thread, which queues whole messages and may ask for
+ * the connection to close.
+ *
+ * Messages are queued whole and bounded in bytes per connection: a peer that
+ * stops reading is closed instead of growing the hub. A connection is freed
+ * when its last reference goes (the network thread holds one while the
+ * socket lives; the registry one while a worker record points at it; a
+ * sender one while it uses it). */
+#ifndef MOEX_HUB_CONN_H
+#define MOEX_HUB_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libwebsockets.h>
+
+typedef struct hub_conn hub_conn;
+typedef struct hub_net hub_net;
+
+/* The set of connections with something for the network thread to do, and
+ * the libwebsockets context to wake for them. */
+hub_net *hub_net_create(void);
+void hub_net_set_context(hub_net *n, struct lws_context *ctx);
+void hub_net_free(hub_net *n);
+/* Wakes the network thread (lws_cancel_service); any thread. */
+void hub_net_wake(hub_net *n);
+
+/* Network thread: a new connection (one reference, the network thread's). */
+hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, const char *peer);
+void hub_conn_ref(hub_conn *c);
+void hub_conn_unref(hub_conn *c);
+const char *hub_conn_peer(const hub_conn *c);
+
+/* Any thread. Queues a copy of one message (one or more frames); false when
+ * the connection is closing or gone. Over the byte bound the connection is
+ * closed at once (the message is dropped: the peer is not reading). Call
+ * hub_net_wake after a batch of sends. */
+bool hub_conn_send(hub_conn *c, const uint8_t *msg, size_t len);
+/* Same, taking ownership of buf (from hub_conn_buffer: LWS_PRE bytes of
+ * headroom, then len message bytes). */
+bool hub_conn_send_owned(hub_conn *c, uint8_t *buf, size_t len);
+/* A buffer for hub_conn_send_owned with room for len message bytes. */
+uint8_t *hub_conn_buffer(size_t len);
+/* Sends what is queued, then closes with this reason (a rejection must
+ * arrive before the close); a peer that reads nothing is dropped after a few
+ * seconds anyway. */
+void hub_conn_close_after_flush(hub_conn *c, const char *why);
+/* Closes now, whatever is queued, even when the peer reads nothing. */
+void hub_conn_kill(hub_conn *c, const char *why);
+/* Not closing and not gone. */
+bool hub_conn_open(hub_conn *c);
+size_t hub_conn_queued_bytes(hub_conn *c);
+
+/* Network thread only. */
+/* Acts on what other threads asked since the last call (writes, closes). */
+void hub_net_service(hub_net *n);
+/* LWS_CALLBACK_SERVER_WRITEABLE: writes the next message; -1 asks lws to close. */
+int hub_conn_on_writeable(hub_conn *c);
+/* The socket is gone (LWS_CALLBACK_CLOSED): later sends are dropped. */
+void hub_conn_closed(hub_conn *c);
+
+#endif

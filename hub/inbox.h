@@ -1,0 +1,38 @@
+/* Private to the hub: what the network thread and the registry hand to the
+ * remote executor. Messages holding RESULT or ERROR frames arrive whole
+ * (the buffer changes owner, no copy); a worker that leaves is an event too,
+ * so the executor never polls for it. One consumer (the executor thread). */
+#ifndef MOEX_HUB_INBOX_H
+#define MOEX_HUB_INBOX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum hub_event_kind {
+    HUB_EV_MESSAGE,      /* frames from a worker */
+    HUB_EV_WORKER_GONE,  /* a worker left, was evicted or removed: its outstanding requests are lost */
+    HUB_EV_WAKE,         /* nothing: re-check (the hub is stopping, placement changed) */
+} hub_event_kind;
+
+typedef struct hub_event {
+    hub_event_kind kind;
+    uint32_t worker;     /* the worker's id */
+    uint8_t *data;       /* MESSAGE: owned by the receiver of the event, free() it */
+    size_t len;
+    double t_rx;         /* when the network thread had the whole message */
+} hub_event;
+
+typedef struct hub_inbox hub_inbox;
+
+hub_inbox *hub_inbox_create(size_t max_events);
+void hub_inbox_free(hub_inbox *b);
+/* Any thread. A full inbox drops the event (a RESULT is then re-dispatched
+ * at its deadline): returns -1 and frees data. */
+int hub_inbox_push(hub_inbox *b, const hub_event *ev);
+/* The executor: the oldest event, waiting until deadline (a moex_time_s
+ * time; INFINITY waits for ever). 1 with an event, 0 at the deadline. */
+int hub_inbox_pop(hub_inbox *b, hub_event *ev, double deadline);
+/* Drops every queued event (frees their data). */
+void hub_inbox_clear(hub_inbox *b);
+
+#endif

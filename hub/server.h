@@ -1,0 +1,32 @@
+/* Private to the hub: the network thread (server.c). One libwebsockets port:
+ * workers on /ws, HTTP (expert weights) on the rest. It owns every socket;
+ * decoded control frames go to the registry, messages holding results go to
+ * the executor's inbox, outgoing messages come from the connections' queues. */
+#ifndef MOEX_HUB_SERVER_H
+#define MOEX_HUB_SERVER_H
+
+#include "hub/conn.h"
+#include "hub/http.h"
+#include "hub/inbox.h"
+#include "hub/metrics.h"
+#include "hub/registry.h"
+
+typedef struct hub_server_config {
+    const char *host;
+    int port;                      /* 0: any free port */
+    const char *token;
+    int heartbeat_ms;
+    moex_proto_limits limits;      /* what a worker's frames may be */
+    size_t max_message;            /* a worker's message (all its frames) at most */
+    size_t max_queued;             /* bytes queued for one connection at most */
+} hub_server_config;
+
+typedef struct hub_server hub_server;
+
+hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hub_inbox *inbox, hub_net *net,
+                             hub_http *http, hub_metrics *metrics, moex_error *err);
+int hub_server_port(const hub_server *s);
+/* Stops the thread and closes every connection. */
+void hub_server_stop(hub_server *s);
+
+#endif
