@@ -125,8 +125,9 @@ class Cluster:
             self.start_worker(f"w{i}", worker_args[i] if worker_args else (),
                               worker_env[i] if worker_env else None)
 
-    def start_worker(self, name, extra=(), env=None):
-        cmd = [f"{BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{self.port}/ws", "--token", self.token,
+    def start_worker(self, name, extra=(), env=None, port=None):
+        """A worker; port: connect there instead of the hub's (a relay in front of it)."""
+        cmd = [f"{BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{port or self.port}/ws", "--token", self.token,
                "--model", self.model, "--threads", "1", "--name", name, *extra]
         path = os.path.join(WORK, f"worker-{self.port}-{name}.log")
         self.logs.append(path)
@@ -191,3 +192,17 @@ async def hostile_clients(port, token=TOKEN):
 
 def run_hostile_clients(port, token=TOKEN):
     return asyncio.run(hostile_clients(port, token))
+
+
+class Relay:
+    """moex-relay in front of a port: each direction delayed by rtt_ms / 2 (+ jitter)."""
+
+    def __init__(self, target_port, rtt_ms, jitter_ms=0.0, mbps=0.0):
+        self.proc = subprocess.Popen([f"{BIN}/moex-relay", "--listen", "0", "--to", f"127.0.0.1:{target_port}",
+                                      "--rtt-ms", str(rtt_ms), "--jitter-ms", str(jitter_ms), "--mbps", str(mbps)],
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline().split()[-1])
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)

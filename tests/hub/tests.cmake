@@ -35,3 +35,10 @@ if(MOEX_VULKAN)
     SKIP_RETURN_CODE 77 ENVIRONMENT "MOEX_LOG=warn;MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
   file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/distvk-work)
 endif()
+
+# Hub and workers through moex-relay (bench/relay.c) at 2 ms RTT: the tokens of --local.
+add_test(NAME dist_relay
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_relay.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/relay-work)
+set_tests_properties(dist_relay PROPERTIES TIMEOUT 300 LABELS "hub;dist" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/relay-work)
