@@ -23,6 +23,8 @@
 #define ONE_MESSAGE_PER_WORKER 0 /* TEMPORARY until workers split messages */
 #define MAX_SENDS 8              /* replicas one task may be sent to, re-dispatches included */
 #define TIMING_LAYERS 4096       /* layers kept for the time breakdown */
+#define PROBE_AFTER_S 0.5        /* a replica whose estimate is older than this ... */
+#define PROBE_ONE_IN 16          /* ... goes first for one task in this many */
 
 typedef struct hub_send {
     uint32_t worker;
@@ -191,6 +193,7 @@ static int reserve(hub_executor *x, int64_t n_tokens) {
     return 0;
 }
 
+
 static uint64_t next_random(hub_executor *x) {
     uint64_t z = (x->rng += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -243,7 +246,11 @@ static bool already_sent(const hub_task *t, uint32_t worker) {
     return false;
 }
 
-/* Usable replicas not yet tried, fastest first (references to release). */
+/* Usable replicas not yet tried, fastest first (references to release).
+ * Now and then a replica whose estimate has not learned anything for a
+ * while goes first instead: one slow patch (a page-faulting first dispatch,
+ * a busy moment) must not keep a worker out of the rotation on a stale
+ * number while its peers carry all the load. */
 static int candidates(hub_executor *x, const hub_task *t, hub_replica *out) {
     hub_replica all[MOEX_PLACEMENT_MAX_REPLICAS];
     const int n_all = hub_registry_replicas(x->reg, x->layer, t->expert, all, MOEX_PLACEMENT_MAX_REPLICAS);
@@ -258,6 +265,14 @@ static int candidates(hub_executor *x, const hub_task *t, hub_replica *out) {
         for (; j > 0 && estimate_ms(x, &out[j - 1]) > e; j--) out[j] = out[j - 1];
         out[j] = all[i];
     }
+    const double now = moex_time_s();
+    for (int i = 1; i < n; i++)
+        if (now - out[i].sampled_s > PROBE_AFTER_S && next_random(x) % PROBE_ONE_IN == 0) {
+            const hub_replica probe = out[i];
+            memmove(&out[1], &out[0], (size_t)i * sizeof *out);
+            out[0] = probe;
+            break;
+        }
     return n;
 }
 

@@ -60,6 +60,7 @@ typedef struct hub_replica {
     uint32_t id;
     hub_conn *conn;          /* a reference: hub_conn_unref when done */
     float lat_ms;            /* recent round trips (EWMA), < 0: unknown */
+    double sampled_s;        /* when lat_ms last learned something (0: never) */
     uint8_t backend;
 } hub_replica;
 
