@@ -25,6 +25,7 @@
 #define TIMING_LAYERS 4096       /* layers kept for the time breakdown */
 #define PROBE_AFTER_S 0.5        /* a replica whose estimate is older than this ... */
 #define PROBE_ONE_IN 16          /* ... goes first for one task in this many */
+#define PARALLEL_ELEMENTS 65536  /* values to convert at which the pool helps (encode, decode) */
 
 typedef struct hub_send {
     uint32_t worker;
@@ -44,6 +45,7 @@ typedef struct hub_task {
     int n_sent;
     double deadline_s, hedge_at_s;
     bool done, local;
+    bool claimed;                /* a RESULT of the message being handled writes its rows */
     uint32_t winner;
     float *dup;                  /* a hedged duplicate's rows, compared after the layer */
     size_t dup_cap;
@@ -59,6 +61,16 @@ typedef struct outgoing {
     size_t len, cap;
     int frames;
 } outgoing;
+
+/* A RESULT of the message being handled, between its two passes. */
+typedef struct pending_result {
+    moex_proto_tensor_view view;
+    uint32_t seq;
+    struct hub_task *task;       /* NULL: nothing to do with it */
+    int send;
+    float *dst;                  /* where its rows go */
+    bool duplicate, mismatch, finite;
+} pending_result;
 
 typedef struct worker_count {
     uint32_t worker;
@@ -90,12 +102,19 @@ struct hub_executor {
 
     float *x_wire;               /* [cap_tokens x d] */
     float *results;              /* [cap_pairs x d] grouped, as the plan orders pairs */
-    float *gather, *check;       /* [cap_group x d]: one task's rows */
+    float *check;                /* [cap_group x d]: one task's rows, recomputed here */
     int64_t cap_tokens, cap_pairs, cap_group;
     uint8_t *tmp;                /* one row in wire form */
     uint8_t *scratch;            /* decompressing RESULT frames */
     size_t scratch_cap;
 
+    pending_result *pending;     /* the RESULTs of one message */
+    int cap_pending;
+    float *gather;               /* [pool threads x cap_group x d]: one task's rows per encoding thread */
+    int64_t cap_gather;          /* rows of each thread's part */
+    const float *req_x;          /* the request's x: rounded into x_wire only when computed here */
+    int64_t n_req_tokens;
+    bool x_wire_ready;
     outgoing out[HUB_MAX_WORKERS];
     int n_out;
     worker_count inflight[HUB_MAX_WORKERS];  /* sends of this layer per worker */
@@ -154,6 +173,7 @@ void hub_executor_free(hub_executor *x) {
     free(x->results);
     free(x->gather);
     free(x->check);
+    free(x->pending);
     free(x->tmp);
     free(x->scratch);
     free(x);
@@ -178,11 +198,15 @@ static int reserve(hub_executor *x, int64_t n_tokens) {
     int64_t max_group = 0;
     for (int g = 0; g < p->n_groups; g++)
         if (p->group_first[g + 1] - p->group_first[g] > max_group) max_group = p->group_first[g + 1] - p->group_first[g];
-    int64_t cap_gather = x->cap_group, cap_check = x->cap_group;
-    if (grow_rows(&x->x_wire, &x->cap_tokens, n_tokens, x->d) || grow_rows(&x->results, &x->cap_pairs, p->n_pairs, x->d) ||
-        grow_rows(&x->gather, &cap_gather, max_group, x->d) || grow_rows(&x->check, &cap_check, max_group, x->d))
+    const int nth = moex_pool_size(x->pool);
+    if (max_group > x->cap_gather) {
+        free(x->gather);
+        x->gather = malloc((size_t)nth * (size_t)max_group * (size_t)x->d * sizeof *x->gather);
+        x->cap_gather = x->gather ? max_group : 0;
+    }
+    if (!x->gather || grow_rows(&x->x_wire, &x->cap_tokens, n_tokens, x->d) ||
+        grow_rows(&x->results, &x->cap_pairs, p->n_pairs, x->d) || grow_rows(&x->check, &x->cap_group, max_group, x->d))
         return -1;
-    x->cap_group = cap_gather < cap_check ? cap_gather : cap_check;
     if (p->n_groups > x->cap_tasks) {
         hub_task *grown = realloc(x->tasks, (size_t)p->n_groups * sizeof *grown);
         if (!grown) return -1;
@@ -193,6 +217,14 @@ static int reserve(hub_executor *x, int64_t n_tokens) {
     return 0;
 }
 
+static int grow_pending(hub_executor *x) {
+    const int cap = x->cap_pending ? 2 * x->cap_pending : 64;
+    pending_result *grown = realloc(x->pending, (size_t)cap * sizeof *grown);
+    if (!grown) return -1;
+    x->pending = grown;
+    x->cap_pending = cap;
+    return 0;
+}
 
 static uint64_t next_random(hub_executor *x) {
     uint64_t z = (x->rng += 0x9E3779B97F4A7C15ull);
@@ -203,11 +235,13 @@ static uint64_t next_random(hub_executor *x) {
 
 /* ---- encoding ---- */
 
-static int encode_task(hub_executor *x, hub_task *t, moex_error *err) {
+/* The task's DISPATCH, from the request's x (the encoder rounds it to the
+ * wire dtype, as the worker will see it). gather: this thread's rows. */
+static int encode_task(hub_executor *x, hub_task *t, float *gather, moex_error *err) {
     const moex_moe_plan *p = &x->plan;
     const int32_t first = p->group_first[t->group];
     for (int64_t i = 0; i < t->n_tokens; i++)
-        memcpy(x->gather + i * x->d, x->x_wire + (int64_t)p->rows[first + i] * x->d, (size_t)x->d * sizeof(float));
+        memcpy(gather + i * x->d, x->req_x + (int64_t)p->rows[first + i] * x->d, (size_t)x->d * sizeof(float));
     moex_proto_tensor_msg m = {.type = MOEX_MSG_DISPATCH, .seq = t->seq, .layer = (uint16_t)x->layer,
                                .expert = (uint16_t)t->expert, .n_tokens = (uint32_t)t->n_tokens,
                                .hidden = (uint16_t)x->d, .dtype = (uint8_t)x->cfg.wire_dtype};
@@ -218,7 +252,20 @@ static int encode_task(hub_executor *x, hub_task *t, moex_error *err) {
         t->frame_cap = t->frame ? need : 0;
         if (!t->frame) return moex_fail(err, "out of memory for a %zu-byte DISPATCH", need);
     }
-    return moex_proto_encode_tensor_f32(&m, x->gather, p->gates + first, t->frame, t->frame_cap, &t->frame_len, err);
+    return moex_proto_encode_tensor_f32(&m, gather, p->gates + first, t->frame, t->frame_cap, &t->frame_len, err);
+}
+
+typedef struct encode_job {
+    hub_executor *x;
+    int *rc;                     /* [n_tasks] */
+    moex_error *err;             /* the first failure's (thread 0 reports it) */
+} encode_job;
+
+static void encode_tasks(void *ctx, int ith, int nth) {
+    encode_job *j = ctx;
+    hub_executor *x = j->x;
+    float *gather = x->gather + (size_t)ith * (size_t)x->cap_gather * (size_t)x->d;
+    for (int i = ith; i < x->n_tasks; i += nth) j->rc[i] = encode_task(x, &x->tasks[i], gather, ith == 0 ? j->err : NULL);
 }
 
 /* ---- choosing replicas and sending ---- */
@@ -482,37 +529,54 @@ static void cancel_losers(hub_executor *x, hub_task *t, int winner, double now) 
     }
 }
 
-static void on_result(hub_executor *x, uint32_t worker, const moex_proto_msg *msg, double t_rx) {
+/* A RESULT's first pass (serial): does it answer a task of this layer, and
+ * where do its rows go (the winner's place in the results, a duplicate's
+ * buffer, or nowhere). Rows are converted afterwards, in parallel. */
+static void claim_result(hub_executor *x, uint32_t worker, const moex_proto_msg *msg, pending_result *pr) {
+    *pr = (pending_result){.view = msg->u.tensor, .seq = msg->h.seq};
     hub_task *t = task_for(x, msg->h.seq);
     if (!t) return; /* a straggler from an earlier layer: already answered */
     const int s = send_index(t, worker);
     const moex_proto_tensor_view *v = &msg->u.tensor;
     if (s < 0 || msg->h.layer != x->layer || msg->h.expert != t->expert || v->n_tokens != t->n_tokens ||
         v->hidden != x->d) {
-        fail_sends_of(x, worker);
-        hub_registry_bad_result(x->reg, worker, "a RESULT that does not match its DISPATCH");
+        pr->mismatch = true;
         return;
     }
-    if (t->local) return; /* being computed here after its replicas failed */
-    const float ms = (float)((t_rx - t->sends[s].at) * 1000.0);
-    if (t->done) { /* a hedged duplicate: compared after the layer */
-        if (!t->dup_seen && t->winner != worker) {
-            const size_t need = (size_t)t->n_tokens * (size_t)x->d;
-            if (need > t->dup_cap) {
-                free(t->dup);
-                t->dup = malloc(need * sizeof *t->dup);
-                t->dup_cap = t->dup ? need : 0;
-            }
-            if (t->dup && read_rows(v, t->dup, x->d)) {
-                t->dup_from = worker;
-                t->dup_seen = true;
-            }
+    if (t->local || t->claimed) return; /* computed here after its replicas failed; or answered twice */
+    pr->task = t;
+    pr->send = s;
+    if (!t->done) {
+        pr->dst = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
+        t->claimed = true;
+    } else if (!t->dup_seen && t->winner != worker) { /* a hedged duplicate: compared after the layer */
+        const size_t need = (size_t)t->n_tokens * (size_t)x->d;
+        if (need > t->dup_cap) {
+            free(t->dup);
+            t->dup = malloc(need * sizeof *t->dup);
+            t->dup_cap = t->dup ? need : 0;
+        }
+        pr->dst = t->dup;
+        pr->duplicate = t->dup != NULL;
+        t->claimed = pr->duplicate;
+    }
+}
+
+/* The second pass, after the rows were converted (pr->finite). */
+static void finish_result(hub_executor *x, uint32_t worker, pending_result *pr, double t_rx) {
+    hub_task *t = pr->task;
+    if (!t || !pr->dst) return;
+    t->claimed = false;
+    if (pr->duplicate) {
+        if (pr->finite) {
+            t->dup_from = worker;
+            t->dup_seen = true;
         }
         return;
     }
-    float *dst = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
-    if (!read_rows(v, dst, x->d)) {
-        t->sends[s].failed = true; /* re-dispatched like a wrong answer, counted against the worker */
+    const float ms = (float)((t_rx - t->sends[pr->send].at) * 1000.0);
+    if (!pr->finite) {
+        t->sends[pr->send].failed = true; /* re-dispatched like a wrong answer, counted against the worker */
         HUB_COUNT(x->metrics, bad_results);
         hub_registry_record(x->reg, worker, ms, HUB_TIMEOUT);
         moex_log(MOEX_LOG_WARN, "layer %d expert %d: a RESULT with non-finite values; re-dispatched", x->layer, t->expert);
@@ -521,8 +585,20 @@ static void on_result(hub_executor *x, uint32_t worker, const moex_proto_msg *ms
     t->done = true;
     t->winner = worker;
     hub_registry_record(x->reg, worker, ms, HUB_WON);
-    if (s != 0) HUB_COUNT(x->metrics, hedges_won);
-    cancel_losers(x, t, s, t_rx);
+    if (pr->send != 0) HUB_COUNT(x->metrics, hedges_won);
+    cancel_losers(x, t, pr->send, t_rx);
+}
+
+typedef struct convert_job {
+    pending_result *pr;
+    int n;
+    int64_t d;
+} convert_job;
+
+static void convert_rows(void *ctx, int ith, int nth) {
+    convert_job *j = ctx;
+    for (int i = ith; i < j->n; i += nth)
+        if (j->pr[i].dst) j->pr[i].finite = read_rows(&j->pr[i].view, j->pr[i].dst, j->d);
 }
 
 static void on_error(hub_executor *x, uint32_t worker, const moex_proto_msg *msg) {
@@ -537,17 +613,26 @@ static void on_error(hub_executor *x, uint32_t worker, const moex_proto_msg *msg
 }
 
 /* A message from a worker: its RESULT and ERROR frames (the network thread
- * handled the rest and checked every header). */
+ * handled the rest and checked every header). A message with many results (a
+ * prompt batch) has its rows converted on the pool. */
 static void on_message(hub_executor *x, const hub_event *ev) {
     const double t0 = moex_time_s();
     size_t off = 0, len = 0;
-    int rc;
-    while ((rc = moex_proto_next_frame(ev->data, ev->len, &off, &x->limits, &len, NULL)) == 1) {
+    int n = 0;
+    int64_t elements = 0;
+    bool bad = false;
+    while (!bad && moex_proto_next_frame(ev->data, ev->len, &off, &x->limits, &len, NULL) == 1) {
         const uint8_t *f = ev->data + off;
         off += len;
         moex_proto_header h;
         moex_proto_header_read(f, &h);
         if (h.type != MOEX_MSG_RESULT && h.type != MOEX_MSG_ERROR) continue;
+        if (h.flags & MOEX_FLAG_COMPRESSED) { /* decompressed into the shared scratch: one at a time */
+            convert_job job = {.pr = x->pending, .n = n, .d = x->d};
+            convert_rows(&job, 0, 1);
+            for (int i = 0; i < n; i++) finish_result(x, ev->worker, &x->pending[i], ev->t_rx);
+            n = 0;
+        }
         const size_t need = moex_proto_scratch_bytes(&h);
         if (need > x->scratch_cap) {
             uint8_t *grown = realloc(x->scratch, need);
@@ -560,10 +645,30 @@ static void on_message(hub_executor *x, const hub_event *ev) {
         if (moex_proto_decode(f, len, &x->limits, x->scratch, x->scratch_cap, &msg, &err)) {
             fail_sends_of(x, ev->worker);
             hub_registry_bad_result(x->reg, ev->worker, err.msg);
-            break;
+            bad = true;
+        } else if (h.type == MOEX_MSG_ERROR) {
+            on_error(x, ev->worker, &msg);
+        } else if (n < x->cap_pending || grow_pending(x) == 0) {
+            claim_result(x, ev->worker, &msg, &x->pending[n]);
+            if (x->pending[n].mismatch) {
+                fail_sends_of(x, ev->worker);
+                hub_registry_bad_result(x->reg, ev->worker, "a RESULT that does not match its DISPATCH");
+                bad = true;
+            }
+            elements += (int64_t)msg.u.tensor.n_tokens * msg.u.tensor.hidden;
+            n++;
         }
-        if (h.type == MOEX_MSG_RESULT) on_result(x, ev->worker, &msg, ev->t_rx);
-        else on_error(x, ev->worker, &msg);
+    }
+    convert_job job = {.pr = x->pending, .n = n, .d = x->d};
+    if (elements >= PARALLEL_ELEMENTS && n > 1) moex_pool_run(x->pool, convert_rows, &job);
+    else convert_rows(&job, 0, 1);
+    for (int i = 0; i < n; i++) {
+        pending_result *pr = &x->pending[i];
+        if (bad && pr->task) { /* a worker that sent a bad frame is dropped, with everything it sent */
+            pr->task->claimed = false;
+            pr->dst = NULL;
+        }
+        finish_result(x, ev->worker, pr, ev->t_rx);
     }
     x->decode_s += moex_time_s() - t0;
 }
@@ -576,8 +681,17 @@ static void on_event(hub_executor *x, const hub_event *ev) {
 
 /* ---- computing here: fallback and verification ---- */
 
+/* x as the workers receive it (decoded from the wire), made on first need. */
+static void ensure_x_wire(hub_executor *x, int64_t n_tokens) {
+    if (x->x_wire_ready) return;
+    memcpy(x->x_wire, x->req_x, (size_t)(n_tokens * x->d) * sizeof(float));
+    moex_wire_round_rows(x->cfg.wire_dtype, x->x_wire, n_tokens, x->d, x->tmp);
+    x->x_wire_ready = true;
+}
+
 static int compute_here(hub_executor *x, const hub_task *t, float *out) {
     const moex_moe_plan *p = &x->plan;
+    ensure_x_wire(x, x->n_req_tokens);
     const int32_t first = p->group_first[t->group];
     moex_expert_job job = {.w = &x->m->layers[x->layer].experts[t->expert], .n_tokens = t->n_tokens,
                            .rows = p->rows + first, .gates = p->gates + first, .out = out};
@@ -652,8 +766,9 @@ static int prepare(hub_executor *x, const moex_moe_request *req, moex_error *err
     if (moex_moe_plan_build(p, req, x->m->hp.n_expert, err)) return -1;
     if (reserve(x, req->n_tokens))
         return moex_fail(err, "layer %d: out of memory for %lld expert pairs", req->layer, (long long)p->n_pairs);
-    memcpy(x->x_wire, req->x, (size_t)(req->n_tokens * x->d) * sizeof(float));
-    moex_wire_round_rows(x->cfg.wire_dtype, x->x_wire, req->n_tokens, x->d, x->tmp);
+    x->req_x = req->x;
+    x->n_req_tokens = req->n_tokens;
+    x->x_wire_ready = false;
     moex_wire_round_gates(x->cfg.wire_dtype, p->gates, p->n_pairs);
     x->layer = req->layer;
     x->seq0 = x->next_seq;
@@ -666,11 +781,19 @@ static int prepare(hub_executor *x, const moex_moe_request *req, moex_error *err
         t->expert = p->group_expert[g];
         t->n_tokens = p->group_first[g + 1] - p->group_first[g];
         t->n_sent = 0;
-        t->done = t->local = t->dup_seen = false;
+        t->done = t->local = t->dup_seen = t->claimed = false;
         t->deadline_s = t->hedge_at_s = INFINITY;
-        if (encode_task(x, t, err)) return -1;
     }
-    return 0;
+    int rc_one[64], *rc = x->n_tasks <= 64 ? rc_one : calloc((size_t)x->n_tasks, sizeof *rc);
+    if (!rc) return moex_fail(err, "out of memory");
+    encode_job job = {.x = x, .rc = rc, .err = err};
+    if (p->n_pairs * x->d >= PARALLEL_ELEMENTS && x->n_tasks > 1) moex_pool_run(x->pool, encode_tasks, &job);
+    else encode_tasks(&job, 0, 1);
+    int failed = 0;
+    for (int i = 0; i < x->n_tasks; i++) failed |= rc[i];
+    if (rc != rc_one) free(rc);
+    if (failed && err && !err->msg[0]) moex_fail(err, "layer %d: encoding a DISPATCH failed", x->layer);
+    return failed ? -1 : 0;
 }
 
 static int send_layer(hub_executor *x, moex_error *err) {
