@@ -398,15 +398,12 @@ static void encode_message(compute *c, int i0, int i1, moex_worker_buf *out) {
 /* Called with mu held: takes out of message [i0, i1)'s buffer the answers
  * cancelled while it was encoded (rare: a CANCEL in that short window). */
 static void drop_late_cancels(compute *c, int i0, int i1, moex_worker_buf *out) {
-    uint8_t *base = out->buf + moex_worker_outbox_headroom(c->s->outbox);
     size_t w = 0;
     for (int i = i0; i < i1; i++) {
         batch_item *b = &c->items[i];
+        if (c->cancelled[i]) b->cancelled = true;
         if (b->cancelled || !b->len) continue;
-        if (c->cancelled[i]) {
-            b->cancelled = true;
-            continue;
-        }
+        uint8_t *base = out->buf + moex_worker_outbox_headroom(c->s->outbox);
         if (w != b->off) memmove(base + w, base + b->off, b->len);
         b->off = w;
         w += b->len;
@@ -458,7 +455,8 @@ static void run_batch(compute *c) {
     pthread_mutex_unlock(&s->mu);
 
     const double t0 = moex_time_s();
-    for (int i0 = 0, m = 0; i0 < n; i0 = message_end(c, i0, n), m++) encode_message(c, i0, message_end(c, i0, n), &c->out[m]);
+    for (int i0 = 0, m = 0; i0 < n; i0 = message_end(c, i0, n), m++)
+        encode_message(c, i0, message_end(c, i0, n), &c->out[m]);
     const double ready = moex_time_s();
     bt.encode = ready - t0;
 

@@ -9,8 +9,11 @@
  *  - the backlog (backlog.c) and outbox (outbox.c): plain data structures
  *    for the dispatches waiting to be computed and the frames waiting to be
  *    sent (the caller locks);
- *  - the session (session.c, compute.c): one libwebsockets client thread
- *    that talks to the hub and one compute thread that owns the core;
+ *  - the session (session.c, session_rx.c, compute.c): one libwebsockets
+ *    client thread that talks to the hub and one compute thread that owns
+ *    the core; a message of DISPATCH frames from the hub is computed as one
+ *    batch and answered with one message of RESULT frames; timing.c keeps
+ *    the latency of each stage;
  *  - moex-worker (main.c): the command line.
  *
  * ERROR frames use proto's codes (moex_proto_error_code): a worker sends

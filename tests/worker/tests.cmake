@@ -29,12 +29,15 @@ add_executable(worker_ref ${CMAKE_CURRENT_LIST_DIR}/worker_ref.c)
 target_link_libraries(worker_ref PRIVATE moex_worker)
 set_target_properties(worker_ref PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/worker-session-work)
+if(MOEX_VULKAN)
+  set(moex_worker_session_vk --vulkan)
+endif()
 add_test(NAME worker_session
   COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_worker_session.py $<TARGET_FILE:moex-worker>
           $<TARGET_FILE:worker_ref> $<TARGET_FILE:moex-hub> ${moex_worker_fixture} ${moex_worker_fixture2}
-          ${CMAKE_BINARY_DIR}/worker-session-work)
+          ${CMAKE_BINARY_DIR}/worker-session-work ${moex_worker_session_vk})
 set_tests_properties(worker_session PROPERTIES FIXTURES_REQUIRED worker_model TIMEOUT 180 LABELS worker RUN_SERIAL TRUE
-  ENVIRONMENT "MOEX_LOG=info")
+  ENVIRONMENT "MOEX_LOG=info;MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
 
 if(MOEX_VULKAN)
   set(moex_worker_vk_dir ${CMAKE_BINARY_DIR}/worker-vk-fixtures)
