@@ -1,13 +1,20 @@
 /* The compute thread: owns the core and the pool, applies assignments and
- * turns queued DISPATCH frames into RESULT (or ERROR) frames for the outbox.
- * It never touches the socket: finished frames are handed over under the
- * session mutex and the lws thread is woken with lws_cancel_service().
+ * turns queued DISPATCHes into RESULT (or ERROR) frames for the outbox. It
+ * never touches the socket: finished messages are handed over under the
+ * session mutex and the lws thread is woken with lws_cancel_service(); it
+ * sleeps on the session's condition variable until work arrives.
+ *
+ * A batch is every dispatch queued when the thread takes work (whole
+ * received messages: the backlog holds one layer's, a prefill or a hub's
+ * per-layer message sends several), computed together: on the CPU in one
+ * moex_experts_run, on Vulkan (--backend vulkan) in one submission with the
+ * dispatches of experts the GPU does not hold on the CPU beside it. The
+ * RESULTs of one received message leave as one message, frames back to
+ * back; a dispatch cancelled meanwhile is left out.
  *
  * --backend vulkan: assigned experts are also uploaded to the GPU core
- * (core_vk.c), and the thread takes every queued dispatch at once (the
- * backlog holds one layer's: a prefill batch) and runs them in one
- * submission. The CPU core still binds every assigned expert, as a fallback
- * for one the GPU could not take. */
+ * (core_vk.c). The CPU core still binds every assigned expert, as a
+ * fallback for one the GPU could not take. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -16,33 +23,34 @@
 
 #include "worker/session_internal.h"
 
+/* One dispatch of the batch being computed. */
+typedef struct batch_item {
+    moex_worker_item it;         /* the decoded dispatch; holds a reference to its message */
+    int gpu, cpu;                /* its index in the GPU / CPU batch, or -1 */
+    bool failed;                 /* refused or failed: answered with ERROR err */
+    moex_error err;
+    float *values;               /* n_tokens x hidden, once computed */
+    bool cancelled;              /* seen cancelled when its frame was encoded */
+    size_t off, len;             /* its frame in its message's buffer */
+} batch_item;
+
 typedef struct compute {
     session *s;
     moex_pool *pool;
     moex_worker_core *core;
-    moex_worker_item item;       /* the dispatch being computed (buffer swapped with the backlog) */
-    moex_worker_buf out;         /* the frame being built (buffer swapped with the outbox) */
-    bool out_is_error;           /* out holds an ERROR, not a RESULT */
-    uint8_t *scratch;
-    size_t scratch_cap;
     bool *want;                  /* n_layers x n_experts: in the assignment being applied */
     moex_proto_expert *list;
     uint32_t list_cap;
     uint64_t rng;
-    /* --backend vulkan (gpu NULL otherwise) */
-    moex_worker_vk *gpu;
-    int batch_cap;
-    moex_worker_item *batch;     /* dispatches computed together (buffers swapped with the backlog) */
-    moex_worker_buf *batch_out;  /* their RESULT or ERROR frames (buffers swapped with the outbox) */
-    bool *batch_is_error, *batch_cancelled;
-    uint32_t *batch_seq;
-    int *batch_gpu;              /* index in the GPU batch, or -1 when computed another way */
-    moex_proto_msg *batch_msg;   /* the decoded dispatches (only their headers stay valid: the
-                                    GPU batch copied their rows, and decode reuses the scratch) */
+    moex_worker_vk *gpu;         /* --backend vulkan, else NULL */
+    int cap;                     /* dispatches per batch at most: the backlog's capacity */
+    batch_item *items;
+    uint32_t *seqs;              /* shared with the lws thread (CANCEL) while running */
+    bool *cancelled;
+    moex_worker_buf *out;        /* one message per received message of the batch (buffers swapped with the outbox) */
 } compute;
 
-#define BATCH_MAX 64             /* dispatches per GPU submission */
-#define BATCH_TOKENS 4096        /* tokens per GPU submission (one dispatch may exceed it alone) */
+#define BATCH_TOKENS 4096        /* tokens per batch (one received message may exceed it alone) */
 
 /* ---- assignments ---- */
 
@@ -189,17 +197,11 @@ static void run_assignment(compute *c) {
         s->g = g;
         s->state = MOEX_STATE_READY;
         s->hb_now = true;
+        pthread_cond_broadcast(&s->cv); /* the download thread waits for it */
     }
 }
 
 /* ---- dispatches ---- */
-
-static int build_error(compute *c, moex_worker_buf *out, uint32_t seq, int32_t code, const char *text) {
-    const size_t n = strlen(text) > 1000 ? 1000 : strlen(text), need = MOEX_PROTO_HEADER_BYTES + MOEX_PROTO_ERROR_FIXED_BYTES + n;
-    const size_t head = moex_worker_outbox_headroom(c->s->outbox);
-    if (moex_worker_buf_reserve(out, head, need)) return -1;
-    return moex_proto_encode_error(seq, code, text, (uint16_t)n, out->buf + head, need, &out->len, NULL) ? -1 : 0;
-}
 
 /* The fault injection's "large noise": each value moves by up to ten times
  * the row's RMS (plus one), far outside any numerical tolerance. */
@@ -213,208 +215,260 @@ static void corrupt(compute *c, float *v, int64_t n_tokens, int64_t hidden) {
     }
 }
 
-static int decode_frame(compute *c, const moex_worker_item *item, moex_proto_msg *msg, moex_error *err) {
-    moex_proto_header h;
-    if (item->len < MOEX_PROTO_HEADER_BYTES) return moex_fail(err, "short frame");
-    moex_proto_header_read(item->frame, &h);
-    const size_t need = moex_proto_scratch_bytes(&h);
-    if (need > c->scratch_cap) {
-        uint8_t *p = realloc(c->scratch, need);
-        if (!p) return moex_fail(err, "out of memory for %zu bytes of scratch", need);
-        c->scratch = p;
-        c->scratch_cap = need;
-    }
-    return moex_proto_decode(item->frame, item->len, &c->s->lim, c->scratch, c->scratch_cap, msg, err) ? -1 : 0;
-}
-
-static int decode_item(compute *c, moex_proto_msg *msg, moex_error *err) { return decode_frame(c, &c->item, msg, err); }
-
 /* --inject-corrupt-prob: with that probability, noise on the values. */
-static void maybe_corrupt(compute *c, uint32_t seq, float *values, const moex_proto_msg *msg) {
+static void maybe_corrupt(compute *c, batch_item *b) {
     const moex_worker_options *o = c->s->o;
     if (o->inject_corrupt_prob <= 0 || moex_worker_rand01(&c->rng) >= o->inject_corrupt_prob) return;
-    moex_log(MOEX_LOG_DEBUG, "worker: inject: corrupting the result of dispatch %u", seq);
-    corrupt(c, values, msg->h.n_tokens, msg->h.hidden);
+    moex_log(MOEX_LOG_DEBUG, "worker: inject: corrupting the result of dispatch %u", b->it.msg.h.seq);
+    corrupt(c, b->values, b->it.msg.h.n_tokens, b->it.msg.h.hidden);
 }
 
-/* Writes into out the RESULT of values (rc 0), or an ERROR with err's
- * reason; out->len stays 0 when neither fits in memory. Returns whether out
- * holds an ERROR. */
-static bool finish_frame(compute *c, moex_worker_buf *out, uint32_t seq, const moex_proto_msg *msg,
-                         const float *values, int rc, moex_error *err, double dt) {
-    if (!rc) {
-        const size_t head = moex_worker_outbox_headroom(c->s->outbox), need = moex_worker_result_bytes(msg);
-        rc = moex_worker_buf_reserve(out, head, need) ? moex_fail(err, "out of memory for a %zu-byte result", need)
-             : moex_worker_encode_result(msg, values, out->buf + head, need, &out->len, err);
-    }
-    if (rc) {
-        moex_log(MOEX_LOG_WARN, "worker: dispatch %u failed: %s", seq, err->msg);
-        if (build_error(c, out, seq, MOEX_WORKER_ERR_COMPUTE, err->msg)) out->len = 0;
-    } else {
-        moex_log(MOEX_LOG_DEBUG, "worker: dispatch %u: layer %u expert %u, %u tokens, %s: %.3f ms", seq, msg->h.layer,
-                 msg->h.expert, msg->h.n_tokens, moex_proto_dtype_name(msg->h.dtype), dt * 1e3);
-    }
-    return rc != 0;
+/* Called with mu held: whether the oldest queued message has been read whole. */
+static bool work_ready(const session *s) {
+    const moex_worker_item *head = moex_worker_backlog_at(s->backlog, 0);
+    return head && ((const rx_msg *)head->owner)->sealed;
 }
 
-/* Computes the current item into c->out: a RESULT, or an ERROR saying why not.
- * Returns the compute time in seconds. */
-static double process_item(compute *c) {
-    moex_proto_msg msg;
-    moex_error err = {{0}};
-    float *values = NULL;
+/* Called with mu held: the dispatches of the oldest queued message (adjacent in the backlog). */
+static int head_group_size(const session *s) {
+    const moex_worker_item *head = moex_worker_backlog_at(s->backlog, 0), *it;
+    int k = 0;
+    while ((it = moex_worker_backlog_at(s->backlog, k)) && it->group == head->group) k++;
+    return k;
+}
+
+/* Called with mu held: pops whole received messages, up to the batch's
+ * capacity and about BATCH_TOKENS tokens, and marks them running. */
+static int take_batch(compute *c) {
+    session *s = c->s;
+    int n = 0;
+    uint64_t tokens = 0;
+    while (tokens < BATCH_TOKENS && work_ready(s)) {
+        const int k = head_group_size(s);
+        if (n + k > c->cap) break; /* k <= cap: the backlog holds no more */
+        for (int i = 0; i < k; i++, n++) {
+            batch_item *b = &c->items[n];
+            moex_worker_backlog_pop(s->backlog, &b->it);
+            c->seqs[n] = b->it.msg.h.seq;
+            c->cancelled[n] = false;
+            tokens += b->it.msg.h.n_tokens;
+        }
+    }
+    s->running = n > 0;
+    s->batch_seqs = c->seqs;
+    s->batch_cancelled = c->cancelled;
+    s->batch_n = n;
+    return n;
+}
+
+/* Adds a dispatch to the GPU batch when the GPU holds its expert, else to the CPU's. */
+static void stage(compute *c, batch_item *b) {
+    const moex_proto_msg *msg = &b->it.msg;
+    b->gpu = b->cpu = -1;
+    b->failed = false;
+    b->values = NULL;
+    if (c->gpu && moex_worker_vk_holds(c->gpu, msg->h.layer, msg->h.expert)) {
+        if (moex_worker_vk_batch_add(c->gpu, msg, &b->err) == 0) b->gpu = moex_worker_vk_batch_count(c->gpu) - 1;
+        else b->failed = true;
+        return;
+    }
+    if (moex_worker_core_batch_add(c->core, msg, &b->err) == 0) b->cpu = moex_worker_core_batch_count(c->core) - 1;
+    else b->failed = true;
+}
+
+/* One batch's stage times (seconds), recorded once the lock is held again. */
+typedef struct batch_times {
+    double queued, compute, vk_stage, vk_gpu, encode;
+    bool vk;
+} batch_times;
+
+/* Computes the n taken dispatches: each gets values, or failed with a reason. */
+static void compute_batch(compute *c, int n, batch_times *bt) {
     const double t0 = moex_time_s();
-    int rc = decode_item(c, &msg, &err);
-    if (!rc) rc = moex_worker_core_run(c->core, &msg, &values, &err);
-    const double dt = moex_time_s() - t0;
-    if (!rc) maybe_corrupt(c, c->item.seq, values, &msg);
-    c->out_is_error = finish_frame(c, &c->out, c->item.seq, &msg, values, rc, &err, dt);
-    return dt;
+    if (c->gpu) moex_worker_vk_batch_begin(c->gpu);
+    moex_worker_core_batch_begin(c->core);
+    for (int i = 0; i < n; i++) stage(c, &c->items[i]);
+    moex_error gpu_err = {{0}}, cpu_err = {{0}};
+    bt->vk = c->gpu && moex_worker_vk_batch_count(c->gpu);
+    const int gpu_rc = bt->vk ? moex_worker_vk_batch_run(c->gpu, &gpu_err) : 0;
+    const int cpu_rc = moex_worker_core_batch_count(c->core) ? moex_worker_core_batch_run(c->core, &cpu_err) : 0;
+    for (int i = 0; i < n; i++) {
+        batch_item *b = &c->items[i];
+        if (b->failed) continue;
+        const int rc = b->gpu >= 0 ? gpu_rc : cpu_rc;
+        b->values = rc ? NULL
+                       : b->gpu >= 0 ? moex_worker_vk_batch_values(c->gpu, b->gpu)
+                                     : moex_worker_core_batch_values(c->core, b->cpu);
+        if (!b->values) {
+            b->failed = true;
+            b->err = b->gpu >= 0 ? gpu_err : cpu_err;
+            continue;
+        }
+        maybe_corrupt(c, b);
+    }
+    const double t1 = moex_time_s();
+    bt->queued = t0 - c->items[0].it.rx_s; /* the batch's oldest message */
+    bt->compute = t1 - t0;
+    if (bt->vk) moex_worker_vk_batch_times(c->gpu, &bt->vk_stage, &bt->vk_gpu);
+    const int n_gpu = bt->vk ? moex_worker_vk_batch_count(c->gpu) : 0;
+    if (n_gpu > 1)
+        moex_log(MOEX_LOG_DEBUG, "worker: vulkan: %d dispatches in one submission: %.3f ms", n_gpu, (t1 - t0) * 1e3);
+    else if (n > 1)
+        moex_log(MOEX_LOG_DEBUG, "worker: %d dispatches of layer %u in one batch: %.3f ms", n, c->items[0].it.msg.h.layer,
+                 (t1 - t0) * 1e3);
 }
 
-/* --inject-delay-ms: waits on the condition variable so that quit interrupts it. Called with mu held. */
-static void inject_delay(compute *c) {
+/* Called with mu held. */
+static void record_times(session *s, const batch_times *bt) {
+    moex_worker_timing *t = s->stats.timing;
+    moex_worker_timing_add(&t[MOEX_WT_QUEUED], bt->queued);
+    moex_worker_timing_add(&t[MOEX_WT_COMPUTE], bt->compute);
+    moex_worker_timing_add(&t[MOEX_WT_ENCODE], bt->encode);
+    if (bt->vk) {
+        moex_worker_timing_add(&t[MOEX_WT_VK_STAGE], bt->vk_stage);
+        moex_worker_timing_add(&t[MOEX_WT_VK_GPU], bt->vk_gpu);
+    }
+    s->busy_s += bt->compute;
+    s->stats.compute_s += bt->compute;
+}
+
+/* --inject-delay-ms: waits on the condition variable so that quit, or a
+ * CANCEL of the whole batch, interrupts it. Called with mu held. */
+static void inject_delay(compute *c, int n) {
     session *s = c->s;
     const moex_worker_options *o = s->o;
     if (o->inject_delay_prob <= 0 || moex_worker_rand01(&c->rng) >= o->inject_delay_prob) return;
-    moex_log(MOEX_LOG_DEBUG, "worker: inject: delaying dispatch %u by %d ms", c->item.seq, o->inject_delay_ms);
+    moex_log(MOEX_LOG_DEBUG, "worker: inject: delaying dispatch %u by %d ms", c->seqs[0], o->inject_delay_ms);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += o->inject_delay_ms / 1000;
     until.tv_nsec += (long)(o->inject_delay_ms % 1000) * 1000000L;
     if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-    while (!s->quit && !s->running_cancelled)
-        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT) break;
+    for (;;) {
+        int live = 0;
+        for (int i = 0; i < n; i++) live += !c->cancelled[i];
+        if (s->quit || !live || pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT) break;
+    }
 }
 
-/* Called with mu held; returns with it held. */
-static void run_dispatch(compute *c) {
+#define ERROR_TEXT_MAX 1000
+#define ERROR_FRAME_MAX (MOEX_PROTO_HEADER_BYTES + MOEX_PROTO_ERROR_FIXED_BYTES + ERROR_TEXT_MAX)
+
+/* Room for dispatch b's answer: its RESULT, or an ERROR with its reason
+ * (should encoding the RESULT fail). */
+static size_t answer_room(const batch_item *b) {
+    const size_t result = b->failed ? 0 : moex_worker_result_bytes(&b->it.msg);
+    return result > ERROR_FRAME_MAX ? result : ERROR_FRAME_MAX;
+}
+
+/* Writes dispatch b's answer at dst (answer_room bytes) and its length in b->len. */
+static void encode_answer(batch_item *b, uint8_t *dst) {
+    const size_t cap = answer_room(b);
+    if (!b->failed && moex_worker_encode_result(&b->it.msg, b->values, dst, cap, &b->len, &b->err) == 0) return;
+    b->failed = true;
+    moex_log(MOEX_LOG_WARN, "worker: dispatch %u failed: %s", b->it.msg.h.seq, b->err.msg);
+    const size_t n = strlen(b->err.msg) > ERROR_TEXT_MAX ? ERROR_TEXT_MAX : strlen(b->err.msg);
+    if (moex_proto_encode_error(b->it.msg.h.seq, MOEX_ERR_COMPUTE, b->err.msg, (uint16_t)n, dst, cap, &b->len, NULL))
+        b->len = 0;
+}
+
+/* Encodes the answers of items [i0, i1) (one received message), leaving out
+ * those cancelled, back to back into out. */
+static void encode_message(compute *c, int i0, int i1, moex_worker_buf *out) {
+    const size_t head = moex_worker_outbox_headroom(c->s->outbox);
+    size_t total = 0;
+    for (int i = i0; i < i1; i++)
+        if (!c->items[i].cancelled) total += answer_room(&c->items[i]);
+    out->len = 0;
+    if (!total) return;
+    if (moex_worker_buf_reserve(out, head, total)) {
+        moex_log(MOEX_LOG_ERROR, "worker: out of memory for a %zu-byte message of results", total);
+        return;
+    }
+    for (int i = i0; i < i1; i++) {
+        batch_item *b = &c->items[i];
+        b->len = 0;
+        if (b->cancelled) continue;
+        b->off = out->len;
+        encode_answer(b, out->buf + head + out->len);
+        out->len += b->len;
+    }
+}
+
+/* Called with mu held: takes out of message [i0, i1)'s buffer the answers
+ * cancelled while it was encoded (rare: a CANCEL in that short window). */
+static void drop_late_cancels(compute *c, int i0, int i1, moex_worker_buf *out) {
+    size_t w = 0;
+    for (int i = i0; i < i1; i++) {
+        batch_item *b = &c->items[i];
+        if (c->cancelled[i]) b->cancelled = true;
+        if (b->cancelled || !b->len) continue;
+        uint8_t *base = out->buf + moex_worker_outbox_headroom(c->s->outbox);
+        if (w != b->off) memmove(base + w, base + b->off, b->len);
+        b->off = w;
+        w += b->len;
+    }
+    out->len = w;
+}
+
+/* The end of the received message that item i0 starts. */
+static int message_end(const compute *c, int i0, int n) {
+    int i1 = i0 + 1;
+    while (i1 < n && c->items[i1].it.group == c->items[i0].it.group) i1++;
+    return i1;
+}
+
+/* Called with mu held: queues message [i0, i1)'s answers for the connection
+ * they were computed for (dropped if it is gone) and counts them. */
+static void queue_message(compute *c, int i0, int i1, moex_worker_buf *out, uint32_t conn, double ready_s) {
     session *s = c->s;
-    const uint32_t conn = s->conn;
-    s->running = true;
-    s->running_cancelled = false;
-    s->running_seq = c->item.seq;
-    pthread_mutex_unlock(&s->mu);
-    const double dt = process_item(c);
-    pthread_mutex_lock(&s->mu);
-    s->busy_s += dt;
-    s->stats.computed++;
-    s->stats.compute_s += dt;
-    inject_delay(c);
-    if (s->running_cancelled) {
-        s->stats.cancelled++;
-    } else if (conn == s->conn && c->out.len) {
-        c->out.conn = conn;
-        if (moex_worker_outbox_push_swap(s->outbox, &c->out) == 0) {
-            if (c->out_is_error) s->stats.errors++;
-            else s->stats.results++;
-        }
+    drop_late_cancels(c, i0, i1, out);
+    const bool live = conn == s->conn && out->len;
+    for (int i = i0; i < i1; i++) {
+        const batch_item *b = &c->items[i];
+        if (b->cancelled) s->stats.cancelled++;
+        else if (live && b->len && b->failed) s->stats.errors++;
+        else if (live && b->len) s->stats.results++;
     }
-    c->out.len = 0;
-    s->running = false;
-}
-
-/* ---- dispatches on the GPU: every queued one in one submission ---- */
-
-static uint32_t frame_tokens(const moex_worker_item *it) {
-    moex_proto_header h;
-    if (it->len < MOEX_PROTO_HEADER_BYTES) return 0;
-    moex_proto_header_read(it->frame, &h);
-    return h.n_tokens;
-}
-
-/* Called with mu held: pops the queued dispatches (up to BATCH_MAX of them
- * and about BATCH_TOKENS tokens). */
-static int take_batch(compute *c) {
-    int n = 0;
-    uint64_t tokens = 0;
-    while (n < c->batch_cap && tokens < BATCH_TOKENS && moex_worker_backlog_pop(c->s->backlog, &c->batch[n])) {
-        tokens += frame_tokens(&c->batch[n]);
-        c->batch_seq[n] = c->batch[n].seq;
-        c->batch_cancelled[n] = false;
-        n++;
+    if (live) {
+        out->conn = conn;
+        out->ready_s = ready_s;
+        if (moex_worker_outbox_push_swap(s->outbox, out))
+            moex_log(MOEX_LOG_ERROR, "worker: out of memory queueing %d results", i1 - i0);
     }
-    return n;
+    out->len = 0;
 }
 
-/* Decodes dispatch i and queues it on the GPU; one the GPU does not hold is
- * computed on the CPU core right away (or answered with an ERROR). */
-static void stage_dispatch(compute *c, int i) {
-    moex_proto_msg *msg = &c->batch_msg[i];
-    moex_error err = {{0}};
-    float *values = NULL;
-    c->batch_gpu[i] = -1;
-    const double t0 = moex_time_s();
-    int rc = decode_frame(c, &c->batch[i], msg, &err);
-    if (!rc && msg->h.type == MOEX_MSG_DISPATCH && moex_worker_vk_holds(c->gpu, msg->h.layer, msg->h.expert)) {
-        if (moex_worker_vk_batch_add(c->gpu, msg, &err) == 0) {
-            c->batch_gpu[i] = moex_worker_vk_batch_count(c->gpu) - 1;
-            return;
-        }
-        rc = -1;
-    }
-    if (!rc) rc = moex_worker_core_run(c->core, msg, &values, &err); /* the CPU fallback */
-    if (!rc) maybe_corrupt(c, c->batch[i].seq, values, msg);
-    c->batch_is_error[i] = finish_frame(c, &c->batch_out[i], c->batch[i].seq, msg, values, rc, &err,
-                                        moex_time_s() - t0);
-}
-
-/* Computes the n taken dispatches into batch_out; returns the time taken. */
-static double compute_batch(compute *c, int n) {
-    const double t0 = moex_time_s();
-    moex_worker_vk_batch_begin(c->gpu);
-    for (int i = 0; i < n; i++) stage_dispatch(c, i);
-    moex_error err = {{0}};
-    const int rc = moex_worker_vk_batch_count(c->gpu) ? moex_worker_vk_batch_run(c->gpu, &err) : 0;
-    const double dt = moex_time_s() - t0;
-    for (int i = 0; i < n; i++) {
-        if (c->batch_gpu[i] < 0) continue;
-        float *values = rc ? NULL : moex_worker_vk_batch_values(c->gpu, c->batch_gpu[i]);
-        if (values) maybe_corrupt(c, c->batch[i].seq, values, &c->batch_msg[i]);
-        c->batch_is_error[i] = finish_frame(c, &c->batch_out[i], c->batch[i].seq, &c->batch_msg[i], values, rc, &err, dt);
-    }
-    if (n > 1)
-        moex_log(MOEX_LOG_DEBUG, "worker: vulkan: %d dispatches in one submission: %.3f ms", n, dt * 1e3);
-    return moex_time_s() - t0;
-}
-
-/* Called with mu held; returns with it held. */
+/* Called with mu held; returns with it held. Computes a batch and queues
+ * one message per received message. */
 static void run_batch(compute *c) {
     session *s = c->s;
     const uint32_t conn = s->conn;
     const int n = take_batch(c);
     if (n == 0) return;
-    s->running = true;
-    s->running_cancelled = false;
-    s->running_seq = c->batch_seq[0];
-    s->batch_seqs = c->batch_seq;
-    s->batch_cancelled = c->batch_cancelled;
-    s->batch_n = n;
-    c->item.seq = c->batch_seq[0]; /* for inject_delay's message */
     pthread_mutex_unlock(&s->mu);
-    const double dt = compute_batch(c, n);
+    batch_times bt = {0};
+    compute_batch(c, n, &bt);
     pthread_mutex_lock(&s->mu);
-    s->busy_s += dt;
+    inject_delay(c, n);
+    for (int i = 0; i < n; i++) c->items[i].cancelled = c->cancelled[i];
+    pthread_mutex_unlock(&s->mu);
+
+    const double t0 = moex_time_s();
+    for (int i0 = 0, m = 0; i0 < n; i0 = message_end(c, i0, n), m++)
+        encode_message(c, i0, message_end(c, i0, n), &c->out[m]);
+    const double ready = moex_time_s();
+    bt.encode = ready - t0;
+
+    pthread_mutex_lock(&s->mu);
+    record_times(s, &bt);
     s->stats.computed += (uint64_t)n;
-    s->stats.compute_s += dt;
-    inject_delay(c);
-    for (int i = 0; i < n; i++) {
-        moex_worker_buf *out = &c->batch_out[i];
-        if (c->batch_cancelled[i] || (i == 0 && s->running_cancelled)) {
-            s->stats.cancelled++;
-        } else if (conn == s->conn && out->len) {
-            out->conn = conn;
-            if (moex_worker_outbox_push_swap(s->outbox, out) == 0) {
-                if (c->batch_is_error[i]) s->stats.errors++;
-                else s->stats.results++;
-            }
-        }
-        out->len = 0;
-    }
+    s->stats.batches++;
+    for (int i0 = 0, m = 0; i0 < n; i0 = message_end(c, i0, n), m++)
+        queue_message(c, i0, message_end(c, i0, n), &c->out[m], conn, ready);
+    for (int i = 0; i < n; i++) worker_rx_release(s, c->items[i].it.owner);
     s->running = false;
     s->batch_n = 0;
-    s->batch_seqs = NULL;
-    s->batch_cancelled = NULL;
 }
 
 static void *compute_main(void *arg) {
@@ -422,12 +476,10 @@ static void *compute_main(void *arg) {
     session *s = c->s;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->quit && !s->assign_pending && moex_worker_backlog_depth(s->backlog) == 0)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->quit && !s->assign_pending && !work_ready(s)) pthread_cond_wait(&s->cv, &s->mu);
         if (s->quit) break;
         if (s->assign_pending) run_assignment(c);
-        else if (c->gpu) run_batch(c);
-        else if (moex_worker_backlog_pop(s->backlog, &c->item)) run_dispatch(c);
+        else run_batch(c);
         pthread_mutex_unlock(&s->mu);
         lws_cancel_service(s->ctx);
         pthread_mutex_lock(&s->mu);
@@ -438,49 +490,37 @@ static void *compute_main(void *arg) {
 
 /* ---- lifetime ---- */
 
-static void free_batch(compute *c) {
-    for (int i = 0; c->batch && i < c->batch_cap; i++) free(c->batch[i].frame);
-    for (int i = 0; c->batch_out && i < c->batch_cap; i++) free(c->batch_out[i].buf);
-    free(c->batch);
-    free(c->batch_out);
-    free(c->batch_is_error);
-    free(c->batch_cancelled);
-    free(c->batch_seq);
-    free(c->batch_gpu);
-    free(c->batch_msg);
-}
-
 static void compute_free(compute *c) {
     if (!c) return;
-    free_batch(c);
+    for (int i = 0; c->out && i < c->cap; i++) free(c->out[i].buf);
+    free(c->out);
+    free(c->items);
+    free(c->seqs);
+    free(c->cancelled);
     moex_worker_vk_free(c->gpu);
     moex_worker_core_free(c->core);
     moex_pool_destroy(c->pool);
-    free(c->item.frame);
-    free(c->out.buf);
-    free(c->scratch);
     free(c->want);
     free(c->list);
     free(c);
 }
 
-/* --backend vulkan: the GPU core and the batch arrays. */
+/* --backend vulkan: the GPU core. */
 static int create_gpu(compute *c, moex_error *err) {
-    const moex_worker_options *o = c->s->o;
-    const moex_vk_options vo = {.device = o->device};
+    const moex_vk_options vo = {.device = c->s->o->device};
     moex_error why;
     if (!(c->gpu = moex_worker_vk_create(c->s->m, &vo, &why))) return moex_fail(err, "--backend vulkan: %s", why.msg);
-    const int n = c->batch_cap = o->backlog < BATCH_MAX ? (o->backlog > 0 ? o->backlog : 1) : BATCH_MAX;
-    c->batch = calloc((size_t)n, sizeof *c->batch);
-    c->batch_out = calloc((size_t)n, sizeof *c->batch_out);
-    c->batch_is_error = calloc((size_t)n, sizeof *c->batch_is_error);
-    c->batch_cancelled = calloc((size_t)n, sizeof *c->batch_cancelled);
-    c->batch_seq = calloc((size_t)n, sizeof *c->batch_seq);
-    c->batch_gpu = calloc((size_t)n, sizeof *c->batch_gpu);
-    c->batch_msg = calloc((size_t)n, sizeof *c->batch_msg);
-    if (!c->batch || !c->batch_out || !c->batch_is_error || !c->batch_cancelled || !c->batch_seq || !c->batch_gpu ||
-        !c->batch_msg)
-        return moex_fail(err, "out of memory");
+    return 0;
+}
+
+/* The batch arrays: a batch holds at most the backlog's capacity. */
+static int create_batch(compute *c, moex_error *err) {
+    const int n = c->cap = c->s->o->backlog > 0 ? c->s->o->backlog : 1;
+    c->items = calloc((size_t)n, sizeof *c->items);
+    c->seqs = calloc((size_t)n, sizeof *c->seqs);
+    c->cancelled = calloc((size_t)n, sizeof *c->cancelled);
+    c->out = calloc((size_t)n, sizeof *c->out);
+    if (!c->items || !c->seqs || !c->cancelled || !c->out) return moex_fail(err, "out of memory");
     return 0;
 }
 
@@ -501,7 +541,7 @@ static compute *compute_create(session *s, moex_error *err) {
         return NULL;
     }
     if (!(c->core = moex_worker_core_create(hp->n_layer, hp->n_expert, hp->n_embd, c->pool, err)) ||
-        (s->o->backend == MOEX_BACKEND_VULKAN && create_gpu(c, err))) {
+        create_batch(c, err) || (s->o->backend == MOEX_BACKEND_VULKAN && create_gpu(c, err))) {
         compute_free(c);
         return NULL;
     }

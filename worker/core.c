@@ -3,22 +3,31 @@
  * It computes exactly what the hub's local executor does for one expert:
  * one moex_experts_run job over all the dispatch's tokens (rows 0..n-1 of
  * the decoded x) with the f16 gates as f32, so on the same machine and with
- * f32 activations the result is bit-identical. No sockets, no threads of its
- * own (the pool is the caller's): this file also builds for WASM. */
+ * f32 activations the result is bit-identical. A batch runs one job per
+ * dispatch in one moex_experts_run over their rows stacked; the kernel
+ * quantizes each row on its own, so a dispatch's values do not depend on
+ * the others in its batch. No sockets, no threads of its own (the pool is
+ * the caller's): this file also builds for WASM. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "worker/worker.h"
+
+#define JOBS_PER_RUN 256   /* moex_experts_run's limit on jobs per call */
 
 struct moex_worker_core {
     int n_layers, n_experts, hidden;
     moex_pool *pool;
     const moex_expert_weights **held;  /* n_layers x n_experts, NULL when not held */
     int n_held;
-    /* Per-dispatch buffers, grown to the largest token count seen. */
-    int64_t cap_tokens;
+    /* The batch: its rows stacked in x (f32) and gates, one job each; buffers
+     * grown to the largest batch seen. rows[t] = t, so a job's rows are rows + r0. */
+    int64_t n_rows, cap_rows;
     float *x, *gates, *out;
     int32_t *rows;
+    moex_expert_job *jobs;       /* rows, gates and out are bound by the run (the buffers may move before) */
+    int64_t *job_row0;           /* each job's first row */
+    int n_jobs, cap_jobs;
 };
 
 moex_worker_core *moex_worker_core_create(int n_layers, int n_experts, int hidden, moex_pool *pool,
@@ -48,6 +57,8 @@ void moex_worker_core_free(moex_worker_core *c) {
     free(c->gates);
     free(c->out);
     free(c->rows);
+    free(c->jobs);
+    free(c->job_row0);
     free(c);
 }
 
@@ -108,21 +119,28 @@ size_t moex_worker_result_bytes(const moex_proto_msg *dispatch) {
     return moex_proto_tensor_frame_bytes(&m);
 }
 
-/* Grows the per-dispatch buffers; a no-op once they fit. */
-static int reserve_tokens(moex_worker_core *c, int64_t n) {
-    if (n <= c->cap_tokens) return 0;
-    const size_t rows = (size_t)n, d = (size_t)c->hidden;
-    free(c->x);
-    free(c->gates);
+/* Grows the batch's row buffers to hold n rows, keeping the rows added so
+ * far; on failure the batch stays as it was. A no-op once they fit. */
+static int reserve_rows(moex_worker_core *c, int64_t n) {
+    if (n <= c->cap_rows) return 0;
+    int64_t cap = c->cap_rows ? c->cap_rows : 16;
+    while (cap < n) cap *= 2;
+    const size_t rows = (size_t)cap, d = (size_t)c->hidden;
+    float *x = realloc(c->x, rows * d * sizeof *x);
+    if (x) c->x = x;
+    float *gates = realloc(c->gates, rows * sizeof *gates);
+    if (gates) c->gates = gates;
+    int32_t *rs = realloc(c->rows, rows * sizeof *rs);
+    if (rs) c->rows = rs;
+    float *out = malloc(rows * d * sizeof *out); /* written by the run only: nothing to keep */
+    if (!x || !gates || !rs || !out) {
+        free(out);
+        return -1;
+    }
     free(c->out);
-    free(c->rows);
-    c->x = malloc(rows * d * sizeof *c->x);
-    c->out = malloc(rows * d * sizeof *c->out);
-    c->gates = malloc(rows * sizeof *c->gates);
-    c->rows = malloc(rows * sizeof *c->rows);
-    c->cap_tokens = (c->x && c->out && c->gates && c->rows) ? n : 0;
-    if (!c->cap_tokens) return -1;
-    for (int64_t t = 0; t < n; t++) c->rows[t] = (int32_t)t;
+    c->out = out;
+    for (int64_t t = c->cap_rows; t < cap; t++) c->rows[t] = (int32_t)t;
+    c->cap_rows = cap;
     return 0;
 }
 
@@ -138,21 +156,68 @@ static int check_dispatch(const moex_worker_core *c, const moex_proto_msg *d, mo
     return 0;
 }
 
-int moex_worker_core_run(moex_worker_core *c, const moex_proto_msg *dispatch, float **values, moex_error *err) {
+void moex_worker_core_batch_begin(moex_worker_core *c) {
+    c->n_rows = 0;
+    c->n_jobs = 0;
+}
+
+int moex_worker_core_batch_add(moex_worker_core *c, const moex_proto_msg *dispatch, moex_error *err) {
     if (check_dispatch(c, dispatch, err)) return -1;
     const moex_proto_tensor_view *v = &dispatch->u.tensor;
-    const int64_t n = v->n_tokens, d = c->hidden;
-    if (reserve_tokens(c, n)) return moex_fail(err, "dispatch %u: out of memory for %lld tokens", dispatch->h.seq, (long long)n);
-    for (int64_t t = 0; t < n; t++) {
-        moex_proto_tensor_row_f32(v, (uint32_t)t, c->x + t * d);
-        c->gates[t] = moex_proto_tensor_gate(v, (uint32_t)t);
+    const int64_t n = v->n_tokens, d = c->hidden, r0 = c->n_rows;
+    if (c->n_jobs == c->cap_jobs) {
+        const int cap = c->cap_jobs ? 2 * c->cap_jobs : 16;
+        moex_expert_job *p = realloc(c->jobs, (size_t)cap * sizeof *p);
+        if (p) c->jobs = p;
+        int64_t *q = realloc(c->job_row0, (size_t)cap * sizeof *q);
+        if (q) c->job_row0 = q;
+        if (!p || !q) return moex_fail(err, "dispatch %u: out of memory", dispatch->h.seq);
+        c->cap_jobs = cap;
     }
-    moex_expert_job job = {.w = *slot(c, dispatch->h.layer, dispatch->h.expert), .n_tokens = n, .rows = c->rows,
-                           .gates = c->gates, .out = c->out};
-    if (moex_experts_run(c->pool, &job, 1, c->x, d))
+    if (reserve_rows(c, r0 + n))
+        return moex_fail(err, "dispatch %u: out of memory for %lld tokens", dispatch->h.seq, (long long)(r0 + n));
+    for (int64_t t = 0; t < n; t++) {
+        moex_proto_tensor_row_f32(v, (uint32_t)t, c->x + (r0 + t) * d);
+        c->gates[r0 + t] = moex_proto_tensor_gate(v, (uint32_t)t);
+    }
+    c->jobs[c->n_jobs] = (moex_expert_job){.w = *slot(c, dispatch->h.layer, dispatch->h.expert), .n_tokens = n};
+    c->job_row0[c->n_jobs++] = r0;
+    c->n_rows = r0 + n;
+    return 0;
+}
+
+int moex_worker_core_batch_run(moex_worker_core *c, moex_error *err) {
+    const int64_t d = c->hidden;
+    for (int j = 0; j < c->n_jobs; j++) {
+        moex_expert_job *job = &c->jobs[j];
+        const int64_t r0 = c->job_row0[j];
+        job->rows = c->rows + r0;
+        job->gates = c->gates + r0;
+        job->out = c->out + r0 * d;
+    }
+    for (int j = 0; j < c->n_jobs; j += JOBS_PER_RUN) {
+        const int n = c->n_jobs - j < JOBS_PER_RUN ? c->n_jobs - j : JOBS_PER_RUN;
+        if (moex_experts_run(c->pool, c->jobs + j, n, c->x, d))
+            return moex_fail(err, "a batch of %d dispatches (%lld tokens): the expert computation failed", c->n_jobs,
+                             (long long)c->n_rows);
+    }
+    return 0;
+}
+
+int moex_worker_core_batch_count(const moex_worker_core *c) { return c->n_jobs; }
+
+float *moex_worker_core_batch_values(const moex_worker_core *c, int i) {
+    if (i < 0 || i >= c->n_jobs) return NULL;
+    return c->out + c->job_row0[i] * c->hidden;
+}
+
+int moex_worker_core_run(moex_worker_core *c, const moex_proto_msg *dispatch, float **values, moex_error *err) {
+    moex_worker_core_batch_begin(c);
+    if (moex_worker_core_batch_add(c, dispatch, err)) return -1;
+    if (moex_worker_core_batch_run(c, err))
         return moex_fail(err, "dispatch %u: expert (%u, %u) computation failed", dispatch->h.seq, dispatch->h.layer,
                          dispatch->h.expert);
-    *values = c->out;
+    *values = moex_worker_core_batch_values(c, 0);
     return 0;
 }
 

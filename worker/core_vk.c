@@ -8,6 +8,10 @@
  * sized for the model's largest expert matrices so that any expert fits any
  * slot; the kernels index slots as experts (expert_stride = slot_bytes).
  *
+ * A batch keeps views of its dispatches' rows and converts them to f32
+ * straight into the host-visible io buffer at run time: one pass over the
+ * activations from the received message to the GPU's input.
+ *
  * Numerics: activation rounding is on, so x is rounded to the weights' 8-bit
  * partner exactly as the CPU core (core.c) rounds it, and most token rows
  * agree with the CPU to ~3e-7. The GPU kernels sum the gate/up products in
@@ -36,9 +40,12 @@ typedef struct vk_op {
     int lo, hi;
 } vk_op;
 
+/* A dispatch of the batch: its rows [row0, row0 + n) read from the view at
+ * run time (values NULL: zero rows, for the warm-up). */
 typedef struct vk_dispatch {
     int slot;
     int64_t row0, n;
+    moex_proto_tensor_view v;
 } vk_dispatch;
 
 /* Offsets into the host-visible io buffer and the device-local act buffer (same layout). */
@@ -56,11 +63,10 @@ struct moex_worker_vk {
     int capacity, n_held, first_free;
     vk_slot *slots;
     int *slot_of;                /* n_layers x n_experts: slot, or -1 */
-    /* the batch being built: rows in host memory, copied to io at run time */
+    /* the batch being built: its dispatches' views, converted into io at run time */
     vk_dispatch *disp;
     int n_disp, cap_disp;
     int64_t n_rows, cap_rows;
-    float *x, *gates;
     int32_t *row_slot;
     vk_op *ops;
     int n_ops, cap_ops;
@@ -69,6 +75,7 @@ struct moex_worker_vk {
     moex_vk_buffer *io, *act, *scratch;
     int64_t cap_tokens;
     io_plan plan;
+    double stage_s, gpu_s;       /* the last run's two parts */
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -167,8 +174,6 @@ void moex_worker_vk_free(moex_worker_vk *g) {
     free(g->slots);
     free(g->slot_of);
     free(g->disp);
-    free(g->x);
-    free(g->gates);
     free(g->row_slot);
     free(g->ops);
     free(g);
@@ -278,14 +283,9 @@ static int reserve_rows(moex_worker_vk *g, int64_t rows) {
     if (rows <= g->cap_rows) return 0;
     int64_t cap = g->cap_rows ? g->cap_rows : 64;
     while (cap < rows) cap *= 2;
-    const size_t d = (size_t)g->hidden;
-    float *x = realloc(g->x, (size_t)cap * d * sizeof *x);
-    if (x) g->x = x;
-    float *gates = realloc(g->gates, (size_t)cap * sizeof *gates);
-    if (gates) g->gates = gates;
     int32_t *rs = realloc(g->row_slot, (size_t)cap * sizeof *rs);
-    if (rs) g->row_slot = rs;
-    if (!x || !gates || !rs) return -1;
+    if (!rs) return -1;
+    g->row_slot = rs;
     g->cap_rows = cap;
     return 0;
 }
@@ -302,8 +302,8 @@ static int check_dispatch(const moex_worker_vk *g, const moex_proto_msg *d, moex
     return 0;
 }
 
-/* Appends n rows for slot (x and gates left for the caller to fill); returns the first row or -1. */
-static int64_t add_rows(moex_worker_vk *g, int slot, int64_t n) {
+/* Appends n rows for slot, read from v at run time (NULL: zeros); returns the first row or -1. */
+static int64_t add_rows(moex_worker_vk *g, int slot, int64_t n, const moex_proto_tensor_view *v) {
     const int64_t r0 = g->n_rows;
     if (g->n_disp == g->cap_disp) {
         const int cap = g->cap_disp ? 2 * g->cap_disp : 16;
@@ -314,21 +314,36 @@ static int64_t add_rows(moex_worker_vk *g, int slot, int64_t n) {
     }
     if (reserve_rows(g, r0 + n)) return -1;
     for (int64_t t = 0; t < n; t++) g->row_slot[r0 + t] = slot;
-    g->disp[g->n_disp++] = (vk_dispatch){.slot = slot, .row0 = r0, .n = n};
+    g->disp[g->n_disp++] = (vk_dispatch){.slot = slot, .row0 = r0, .n = n, .v = v ? *v : (moex_proto_tensor_view){0}};
     g->n_rows = r0 + n;
     return r0;
 }
 
 int moex_worker_vk_batch_add(moex_worker_vk *g, const moex_proto_msg *dispatch, moex_error *err) {
     if (check_dispatch(g, dispatch, err)) return -1;
-    const int64_t n = dispatch->u.tensor.n_tokens, d = g->hidden;
-    const int64_t r0 = add_rows(g, *slot_ref(g, dispatch->h.layer, dispatch->h.expert), n);
-    if (r0 < 0) return moex_fail(err, "dispatch %u: out of memory for %lld tokens", dispatch->h.seq, (long long)n);
-    for (int64_t t = 0; t < n; t++) {
-        moex_proto_tensor_row_f32(&dispatch->u.tensor, (uint32_t)t, g->x + (r0 + t) * d);
-        g->gates[r0 + t] = moex_proto_tensor_gate(&dispatch->u.tensor, (uint32_t)t);
-    }
+    const int64_t n = dispatch->u.tensor.n_tokens;
+    if (add_rows(g, *slot_ref(g, dispatch->h.layer, dispatch->h.expert), n, &dispatch->u.tensor) < 0)
+        return moex_fail(err, "dispatch %u: out of memory for %lld tokens", dispatch->h.seq, (long long)n);
     return 0;
+}
+
+/* Each dispatch's rows and gates as f32, straight into the mapped io buffer. */
+static void write_inputs(moex_worker_vk *g) {
+    char *io = moex_vk_buffer_map(g->io);
+    float *x = (float *)(io + g->plan.x), *gates = (float *)(io + g->plan.gates);
+    const int64_t d = g->hidden;
+    for (int i = 0; i < g->n_disp; i++) {
+        const vk_dispatch *dp = &g->disp[i];
+        if (!dp->v.values) {
+            memset(x + dp->row0 * d, 0, (size_t)(dp->n * d) * sizeof *x);
+            memset(gates + dp->row0, 0, (size_t)dp->n * sizeof *gates);
+            continue;
+        }
+        for (int64_t t = 0; t < dp->n; t++) {
+            moex_proto_tensor_row_f32(&dp->v, (uint32_t)t, x + (dp->row0 + t) * d);
+            gates[dp->row0 + t] = moex_proto_tensor_gate(&dp->v, (uint32_t)t);
+        }
+    }
 }
 
 /* Grows io (host-visible) and act (device-local) to the batch's rows (in
@@ -436,16 +451,25 @@ static int record_batch(moex_worker_vk *g, moex_error *err) {
 }
 
 int moex_worker_vk_batch_run(moex_worker_vk *g, moex_error *err) {
+    g->stage_s = g->gpu_s = 0;
     if (g->n_rows == 0) return 0;
+    const double t0 = moex_time_s();
     if (reserve_tokens(g, g->n_rows, err) || plan_ops(g, err)) return -1;
-    char *io = moex_vk_buffer_map(g->io);
-    memcpy(io + g->plan.x, g->x, (size_t)g->n_rows * (size_t)g->hidden * 4);
-    memcpy(io + g->plan.gates, g->gates, (size_t)g->n_rows * 4);
+    write_inputs(g);
     if (record_batch(g, err)) {
         moex_vk_cmd_end(g->cmd, NULL); /* leaves the command buffer ready for the next batch */
         return -1;
     }
-    return moex_vk_cmd_run(g->cmd, err);
+    const double t1 = moex_time_s();
+    const int rc = moex_vk_cmd_run(g->cmd, err);
+    g->stage_s = t1 - t0;
+    g->gpu_s = moex_time_s() - t1;
+    return rc;
+}
+
+void moex_worker_vk_batch_times(const moex_worker_vk *g, double *stage_s, double *gpu_s) {
+    *stage_s = g->stage_s;
+    *gpu_s = g->gpu_s;
 }
 
 int moex_worker_vk_batch_count(const moex_worker_vk *g) { return g->n_disp; }
@@ -460,9 +484,7 @@ static int warm_up_slot(moex_worker_vk *g, int s, moex_error *err) {
     const int64_t sizes[2] = {1, 16};
     for (int i = 0; i < 2; i++) {
         moex_worker_vk_batch_begin(g);
-        if (add_rows(g, s, sizes[i]) < 0) return moex_fail(err, "worker vulkan: out of memory");
-        memset(g->x, 0, (size_t)sizes[i] * (size_t)g->hidden * sizeof *g->x);
-        memset(g->gates, 0, (size_t)sizes[i] * sizeof *g->gates);
+        if (add_rows(g, s, sizes[i], NULL) < 0) return moex_fail(err, "worker vulkan: out of memory");
         if (moex_worker_vk_batch_run(g, err)) return -1;
     }
     return 0;

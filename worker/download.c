@@ -620,6 +620,39 @@ static uint64_t all_expert_bytes(const dl_model *dm) {
     return total;
 }
 
+/* The hub's model and its cache directory into st (empty, or closed by close_model). */
+static int open_model(moex_worker_store *st, const moex_worker_options *o, volatile sig_atomic_t *stop, moex_error *err) {
+    st->dir_fd = st->lock_fd = -1;
+    json_fetch b = {.stop = stop};
+    int rc = fetch_model_json(st, o, &b, err);
+    if (!rc) rc = dl_model_parse(&st->dm, b.data, b.len, err);
+    free(b.data);
+    if (!rc && !(st->e = calloc((size_t)st->dm.m.hp.n_layer * st->dm.m.hp.n_expert, sizeof *st->e)))
+        rc = moex_fail(err, "out of memory");
+    if (!rc) rc = open_cache(st, o, err);
+    if (rc) return -1;
+    scan_cache(st);
+    st->budget = o->memory_budget ? o->memory_budget : all_expert_bytes(&st->dm);
+    moex_log(MOEX_LOG_INFO, "worker: model %s from the hub at %s: %s, %d layers x %d experts, hidden %d, %.1f MiB of experts; cache %s",
+             st->dm.hash_hex, dl_http_base(st->http), st->dm.m.hp.arch_name, st->dm.m.hp.n_layer, st->dm.m.hp.n_expert,
+             st->dm.m.hp.n_embd, (double)all_expert_bytes(&st->dm) / MIB, st->dir);
+    return 0;
+}
+
+/* Unmaps the experts, releases the cache directory and forgets the model. */
+static void close_model(moex_worker_store *st) {
+    if (st->e)
+        for (int l = 0; l < st->dm.m.hp.n_layer; l++)
+            for (int e = 0; e < st->dm.m.hp.n_expert; e++) unmap_entry(st, l, e);
+    free(st->e);
+    st->e = NULL;
+    dl_model_free(&st->dm);
+    memset(&st->dm, 0, sizeof st->dm);
+    if (st->lock_fd >= 0) close(st->lock_fd);
+    if (st->dir_fd >= 0) close(st->dir_fd);
+    st->lock_fd = st->dir_fd = -1;
+}
+
 moex_worker_store *moex_worker_store_open(const moex_worker_options *o, volatile sig_atomic_t *stop, moex_error *err) {
     moex_worker_store *st = calloc(1, sizeof *st);
     if (!st) {
@@ -627,36 +660,29 @@ moex_worker_store *moex_worker_store_open(const moex_worker_options *o, volatile
         return NULL;
     }
     st->dir_fd = st->lock_fd = -1;
-    json_fetch b = {.stop = stop};
-    int rc = (st->http = dl_http_create(o->hub_url, o->token, err)) ? 0 : -1;
-    if (!rc) rc = fetch_model_json(st, o, &b, err);
-    if (!rc) rc = dl_model_parse(&st->dm, b.data, b.len, err);
-    free(b.data);
-    if (!rc && !(st->e = calloc((size_t)st->dm.m.hp.n_layer * st->dm.m.hp.n_expert, sizeof *st->e)))
-        rc = moex_fail(err, "out of memory");
-    if (!rc) rc = open_cache(st, o, err);
-    if (rc) {
+    if (!(st->http = dl_http_create(o->hub_url, o->token, err)) || open_model(st, o, stop, err)) {
         moex_worker_store_close(st);
         return NULL;
     }
-    scan_cache(st);
-    st->budget = o->memory_budget ? o->memory_budget : all_expert_bytes(&st->dm);
-    moex_log(MOEX_LOG_INFO, "worker: model %s from the hub at %s: %s, %d layers x %d experts, hidden %d, %.1f MiB of experts; cache %s",
-             st->dm.hash_hex, dl_http_base(st->http), st->dm.m.hp.arch_name, st->dm.m.hp.n_layer, st->dm.m.hp.n_expert,
-             st->dm.m.hp.n_embd, (double)all_expert_bytes(&st->dm) / MIB, st->dir);
     return st;
+}
+
+int moex_worker_store_reopen(moex_worker_store *st, const moex_worker_options *o, volatile sig_atomic_t *stop,
+                             moex_error *err) {
+    const uint64_t old = st->dm.model_hash;
+    close_model(st);
+    if (open_model(st, o, stop, err)) return -1;
+    if (st->dm.model_hash == old)
+        return moex_fail(err, "the hub at %s reports a model mismatch but still describes model %016llx, this "
+                         "worker's: a hub bug, or its file changed twice; restart the worker", dl_http_base(st->http),
+                         (unsigned long long)old);
+    return 0;
 }
 
 void moex_worker_store_close(moex_worker_store *st) {
     if (!st) return;
-    if (st->e)
-        for (int l = 0; l < st->dm.m.hp.n_layer; l++)
-            for (int e = 0; e < st->dm.m.hp.n_expert; e++) unmap_entry(st, l, e);
-    free(st->e);
-    dl_model_free(&st->dm);
+    close_model(st);
     dl_http_free(st->http);
-    if (st->lock_fd >= 0) close(st->lock_fd);
-    if (st->dir_fd >= 0) close(st->dir_fd);
     free(st);
 }
 

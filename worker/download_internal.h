@@ -68,6 +68,8 @@ typedef struct dl_model {
  * fit together (gate/up: n_ff_exp x n_embd, down: n_embd x n_ff_exp). */
 int dl_model_parse(dl_model *dm, const char *json, size_t len, moex_error *err);
 void dl_model_free(dl_model *dm);
+/* Only the model_hash of a /v1/model answer. */
+int dl_model_hash(const char *json, size_t len, uint64_t *hash, moex_error *err);
 
 /* ---- download_progress.c: bytes done / total, MB/s, ETA on stderr ----
  * A redrawn bar when stderr is a terminal, else a log line per 10 %. */

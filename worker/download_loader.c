@@ -4,14 +4,10 @@
  * comes out of the store as an error (the hub refuses an expert, its hash
  * never matches, the disk is full) ends the worker with that message,
  * through the session's fatal path. */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "worker/download_loader.h"
-
-#define APPLY_POLL_MS 100
 
 struct dl_loader {
     pthread_t th;
@@ -53,16 +49,13 @@ static int take(session *s, dl_loader *ld) {
 }
 
 /* Called with mu held: waits until the compute thread applied generation g
- * (true), or it no longer will (a newer assignment, another connection, quit). */
+ * (true), or it no longer will (a newer assignment, another connection, quit).
+ * Each of those changes broadcasts the session's cv. */
 static bool wait_applied(session *s, dl_loader *ld, uint32_t g, uint64_t serial, uint32_t conn) {
     for (;;) {
         if (ld->quit || ld->posted != serial || s->conn != conn) return false;
         if (!s->assign_pending && s->g == g) return true;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until); /* the session's cv uses the default clock */
-        until.tv_nsec += APPLY_POLL_MS * 1000000L;
-        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&s->cv, &s->mu, &until);
+        pthread_cond_wait(&s->cv, &s->mu);
     }
 }
 

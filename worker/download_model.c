@@ -95,11 +95,24 @@ static int parse_layer(dl_model *dm, const cJSON *jl, int l, moex_error *err) {
     return 0;
 }
 
-static int parse_identity(dl_model *dm, const cJSON *root, moex_error *err) {
+static int parse_hash(const cJSON *root, uint64_t *hash, moex_error *err) {
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "model_hash");
     char *end = NULL;
-    if (cJSON_IsString(h) && strlen(h->valuestring) == 16) dm->model_hash = strtoull(h->valuestring, &end, 16);
+    if (cJSON_IsString(h) && strlen(h->valuestring) == 16) *hash = strtoull(h->valuestring, &end, 16);
     if (!end || *end) return moex_fail(err, "/v1/model: \"model_hash\" is missing or not 16 hex digits");
+    return 0;
+}
+
+int dl_model_hash(const char *json, size_t len, uint64_t *hash, moex_error *err) {
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    const int rc = cJSON_IsObject(root) ? parse_hash(root, hash, err)
+                                        : moex_fail(err, "/v1/model: the hub's answer is not a JSON object");
+    cJSON_Delete(root);
+    return rc;
+}
+
+static int parse_identity(dl_model *dm, const cJSON *root, moex_error *err) {
+    if (parse_hash(root, &dm->model_hash, err)) return -1;
     snprintf(dm->hash_hex, sizeof dm->hash_hex, "%016llx", (unsigned long long)dm->model_hash);
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "arch");
     if (!cJSON_IsString(a) || !a->valuestring[0] || strlen(a->valuestring) >= sizeof dm->m.hp.arch_name)

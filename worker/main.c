@@ -26,6 +26,7 @@ static void install_signals(void) {
     signal(SIGPIPE, SIG_IGN); /* a dead hub is an error return, not a signal */
 }
 
+/* The counters, and the latency of each stage of the dispatch path on one line. */
 static void print_stats(const moex_worker_stats *st) {
     fprintf(stderr,
             "moex-worker: %llu dispatches, %llu results, %llu cancels (%llu effective), %llu errors, "
@@ -33,6 +34,9 @@ static void print_stats(const moex_worker_stats *st) {
             (unsigned long long)st->dispatches, (unsigned long long)st->results, (unsigned long long)st->cancels,
             (unsigned long long)st->cancelled, (unsigned long long)st->errors, (unsigned long long)st->connects,
             st->computed ? st->compute_s * 1e3 / (double)st->computed : 0.0);
+    char line[512];
+    moex_worker_timing_line(st, line, sizeof line);
+    fprintf(stderr, "%s\n", line);
 }
 
 static int run_with_model(const moex_worker_options *o, moex_worker_stats *st, moex_error *err) {

@@ -23,7 +23,7 @@ void moex_worker_usage(FILE *f) {
             "  --backend cpu|vulkan     compute backend (default cpu); vulkan keeps the assigned experts on the GPU\n"
             "  --device N               --backend vulkan: the GPU to use (default: the best; the log names it)\n"
             "  --backlog N              dispatches queued at most, 1..4096 (default 64)\n"
-            "  --reconnect-max-s S      give up after S seconds without a connection (default: never)\n"
+            "  --reconnect-max-s S      give up after S seconds without a connection the hub took (default: never)\n"
             "  --seed S                 seed of the fault injection (default: from time and pid)\n"
             "fault injection, for tests:\n"
             "  --inject-delay-ms D --inject-delay-prob P   sleep D ms before a result, with probability P\n"

@@ -1,4 +1,4 @@
-/* The outbox: a FIFO of frames for the socket thread. It grows when full
+/* The outbox: a FIFO of messages for the socket thread. It grows when full
  * (results are bounded by the backlog, control frames are few) and keeps
  * every slot's buffer, so a warm outbox never allocates. */
 #include <stdlib.h>
@@ -63,6 +63,7 @@ int moex_worker_outbox_push_copy(moex_worker_outbox *o, uint32_t conn, const uin
     memcpy(s->buf + o->headroom, frame, len);
     s->len = len;
     s->conn = conn;
+    s->ready_s = 0;
     o->count++;
     return 0;
 }
@@ -86,6 +87,16 @@ void moex_worker_outbox_pop(moex_worker_outbox *o) {
     if (!o->count) return;
     o->head = (o->head + 1) % o->capacity;
     o->count--;
+}
+
+bool moex_worker_outbox_take(moex_worker_outbox *o, moex_worker_buf *into) {
+    if (!o->count) return false;
+    moex_worker_buf *s = &o->slots[o->head], t = *s;
+    *s = *into;
+    s->len = 0;
+    *into = t;
+    moex_worker_outbox_pop(o);
+    return true;
 }
 
 void moex_worker_outbox_clear(moex_worker_outbox *o) { o->count = 0; }

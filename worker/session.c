@@ -1,16 +1,18 @@
 /* The worker's session with the hub, over a libwebsockets client: connect
- * (with backoff), JOIN, ASSIGN, heartbeats, DISPATCH into the backlog,
- * CANCEL, and the outbox drained one frame per WRITEABLE. Runs on the
- * calling thread; the compute thread (compute.c) does the work.
+ * (with backoff), JOIN, heartbeats, and the outbox drained one message per
+ * WRITEABLE. Messages from the hub are read in session_rx.c; the compute
+ * thread (compute.c) does the work. Runs on the calling thread.
  *
  * Timers: one 100 ms tick drives reconnects, heartbeats, the hub-silence
- * check and the stop flag, so that the service loop needs nothing else. */
+ * check and the stop flag, so that the service loop needs nothing else; the
+ * compute thread's results wake it at once (lws_cancel_service). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "worker/download_internal.h"
 #include "worker/download_loader.h"
 #include "worker/session_internal.h"
 
@@ -21,6 +23,7 @@
 #define BACKOFF_MAX_S 5.0
 #define FATAL_FLUSH_S 1.0      /* how long a fatal ERROR may take to leave */
 #define CLOSE_WAIT_S 1.0       /* how long a clean close may take on exit */
+#define PROBE_S 5.0            /* how long asking the hub's HTTP side may take */
 #define RX_BUFFER_BYTES 65536
 
 static uint64_t now_us(void) {
@@ -29,7 +32,7 @@ static uint64_t now_us(void) {
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static void request_write(session *s) {
+void worker_request_write(session *s) {
     if (s->wsi && s->link == LINK_UP) lws_callback_on_writable(s->wsi);
 }
 
@@ -39,10 +42,10 @@ static void send_ctl(session *s, size_t len) {
     int rc = moex_worker_outbox_push_copy(s->outbox, s->conn, s->ctl, len);
     pthread_mutex_unlock(&s->mu);
     if (rc) moex_log(MOEX_LOG_ERROR, "worker: out of memory queueing a frame");
-    request_write(s);
+    worker_request_write(s);
 }
 
-static void send_error(session *s, uint32_t seq, int32_t code, const char *text) {
+void worker_send_error(session *s, uint32_t seq, int32_t code, const char *text) {
     size_t n = strlen(text), len;
     if (n > sizeof s->ctl - MOEX_PROTO_HEADER_BYTES - MOEX_PROTO_ERROR_FIXED_BYTES)
         n = sizeof s->ctl - MOEX_PROTO_HEADER_BYTES - MOEX_PROTO_ERROR_FIXED_BYTES;
@@ -77,8 +80,7 @@ static void send_heartbeat(session *s) {
     double load = span > 0 ? s->busy_s / span : 0;
     moex_proto_heartbeat hb = {
         .timestamp_us = now_us(), .echo_us = s->peer_ts_us,
-        .queue_depth = (uint32_t)moex_worker_backlog_depth(s->backlog) +
-                       (s->running ? (s->batch_n > 1 ? (uint32_t)s->batch_n : 1u) : 0u),
+        .queue_depth = (uint32_t)moex_worker_backlog_depth(s->backlog) + (s->running ? (uint32_t)s->batch_n : 0u),
         .load_permille = (uint16_t)lround(1000.0 * (load > 1 ? 1 : load)), .state = s->state,
     };
     const uint32_t g = s->g;
@@ -93,18 +95,18 @@ static void send_heartbeat(session *s) {
 
 /* ---- connecting ---- */
 
-static void go_fatal(session *s, const char *why) {
+void worker_go_fatal(session *s, const char *why) {
     moex_fail(&s->fatal_err, "%s", why);
     s->fatal = true;
     s->fatal_since_s = moex_time_s();
-    request_write(s);
+    worker_request_write(s);
     if (s->link != LINK_UP) s->done = true;
 }
 
 /* Download mode: a download that failed for good ends the worker. */
 static void check_loader(session *s) {
     moex_error err;
-    if (!s->fatal && dl_loader_failed(s, &err)) go_fatal(s, err.msg);
+    if (!s->fatal && dl_loader_failed(s, &err)) worker_go_fatal(s, err.msg);
 }
 
 /* After a failed attempt or a lost connection: schedule the next attempt
@@ -117,9 +119,9 @@ static void schedule_reconnect(session *s, const char *reason) {
     const double max = s->o->reconnect_max_s;
     if (max > 0 && now - s->down_since_s >= max) {
         char why[400];
-        snprintf(why, sizeof why, "no connection to the hub %s for %.1f s (last: %s); giving up", s->o->hub_url,
-                 now - s->down_since_s, reason);
-        go_fatal(s, why); /* link is down: the service loop ends */
+        snprintf(why, sizeof why, "no connection to the hub %s that took this worker for %.1f s (last: %s); giving up",
+                 s->o->hub_url, now - s->down_since_s, reason);
+        worker_go_fatal(s, why); /* link is down: the service loop ends */
         return;
     }
     /* "equal jitter": half fixed, half random, so workers that lost the
@@ -132,6 +134,7 @@ static void schedule_reconnect(session *s, const char *reason) {
 
 static void connect_hub(session *s) {
     if (s->down_since_s == 0) s->down_since_s = moex_time_s();
+    s->handshake_sent = false;
     struct lws_client_connect_info ci;
     worker_lws_connect_info(&ci, s->ctx, &s->hub);
     ci.path = s->path;
@@ -142,19 +145,27 @@ static void connect_hub(session *s) {
 }
 
 /* The connection is gone: everything queued for it is void (its sequence
- * ids mean nothing on the next connection). */
+ * ids mean nothing on the next connection). The backoff and the time without
+ * a hub start again only after a connection the hub took (an ASSIGN came), so
+ * that a hub refusing this worker is not asked again and again at once. */
 static void connection_lost(session *s, const char *reason) {
     moex_log(MOEX_LOG_INFO, "worker: disconnected from the hub (%s)", reason);
     pthread_mutex_lock(&s->mu);
     s->conn++;
-    moex_worker_backlog_clear(s->backlog);
+    worker_backlog_drop_all(s);
     moex_worker_outbox_clear(s->outbox);
     s->assign_pending = false;
     s->stats.disconnects++;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    s->down_since_s = moex_time_s();
-    s->rx_len = 0;
+    if (s->accepted) {
+        s->backoff_s = BACKOFF_MIN_S;
+        s->down_since_s = moex_time_s();
+    } else {
+        s->check_hub = true; /* closed before an ASSIGN: another model? */
+    }
+    s->accepted = false;
+    moex_proto_reasm_reset(&s->reasm);
     s->close_requested = false;
     if (s->fatal) s->done = true;
     schedule_reconnect(s, reason);
@@ -163,11 +174,11 @@ static void connection_lost(session *s, const char *reason) {
 static void connection_up(session *s) {
     const double now = moex_time_s();
     s->link = LINK_UP;
-    s->backoff_s = BACKOFF_MIN_S;
+    s->accepted = false;
     s->last_rx_s = now;
     s->last_hb_s = now;
     s->next_hb_s = now + HEARTBEAT_S;
-    s->rx_len = 0;
+    moex_proto_reasm_reset(&s->reasm);
     s->close_requested = false;
     pthread_mutex_lock(&s->mu);
     s->conn++;
@@ -175,155 +186,84 @@ static void connection_up(session *s) {
     s->state = MOEX_STATE_STARTING;
     s->busy_s = 0;
     s->stats.connects++;
+    pthread_cond_broadcast(&s->cv); /* the download thread watches conn */
     pthread_mutex_unlock(&s->mu);
     moex_log(MOEX_LOG_INFO, "worker: connected to the hub %s as '%s'", s->o->hub_url, s->name);
     send_join(s);
 }
 
-/* ---- receiving ---- */
+/* ---- asking the hub's HTTP side ----
+ * Two refusals reach a client as a bare closed connection: a wrong token is
+ * refused at the HTTP upgrade (an HTTP error, or the connection closed
+ * before the upgrade), and a hub that closes the connection before any
+ * ASSIGN may serve another model (its ERROR may not have left first). After
+ * either, the worker asks the hub's GET /v1/model (docs/PROTOCOL.md,
+ * "Expert download"): 403 means the token, another model_hash a model
+ * mismatch. Runs outside the libwebsockets callbacks (its client has a
+ * context of its own), bounded by PROBE_S. */
 
-static void on_assign(session *s, const moex_proto_msg *msg) {
-    const moex_proto_assign *a = &msg->u.assign.info;
-    const moex_hparams *hp = &s->m->hp;
-    if (a->model_hash != s->model_hash || a->n_layers != hp->n_layer || a->n_experts != hp->n_expert) {
-        char why[400];
-        snprintf(why, sizeof why,
-                 "model mismatch: the hub serves model %016llx (%u layers x %u experts), this worker has %016llx "
-                 "(%d x %d) from %s%s",
-                 (unsigned long long)a->model_hash, a->n_layers, a->n_experts, (unsigned long long)s->model_hash,
-                 hp->n_layer, hp->n_expert, s->store ? "the hub at " : "",
-                 s->store ? moex_worker_store_source(s->store) : s->o->model_path);
-        send_error(s, msg->h.seq, MOEX_WORKER_ERR_MODEL_MISMATCH, why);
-        go_fatal(s, why);
-        return;
-    }
-    const uint32_t n = msg->u.assign.experts.count;
-    moex_log(MOEX_LOG_INFO, "worker: assignment %u from the hub: worker id %u, %u experts, %u replicas", msg->h.seq,
-             a->worker_id, n, a->replicas);
-    pthread_mutex_lock(&s->mu);
-    if (n > s->assign_cap) {
-        moex_proto_expert *p = realloc(s->assign_list, n * sizeof *p);
-        if (!p) {
-            pthread_mutex_unlock(&s->mu);
-            moex_log(MOEX_LOG_ERROR, "worker: out of memory for an assignment of %u experts", n);
-            return;
-        }
-        s->assign_list = p;
-        s->assign_cap = n;
-    }
-    for (uint32_t i = 0; i < n; i++) s->assign_list[i] = moex_proto_expert_at(&msg->u.assign.experts, i);
-    s->assign_n = n;
-    s->assign_g = msg->h.seq;
-    if (s->loader) dl_loader_post(s); /* downloads first; the loader hands it on */
-    else s->assign_pending = true;
-    s->state = MOEX_STATE_LOADING;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+#define PROBE_JSON_MAX ((size_t)4 << 20)
+
+typedef struct probe_ctx {
+    session *s;
+    char *json;
+    size_t len, cap;
+    double until_s;
+} probe_ctx;
+
+static bool probe_over(void *arg) {
+    const probe_ctx *p = arg;
+    return *p->s->stop || moex_time_s() > p->until_s;
 }
 
-static void on_dispatch(session *s, const moex_proto_msg *msg, const uint8_t *frame, size_t len) {
-    const long exit_after = s->o->inject_exit_after;
-    if (exit_after > 0 && ++s->n_dispatch_rx >= (uint64_t)exit_after) {
-        moex_log(MOEX_LOG_WARN, "worker: inject: exiting abruptly on dispatch %ld", exit_after);
-        _exit(3);
+static int probe_body(void *arg, const void *data, size_t len, moex_error *err) {
+    probe_ctx *p = arg;
+    if (len > PROBE_JSON_MAX - p->len) return moex_fail(err, "/v1/model: over %zu bytes", PROBE_JSON_MAX);
+    if (p->len + len > p->cap) {
+        size_t cap = p->cap ? p->cap : 16384;
+        while (cap < p->len + len) cap *= 2;
+        char *q = realloc(p->json, cap);
+        if (!q) return moex_fail(err, "out of memory");
+        p->json = q;
+        p->cap = cap;
     }
-    int n_stale = 0;
-    pthread_mutex_lock(&s->mu);
-    s->stats.dispatches++;
-    const int rc = moex_worker_backlog_push(s->backlog, msg->h.seq, msg->h.layer, msg->h.expert, frame, len, s->stale,
-                                            &n_stale);
-    if (rc == 0) pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    char text[96];
-    for (int i = 0; i < n_stale; i++) {
-        snprintf(text, sizeof text, "preempted by a dispatch for layer %u", msg->h.layer);
-        send_error(s, s->stale[i], MOEX_WORKER_ERR_PREEMPTED, text);
-    }
-    if (rc == 1) send_error(s, msg->h.seq, MOEX_WORKER_ERR_BUSY, "busy: backlog full");
-    if (rc < 0) send_error(s, msg->h.seq, MOEX_WORKER_ERR_BUSY, "busy: out of memory");
-}
-
-static void on_cancel(session *s, uint32_t seq) {
-    pthread_mutex_lock(&s->mu);
-    s->stats.cancels++;
-    if (moex_worker_backlog_cancel(s->backlog, seq)) {
-        s->stats.cancelled++;
-    } else if (s->running && s->running_seq == seq) {
-        s->running_cancelled = true; /* counted when its result is discarded */
-        pthread_cond_broadcast(&s->cv);
-    } else if (s->running) {
-        for (int i = 1; i < s->batch_n; i++)
-            if (s->batch_seqs[i] == seq) s->batch_cancelled[i] = true;
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void on_frame(session *s, const uint8_t *frame, size_t len) {
-    moex_error err = {{0}};
-    moex_proto_msg msg;
-    size_t frame_bytes;
-    int rc = moex_proto_frame_size(frame, len, &s->lim, &frame_bytes, &err);
-    if (!rc) {
-        moex_proto_header h;
-        moex_proto_header_read(frame, &h);
-        const size_t need = moex_proto_scratch_bytes(&h);
-        if (need > s->scratch_cap) {
-            uint8_t *p = realloc(s->scratch, need);
-            if (p) s->scratch = p, s->scratch_cap = need;
-        }
-        rc = moex_proto_decode(frame, len, &s->lim, s->scratch, s->scratch_cap, &msg, &err);
-    }
-    if (rc) {
-        moex_proto_header h = {0};
-        if (len >= MOEX_PROTO_HEADER_BYTES) moex_proto_header_read(frame, &h);
-        moex_log(MOEX_LOG_WARN, "worker: bad frame from the hub (seq %u): %s", h.seq, err.msg);
-        send_error(s, h.seq, rc, err.msg);
-        return;
-    }
-    switch (msg.h.type) {
-    case MOEX_MSG_DISPATCH: on_dispatch(s, &msg, frame, len); break;
-    case MOEX_MSG_CANCEL: on_cancel(s, msg.h.seq); break;
-    case MOEX_MSG_HEARTBEAT: s->peer_ts_us = msg.u.heartbeat.timestamp_us; break;
-    case MOEX_MSG_ASSIGN: on_assign(s, &msg); break;
-    case MOEX_MSG_ERROR:
-        moex_log(MOEX_LOG_WARN, "worker: the hub reports error %d for seq %u: %.*s", msg.u.error.code, msg.h.seq,
-                 (int)msg.u.error.text_len, msg.u.error.text);
-        break;
-    default: moex_log(MOEX_LOG_WARN, "worker: ignoring a %u message from the hub", msg.h.type); break;
-    }
-}
-
-/* Reassembles a WebSocket message from its fragments. -1: close the connection. */
-static int on_receive(session *s, struct lws *wsi, const void *in, size_t len) {
-    s->last_rx_s = moex_time_s();
-    if (s->rx_len + len > s->lim.max_frame_bytes) {
-        moex_log(MOEX_LOG_ERROR, "worker: message from the hub exceeds %u bytes; closing", s->lim.max_frame_bytes);
-        return -1;
-    }
-    if (s->rx_len + len > s->rx_cap) {
-        size_t cap = s->rx_cap ? s->rx_cap : RX_BUFFER_BYTES;
-        while (cap < s->rx_len + len) cap *= 2;
-        uint8_t *p = realloc(s->rx, cap);
-        if (!p) return -1;
-        s->rx = p;
-        s->rx_cap = cap;
-    }
-    memcpy(s->rx + s->rx_len, in, len);
-    s->rx_len += len;
-    if (!lws_is_final_fragment(wsi) || lws_remaining_packet_payload(wsi) != 0) return 0;
-    const size_t n = s->rx_len;
-    s->rx_len = 0;
-    if (!lws_frame_is_binary(wsi)) {
-        moex_log(MOEX_LOG_WARN, "worker: ignoring a text message from the hub");
-        return 0;
-    }
-    on_frame(s, s->rx, n);
+    memcpy(p->json + p->len, data, len);
+    p->len += len;
     return 0;
+}
+
+static void check_hub(session *s) {
+    s->check_hub = false;
+    if (s->fatal) return;
+    moex_error err = {{0}};
+    if (!s->probe && !(s->probe = dl_http_create(s->o->hub_url, s->o->token, &err))) {
+        moex_log(MOEX_LOG_WARN, "worker: cannot ask the hub: %s", err.msg);
+        return;
+    }
+    probe_ctx p = {.s = s, .until_s = moex_time_s() + PROBE_S};
+    dl_request req = {.path = "/v1/model", .range_first = -1, .range_last = -1, .on_body = probe_body,
+                      .stop = probe_over, .ctx = &p};
+    dl_response r;
+    uint64_t hash = 0;
+    char why[sizeof s->fatal_err.msg];
+    if (dl_http_get(s->probe, &req, &r, &err) != DL_OK) {
+        moex_log(MOEX_LOG_DEBUG, "worker: GET /v1/model: %s", err.msg);
+    } else if (r.status == 403 || r.status == 401) {
+        snprintf(why, sizeof why, "the hub at %s refused the token (HTTP %d): check --token", dl_http_base(s->probe),
+                 r.status);
+        worker_go_fatal(s, why);
+    } else if (r.status == 200 && dl_model_hash(p.json, p.len, &hash, &err) == 0 && hash != s->model_hash) {
+        snprintf(why, sizeof why, "the hub %s serves model %016llx, this worker has %016llx from %s: %s",
+                 s->o->hub_url, (unsigned long long)hash, (unsigned long long)s->model_hash,
+                 s->store ? moex_worker_store_source(s->store) : s->o->model_path, worker_mismatch_advice(s));
+        worker_model_mismatch(s, why);
+    }
+    free(p.json);
 }
 
 /* ---- sending ---- */
 
-/* Writes the oldest frame of the current connection. -1: close. */
+/* Writes the oldest message of the current connection. -1: close. */
 static int on_writeable(session *s, struct lws *wsi) {
     if (s->close_requested) {
         lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
@@ -332,17 +272,20 @@ static int on_writeable(session *s, struct lws *wsi) {
     pthread_mutex_lock(&s->mu);
     const moex_worker_buf *b;
     while ((b = moex_worker_outbox_peek(s->outbox)) && b->conn != s->conn) moex_worker_outbox_pop(s->outbox);
-    int rc = 0;
-    if (b) {
-        uint8_t *frame = b->buf + moex_worker_outbox_headroom(s->outbox);
-        if (lws_write(wsi, frame, b->len, LWS_WRITE_BINARY) < (int)b->len) rc = -1;
-        moex_worker_outbox_pop(s->outbox);
-    }
+    const bool have = moex_worker_outbox_take(s->outbox, &s->tx);
     const int left = moex_worker_outbox_count(s->outbox);
     pthread_mutex_unlock(&s->mu);
-    if (rc) {
-        moex_log(MOEX_LOG_WARN, "worker: write to the hub failed");
-        return -1;
+    if (have) {
+        const int n = lws_write(wsi, s->tx.buf + LWS_PRE, s->tx.len, LWS_WRITE_BINARY);
+        const double now = moex_time_s();
+        pthread_mutex_lock(&s->mu);
+        s->stats.messages_out++;
+        if (s->tx.ready_s > 0) moex_worker_timing_add(&s->stats.timing[MOEX_WT_OUTBOX], now - s->tx.ready_s);
+        pthread_mutex_unlock(&s->mu);
+        if (n < (int)s->tx.len) {
+            moex_log(MOEX_LOG_WARN, "worker: write to the hub failed");
+            return -1;
+        }
     }
     if (left) {
         lws_callback_on_writable(wsi);
@@ -361,6 +304,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, (const unsigned char *)s->hub.auth,
                                          (int)strlen(s->hub.auth), p, end))
             return -1;
+        s->handshake_sent = true;
         break;
     }
     case LWS_CALLBACK_CLIENT_ESTABLISHED:
@@ -371,15 +315,19 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         if (s->wsi == wsi || s->link == LINK_CONNECTING) {
             char why[200];
             snprintf(why, sizeof why, "connection failed: %.*s", in ? (int)len : 7, in ? (const char *)in : "unknown");
-            if (s->link == LINK_UP) connection_lost(s, why);
-            else schedule_reconnect(s, why);
+            if (s->link == LINK_UP) {
+                connection_lost(s, why);
+            } else {
+                s->check_hub = s->handshake_sent; /* refused at the upgrade: the token? */
+                schedule_reconnect(s, why);
+            }
         }
         break;
     case LWS_CALLBACK_CLIENT_CLOSED:
         if (s->link == LINK_UP) connection_lost(s, "connection closed");
         break;
     case LWS_CALLBACK_CLIENT_RECEIVE:
-        if (s->link == LINK_UP) return on_receive(s, wsi, in, len);
+        if (s->link == LINK_UP) return worker_on_receive(s, wsi, in, len);
         break;
     case LWS_CALLBACK_CLIENT_WRITEABLE:
         if (s->link == LINK_UP) return on_writeable(s, wsi);
@@ -390,7 +338,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         const bool hb = s->hb_now, pending = moex_worker_outbox_count(s->outbox) > 0;
         pthread_mutex_unlock(&s->mu);
         if (s->link == LINK_UP && hb) send_heartbeat(s);
-        else if (pending) request_write(s);
+        else if (pending) worker_request_write(s);
         break;
     }
     default: break;
@@ -503,17 +451,20 @@ static int session_init(session *s, const moex_worker_options *o, const moex_mod
     s->backlog = moex_worker_backlog_create(o->backlog);
     s->outbox = moex_worker_outbox_create(LWS_PRE);
     s->stale = calloc((size_t)o->backlog, sizeof *s->stale);
+    worker_rx_init(s);
     if (!s->backlog || !s->outbox || !s->stale) return moex_fail(err, "out of memory");
     return parse_hub_url(s, err);
 }
 
 static void session_free(session *s) {
+    if (s->backlog) worker_backlog_drop_all(s);
     moex_worker_backlog_free(s->backlog);
     moex_worker_outbox_free(s->outbox);
+    worker_rx_free_all(s);
     free(s->stale);
     free(s->assign_list);
-    free(s->rx);
-    free(s->scratch);
+    free(s->tx.buf);
+    dl_http_free(s->probe);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
 }
@@ -524,13 +475,17 @@ static struct lws_context *create_context(session *s, moex_error *err) {
     return ctx;
 }
 
-/* store: download mode (m is the store's model), else NULL. */
+#define SESSION_REJOIN 1 /* run_session: the hub serves another model (download mode) */
+
+/* store: download mode (m is the store's model), else NULL. stats: the
+ * counters and samples so far, carried on. Returns 0, SESSION_REJOIN or -1. */
 static int run_session(const moex_worker_options *o, const moex_model *m, moex_worker_store *store,
                        volatile sig_atomic_t *stop, moex_worker_stats *stats, moex_error *err) {
     session *s = calloc(1, sizeof *s);
     moex_worker_options own;
     if (!s) return moex_fail(err, "out of memory");
     int rc = session_init(s, o, m, store, stop, &own, err);
+    s->stats = *stats;
     pthread_t th;
     bool started = false;
     if (!rc && !(s->ctx = create_context(s, err))) rc = -1;
@@ -541,9 +496,12 @@ static int run_session(const moex_worker_options *o, const moex_model *m, moex_w
                  (unsigned long long)s->model_hash, m->hp.n_layer, m->hp.n_expert, m->hp.n_embd, o->hub_url);
         connect_hub(s);
         lws_sul_schedule(s->ctx, 0, &s->tick, on_tick, TICK_US);
-        while (!s->done && !*stop)
+        while (!s->done && !*stop) {
             if (lws_service(s->ctx, 0) < 0) break;
-        if (s->fatal) rc = moex_fail(err, "%s", s->fatal_err.msg);
+            if (s->check_hub) check_hub(s); /* outside the callbacks: it runs a client of its own */
+        }
+        if (s->model_changed) rc = SESSION_REJOIN;
+        else if (s->fatal) rc = moex_fail(err, "%s", s->fatal_err.msg);
         else close_gracefully(s);
     }
     dl_loader_stop(s);
@@ -552,7 +510,7 @@ static int run_session(const moex_worker_options *o, const moex_model *m, moex_w
         lws_sul_cancel(&s->tick);
         lws_context_destroy(s->ctx);
     }
-    if (stats) *stats = s->stats;
+    *stats = s->stats;
     session_free(s);
     free(s);
     return rc;
@@ -560,10 +518,26 @@ static int run_session(const moex_worker_options *o, const moex_model *m, moex_w
 
 int moex_worker_run(const moex_worker_options *o, const moex_model *m, volatile sig_atomic_t *stop,
                     moex_worker_stats *stats, moex_error *err) {
-    return run_session(o, m, NULL, stop, stats, err);
+    moex_worker_stats *st = calloc(1, sizeof *st);
+    if (!st) return moex_fail(err, "out of memory");
+    const int rc = run_session(o, m, NULL, stop, st, err);
+    if (stats) *stats = *st;
+    free(st);
+    return rc;
 }
 
 int moex_worker_run_store(const moex_worker_options *o, moex_worker_store *st, volatile sig_atomic_t *stop,
                           moex_worker_stats *stats, moex_error *err) {
-    return run_session(o, moex_worker_store_model(st), st, stop, stats, err);
+    moex_worker_stats *acc = calloc(1, sizeof *acc);
+    if (!acc) return moex_fail(err, "out of memory");
+    int rc;
+    while ((rc = run_session(o, moex_worker_store_model(st), st, stop, acc, err)) == SESSION_REJOIN) {
+        if (moex_worker_store_reopen(st, o, stop, err)) {
+            rc = *stop ? 0 : -1; /* interrupted while asking the hub: a normal stop */
+            break;
+        }
+    }
+    if (stats) *stats = *acc;
+    free(acc);
+    return rc;
 }

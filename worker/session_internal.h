@@ -1,6 +1,13 @@
-/* State shared by the session's two threads: the libwebsockets thread
- * (session.c) and the compute thread (compute.c). Fields under "lws thread"
- * are touched by that thread only; fields under "shared" only with mu held. */
+/* State shared by the session's threads: the libwebsockets thread
+ * (session.c, session_rx.c) and the compute thread (compute.c). Fields under
+ * "lws thread" are touched by that thread only; fields under "shared" only
+ * with mu held.
+ *
+ * The hot path, DISPATCH to RESULT, has two hand-offs and no polling: the
+ * lws thread decodes a received message's frames once, in place, queues its
+ * DISPATCHes as views into it and signals cv; the compute thread computes
+ * them, queues each received message's RESULTs as one message in the outbox
+ * and wakes the lws thread with lws_cancel_service(). */
 #ifndef MOEX_WORKER_SESSION_INTERNAL_H
 #define MOEX_WORKER_SESSION_INTERNAL_H
 
@@ -12,6 +19,21 @@
 #include "worker/worker.h"
 
 typedef enum { LINK_DOWN, LINK_CONNECTING, LINK_UP } link_state;
+
+/* A received WebSocket message (one frame, or several back to back). Its
+ * bytes stay where they were reassembled until its last queued DISPATCH is
+ * computed or dropped: the backlog's items are views into it. */
+typedef struct rx_msg {
+    uint8_t *bytes;             /* the message: the reassembly buffer it filled (swapped, not copied) */
+    size_t len, cap;
+    uint8_t *scratch;           /* the decompressed payloads of its compressed frames */
+    size_t scratch_cap;
+    int refs;                   /* the lws thread while it reads the message + its queued or running dispatches */
+    bool sealed;                /* every frame read: its dispatches may be taken, all together */
+    uint64_t serial;
+    double rx_s;                /* when its last fragment arrived */
+    struct rx_msg *next_free;
+} rx_msg;
 
 typedef struct session {
     const moex_worker_options *o;
@@ -31,32 +53,38 @@ typedef struct session {
     char path[2048];                 /* hub.path with ?token=... */
     double backoff_s, next_attempt_s, down_since_s;
     double last_rx_s, next_hb_s, last_hb_s;
+    bool handshake_sent;             /* this attempt reached the HTTP upgrade */
+    bool check_hub;                  /* a refused upgrade or JOIN: ask the hub's HTTP side why (token, model) */
+    bool accepted;                   /* this connection got an ASSIGN */
     bool close_requested;
     bool done;                       /* leave the service loop */
     bool fatal;                      /* err holds why; exit once the outbox is flushed */
+    bool model_changed;              /* download mode: the hub serves another model; read it again */
     double fatal_since_s;
     moex_error fatal_err;
     uint64_t peer_ts_us;             /* hub's last heartbeat timestamp, echoed */
     uint64_t n_dispatch_rx;          /* for --inject-exit-after */
     uint64_t jitter_rng;
-    uint8_t *rx;                     /* message being reassembled */
-    size_t rx_len, rx_cap;
-    uint8_t *scratch;                /* decompression for decode */
-    size_t scratch_cap;
+    moex_proto_reasm reasm;          /* the message being received */
+    uint64_t rx_serial;
     uint8_t ctl[1024];               /* control frames are encoded here */
-    uint32_t *stale;                 /* backlog capacity seqs */
+    moex_worker_item *stale;         /* backlog capacity items */
+    moex_worker_buf tx;              /* the message being written (swapped out of the outbox) */
+    struct dl_http *probe;           /* the token probe's HTTP client, made on first use */
 
     /* ---- shared, under mu ---- */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     moex_worker_backlog *backlog;
     moex_worker_outbox *outbox;
+    rx_msg *rx_free;                 /* received messages no longer referenced, buffers kept */
+    rx_msg **rx_all;                 /* every one allocated, for the end */
+    int rx_n_all, rx_cap_all;
     uint32_t conn;                   /* id of the current connection; bumped on connect and disconnect */
     bool quit;                       /* compute thread: exit */
-    bool running, running_cancelled;
-    uint32_t running_seq;
-    const uint32_t *batch_seqs;      /* --backend vulkan: the dispatches running together (batch_n, */
-    bool *batch_cancelled;           /* the first is running_seq); CANCEL marks them here */
+    bool running;                    /* the compute thread is computing batch_seqs[0 .. batch_n) */
+    const uint32_t *batch_seqs;
+    bool *batch_cancelled;           /* CANCEL marks them here */
     int batch_n;
     bool assign_pending;
     uint32_t assign_g, assign_n, assign_cap;
@@ -71,6 +99,27 @@ typedef struct session {
     moex_worker_store *store;        /* NULL: experts come from the worker's own model file */
     struct dl_loader *loader;        /* its thread; fields under mu */
 } session;
+
+/* session.c, for the receiving side (lws thread). */
+void worker_request_write(session *s);
+void worker_send_error(session *s, uint32_t seq, int32_t code, const char *text);
+/* Ends the session once the outbox is flushed: moex_worker_run fails with why. */
+void worker_go_fatal(session *s, const char *why);
+/* session_rx.c: the hub serves another model. Ends the session: a worker
+ * with its own model file fails with why, a downloading one rejoins. */
+void worker_model_mismatch(session *s, const char *why);
+/* What a mismatch makes this worker do, for its message. */
+const char *worker_mismatch_advice(const session *s);
+
+/* session_rx.c: messages from the hub (lws thread). */
+void worker_rx_init(session *s);
+/* A fragment of a message; -1: close the connection. */
+int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len);
+/* Called with mu held: drops a reference to a received message. */
+void worker_rx_release(session *s, rx_msg *m);
+/* Drops every queued dispatch (the connection that sent them is gone). Called with mu held. */
+void worker_backlog_drop_all(session *s);
+void worker_rx_free_all(session *s);
 
 /* compute.c: the compute thread. */
 int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err);

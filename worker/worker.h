@@ -9,13 +9,17 @@
  *  - the backlog (backlog.c) and outbox (outbox.c): plain data structures
  *    for the dispatches waiting to be computed and the frames waiting to be
  *    sent (the caller locks);
- *  - the session (session.c, compute.c): one libwebsockets client thread
- *    that talks to the hub and one compute thread that owns the core;
+ *  - the session (session.c, session_rx.c, compute.c): one libwebsockets
+ *    client thread that talks to the hub and one compute thread that owns
+ *    the core; a message of DISPATCH frames from the hub is computed as one
+ *    batch and answered with one message of RESULT frames; timing.c keeps
+ *    the latency of each stage;
  *  - moex-worker (main.c): the command line.
  *
- * Error codes a worker sends in ERROR frames (positive, application-defined;
- * a frame the worker could not decode is answered with its negative
- * moex_proto_status): */
+ * ERROR frames use proto's codes (moex_proto_error_code): a worker sends
+ * MOEX_ERR_BUSY, MOEX_ERR_PREEMPTED, MOEX_ERR_COMPUTE, MOEX_ERR_MODEL_MISMATCH,
+ * or the negative moex_proto_status of a frame it could not decode, and acts
+ * on the hub's as moex_proto_error_info_of(code)->on_worker says. */
 #ifndef MOEX_WORKER_H
 #define MOEX_WORKER_H
 
@@ -30,13 +34,6 @@
 #include "kernels/kernels.h"
 #include "kernels/vk/vk.h"
 #include "proto/proto.h"
-
-enum {
-    MOEX_WORKER_ERR_MODEL_MISMATCH = 1, /* ASSIGN names another model: the worker exits */
-    MOEX_WORKER_ERR_BUSY = 2,           /* backlog full: re-dispatch elsewhere now */
-    MOEX_WORKER_ERR_PREEMPTED = 3,      /* dropped from the backlog by a newer layer's dispatch */
-    MOEX_WORKER_ERR_COMPUTE = 4,        /* expert not held, hidden mismatch, kernel failure */
-};
 
 /* ---- core ----------------------------------------------------------------- */
 
@@ -70,6 +67,19 @@ int moex_worker_encode_result(const moex_proto_msg *dispatch, const float *value
 int moex_worker_core_compute(moex_worker_core *c, const moex_proto_msg *dispatch, uint8_t *out, size_t cap,
                              size_t *out_len, moex_error *err);
 
+/* A batch: the dispatches a hub sends one worker for one layer, computed
+ * together in one moex_experts_run (one job per dispatch, sharing the pool).
+ * Begin, add decoded DISPATCHes (their rows are converted to f32 at once),
+ * run, then read each one's n_tokens x hidden gate-weighted values (valid
+ * until the next begin; the caller may modify them). A dispatch add refuses
+ * (expert not held, bad shape) is not part of the batch. Each dispatch's
+ * values are bit-identical to moex_worker_core_run's on it alone. */
+void moex_worker_core_batch_begin(moex_worker_core *c);
+int moex_worker_core_batch_add(moex_worker_core *c, const moex_proto_msg *dispatch, moex_error *err);
+int moex_worker_core_batch_run(moex_worker_core *c, moex_error *err);
+int moex_worker_core_batch_count(const moex_worker_core *c);
+float *moex_worker_core_batch_values(const moex_worker_core *c, int i);
+
 /* ---- Vulkan core (core_vk.c): experts resident on the GPU -------------------
  *
  * The same DISPATCH -> values as the core, on a Vulkan device: held experts
@@ -98,16 +108,22 @@ void moex_worker_vk_drop(moex_worker_vk *g, int layer, int expert);
 bool moex_worker_vk_holds(const moex_worker_vk *g, int layer, int expert);
 int moex_worker_vk_n_held(const moex_worker_vk *g);
 
-/* A batch: begin, add decoded DISPATCHes (their x and gates are copied, so
- * the messages may go), run once, then read each one's n_tokens x hidden
- * gate-weighted values (valid until the next run; the caller may modify
- * them). A dispatch add refuses (expert not held, bad shape) is simply not
- * part of the batch. Hold, drop and reserve between batches, not inside one. */
+/* A batch: begin, add decoded DISPATCHes, run once, then read each one's
+ * n_tokens x hidden gate-weighted values (valid until the next run; the
+ * caller may modify them). add keeps views of the dispatch's rows: its frame
+ * must stay valid until batch_run returns, which converts the rows straight
+ * into the GPU's mapped input buffer (no other copy). A dispatch add refuses
+ * (expert not held, bad shape) is simply not part of the batch. Hold, drop
+ * and reserve between batches, not inside one. */
 void moex_worker_vk_batch_begin(moex_worker_vk *g);
 int moex_worker_vk_batch_add(moex_worker_vk *g, const moex_proto_msg *dispatch, moex_error *err);
 int moex_worker_vk_batch_run(moex_worker_vk *g, moex_error *err);
 int moex_worker_vk_batch_count(const moex_worker_vk *g);
 float *moex_worker_vk_batch_values(const moex_worker_vk *g, int i);
+/* The last batch_run in two parts, seconds: staging (inputs converted into
+ * the mapped buffer, ops planned and recorded) and the GPU (submit and wait;
+ * the values are then read straight from host-visible memory, no readback copy). */
+void moex_worker_vk_batch_times(const moex_worker_vk *g, double *stage_s, double *gpu_s);
 /* Runs every kernel the held experts need once (a 1-token and a 16-token
  * batch per weight type), so that the first dispatches do not wait for
  * pipeline compilation. */
@@ -134,51 +150,53 @@ size_t moex_worker_expert_bytes(const moex_expert_weights *w);
  * layer, and it moves on only once it holds a result for each (from this
  * worker or another replica). So when a DISPATCH for another layer arrives,
  * queued dispatches of a different layer are stale: they are dropped and
- * reported (the session answers each with ERROR "preempted", so a hub that
+ * handed back (the session answers each with ERROR "preempted", so a hub that
  * still wanted one re-dispatches at once). Dispatches of the same layer (a
  * prefill batch sends several) are all kept, in order. When the backlog is
- * full the new dispatch is refused (ERROR "busy"). */
+ * full the new dispatch is refused (ERROR "busy"). Items are decoded views;
+ * the bytes they point into belong to their owner (the session's received
+ * message), which the caller keeps alive while an item refers to it. */
 
 typedef struct moex_worker_backlog moex_worker_backlog;
 
 typedef struct moex_worker_item {
-    uint32_t seq;
-    uint16_t layer, expert;
-    uint8_t *frame;  /* the DISPATCH frame as received */
-    size_t len, cap;
+    moex_proto_msg msg;  /* the decoded DISPATCH (seq, layer, expert in msg.h): views into its message */
+    void *owner;         /* the received message holding those bytes (the caller's reference) */
+    uint64_t group;      /* the received message's serial: one message's results leave together */
+    double rx_s;         /* when that message was received (moex_time_s) */
 } moex_worker_item;
 
 moex_worker_backlog *moex_worker_backlog_create(int capacity);
 void moex_worker_backlog_free(moex_worker_backlog *b);
 int moex_worker_backlog_depth(const moex_worker_backlog *b);
 
-/* Queues a copy of a DISPATCH frame. First drops the queued items of another
- * layer, writing their seqs to stale[] (up to the backlog's capacity, the
- * count in *n_stale). Returns 0 when queued, 1 when the backlog is full
- * (nothing queued), -1 when out of memory. */
-int moex_worker_backlog_push(moex_worker_backlog *b, uint32_t seq, uint16_t layer, uint16_t expert,
-                             const uint8_t *frame, size_t len, uint32_t *stale, int *n_stale);
-/* Takes the oldest item: its frame buffer is swapped with *into's (no copy,
- * no allocation), so *into owns the frame until it is swapped back in by the
- * next pop. Returns false when empty. */
+/* Queues a copy of *it. First drops the queued items of another layer,
+ * copying them to stale[] (up to the backlog's capacity, the count in
+ * *n_stale). Returns 0 when queued, 1 when the backlog is full (nothing
+ * queued). */
+int moex_worker_backlog_push(moex_worker_backlog *b, const moex_worker_item *it, moex_worker_item *stale, int *n_stale);
+/* The i-th oldest item (NULL when there are not that many); valid until the backlog changes. */
+const moex_worker_item *moex_worker_backlog_at(const moex_worker_backlog *b, int i);
+/* Takes the oldest item; false when empty. */
 bool moex_worker_backlog_pop(moex_worker_backlog *b, moex_worker_item *into);
-/* Removes a queued item; false when no item has that seq. */
-bool moex_worker_backlog_cancel(moex_worker_backlog *b, uint32_t seq);
-/* Drops everything (the connection that sent them is gone); returns how many. */
-int moex_worker_backlog_clear(moex_worker_backlog *b);
+/* Removes the queued item with this seq into *removed; false when none has it. */
+bool moex_worker_backlog_cancel(moex_worker_backlog *b, uint32_t seq, moex_worker_item *removed);
 
-/* ---- outbox: frames waiting for the socket ------------------------------------
+/* ---- outbox: messages waiting for the socket -----------------------------------
  *
- * Each frame sits `headroom` bytes into its buffer (libwebsockets needs
- * LWS_PRE bytes before the data) and carries the connection id it was made
- * for, so that nothing crosses into a later connection. */
+ * Each entry is one WebSocket message: one frame, or several back to back
+ * (the RESULTs of one received message). It sits `headroom` bytes into its
+ * buffer (libwebsockets needs LWS_PRE bytes before the data) and carries the
+ * connection id it was made for, so that nothing crosses into a later
+ * connection. */
 
 typedef struct moex_worker_outbox moex_worker_outbox;
 
 typedef struct moex_worker_buf {
-    uint8_t *buf;  /* frame at buf + headroom */
+    uint8_t *buf;    /* message at buf + headroom */
     size_t len, cap;
     uint32_t conn;
+    double ready_s;  /* when it was queued (moex_time_s), for the outbox wait; 0: not timed */
 } moex_worker_buf;
 
 moex_worker_outbox *moex_worker_outbox_create(size_t headroom);
@@ -193,6 +211,10 @@ int moex_worker_outbox_push_swap(moex_worker_outbox *o, moex_worker_buf *b);
 /* The oldest frame (NULL when empty); valid until the next pop or push. */
 const moex_worker_buf *moex_worker_outbox_peek(const moex_worker_outbox *o);
 void moex_worker_outbox_pop(moex_worker_outbox *o);
+/* Pops the oldest message into *into by swapping buffers (*into's old
+ * buffer goes to the free slot): the caller may write it without holding
+ * the outbox's lock. False when empty. */
+bool moex_worker_outbox_take(moex_worker_outbox *o, moex_worker_buf *into);
 void moex_worker_outbox_clear(moex_worker_outbox *o);
 /* Makes b->buf hold headroom + len bytes (grows, never shrinks). 0 or -1. */
 int moex_worker_buf_reserve(moex_worker_buf *b, size_t headroom, size_t len);
@@ -225,6 +247,33 @@ typedef struct moex_worker_options {
 int moex_worker_parse_args(int argc, char **argv, moex_worker_options *o, moex_error *err);
 void moex_worker_usage(FILE *f);
 
+/* Worker-side latency of the dispatch path, for the hub's per-layer
+ * breakdown: the latest samples of each stage in a fixed ring (nothing is
+ * allocated per dispatch). One sample per computed batch (the dispatches
+ * taken together: one received message, or several of one layer), except
+ * OUTBOX: one per message written. */
+typedef enum moex_worker_timer {
+    MOEX_WT_QUEUED,    /* message received -> its batch's compute starts (the batch's oldest message) */
+    MOEX_WT_COMPUTE,   /* compute start -> every value of the batch ready (vulkan: stage + GPU + CPU fallback) */
+    MOEX_WT_VK_STAGE,  /* vulkan: inputs converted into the mapped buffer, ops planned and recorded */
+    MOEX_WT_VK_GPU,    /* vulkan: submit + wait (the encoder reads the values from mapped memory) */
+    MOEX_WT_ENCODE,    /* values -> the RESULT frames of the batch's messages */
+    MOEX_WT_OUTBOX,    /* a message queued for the socket -> written to it */
+    MOEX_WT_COUNT
+} moex_worker_timer;
+
+#define MOEX_WORKER_TIMING_SAMPLES 1024
+
+typedef struct moex_worker_timing {
+    float ms[MOEX_WORKER_TIMING_SAMPLES];  /* the latest samples (a ring), milliseconds */
+    uint64_t n;                            /* samples recorded in all */
+} moex_worker_timing;
+
+void moex_worker_timing_add(moex_worker_timing *t, double seconds);
+/* The q-quantile (0..1, nearest rank) of the samples held, in ms; 0 when none. */
+double moex_worker_timing_quantile(const moex_worker_timing *t, double q);
+const char *moex_worker_timer_name(moex_worker_timer k);
+
 typedef struct moex_worker_stats {
     uint64_t dispatches;   /* DISPATCH frames received */
     uint64_t results;      /* RESULT frames sent to the hub */
@@ -233,12 +282,22 @@ typedef struct moex_worker_stats {
     uint64_t errors;       /* ERROR frames sent (busy, preempted, compute, decode) */
     uint64_t connects, disconnects;
     uint64_t computed;     /* dispatches computed */
+    uint64_t batches;      /* compute batches they ran in */
+    uint64_t messages_in;  /* WebSocket messages received from the hub */
+    uint64_t messages_out; /* WebSocket messages written to the hub */
     double compute_s;      /* time spent computing them */
+    moex_worker_timing timing[MOEX_WT_COUNT];
 } moex_worker_stats;
 
+/* "worker timing: queued p50 0.012 p99 0.310 ms, compute p50 ... (N batches)":
+ * p50/p99 of each stage with samples, on one line (no newline). */
+void moex_worker_timing_line(const moex_worker_stats *st, char *buf, size_t cap);
+
 /* Runs the session until *stop becomes nonzero (returns 0) or a fatal error:
- * model mismatch, no connection within reconnect_max_s (returns -1 with err).
- * Signal handlers may set *stop; the session notices within 100 ms. */
+ * the hub's ERROR says retrying cannot help (model mismatch, no common
+ * protocol version, evicted), the hub refused the token, no connection
+ * within reconnect_max_s (returns -1 with err). Signal handlers may set
+ * *stop; the session notices within 100 ms. */
 int moex_worker_run(const moex_worker_options *o, const moex_model *m, volatile sig_atomic_t *stop,
                     moex_worker_stats *stats, moex_error *err);
 
@@ -279,7 +338,15 @@ int moex_worker_store_fetch(moex_worker_store *st, const moex_proto_expert *list
  * (--memory-budget; default: the model's experts, so nothing is evicted). */
 void moex_worker_store_trim(moex_worker_store *st, const moex_proto_expert *list, uint32_t n);
 
-/* moex_worker_run for a store: the same session, with experts downloaded. */
+/* Asks the hub for its model again (it now serves another one) and opens
+ * the cache directory of the new model; st's model is replaced (nothing may
+ * use it meanwhile). Fails when the hub still describes the same model. */
+int moex_worker_store_reopen(moex_worker_store *st, const moex_worker_options *o, volatile sig_atomic_t *stop,
+                             moex_error *err);
+
+/* moex_worker_run for a store: the same session, with experts downloaded.
+ * When the hub reports a model mismatch (it restarted with another model),
+ * the store is reopened for the hub's new model and the worker joins again. */
 int moex_worker_run_store(const moex_worker_options *o, moex_worker_store *st, volatile sig_atomic_t *stop,
                           moex_worker_stats *stats, moex_error *err);
 

@@ -192,6 +192,64 @@ static void test_bit_identical(const moex_model *m, moex_worker_core *core, moex
     free(x), free(gates), free(direct), free(local), free(got), free(disp.buf), free(res.buf);
 }
 
+/* ---- batches: one moex_experts_run over several dispatches, each the
+ * same bits as alone; a refused one leaves the others' indices alone ---- */
+
+static void test_batch(const moex_model *m, moex_worker_core *core) {
+    const int d = m->hp.n_embd;
+    const moex_proto_limits lim = limits_for(m);
+    /* (layer, expert, tokens, dtype); the fourth is not held and is refused */
+    const int spec[][4] = {{1, 5, 3, MOEX_DT_F16}, {0, 3, 1, MOEX_DT_F32}, {1, 4, 9, MOEX_DT_INT8},
+                           {1, 6, 2, MOEX_DT_F16}, {1, 5, 1, MOEX_DT_BF16}};
+    enum { N = 5 };
+    frame fr[N] = {{0}};
+    moex_proto_msg dm[N];
+    moex_error err;
+    for (int i = 0; i < N; i++) {
+        const int n = spec[i][2];
+        float *x = malloc((size_t)n * d * sizeof *x), *gates = malloc((size_t)n * sizeof *gates);
+        for (int k = 0; k < n * d; k++) x[k] = rng_gauss(&g_rng);
+        for (int t = 0; t < n; t++) gates[t] = 0.05f + 0.9f * (float)rng_uniform(&g_rng);
+        encode_dispatch(&fr[i], 300 + (uint32_t)i, spec[i][0], spec[i][1], n, d, spec[i][3], x, gates);
+        CHECK(moex_proto_decode(fr[i].buf, fr[i].len, &lim, NULL, 0, &dm[i], &err) == 0, "decode: %s", err.msg);
+        free(x), free(gates);
+    }
+    /* each alone first */
+    float *alone[N] = {0};
+    for (int i = 0; i < N; i++) {
+        float *v;
+        if (i == 3) continue;
+        CHECK(moex_worker_core_run(core, &dm[i], &v, &err) == 0, "dispatch %d alone: %s", i, err.msg);
+        alone[i] = malloc((size_t)spec[i][2] * d * sizeof *v);
+        memcpy(alone[i], v, (size_t)spec[i][2] * d * sizeof *v);
+    }
+    for (int round = 0; round < 2; round++) { /* the second reuses the grown buffers */
+        int idx[N];
+        moex_error why[N] = {{{0}}};
+        moex_worker_core_batch_begin(core);
+        for (int i = 0; i < N; i++) {
+            const int rc = moex_worker_core_batch_add(core, &dm[i], &why[i]);
+            idx[i] = rc ? -1 : moex_worker_core_batch_count(core) - 1;
+            CHECK((rc != 0) == (i == 3), "add %d: rc %d (%s)", i, rc, why[i].msg);
+        }
+        CHECK(idx[3] < 0 && strstr(why[3].msg, "not held"), "the refused dispatch says why: '%s'", why[3].msg);
+        CHECK(moex_worker_core_batch_count(core) == N - 1, "batch count %d", moex_worker_core_batch_count(core));
+        CHECK(moex_worker_core_batch_run(core, &err) == 0, "batch run: %s", err.msg);
+        int same = 1;
+        for (int i = 0; i < N; i++) {
+            if (i == 3) continue;
+            const float *v = moex_worker_core_batch_values(core, idx[i]);
+            same &= v && memcmp(v, alone[i], (size_t)spec[i][2] * d * sizeof *v) == 0;
+        }
+        CHECK(same, "round %d: a dispatch's values in a batch differ from its values alone", round);
+        CHECK(!moex_worker_core_batch_values(core, N - 1) && !moex_worker_core_batch_values(core, -1),
+              "values of an index outside the batch");
+    }
+    moex_worker_core_batch_begin(core);
+    CHECK(moex_worker_core_batch_count(core) == 0 && moex_worker_core_batch_run(core, &err) == 0, "an empty batch");
+    for (int i = 0; i < N; i++) free(fr[i].buf), free(alone[i]);
+}
+
 /* ---- errors: clear messages, no crash ---- */
 
 static void test_errors(const moex_model *m, moex_worker_core *core) {
@@ -248,35 +306,49 @@ static void test_errors(const moex_model *m, moex_worker_core *core) {
 
 /* ---- backlog: FIFO, stale-layer drop, full, cancel ---- */
 
+static moex_worker_item item(uint32_t seq, uint16_t layer, uint16_t expert, uint64_t group) {
+    moex_worker_item it = {.group = group, .owner = (void *)(uintptr_t)(1000 + group)};
+    it.msg.h.type = MOEX_MSG_DISPATCH;
+    it.msg.h.seq = seq;
+    it.msg.h.layer = layer;
+    it.msg.h.expert = expert;
+    return it;
+}
+
 static void test_backlog(void) {
     moex_worker_backlog *b = moex_worker_backlog_create(4);
-    uint32_t stale[4];
+    moex_worker_item stale[4], it = {0}, x;
     int n_stale;
-    uint8_t f[3] = {1, 2, 3};
-    moex_worker_item it = {0};
-    for (uint32_t s = 1; s <= 3; s++)
-        CHECK(moex_worker_backlog_push(b, s, 2, (uint16_t)s, f, s, stale, &n_stale) == 0 && n_stale == 0, "push %u", s);
+    for (uint32_t s = 1; s <= 3; s++) {
+        x = item(s, 2, (uint16_t)s, s);
+        CHECK(moex_worker_backlog_push(b, &x, stale, &n_stale) == 0 && n_stale == 0, "push %u", s);
+    }
     CHECK(moex_worker_backlog_depth(b) == 3, "depth %d", moex_worker_backlog_depth(b));
-    CHECK(moex_worker_backlog_cancel(b, 2) && !moex_worker_backlog_cancel(b, 2) && !moex_worker_backlog_cancel(b, 9),
-          "cancel");
-    CHECK(moex_worker_backlog_pop(b, &it) && it.seq == 1 && it.len == 1 && it.frame[0] == 1, "pop 1");
-    CHECK(moex_worker_backlog_pop(b, &it) && it.seq == 3 && it.len == 3 && it.expert == 3, "pop 3 (2 cancelled)");
-    CHECK(!moex_worker_backlog_pop(b, &it), "pop from empty");
+    CHECK(moex_worker_backlog_at(b, 1) && moex_worker_backlog_at(b, 1)->msg.h.seq == 2 && !moex_worker_backlog_at(b, 3) &&
+              !moex_worker_backlog_at(b, -1), "at");
+    CHECK(moex_worker_backlog_cancel(b, 2, &it) && it.msg.h.seq == 2 && it.owner == (void *)1002 &&
+              !moex_worker_backlog_cancel(b, 2, &it) && !moex_worker_backlog_cancel(b, 9, &it),
+          "cancel hands back the removed item");
+    CHECK(moex_worker_backlog_pop(b, &it) && it.msg.h.seq == 1 && it.group == 1, "pop 1");
+    CHECK(moex_worker_backlog_pop(b, &it) && it.msg.h.seq == 3 && it.msg.h.expert == 3, "pop 3 (2 cancelled)");
+    CHECK(!moex_worker_backlog_pop(b, &it) && !moex_worker_backlog_at(b, 0), "pop from empty");
 
     /* Same layer fills up; one more is refused. */
-    for (uint32_t s = 10; s < 14; s++) moex_worker_backlog_push(b, s, 5, 0, f, 3, stale, &n_stale);
-    CHECK(moex_worker_backlog_push(b, 14, 5, 0, f, 3, stale, &n_stale) == 1 && n_stale == 0, "full not refused");
+    for (uint32_t s = 10; s < 14; s++) {
+        x = item(s, 5, 0, 7);
+        moex_worker_backlog_push(b, &x, stale, &n_stale);
+    }
+    x = item(14, 5, 0, 7);
+    CHECK(moex_worker_backlog_push(b, &x, stale, &n_stale) == 1 && n_stale == 0, "full not refused");
     CHECK(moex_worker_backlog_depth(b) == 4, "depth after refusal");
 
-    /* A dispatch of another layer makes the queued ones stale, in order. */
-    CHECK(moex_worker_backlog_push(b, 20, 6, 0, f, 2, stale, &n_stale) == 0, "push of a new layer");
-    CHECK(n_stale == 4 && stale[0] == 10 && stale[3] == 13, "stale: %d (first %u)", n_stale, stale[0]);
-    CHECK(moex_worker_backlog_depth(b) == 1 && moex_worker_backlog_pop(b, &it) && it.seq == 20 && it.layer == 6,
-          "the new dispatch is the only one left");
-    moex_worker_backlog_push(b, 30, 6, 0, f, 2, stale, &n_stale);
-    moex_worker_backlog_push(b, 31, 6, 0, f, 2, stale, &n_stale);
-    CHECK(moex_worker_backlog_clear(b) == 2 && moex_worker_backlog_depth(b) == 0, "clear");
-    free(it.frame);
+    /* A dispatch of another layer makes the queued ones stale, handed back in order. */
+    x = item(20, 6, 0, 8);
+    CHECK(moex_worker_backlog_push(b, &x, stale, &n_stale) == 0, "push of a new layer");
+    CHECK(n_stale == 4 && stale[0].msg.h.seq == 10 && stale[3].msg.h.seq == 13 && stale[3].owner == (void *)1007,
+          "stale: %d (first %u)", n_stale, stale[0].msg.h.seq);
+    CHECK(moex_worker_backlog_depth(b) == 1 && moex_worker_backlog_pop(b, &it) && it.msg.h.seq == 20 &&
+              it.msg.h.layer == 6, "the new dispatch is the only one left");
     moex_worker_backlog_free(b);
     CHECK(moex_worker_backlog_create(0) == NULL, "backlog of capacity 0");
 }
@@ -307,6 +379,14 @@ static void test_outbox(void) {
     CHECK(ok, "frames out of order or damaged across growth");
     const moex_worker_buf *b = moex_worker_outbox_peek(o);
     CHECK(b && b->buf == given && b->conn == 2 && b->len == 5 && b->buf[20] == 0xee, "swapped frame");
+    /* take: the oldest message by swapping buffers, the slot gets the caller's */
+    moex_worker_buf tx = {0};
+    CHECK(moex_worker_outbox_take(o, &tx) && tx.buf == given && tx.len == 5 && tx.conn == 2 &&
+              moex_worker_outbox_count(o) == 0 && !moex_worker_outbox_take(o, &tx), "take");
+    CHECK(moex_worker_outbox_push_copy(o, 3, f, 3) == 0 && moex_worker_outbox_take(o, &tx) && tx.len == 3 &&
+              tx.buf != given && tx.ready_s == 0, "take after reuse");
+    free(mine.buf);
+    mine = tx; /* freed below */
     moex_worker_outbox_clear(o);
     CHECK(!moex_worker_outbox_peek(o) && moex_worker_outbox_count(o) == 0, "clear");
     free(mine.buf);
@@ -360,6 +440,7 @@ int main(int argc, char **argv) {
 
     test_reference(m, core);
     test_bit_identical(m, core, pool);
+    test_batch(m, core);
     test_errors(m, core);
     test_backlog();
     test_outbox();

@@ -16,6 +16,29 @@ add_test(NAME worker_cli COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_worker_cli.sh
   ${moex_worker_fixture})
 set_tests_properties(worker_cli PROPERTIES FIXTURES_REQUIRED worker_model TIMEOUT 60 LABELS worker)
 
+# The session against a fake hub (python3 websockets) and moex-hub: one message
+# of RESULTs per message of DISPATCHes, each the bytes worker_ref (the core on
+# that frame alone) gives; CANCEL, malformed frames, the hub's ERRORs, wrong
+# tokens, another model. A second model (another seed) is "another GGUF".
+set(moex_worker_fixture2 ${CMAKE_BINARY_DIR}/worker-fixtures/qwen3moe-q8_0-seed4.gguf)
+add_test(NAME worker_model2
+  COMMAND sh -c "mkdir -p \"$(dirname \"$1\")\" && exec \"$0\" gen --arch qwen3moe --preset test --vocab \"$2\" --type q8_0 --seed 4 --quiet -o \"$1\""
+          $<TARGET_FILE:moex-gguf> ${moex_worker_fixture2} ${moex_vocab}/ggml-vocab-llama-spm.gguf)
+set_tests_properties(worker_model2 PROPERTIES FIXTURES_SETUP worker_model TIMEOUT 60)
+add_executable(worker_ref ${CMAKE_CURRENT_LIST_DIR}/worker_ref.c)
+target_link_libraries(worker_ref PRIVATE moex_worker)
+set_target_properties(worker_ref PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/worker-session-work)
+if(MOEX_VULKAN)
+  set(moex_worker_session_vk --vulkan)
+endif()
+add_test(NAME worker_session
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_worker_session.py $<TARGET_FILE:moex-worker>
+          $<TARGET_FILE:worker_ref> $<TARGET_FILE:moex-hub> ${moex_worker_fixture} ${moex_worker_fixture2}
+          ${CMAKE_BINARY_DIR}/worker-session-work ${moex_worker_session_vk})
+set_tests_properties(worker_session PROPERTIES FIXTURES_REQUIRED worker_model TIMEOUT 180 LABELS worker RUN_SERIAL TRUE
+  ENVIRONMENT "MOEX_LOG=info;MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+
 if(MOEX_VULKAN)
   set(moex_worker_vk_dir ${CMAKE_BINARY_DIR}/worker-vk-fixtures)
   set(moex_worker_vk_models "")

@@ -1,0 +1,48 @@
+/* The worker's latency samples (moex_worker_timing, worker.h): fixed rings
+ * of the latest samples, summarized at exit. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/worker.h"
+
+void moex_worker_timing_add(moex_worker_timing *t, double seconds) {
+    t->ms[t->n % MOEX_WORKER_TIMING_SAMPLES] = (float)(seconds * 1e3);
+    t->n++;
+}
+
+static int by_value(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+double moex_worker_timing_quantile(const moex_worker_timing *t, double q) {
+    const size_t n = t->n < MOEX_WORKER_TIMING_SAMPLES ? (size_t)t->n : MOEX_WORKER_TIMING_SAMPLES;
+    if (n == 0) return 0;
+    float sorted[MOEX_WORKER_TIMING_SAMPLES];
+    memcpy(sorted, t->ms, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, by_value);
+    q = q < 0 ? 0 : q > 1 ? 1 : q;
+    const size_t rank = (size_t)ceil(q * (double)n); /* nearest rank */
+    return sorted[rank < 1 ? 0 : rank > n ? n - 1 : rank - 1];
+}
+
+const char *moex_worker_timer_name(moex_worker_timer k) {
+    static const char *const names[MOEX_WT_COUNT] = {"queued", "compute", "vk-stage", "vk-gpu", "encode", "outbox"};
+    return k >= 0 && k < MOEX_WT_COUNT ? names[k] : "?";
+}
+
+void moex_worker_timing_line(const moex_worker_stats *st, char *buf, size_t cap) {
+    size_t n = (size_t)snprintf(buf, cap, "worker timing:");
+    bool any = false;
+    for (int k = 0; k < MOEX_WT_COUNT && n < cap; k++) {
+        const moex_worker_timing *t = &st->timing[k];
+        if (!t->n) continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%s %s p50 %.3f p99 %.3f ms", any ? "," : "", moex_worker_timer_name(k),
+                              moex_worker_timing_quantile(t, 0.5), moex_worker_timing_quantile(t, 0.99));
+        any = true;
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, "%s (%llu batches, %llu messages written)", any ? "" : " no samples",
+                 (unsigned long long)st->batches, (unsigned long long)st->messages_out);
+}
