@@ -20,7 +20,6 @@
 
 #include "hub/executor.h"
 
-#define ONE_MESSAGE_PER_WORKER 0 /* TEMPORARY until workers split messages */
 #define MAX_SENDS 8              /* replicas one task may be sent to, re-dispatches included */
 #define TIMING_LAYERS 4096       /* layers kept for the time breakdown */
 #define PROBE_AFTER_S 0.5        /* a replica whose estimate is older than this ... */
@@ -357,15 +356,7 @@ static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *fr
 static void flush_round(hub_executor *x) {
     for (int i = 0; i < x->n_out; i++) {
         outgoing *o = &x->out[i];
-        if (o->buf && !ONE_MESSAGE_PER_WORKER) { /* workers that take one frame per message */
-            size_t off = 0, n = 0;
-            while (moex_proto_next_frame(o->buf + LWS_PRE, o->len, &off, NULL, &n, NULL) == 1) {
-                if (hub_conn_send(o->conn, o->buf + LWS_PRE + off, n)) HUB_COUNT(x->metrics, messages_out);
-                off += n;
-            }
-            HUB_ADD(x->metrics, bytes_out, o->len);
-            free(o->buf);
-        } else if (o->buf && hub_conn_send_owned(o->conn, o->buf, o->len)) {
+        if (o->buf && hub_conn_send_owned(o->conn, o->buf, o->len)) {
             HUB_ADD(x->metrics, bytes_out, o->len);
             HUB_COUNT(x->metrics, messages_out);
         }

@@ -61,7 +61,8 @@ static void send_join(session *s) {
     moex_proto_join j = {
         .proto_min = MOEX_PROTO_VERSION, .proto_max = MOEX_PROTO_VERSION, .backend = (uint8_t)o->backend,
         .capacity_centi = (uint16_t)lround(o->capacity * 100.0), .memory_budget = o->memory_budget,
-        .model_hash = s->model_hash, .name = s->name, .name_len = (uint8_t)strlen(s->name),
+        .model_hash = s->model_hash, .session = s->hub_session, .name = s->name,
+        .name_len = (uint8_t)strlen(s->name),
     };
     if (j.capacity_centi < 1) j.capacity_centi = 1;
     size_t len;

@@ -41,6 +41,7 @@ typedef struct session {
     volatile sig_atomic_t *stop;
     moex_proto_limits lim;
     uint64_t model_hash;
+    uint64_t hub_session;            /* lws thread: the key of the hub's last ASSIGN, presented in JOIN */
     uint64_t budget_given;           /* --memory-budget as given, 0 when left out (o's is then the model's) */
     char name[256];
 

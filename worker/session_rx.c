@@ -110,6 +110,7 @@ static void on_assign(session *s, const moex_proto_msg *msg) {
         return;
     }
     s->accepted = true; /* the hub took this worker: the next reconnect starts from the shortest backoff */
+    s->hub_session = a->session; /* a reconnect presents it: same worker, same experts */
     const uint32_t n = msg->u.assign.experts.count;
     moex_log(MOEX_LOG_INFO, "worker: assignment %u from the hub: worker id %u, %u experts, %u replicas", msg->h.seq,
              a->worker_id, n, a->replicas);

@@ -100,7 +100,8 @@ def error_frame(seq, code, text):
 
 def assign_frame(g, model_hash, n_layers, n_experts):
     pairs = b"".join(struct.pack("<HH", l, e) for l in range(n_layers) for e in range(n_experts))
-    return frame(ASSIGN, g, struct.pack("<QIHHHHI", model_hash, 7, n_layers, n_experts, 1, 0, n_layers * n_experts) + pairs)
+    return frame(ASSIGN, g, struct.pack("<QIHHHHIQ", model_hash, 7, n_layers, n_experts, 1, 0, n_layers * n_experts,
+                                        0x5e55) + pairs)
 
 
 def reference(frames):
@@ -173,10 +174,11 @@ class Conn:
         except asyncio.TimeoutError:
             return True
 
-    async def join(self):
+    async def join(self, with_session=False):
         (typ, _, _, _, _, f), = await self.recv()
         assert typ == JOIN, f"expected JOIN, got {typ}"
-        return struct.unpack_from("<Q", f, 28 + 16)[0]
+        model_hash, session = struct.unpack_from("<Q", f, 28 + 16)[0], struct.unpack_from("<Q", f, 28 + 28)[0]
+        return (model_hash, session) if with_session else model_hash
 
     async def ready(self, g):
         """Waits for the heartbeat that reports READY for generation g."""
@@ -365,6 +367,28 @@ async def hub_errors_that_reconnect():
         await hub.stop()
 
 
+async def session_key_on_reconnect():
+    """The worker presents the session key of the hub's last ASSIGN when it
+    joins again, so the hub can give it back its identity and experts."""
+    hub = await Hub().start()
+    w = Worker("session", hub.port)
+    c = await hub.connection()
+    _, first = await c.join(with_session=True)
+    n_layers, n_experts, _ = w.shape()
+    await c.ws.close()
+    c = await hub.connection()
+    model_hash, again = await c.join(with_session=True)
+    await c.send(assign_frame(1, model_hash, n_layers, n_experts))  # key 0x5e55
+    await c.ready(1)
+    await c.ws.close()
+    c = await hub.connection(timeout=10)
+    _, third = await c.join(with_session=True)
+    check("a new worker presents no session key; after an ASSIGN it presents that ASSIGN's key",
+          first == 0 and again == 0 and third == 0x5e55, f"{first:#x} {again:#x} {third:#x}")
+    await w.stop()
+    await hub.stop()
+
+
 async def wrong_token_403():
     hub = await Hub().start()
     w = Worker("token", hub.port, token="wrong")
@@ -480,7 +504,7 @@ async def vulkan_results_per_message():
 
 
 async def main():
-    scenarios = [results_per_message, cancel_while_computing, hub_errors_that_end_the_worker,
+    scenarios = [results_per_message, cancel_while_computing, hub_errors_that_end_the_worker, session_key_on_reconnect,
                  hub_errors_that_reconnect, wrong_token_403, real_hub]
     for scenario in scenarios + ([vulkan_results_per_message] if VULKAN else []):
         t0 = time.monotonic()
