@@ -1,20 +1,25 @@
 #!/bin/sh
-# Packs what bench/vk/bench_h200.sh needs from a build into one tarball for the
-# device machine: BUILD/carry/moex.tar.xz (flat: moex-gguf, moex-hub, bench_vk,
-# bench_vk_dist, bench_decode, test_vk_*, libxxhash.so.0 and, when present in
-# LLAMA_DIR (default build-vkp2/carry), llama_bench_vk + llvk.tar.xz).
+# Packs what the GPU benchmarks need from a build into one tarball for the
+# device machine (a bare image without this project's libraries):
+# BUILD/carry/moex.tar.xz, flat: the binaries of bin/, the Vulkan test
+# programs of tests/, and the shared libraries they need that are not part of
+# the C runtime (libwebsockets, cJSON, lz4, xxhash, OpenSSL, ...). And, when
+# present in LLAMA_DIR (default build-vkp2/carry), llama_bench_vk + llvk.tar.xz.
 # usage: bench/vk/pack_carry.sh BUILD [LLAMA_DIR]
 # On the device: mkdir -p /tmp/b && tar -xJf BUILD/carry/moex.tar.xz -C /tmp/b
+#                && export LD_LIBRARY_PATH=/tmp/b
 set -eu
 build=$1
 llama=${2:-build-vkp2/carry}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-cp "$build"/bin/moex-gguf "$build"/bin/moex-hub "$build"/bin/bench_vk "$stage"/
-for f in "$build"/bin/bench_vk_dist "$build"/bin/bench_decode "$build"/tests/test_vk_*; do
-    [ -x "$f" ] && cp "$f" "$stage"/
+for f in "$build"/bin/* "$build"/tests/test_vk_*; do
+    [ -f "$f" ] && [ -x "$f" ] && cp "$f" "$stage"/
 done
-cp -L "$(ldconfig -p | awk '/libxxhash.so.0 / {print $NF; exit}')" "$stage"/libxxhash.so.0
+# every library a binary needs, but the C runtime's own (the image has those)
+for f in "$stage"/*; do ldd "$f" 2>/dev/null; done | awk '/=> \// {print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
+    while read -r lib; do cp -L "$lib" "$stage"/; done
 [ -f "$llama/llama_bench_vk" ] && cp "$llama/llama_bench_vk" "$llama/llvk.tar.xz" "$stage"/
 mkdir -p "$build"/carry
 XZ_OPT="-T0 -6" tar -cJf "$build"/carry/moex.tar.xz -C "$stage" .

@@ -1,0 +1,126 @@
+#!/bin/sh
+# The GPU machine's benchmarks, in named steps, on binaries packed by
+# bench/vk/pack_carry.sh. Prints "key value" lines (and copies logs to $OUT
+# when set). Steps:
+#   gen        the Qwen3-30B-A3B-shaped Q4_K_M model (reused when present)
+#   firstrun   `moex-hub --local --backend vulkan`, 512-token prompt + 128 tokens:
+#              with empty shader/pipeline caches, then twice warm
+#   bench      bench_vk: pp512 and decode after a 512-token prompt (docs/PERF.md's figures)
+#   dist       the same prompt through hub --backend vulkan + 4 workers (Vulkan, then CPU) against --local
+#   table3     per-token time through moex-relay at RTT 0.5 / 2 / 10 ms, h = 1 / 2, hub on Vulkan + 4 CPU
+#              workers, with the hub's and workers' timings for moex-sim
+# usage: bench/gpu/session.sh BIN_DIR STEP...
+set -eu
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+bin=$(cd "$1" && pwd)
+shift
+model=${MOEX_BENCH_MODEL:-/tmp/q30.gguf}
+work=${MOEX_BENCH_WORK:-/tmp/moex-gpu}
+mkdir -p "$work"
+export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MOEX_VK_CACHE=${MOEX_VK_CACHE:-$work/vk-cache}
+export MOEX_LOG=${MOEX_LOG:-warn}
+nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$nvidia_icd" ] && ! ls /usr/share/vulkan/icd.d/*nvidia* >/dev/null 2>&1; then
+    export VK_DRIVER_FILES=$nvidia_icd
+fi
+prompt=$(seq -s, 1 512)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# "moex-hub: load ... | prompt N tokens X tok/s | decode M tokens Y tok/s ..." -> "X Y"
+stats() { sed -nE 's/.*prompt [0-9]+ tokens ([0-9.]+) tok\/s \| decode [0-9]+ tokens ([0-9.]+) tok\/s.*/\1 \2/p'; }
+keep() { [ -n "${OUT:-}" ] && cp "$@" "$OUT"/ 2>/dev/null || true; }
+
+step_gen() {
+    if [ ! -f "$model" ]; then
+        t0=$(date +%s)
+        "$bin/moex-gguf" gen --arch qwen3moe --preset qwen3-30b-a3b --vocab "$repo/tests/data/vocab/ggml-vocab-qwen2.gguf" \
+            --type q4_K_M --seed 1 --quiet -o "$model"
+        echo "gen_s $(( $(date +%s) - t0 ))"
+    fi
+    echo "model_bytes $(stat -c %s "$model")"
+}
+
+local_run() { # tag
+    "$bin/moex-hub" --local --backend vulkan -m "$model" --prompt-tokens "$prompt" -n 128 --temp 0 --ignore-eos \
+        --print-tokens > "$work/$1.out" 2> "$work/$1.err" || { tail -5 "$work/$1.err"; return 1; }
+    echo "$1 $(stats < "$work/$1.err") tokens_fnv $(cksum < "$work/$1.out" | cut -d' ' -f1)"
+}
+
+step_firstrun() {
+    rm -rf "$MOEX_VK_CACHE" "$HOME/.cache/nvidia" "$HOME/.nv" 2>/dev/null || true
+    t0=$(date +%s.%N)
+    local_run cold_run
+    echo "cold_wall_s $(python3 -c "import sys; print(round($(date +%s.%N) - $t0, 1))")"
+    local_run warm_run_1
+    local_run warm_run_2
+}
+
+step_bench() {
+    "$bin/bench_vk" "$model" -p 512 -n 128 -r 3 --no-kernels 2>&1 | grep -E "tok_s|fnv" || echo "bench_vk failed"
+}
+
+# hub --backend vulkan + 4 workers; $1: tag, $2: worker backend, $3: worker threads
+dist_run() {
+    p=$(port)
+    pids=""
+    for i in 0 1 2 3; do
+        "$bin/moex-worker" --hub "ws://127.0.0.1:$p/ws" --token b --model "$model" --backend "$2" --threads "$3" \
+            --name "w$i" 2> "$work/$1-w$i.err" &
+        pids="$pids $!"
+    done
+    "$bin/moex-hub" --backend vulkan -m "$model" --port "$p" --token b --replicas 2 --min-workers 4 --wait-s 300 \
+        --prompt-tokens "$prompt" -n 128 --temp 0 --ignore-eos --print-tokens > "$work/$1.out" 2> "$work/$1.err" ||
+        tail -5 "$work/$1.err"
+    kill -TERM $pids 2>/dev/null; wait $pids 2>/dev/null || true
+    echo "$1 $(stats < "$work/$1.err") tokens_fnv $(cksum < "$work/$1.out" | cut -d' ' -f1)"
+    grep -h "hub layer timing" "$work/$1.err" | sed "s/^/$1 /"
+    for i in 0 1 2 3; do grep -ho "worker timing:.*" "$work/$1-w$i.err" | sed "s/^/$1 w$i /"; done
+    grep -A6 "^  worker " "$work/$1.err" | sed "s/^/$1 /"
+    keep "$work/$1.err"
+}
+
+step_dist() {
+    local_run dist_local
+    dist_run dist_vk vulkan 1
+    dist_run dist_cpu cpu 3
+}
+
+# one run through relays: $1 rtt_ms, $2 h
+relay_run() {
+    p=$(port)
+    pids=""
+    tag="t3_rtt$1_h$2"
+    for i in 0 1 2 3; do
+        "$bin/moex-relay" --listen 0 --to "127.0.0.1:$p" --rtt-ms "$1" > "$work/relay$i.port" &
+        pids="$pids $!"
+    done
+    sleep 0.3
+    for i in 0 1 2 3; do
+        rp=$(cut -d' ' -f4 < "$work/relay$i.port")
+        "$bin/moex-worker" --hub "ws://127.0.0.1:$rp/ws" --token b --model "$model" --threads 3 --name "w$i" \
+            2> "$work/$tag-w$i.err" &
+        pids="$pids $!"
+    done
+    "$bin/moex-hub" --backend vulkan -m "$model" --port "$p" --token b --replicas 2 --hedge "$2" --min-workers 4 \
+        --wait-s 300 --prompt-tokens 1,2,3,4 -n 33 --temp 0 --ignore-eos --print-tokens > "$work/$tag.out" \
+        2> "$work/$tag.err" || tail -5 "$work/$tag.err"
+    kill -TERM $pids 2>/dev/null; wait $pids 2>/dev/null || true
+    echo "$tag $(stats < "$work/$tag.err")"
+    grep -h "hub layer timing" "$work/$tag.err" | sed "s/^/$tag /"
+    for i in 0 1 2 3; do grep -ho "worker timing:.*" "$work/$tag-w$i.err" | sed "s/^/$tag w$i /"; done
+}
+
+step_table3() {
+    for rtt in 0.5 2 10; do
+        for h in 1 2; do relay_run "$rtt" "$h"; done
+    done
+}
+
+echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu /' || true
+echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
+for s in "$@"; do
+    t0=$(date +%s)
+    "step_$s"
+    echo "step_${s}_s $(( $(date +%s) - t0 ))"
+done
