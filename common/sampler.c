@@ -9,6 +9,7 @@
  * many leading candidates as it needs (doubling quickselects); min-p is one
  * filter pass. Candidate storage is allocated once in create. */
 #include "common/sampler.h"
+#include "common/rng.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -29,14 +30,7 @@ struct moex_sampler {
 
 enum { TOP_P_FIRST_CHUNK = 64 };
 
-/* ---- PRNG: xoshiro256**, seeded through splitmix64 ---- */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+/* ---- PRNG: xoshiro256**, seeded through splitmix64 (common/rng.h) ---- */
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -235,7 +229,7 @@ moex_sampler *moex_sampler_create(const moex_sampler_params *p, int32_t n_vocab)
     s->p = *p;
     s->n_vocab = n_vocab;
     uint64_t seed = p->seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&seed);
+    for (int i = 0; i < 4; i++) s->rng[i] = moex_splitmix64(&seed);
     return s;
 }
 

@@ -1,21 +1,16 @@
-/* xoshiro256+ (Blackman & Vigna) seeded by splitmix64, plus normal and
- * log-normal variates. The whole state lives in moex_rng. */
+/* xoshiro256+ (Blackman & Vigna) seeded by splitmix64 (common/rng.h), plus
+ * normal and log-normal variates. The whole state lives in moex_rng. */
 #include "sim/sim.h"
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+#include "common/rng.h"
 
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 void moex_rng_seed(moex_rng *r, uint64_t seed) {
     uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++) r->s[i] = moex_splitmix64(&x);
 }
 
 uint64_t moex_rng_u64(moex_rng *r) {

@@ -21,20 +21,15 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#define GOLDEN 0x9E3779B97F4A7C15ull
+/* The splitmix64 draw from state x (a copy: x is a value, not a stream). */
+static inline uint64_t splitmix64_of(uint64_t x) { return moex_splitmix64(&x); }
 
-static inline uint64_t splitmix64(uint64_t x) {
-    x += GOLDEN;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-/* The k-th 64 random bits of stream `key`. */
-static inline uint64_t rand_at(uint64_t key, uint64_t k) { return splitmix64(key + k * GOLDEN); }
+/* The k-th 64 random bits of stream `key`: splitmix64 is counter-based, so
+ * draw k is the draw from state key + k * gamma. */
+static inline uint64_t rand_at(uint64_t key, uint64_t k) { return splitmix64_of(key + k * MOEX_SPLITMIX64_GAMMA); }
 
 uint64_t gen_tensor_key(uint64_t seed, int tensor_index) {
-    return splitmix64(splitmix64(seed) ^ ((uint64_t)(tensor_index + 1) * 0xD1B54A32D192ED03ull));
+    return splitmix64_of(splitmix64_of(seed) ^ ((uint64_t)(tensor_index + 1) * 0xD1B54A32D192ED03ull));
 }
 
 /* Irwin-Hall sum of four 16-bit uniforms: mean 0, std 1, within +-3.46. */
