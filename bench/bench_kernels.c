@@ -14,7 +14,6 @@
 
 #include "common/common.h"
 #include "kernels/kernels.h"
-#include "kernels/kernels_internal.h"
 
 typedef struct bench_cfg {
     int quick, prefill_only;

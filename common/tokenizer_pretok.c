@@ -3,8 +3,10 @@
  * models we run, written after unicode.cpp's unicode_regex_split_custom_*
  * so that word boundaries (and so token ids) match llama.cpp exactly. */
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "common/tokenizer_impl.h"
+#include "common/tokenizer_testing.h"
 #include "common/unicode.h"
 
 #define OUT_OF_RANGE 0xFFFFFFFFu
@@ -217,4 +219,22 @@ int moex_pretokenize(moex_pre_kind pre, const uint32_t *cps, size_t n, moex_i32v
     if (pre == MOEX_PRE_GPT2) split_gpt2(&s);
     else split_llama3(&s, pre == MOEX_PRE_QWEN2 ? 1 : 3);
     return s.oom ? -1 : 0;
+}
+
+int64_t moex_tokenizer_split_words(const char *pre, const char *text, size_t len, int32_t *ends, size_t cap,
+                                   moex_error *err) {
+    moex_pre_kind kind;
+    if (!pre || moex_pre_kind_of(pre, &kind))
+        return moex_fail(err, "pre-tokenizer '%s' is not supported (supported: default, llama3 family, qwen2 "
+                              "family, gpt-2 family)", pre ? pre : "(null)");
+    uint32_t *cps = malloc(sizeof *cps * (len ? len : 1));
+    moex_i32vec words = {0};
+    size_t n = 0;
+    for (size_t i = 0, adv; cps && i < len; i += adv) cps[n++] = moex_utf8_decode(text + i, len - i, &adv);
+    int64_t rc = !cps || moex_pretokenize(kind, cps, n, &words) ? moex_fail(err, "split_words: out of memory")
+                                                               : (int64_t)words.n;
+    for (size_t i = 0; rc >= 0 && i < words.n && i < cap; i++) ends[i] = words.v[i];
+    free(cps);
+    moex_i32vec_free(&words);
+    return rc;
 }

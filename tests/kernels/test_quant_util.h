@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
-#include "kernels/kernels_internal.h"
+#include "kernels/kernels_testing.h"
 #include "tests/test_util.h"
 
 /* Gaussian rows with a per-row scale and occasional outliers (like weights). */
