@@ -110,8 +110,8 @@ static int local_run(void *ctx, const moex_moe_request *req, moex_error *err) {
         moex_wire_round_gates(le->wire_dtype, le->gates, n_pairs);
         x = le->x_wire;
     }
-    if (moex_experts_run(le->pool, le->jobs, n_jobs, x, d))
-        return moex_fail(err, "expert computation failed in layer %d", req->layer);
+    if (moex_experts_run(le->pool, le->jobs, n_jobs, x, d, err))
+        return moex_error_prefix(err, "layer %d experts", req->layer);
     moex_wire_round_rows(le->wire_dtype, le->results, n_pairs, d, le->tmp);
     for (int64_t t = 0; t < req->n_tokens; t++) {
         float *o = req->out + t * d;

@@ -238,7 +238,7 @@ static void wait_until(moex_hub *hub, double until) {
 static int compute_here(moex_hub *hub, int layer, const hub_task *t, float *out) {
     moex_expert_job job = {.w = &hub->m->layers[layer].experts[t->expert], .n_tokens = t->n_tokens, .rows = t->rows,
                            .gates = t->gates, .out = out};
-    if (moex_experts_run(hub->pool, &job, 1, hub->x_wire, hub->m->hp.n_embd)) return -1;
+    if (moex_experts_run(hub->pool, &job, 1, hub->x_wire, hub->m->hp.n_embd, NULL)) return -1;
     moex_wire_round_rows(hub->cfg.wire_dtype, out, t->n_tokens, hub->m->hp.n_embd, hub->tmp);
     return 0;
 }

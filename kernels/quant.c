@@ -145,10 +145,26 @@ static void dequant_q8_K(const moex_block_q8_K *b, float *y, int64_t nb) {
         for (int j = 0; j < MOEX_QK_K; j++) y[j] = b[i].d * b[i].qs[j];
 }
 
-int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n) {
+/* The checks both row conversions make: a known type, both pointers, whole blocks. */
+static int check_row(const char *what, moex_type type, const void *src, const void *dst, int64_t n,
+                     moex_error *err) {
     const moex_type_traits *tt = moex_type_get(type);
-    if (!tt || !src || !dst || n < 0 || n % tt->block_elems) return -1;
-    const int64_t nb = n / tt->block_elems;
+    if (!tt) return moex_fail(err, "cannot %s the unknown type %d", what, (int)type);
+    if (!src || !dst) return moex_fail(err, "%s: %s row without %s", what, tt->name, src ? "destination" : "source");
+    if (n < 0 || n % tt->block_elems)
+        return moex_fail(err, "%s: a %s row holds whole blocks of %d values, not %lld", what, tt->name,
+                         tt->block_elems, (long long)n);
+    return 0;
+}
+
+static int no_conversion(const char *what, moex_type type, moex_error *err) {
+    return moex_fail(err, "cannot %s %s: the CPU kernels have no row conversion for it", what,
+                     moex_type_get(type)->name);
+}
+
+int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n, moex_error *err) {
+    if (check_row("dequantize", type, src, dst, n, err)) return -1;
+    const int64_t nb = n / moex_type_get(type)->block_elems;
     switch (type) {
     case MOEX_TYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); return 0;
     case MOEX_TYPE_F16: {
@@ -171,7 +187,7 @@ int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n) 
     case MOEX_TYPE_Q5_K: dequant_q5_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q6_K: dequant_q6_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q8_K: dequant_q8_K(src, dst, nb); return 0;
-    default: return -1;
+    default: return no_conversion("dequantize", type, err);
     }
 }
 
@@ -540,10 +556,9 @@ static void quant_q6_K(const float *x, moex_block_q6_K *y, int64_t nb) {
     }
 }
 
-int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n) {
-    const moex_type_traits *tt = moex_type_get(type);
-    if (!tt || !src || !dst || n < 0 || n % tt->block_elems) return -1;
-    const int64_t nb = n / tt->block_elems;
+int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n, moex_error *err) {
+    if (check_row("quantize", type, src, dst, n, err)) return -1;
+    const int64_t nb = n / moex_type_get(type)->block_elems;
     switch (type) {
     case MOEX_TYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); return 0;
     case MOEX_TYPE_F16: {
@@ -566,6 +581,6 @@ int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n) {
     case MOEX_TYPE_Q5_K: quant_q5_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q6_K: quant_q6_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q8_K: moex_quantize_q8_K_ref(src, dst, n); return 0;
-    default: return -1;
+    default: return no_conversion("quantize", type, err);
     }
 }

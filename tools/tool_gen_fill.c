@@ -62,9 +62,7 @@ static int store_row(moex_type type, const float *src, void *dst, int64_t n, moe
         for (int64_t i = 0; i < n; i++) ((moex_bf16 *)dst)[i] = moex_f32_to_bf16(src[i]);
         return 0;
     default:
-        if (moex_quantize_row(type, src, dst, n))
-            return moex_fail(err, "quantizing a row of %lld to %s failed", (long long)n, moex_type_get(type)->name);
-        return 0;
+        return moex_quantize_row(type, src, dst, n, err);
     }
 }
 

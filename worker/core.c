@@ -149,9 +149,9 @@ int moex_worker_core_run(moex_worker_core *c, const moex_proto_msg *dispatch, fl
     }
     moex_expert_job job = {.w = *slot(c, dispatch->h.layer, dispatch->h.expert), .n_tokens = n, .rows = c->rows,
                            .gates = c->gates, .out = c->out};
-    if (moex_experts_run(c->pool, &job, 1, c->x, d))
-        return moex_fail(err, "dispatch %u: expert (%u, %u) computation failed", dispatch->h.seq, dispatch->h.layer,
-                         dispatch->h.expert);
+    if (moex_experts_run(c->pool, &job, 1, c->x, d, err))
+        return moex_error_prefix(err, "dispatch %u: expert (%u, %u)", dispatch->h.seq, dispatch->h.layer,
+                                 dispatch->h.expert);
     *values = c->out;
     return 0;
 }
