@@ -17,8 +17,8 @@ typedef void (*moex_vec_dot_fn)(int64_t n, const void *w, const void *a, float *
 /* The same for nt (1..MOEX_DOT_MAX_TOKENS) activation rows a[t] against one
  * weight row, *out[t] = dot(w, a[t]); bit-identical to vec_dot per token, so
  * grouping tokens never changes results. Optional (NULL: loop over vec_dot).
- * 8: the AVX-512 kernels unpack a weight block once for 8 tokens (~15 %
- * faster than 4); the AVX2 ones take 4 at a time (16 ymm registers). */
+ * 8: the AVX-512 kernels unpack a weight block once for 8 tokens (fewer
+ * unpacks per token than 4); the AVX2 ones take 4 at a time (16 ymm registers). */
 #define MOEX_DOT_MAX_TOKENS 8
 typedef void (*moex_vec_dot_multi_fn)(int64_t n, const void *w, const void *const *a, int nt, float *const *out);
 /* Converts n f32 activations to an activation type (Q8_K, Q8_0, Q8_1). */
