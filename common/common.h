@@ -1,6 +1,7 @@
 /* The common module: what hub, worker and tools share — errors and logging,
  * the thread pool, tensor types and block layouts, GGUF files, model
- * architectures, the tokenizer, the sampler and the splitmix64 generator. */
+ * architectures, the tokenizer, the sampler, the splitmix64 generator and a
+ * binary heap. */
 #ifndef MOEX_COMMON_H
 #define MOEX_COMMON_H
 
@@ -12,5 +13,6 @@
 #include "common/tokenizer.h"
 #include "common/sampler.h"
 #include "common/rng.h"
+#include "common/heap.h"
 
 #endif

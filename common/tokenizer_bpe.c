@@ -99,7 +99,7 @@ static int try_add_bigram(const moex_tokenizer *tok, bpe_scratch *sc, int32_t le
     if (rank < 0) return 0;
     moex_bigram b = {.priority = -(float)rank, .left = left, .result = result,
                      .size = sc->syms[left].n + sc->syms[right].n};
-    return moex_bigram_push(&sc->heap, b);
+    return moex_bigram_heap_push(&sc->heap, b);
 }
 
 /* GPT-2 encoding of bytes w[0..n) into sc->enc. */
@@ -145,7 +145,7 @@ static int encode_word(const moex_tokenizer *tok, bpe_scratch *sc, const char *w
         if (try_add_bigram(tok, sc, (int32_t)i - 1, (int32_t)i)) return -1;
 
     while (sc->heap.n) {
-        moex_bigram b = moex_bigram_pop(&sc->heap);
+        moex_bigram b = moex_bigram_heap_pop(&sc->heap);
         symbol *l = &sc->syms[b.left];
         /* Stale when either side has changed since the pair was queued. */
         if (l->n == 0 || l->next < 0) continue;

@@ -33,7 +33,7 @@ static int try_add_bigram(spm_state *st, int32_t left, int32_t right) {
     int32_t id = vocab_find(st->tok, st->text + l->start, l->n + r->n);
     if (id < 0) return 0;
     moex_bigram b = {.priority = st->tok->scores[id], .left = left, .size = l->n + r->n};
-    return moex_bigram_push(&st->heap, b);
+    return moex_bigram_heap_push(&st->heap, b);
 }
 
 /* The token for one raw byte: <0xXX>, else the byte itself as a token, else unk. */
@@ -65,7 +65,7 @@ static int encode_chunk(spm_state *st, int32_t a, int32_t b, moex_i32vec *out) {
     for (int32_t i = a + 1; i < b; i++)
         if (try_add_bigram(st, i - 1, i)) return -1;
     while (st->heap.n) {
-        moex_bigram bg = moex_bigram_pop(&st->heap);
+        moex_bigram bg = moex_bigram_heap_pop(&st->heap);
         spm_symbol *l = &st->syms[bg.left];
         if (l->n == 0 || l->next < 0) continue;   /* stale */
         spm_symbol *r = &st->syms[l->next];
