@@ -1,7 +1,7 @@
 /* Private to the kernels module: the tables each SIMD path fills in (their
  * type and the choice between them are in kernels_testing.h, the part tests
- * see), the reference activation quantizers and the block-unpacking helpers
- * that the dot products and the row converters share. */
+ * see), the reference activation quantizers and the helpers the SIMD paths
+ * share (the blocks' packed fields are read and written by common/types.h). */
 #ifndef MOEX_KERNELS_INTERNAL_H
 #define MOEX_KERNELS_INTERNAL_H
 
@@ -31,18 +31,6 @@ static inline int moex_nearest_int(float x) {
     int32_t i;
     memcpy(&i, &v, 4);
     return (i & 0x007fffff) - 0x00400000;
-}
-
-/* Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K
- * block (ggml's get_scale_min_k4). */
-static inline void moex_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
 }
 
 /* Unpacks the 12 packed bytes of Q4_K / Q5_K scales and mins into 16

@@ -127,14 +127,12 @@ static void dequant_q6_K(const moex_block_q6_K *b, float *y, int64_t nb) {
         for (int h = 0; h < 2; h++, y += 128, ql += 64, qh += 32, sc += 8) {
             for (int l = 0; l < 32; l++) {
                 const int is = l / 16;
-                const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                y[l] = d * sc[is + 0] * q1;
-                y[l + 32] = d * sc[is + 2] * q2;
-                y[l + 64] = d * sc[is + 4] * q3;
-                y[l + 96] = d * sc[is + 6] * q4;
+                int q[4];
+                moex_q6_K_quad(ql, qh, l, q);
+                y[l] = d * sc[is + 0] * q[0];
+                y[l + 32] = d * sc[is + 2] * q[1];
+                y[l + 64] = d * sc[is + 4] * q[2];
+                y[l + 96] = d * sc[is + 6] * q[3];
             }
         }
     }
@@ -434,21 +432,6 @@ static float fit_scale_symmetric(int n, int nmax, const float *x, int8_t *L) {
     return scale;
 }
 
-/* Packs 8 six-bit scales and mins into 12 bytes (inverse of moex_k4_scale_min). */
-static void pack_k4_scales(const uint8_t ls[8], const uint8_t lm[8], uint8_t out[12]) {
-    memset(out, 0, 12);
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            out[j] = ls[j];
-            out[j + 4] = lm[j];
-        } else {
-            out[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-            out[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
-            out[j] |= (uint8_t)((lm[j] >> 4) << 6);
-        }
-    }
-}
-
 /* Shared by Q4_K and Q5_K: per-sub-block scale/min search, 6-bit scale
  * quantization, then requantization of L[256] (0..nmax) against the stored
  * scales. */
@@ -472,7 +455,7 @@ static void quant_k_scales_and_levels(const float *x, int nmax, float rmin, int 
         ls[j] = (uint8_t)imin(63, moex_nearest_int(inv_scale * scales[j]));
         lm[j] = (uint8_t)imin(63, moex_nearest_int(inv_min * mins[j]));
     }
-    pack_k4_scales(ls, lm, scales_out);
+    moex_k4_pack_scales_mins(ls, lm, scales_out);
     *d_out = moex_f32_to_f16(max_scale / 63.f);
     *dmin_out = moex_f32_to_f16(max_min / 63.f);
     for (int j = 0; j < 8; j++) {

@@ -93,21 +93,6 @@ static float jitter(block_rng *r) { return 0.75f + 0.5f * uniform01(next_word(r)
 
 static float random_sign(block_rng *r) { return (next_word(r) >> 63) ? -1.0f : 1.0f; }
 
-/* 6-bit scales and mins into the 12-byte K-quant layout (ggml's get_scale_min_k4 inverse). */
-static void pack_scales_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t out[MOEX_K_SCALE_SIZE]) {
-    memset(out, 0, MOEX_K_SCALE_SIZE);
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            out[j] = sc[j];
-            out[j + 4] = m[j];
-        } else {
-            out[j + 4] = (uint8_t)((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
-            out[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
-            out[j] |= (uint8_t)((m[j] >> 4) << 6);
-        }
-    }
-}
-
 /* RMS of a scale drawn uniformly from 32..63. */
 #define K_SCALE_RMS 48.8f
 /* Std of a uniform q in 0..2^b-1: sqrt((4^b - 1) / 12). */
@@ -128,7 +113,7 @@ static void random_q4_k(block_rng *r, float std, moex_block_q4_K *b) {
     k_scales(r, sc);
     b->d = moex_f32_to_f16(d);
     b->dmin = moex_f32_to_f16(7.5f * moex_f16_to_f32(b->d));
-    pack_scales_k4(sc, sc, b->scales);
+    moex_k4_pack_scales_mins(sc, sc, b->scales);
     random_bytes(r, b->qs, sizeof b->qs);
 }
 
@@ -138,7 +123,7 @@ static void random_q5_k(block_rng *r, float std, moex_block_q5_K *b) {
     k_scales(r, sc);
     b->d = moex_f32_to_f16(d);
     b->dmin = moex_f32_to_f16(15.5f * moex_f16_to_f32(b->d));
-    pack_scales_k4(sc, sc, b->scales);
+    moex_k4_pack_scales_mins(sc, sc, b->scales);
     random_bytes(r, b->qh, sizeof b->qh);
     random_bytes(r, b->qs, sizeof b->qs);
 }
