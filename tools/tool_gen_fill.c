@@ -106,24 +106,26 @@ static void k_scales(block_rng *r, uint8_t sc[8]) {
     for (int j = 0; j < 8; j++) sc[j] = (uint8_t)(32 + ((w >> (8 * j)) & 31));
 }
 
-/* x = d*sc*q - dmin*m with m = sc and dmin = mid*d: each sub-block centred at 0. */
-static void random_q4_k(block_rng *r, float std, moex_block_q4_K *b) {
-    float d = std * jitter(r) / (STD_U4 * K_SCALE_RMS);
+/* x = d*sc*q - dmin*m with m = sc and dmin = mid*d: each sub-block centred
+ * at 0. The scale fields of a Q4_K / Q5_K block whose q (std_q, mid-point
+ * mid) should give values of std std. */
+static void random_k4_scales(block_rng *r, float std, float std_q, float mid, moex_f16 *d, moex_f16 *dmin,
+                             uint8_t scales[MOEX_K_SCALE_SIZE]) {
+    const float dv = std * jitter(r) / (std_q * K_SCALE_RMS);
     uint8_t sc[8];
     k_scales(r, sc);
-    b->d = moex_f32_to_f16(d);
-    b->dmin = moex_f32_to_f16(7.5f * moex_f16_to_f32(b->d));
-    moex_k4_pack_scales_mins(sc, sc, b->scales);
+    *d = moex_f32_to_f16(dv);
+    *dmin = moex_f32_to_f16(mid * moex_f16_to_f32(*d));
+    moex_k4_pack_scales_mins(sc, sc, scales);
+}
+
+static void random_q4_k(block_rng *r, float std, moex_block_q4_K *b) {
+    random_k4_scales(r, std, STD_U4, 7.5f, &b->d, &b->dmin, b->scales);
     random_bytes(r, b->qs, sizeof b->qs);
 }
 
 static void random_q5_k(block_rng *r, float std, moex_block_q5_K *b) {
-    float d = std * jitter(r) / (STD_U5 * K_SCALE_RMS);
-    uint8_t sc[8];
-    k_scales(r, sc);
-    b->d = moex_f32_to_f16(d);
-    b->dmin = moex_f32_to_f16(15.5f * moex_f16_to_f32(b->d));
-    moex_k4_pack_scales_mins(sc, sc, b->scales);
+    random_k4_scales(r, std, STD_U5, 15.5f, &b->d, &b->dmin, b->scales);
     random_bytes(r, b->qh, sizeof b->qh);
     random_bytes(r, b->qs, sizeof b->qs);
 }
