@@ -119,7 +119,7 @@ struct moex_tokenizer {
 };
 
 /* The pre-tokenizer that tokenizer.ggml.pre names ("default", a llama3,
- * qwen2 or gpt-2 family name); -1 when it is none of those. */
+ * qwen2 or gpt-2 family name); -1 when it is none of those (tokenizer_pretok.c). */
 int moex_pre_kind_of(const char *name, moex_pre_kind *kind);
 
 /* Pre-tokenizer: splits cps[0..n) into words; appends each word's end index

@@ -56,26 +56,6 @@ static int read_kind(const moex_gguf *g, moex_tokenizer *tok, moex_error *err) {
     return 0;
 }
 
-static bool name_in(const char *name, const char *const *list) {
-    for (; *list; list++)
-        if (!strcmp(name, *list)) return true;
-    return false;
-}
-
-int moex_pre_kind_of(const char *name, moex_pre_kind *kind) {
-    static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                                         "midm-2.0", "lfm2", "dbrx", "smaug-bpe", NULL};
-    static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", NULL};
-    static const char *const gpt2[] = {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es",
-                                       "jina-v2-de", "a.x-4.0", "mellum", "mpt", "olmo", "jais", "trillion", NULL};
-    if (!strcmp(name, "default")) *kind = MOEX_PRE_DEFAULT;
-    else if (name_in(name, llama3)) *kind = MOEX_PRE_LLAMA3;
-    else if (name_in(name, qwen2)) *kind = MOEX_PRE_QWEN2;
-    else if (name_in(name, gpt2)) *kind = MOEX_PRE_GPT2;
-    else return -1;
-    return 0;
-}
-
 static int read_pre(const moex_gguf *g, moex_tokenizer *tok, moex_error *err) {
     tok->pre = MOEX_PRE_DEFAULT;
     if (tok->kind != MOEX_TOK_BPE || !moex_gguf_find(g, KEY("pre"))) return 0;
