@@ -14,7 +14,6 @@
 
 #include "common/common.h"
 #include "kernels/kernels.h"
-#include "kernels/kernels_internal.h"
 
 typedef struct bench_cfg {
     int quick, prefill_only;
@@ -155,7 +154,7 @@ typedef struct run_mm {
 } run_mm;
 static void do_mm(void *arg) {
     run_mm *r = arg;
-    moex_matmul(r->pool, &r->m, r->x, r->n, r->y);
+    moex_matmul(r->pool, &r->m, r->x, r->n, r->y, NULL);
 }
 
 static double bench_matmul(const bench_cfg *cfg, moex_pool *pool, moex_type t, int64_t rows, int64_t cols, int64_t n,

@@ -27,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/rng.h"
+
 #define CHUNK (64 * 1024)
 
 typedef struct options {
@@ -69,16 +71,9 @@ static void sleep_until(double t) {
     }
 }
 
-static double uniform01(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-}
-
 /* When a chunk read at t arrives at the other side. */
 static double due_time(pipe_dir *p, double t, size_t len) {
-    double due = t + p->o->one_way_s + p->o->jitter_s * uniform01(&p->rng);
+    double due = t + p->o->one_way_s + p->o->jitter_s * moex_rand01(&p->rng);
     if (p->o->bytes_per_s > 0) { /* the link carries one chunk after the other */
         const double start = fmax(t, p->link_free);
         p->link_free = start + (double)len / p->o->bytes_per_s;

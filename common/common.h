@@ -1,6 +1,7 @@
 /* The common module: what hub, worker and tools share — errors and logging,
  * the thread pool, tensor types and block layouts, GGUF files, model
- * architectures, the tokenizer and the sampler. */
+ * architectures, the tokenizer, the sampler, the splitmix64 generator and a
+ * binary heap. */
 #ifndef MOEX_COMMON_H
 #define MOEX_COMMON_H
 
@@ -11,5 +12,7 @@
 #include "common/arch.h"
 #include "common/tokenizer.h"
 #include "common/sampler.h"
+#include "common/rng.h"
+#include "common/heap.h"
 
 #endif

@@ -15,6 +15,27 @@ int moex_fail(moex_error *err, const char *fmt, ...) {
     return -1;
 }
 
+/* Appends s to the string in buf[cap], cutting it where buf is full. */
+static void append(char *buf, size_t cap, const char *s) {
+    size_t n = strlen(buf);
+    while (*s && n + 1 < cap) buf[n++] = *s++;
+    buf[n] = 0;
+}
+
+int moex_error_prefix(moex_error *err, const char *fmt, ...) {
+    if (!err) return -1;
+    char cause[sizeof err->msg];
+    memcpy(cause, err->msg, sizeof cause);
+    cause[sizeof cause - 1] = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    append(err->msg, sizeof err->msg, ": ");
+    append(err->msg, sizeof err->msg, cause);
+    return -1;
+}
+
 static int log_threshold(void) {
     const char *s = getenv("MOEX_LOG");
     if (!s) return MOEX_LOG_INFO;

@@ -13,6 +13,10 @@ typedef struct moex_error {
 /* Sets err->msg (printf-style) when err is not NULL; always returns -1 so
  * callers can write `return moex_fail(err, "...")`. */
 int moex_fail(moex_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Says where a callee's error happened: err->msg becomes the printf-style
+ * context, ": ", then the cause the callee wrote ("layer 3 attention: " +
+ * "attention: head_dim 1024 exceeds ..."). No-op for NULL err; returns -1. */
+int moex_error_prefix(moex_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Logging to stderr. Level from MOEX_LOG (error|warn|info|debug), default info. */
 enum { MOEX_LOG_ERROR, MOEX_LOG_WARN, MOEX_LOG_INFO, MOEX_LOG_DEBUG };

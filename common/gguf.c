@@ -55,7 +55,7 @@ const char *moex_gguf_vtype_name(moex_gguf_vtype t) {
     return (unsigned)t < MOEX_GGUF_VTYPE_COUNT ? vtype_names[t] : "unknown";
 }
 
-static size_t vtype_size(moex_gguf_vtype t) {
+size_t moex_gguf_vtype_size(moex_gguf_vtype t) {
     switch (t) {
     case MOEX_GGUF_UINT8: case MOEX_GGUF_INT8: case MOEX_GGUF_BOOL: return 1;
     case MOEX_GGUF_UINT16: case MOEX_GGUF_INT16: return 2;
@@ -124,7 +124,7 @@ static int read_str(parser *p, moex_gguf_str *s, const char *what, const char *i
 /* ---- metadata values ---- */
 
 static int read_scalar(parser *p, moex_gguf_value *v, const char *item) {
-    size_t n = vtype_size(v->type);
+    size_t n = moex_gguf_vtype_size(v->type);
     if (need(p, n, moex_gguf_vtype_name(v->type), item)) return -1;
     const uint8_t *b = p->base + p->pos;
     uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32;
@@ -191,7 +191,7 @@ static int read_array(parser *p, moex_gguf_value *v, int depth, const char *item
         return moex_fail(p->err, "%s: unknown array element type %u at offset %zu", item, et, p->pos - 12);
     v->v.arr.elem_type = (moex_gguf_vtype)et;
     v->v.arr.n = n;
-    size_t esize = vtype_size(v->v.arr.elem_type);
+    size_t esize = moex_gguf_vtype_size(v->v.arr.elem_type);
     if (esize) {
         if (n > bytes_left(p) / esize)
             return moex_fail(p->err, "%s: array of %" PRIu64 " %s cannot fit in the %zu bytes left", item, n,
@@ -605,7 +605,7 @@ const moex_gguf_value *moex_gguf_get_array(const moex_gguf *g, const char *key, 
 static int arr_elem(const moex_gguf_value *arr, uint64_t i, moex_gguf_value *out) {
     if (!arr || arr->type != MOEX_GGUF_ARRAY || i >= arr->v.arr.n) return -1;
     moex_gguf_vtype t = arr->v.arr.elem_type;
-    size_t size = vtype_size(t);
+    size_t size = moex_gguf_vtype_size(t);
     if (!size || !arr->v.arr.raw) return -1;
     parser p = {.base = (const uint8_t *)arr->v.arr.raw + i * size, .size = size};
     out->type = t;

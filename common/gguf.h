@@ -123,6 +123,8 @@ int64_t moex_gguf_arr_i64(const moex_gguf_value *arr, uint64_t i);
 double moex_gguf_arr_f64(const moex_gguf_value *arr, uint64_t i);
 
 const char *moex_gguf_vtype_name(moex_gguf_vtype t);
+/* Bytes of one value of a fixed-size type; 0 for STRING, ARRAY and unknown types. */
+size_t moex_gguf_vtype_size(moex_gguf_vtype t);
 
 /* ---- Writer: streams metadata, then tensor infos, then data, so that a
  * 17 GB model never sits in memory. Usage:

@@ -92,16 +92,6 @@ static int meta_str(moex_gguf_writer *w, const char *s, uint64_t len) {
     return meta_put(w, s, (size_t)len);
 }
 
-/* Bytes of one element of a fixed-size type; 0 for STRING/ARRAY/unknown. */
-static size_t vtype_size(moex_gguf_vtype t) {
-    switch (t) {
-    case MOEX_GGUF_UINT8: case MOEX_GGUF_INT8: case MOEX_GGUF_BOOL: return 1;
-    case MOEX_GGUF_UINT16: case MOEX_GGUF_INT16: return 2;
-    case MOEX_GGUF_UINT32: case MOEX_GGUF_INT32: case MOEX_GGUF_FLOAT32: return 4;
-    case MOEX_GGUF_UINT64: case MOEX_GGUF_INT64: case MOEX_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
 
 /* Registers a new key and writes its name and type tag. */
 static int begin_kv(moex_gguf_writer *w, const char *key, uint64_t key_len, moex_gguf_vtype type) {
@@ -141,7 +131,7 @@ static int note_alignment(moex_gguf_writer *w, const char *key, uint64_t key_len
 
 static int write_scalar_kv(moex_gguf_writer *w, const char *key, moex_gguf_vtype type, const void *v) {
     uint64_t len = key ? strlen(key) : 0;
-    if (begin_kv(w, key, len, type) || meta_put(w, v, vtype_size(type))) return -1;
+    if (begin_kv(w, key, len, type) || meta_put(w, v, moex_gguf_vtype_size(type))) return -1;
     if (type == MOEX_GGUF_UINT32) return note_alignment(w, key, len, type, *(const uint32_t *)v);
     return note_alignment(w, key, len, type, 0);
 }
@@ -174,7 +164,7 @@ int moex_gguf_writer_kv_str(moex_gguf_writer *w, const char *key, const char *v)
 int moex_gguf_writer_kv_array(moex_gguf_writer *w, const char *key, moex_gguf_vtype elem_type, const void *elems,
                               uint64_t n) {
     uint64_t len = key ? strlen(key) : 0;
-    size_t size = vtype_size(elem_type);
+    size_t size = moex_gguf_vtype_size(elem_type);
     if (!size && elem_type != MOEX_GGUF_STRING)
         return writer_fail(w, "metadata key '%.200s': kv_array takes fixed-size or string elements, not %s (use kv_copy)",
                            key ? key : "", moex_gguf_vtype_name(elem_type));
@@ -195,7 +185,7 @@ int moex_gguf_writer_kv_array(moex_gguf_writer *w, const char *key, moex_gguf_vt
 
 /* Serializes a value's payload (everything after its type tag). */
 static int put_value(moex_gguf_writer *w, const moex_gguf_value *v, int depth) {
-    size_t size = vtype_size(v->type);
+    size_t size = moex_gguf_vtype_size(v->type);
     if (v->type == MOEX_GGUF_BOOL) {
         uint8_t b = v->v.u64 ? 1 : 0;
         return meta_put(w, &b, 1);
@@ -219,7 +209,7 @@ static int put_value(moex_gguf_writer *w, const moex_gguf_value *v, int depth) {
     moex_gguf_vtype et = v->v.arr.elem_type;
     uint64_t n = v->v.arr.n;
     if (meta_u32(w, (uint32_t)et) || meta_u64(w, n)) return -1;
-    size_t esize = vtype_size(et);
+    size_t esize = moex_gguf_vtype_size(et);
     if (esize) {
         if (n && !v->v.arr.raw) return writer_fail(w, "array of %llu %s has no data", (unsigned long long)n, moex_gguf_vtype_name(et));
         if (n > SIZE_MAX / esize) return writer_fail(w, "array too large");

@@ -9,6 +9,7 @@
  * many leading candidates as it needs (doubling quickselects); min-p is one
  * filter pass. Candidate storage is allocated once in create. */
 #include "common/sampler.h"
+#include "common/rng.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -29,31 +30,10 @@ struct moex_sampler {
 
 enum { TOP_P_FIRST_CHUNK = 64 };
 
-/* ---- PRNG: xoshiro256**, seeded through splitmix64 ---- */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(uint64_t s[4]) {
-    const uint64_t result = rotl(s[1] * 5, 7) * 9;
-    const uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
+/* ---- PRNG: xoshiro256** (common/rng.h) ---- */
 
 /* Uniform in [0, 1) with 53 random bits. */
-static double uniform01(uint64_t s[4]) { return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53; }
+static double uniform01(uint64_t s[4]) { return (double)(moex_xoshiro256ss(s) >> 11) * 0x1.0p-53; }
 
 /* ---- ordering and selection ---- */
 
@@ -234,8 +214,7 @@ moex_sampler *moex_sampler_create(const moex_sampler_params *p, int32_t n_vocab)
     }
     s->p = *p;
     s->n_vocab = n_vocab;
-    uint64_t seed = p->seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&seed);
+    moex_xoshiro256_seed(s->rng, p->seed);
     return s;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tokenizer_heap.h"
 #include "common/tokenizer_impl.h"
 #include "common/unicode.h"
 
@@ -41,7 +42,9 @@ static void merge_insert(moex_tokenizer *tok, int32_t left, int32_t right, int32
 
 int moex_bpe_load_merges(moex_tokenizer *tok, const moex_gguf_value *merges, moex_error *err) {
     uint64_t n = merges->v.arr.n;
-    if (n > INT32_MAX) return moex_fail(err, "tokenizer: %llu merges is too many", (unsigned long long)n);
+    /* Ranks are merge priorities as floats (tokenizer_heap.h): exact below 2^24. */
+    if (n > (1u << 24))
+        return moex_fail(err, "tokenizer: %llu merges is too many (at most %u)", (unsigned long long)n, 1u << 24);
     size_t slots = 16;
     while (slots < n * 2) slots <<= 1;
     tok->merges = malloc(sizeof *tok->merges * slots);
@@ -82,66 +85,21 @@ typedef struct symbol {
     uint32_t start, n;  /* byte span in the word; n == 0 once merged away */
 } symbol;
 
-typedef struct bigram {
-    int32_t left, right, rank, result;
-    uint32_t size;
-} bigram;
-
 typedef struct bpe_scratch {
     symbol *syms;
     size_t syms_cap;
-    bigram *heap;
-    size_t heap_n, heap_cap;
+    moex_bigram_heap heap;   /* lowest rank first */
     moex_bytebuf enc;   /* GPT-2 encoding of a word */
 } bpe_scratch;
-
-static int bigram_before(const bigram *a, const bigram *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static int heap_push(bpe_scratch *sc, bigram b) {
-    if (sc->heap_n == sc->heap_cap) {
-        size_t cap = sc->heap_cap ? sc->heap_cap * 2 : 64;
-        bigram *h = realloc(sc->heap, sizeof *h * cap);
-        if (!h) return -1;
-        sc->heap = h;
-        sc->heap_cap = cap;
-    }
-    size_t i = sc->heap_n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bigram_before(&b, &sc->heap[parent])) break;
-        sc->heap[i] = sc->heap[parent];
-        i = parent;
-    }
-    sc->heap[i] = b;
-    return 0;
-}
-
-static bigram heap_pop(bpe_scratch *sc) {
-    bigram top = sc->heap[0];
-    bigram last = sc->heap[--sc->heap_n];
-    size_t i = 0, n = sc->heap_n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && bigram_before(&sc->heap[c + 1], &sc->heap[c])) c++;
-        if (!bigram_before(&sc->heap[c], &last)) break;
-        sc->heap[i] = sc->heap[c];
-        i = c;
-    }
-    if (n) sc->heap[i] = last;
-    return top;
-}
 
 static int try_add_bigram(const moex_tokenizer *tok, bpe_scratch *sc, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return 0;
     int32_t result;
     int32_t rank = moex_bpe_merge_rank(tok, sc->syms[left].str, sc->syms[right].str, &result);
     if (rank < 0) return 0;
-    bigram b = {.left = left, .right = right, .rank = rank, .result = result,
-                .size = sc->syms[left].n + sc->syms[right].n};
-    return heap_push(sc, b);
+    moex_bigram b = {.priority = -(float)rank, .left = left, .result = result,
+                     .size = sc->syms[left].n + sc->syms[right].n};
+    return moex_bigram_heap_push(&sc->heap, b);
 }
 
 /* GPT-2 encoding of bytes w[0..n) into sc->enc. */
@@ -182,15 +140,17 @@ static int encode_word(const moex_tokenizer *tok, bpe_scratch *sc, const char *w
         sc->syms[i] = (symbol){.str = tok->byte_str[(uint8_t)w[i]], .prev = (int32_t)i - 1,
                                .next = i + 1 < n ? (int32_t)i + 1 : -1, .start = (uint32_t)i, .n = 1};
     }
-    sc->heap_n = 0;
+    sc->heap.n = 0;
     for (size_t i = 1; i < n; i++)
         if (try_add_bigram(tok, sc, (int32_t)i - 1, (int32_t)i)) return -1;
 
-    while (sc->heap_n) {
-        bigram b = heap_pop(sc);
-        symbol *l = &sc->syms[b.left], *r = &sc->syms[b.right];
+    while (sc->heap.n) {
+        moex_bigram b = moex_bigram_heap_pop(&sc->heap);
+        symbol *l = &sc->syms[b.left];
         /* Stale when either side has changed since the pair was queued. */
-        if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue;
+        if (l->n == 0 || l->next < 0) continue;
+        symbol *r = &sc->syms[l->next];
+        if (l->n + r->n != b.size) continue;
         l->n += r->n;
         l->str = b.result;
         r->n = 0;
@@ -257,7 +217,7 @@ done:
     moex_bytebuf_free(&utf8);
     moex_i32vec_free(&ends);
     free(sc.syms);
-    free(sc.heap);
+    moex_bigram_heap_free(&sc.heap);
     moex_bytebuf_free(&sc.enc);
     return rc;
 }

@@ -118,6 +118,10 @@ struct moex_tokenizer {
     uint64_t *piece_off;   /* n_vocab + 1 */
 };
 
+/* The pre-tokenizer that tokenizer.ggml.pre names ("default", a llama3,
+ * qwen2 or gpt-2 family name); -1 when it is none of those (tokenizer_pretok.c). */
+int moex_pre_kind_of(const char *name, moex_pre_kind *kind);
+
 /* Pre-tokenizer: splits cps[0..n) into words; appends each word's end index
  * (in code points) to ends. -1 on out of memory. */
 int moex_pretokenize(moex_pre_kind pre, const uint32_t *cps, size_t n, moex_i32vec *ends);

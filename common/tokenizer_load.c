@@ -56,34 +56,17 @@ static int read_kind(const moex_gguf *g, moex_tokenizer *tok, moex_error *err) {
     return 0;
 }
 
-static bool name_in(const char *name, const char *const *list) {
-    for (; *list; list++)
-        if (!strcmp(name, *list)) return true;
-    return false;
-}
-
 static int read_pre(const moex_gguf *g, moex_tokenizer *tok, moex_error *err) {
-    static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                                         "midm-2.0", "lfm2", "dbrx", "smaug-bpe", NULL};
-    static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", NULL};
-    static const char *const gpt2[] = {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es",
-                                       "jina-v2-de", "a.x-4.0", "mellum", "mpt", "olmo", "jais", "trillion", NULL};
     tok->pre = MOEX_PRE_DEFAULT;
     if (tok->kind != MOEX_TOK_BPE || !moex_gguf_find(g, KEY("pre"))) return 0;
     char pre[64];
     if (moex_gguf_get_str(g, KEY("pre"), pre, sizeof pre, err)) return -1;
-    if (!strcmp(pre, "default")) return 0;
-    if (name_in(pre, llama3)) {
-        tok->pre = MOEX_PRE_LLAMA3;
-        tok->ignore_merges = !strcmp(pre, "dbrx") || !strcmp(pre, "smaug-bpe") ? false : true;
-        tok->add_bos = tok->ignore_merges;   /* llama.cpp's llama3 default */
-    } else if (name_in(pre, qwen2)) {
-        tok->pre = MOEX_PRE_QWEN2;
-    } else if (name_in(pre, gpt2)) {
-        tok->pre = MOEX_PRE_GPT2;
-    } else {
+    if (moex_pre_kind_of(pre, &tok->pre))
         return moex_fail(err, "tokenizer: pre-tokenizer '%s' is not supported (supported: default, llama3 family, "
                               "qwen2 family, gpt-2 family)", pre);
+    if (tok->pre == MOEX_PRE_LLAMA3) {
+        tok->ignore_merges = strcmp(pre, "dbrx") && strcmp(pre, "smaug-bpe");
+        tok->add_bos = tok->ignore_merges;   /* llama.cpp's llama3 default */
     }
     return 0;
 }

@@ -3,8 +3,11 @@
  * models we run, written after unicode.cpp's unicode_regex_split_custom_*
  * so that word boundaries (and so token ids) match llama.cpp exactly. */
 #include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/tokenizer_impl.h"
+#include "common/tokenizer_testing.h"
 #include "common/unicode.h"
 
 #define OUT_OF_RANGE 0xFFFFFFFFu
@@ -217,4 +220,44 @@ int moex_pretokenize(moex_pre_kind pre, const uint32_t *cps, size_t n, moex_i32v
     if (pre == MOEX_PRE_GPT2) split_gpt2(&s);
     else split_llama3(&s, pre == MOEX_PRE_QWEN2 ? 1 : 3);
     return s.oom ? -1 : 0;
+}
+
+/* ---- names: tokenizer.ggml.pre values and the regexes they stand for ---- */
+
+static bool name_in(const char *name, const char *const *list) {
+    for (; *list; list++)
+        if (!strcmp(name, *list)) return true;
+    return false;
+}
+
+int moex_pre_kind_of(const char *name, moex_pre_kind *kind) {
+    static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                                         "midm-2.0", "lfm2", "dbrx", "smaug-bpe", NULL};
+    static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", NULL};
+    static const char *const gpt2[] = {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es",
+                                       "jina-v2-de", "a.x-4.0", "mellum", "mpt", "olmo", "jais", "trillion", NULL};
+    if (!strcmp(name, "default")) *kind = MOEX_PRE_DEFAULT;
+    else if (name_in(name, llama3)) *kind = MOEX_PRE_LLAMA3;
+    else if (name_in(name, qwen2)) *kind = MOEX_PRE_QWEN2;
+    else if (name_in(name, gpt2)) *kind = MOEX_PRE_GPT2;
+    else return -1;
+    return 0;
+}
+
+int64_t moex_tokenizer_split_words(const char *pre, const char *text, size_t len, int32_t *ends, size_t cap,
+                                   moex_error *err) {
+    moex_pre_kind kind;
+    if (!pre || moex_pre_kind_of(pre, &kind))
+        return moex_fail(err, "pre-tokenizer '%s' is not supported (supported: default, llama3 family, qwen2 "
+                              "family, gpt-2 family)", pre ? pre : "(null)");
+    uint32_t *cps = malloc(sizeof *cps * (len ? len : 1));
+    moex_i32vec words = {0};
+    size_t n = 0;
+    for (size_t i = 0, adv; cps && i < len; i += adv) cps[n++] = moex_utf8_decode(text + i, len - i, &adv);
+    int64_t rc = !cps || moex_pretokenize(kind, cps, n, &words) ? moex_fail(err, "split_words: out of memory")
+                                                               : (int64_t)words.n;
+    for (size_t i = 0; rc >= 0 && i < words.n && i < cap; i++) ends[i] = words.v[i];
+    free(cps);
+    moex_i32vec_free(&words);
+    return rc;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tokenizer_heap.h"
 #include "common/tokenizer_impl.h"
 #include "common/unicode.h"
 
@@ -14,58 +15,12 @@ typedef struct spm_symbol {
     uint32_t start, n;   /* byte span; n == 0 once merged away */
 } spm_symbol;
 
-typedef struct spm_bigram {
-    int32_t left, right;
-    float score;
-    uint32_t size;
-} spm_bigram;
-
 typedef struct spm_state {
     const moex_tokenizer *tok;
     const char *text;
     spm_symbol *syms;
-    spm_bigram *heap;
-    size_t heap_n, heap_cap;
+    moex_bigram_heap heap;   /* highest score first */
 } spm_state;
-
-static int bigram_before(const spm_bigram *a, const spm_bigram *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static int heap_push(spm_state *st, spm_bigram b) {
-    if (st->heap_n == st->heap_cap) {
-        size_t cap = st->heap_cap ? st->heap_cap * 2 : 64;
-        spm_bigram *h = realloc(st->heap, sizeof *h * cap);
-        if (!h) return -1;
-        st->heap = h;
-        st->heap_cap = cap;
-    }
-    size_t i = st->heap_n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bigram_before(&b, &st->heap[parent])) break;
-        st->heap[i] = st->heap[parent];
-        i = parent;
-    }
-    st->heap[i] = b;
-    return 0;
-}
-
-static spm_bigram heap_pop(spm_state *st) {
-    spm_bigram top = st->heap[0];
-    spm_bigram last = st->heap[--st->heap_n];
-    size_t i = 0, n = st->heap_n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && bigram_before(&st->heap[c + 1], &st->heap[c])) c++;
-        if (!bigram_before(&st->heap[c], &last)) break;
-        st->heap[i] = st->heap[c];
-        i = c;
-    }
-    if (n) st->heap[i] = last;
-    return top;
-}
 
 static int32_t vocab_find(const moex_tokenizer *tok, const char *s, size_t n) {
     int32_t id = moex_strtab_find(&tok->strs, s, n);
@@ -77,8 +32,8 @@ static int try_add_bigram(spm_state *st, int32_t left, int32_t right) {
     const spm_symbol *l = &st->syms[left], *r = &st->syms[right];
     int32_t id = vocab_find(st->tok, st->text + l->start, l->n + r->n);
     if (id < 0) return 0;
-    spm_bigram b = {.left = left, .right = right, .score = st->tok->scores[id], .size = l->n + r->n};
-    return heap_push(st, b);
+    moex_bigram b = {.priority = st->tok->scores[id], .left = left, .size = l->n + r->n};
+    return moex_bigram_heap_push(&st->heap, b);
 }
 
 /* The token for one raw byte: <0xXX>, else the byte itself as a token, else unk. */
@@ -106,13 +61,15 @@ static int encode_chunk(spm_state *st, int32_t a, int32_t b, moex_i32vec *out) {
         st->syms[i].prev = i - 1 >= a ? i - 1 : -1;
         st->syms[i].next = i + 1 < b ? i + 1 : -1;
     }
-    st->heap_n = 0;
+    st->heap.n = 0;
     for (int32_t i = a + 1; i < b; i++)
         if (try_add_bigram(st, i - 1, i)) return -1;
-    while (st->heap_n) {
-        spm_bigram bg = heap_pop(st);
-        spm_symbol *l = &st->syms[bg.left], *r = &st->syms[bg.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size) continue;  /* stale */
+    while (st->heap.n) {
+        moex_bigram bg = moex_bigram_heap_pop(&st->heap);
+        spm_symbol *l = &st->syms[bg.left];
+        if (l->n == 0 || l->next < 0) continue;   /* stale */
+        spm_symbol *r = &st->syms[l->next];
+        if (l->n + r->n != bg.size) continue;      /* stale */
         l->n += r->n;
         r->n = 0;
         l->next = r->next;
@@ -159,6 +116,6 @@ int moex_spm_encode(const moex_tokenizer *tok, const char *text, size_t len, moe
 done:
     if (rc) moex_fail(err, "tokenize: out of memory");
     free(st.syms);
-    free(st.heap);
+    moex_bigram_heap_free(&st.heap);
     return rc;
 }

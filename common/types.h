@@ -89,6 +89,47 @@ _Static_assert(sizeof(moex_block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(moex_block_q6_K) == 210, "q6_K layout");
 _Static_assert(sizeof(moex_block_q8_K) == 292, "q8_K layout");
 
+/* ---- packed fields of the K-quant blocks, both ways ---- */
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block's
+ * scales[12] (ggml's get_scale_min_k4): j < 4 in the low 6 bits of bytes j
+ * and j + 4, j >= 4 in the nibbles of byte j + 4 with the top 2 bits in the
+ * spare bits of bytes j - 4 and j. */
+static inline void moex_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* Packs 8 six-bit scales and mins into scales[12]: the inverse of moex_k4_scale_min. */
+static inline void moex_k4_pack_scales_mins(const uint8_t sc[8], const uint8_t m[8], uint8_t out[MOEX_K_SCALE_SIZE]) {
+    memset(out, 0, MOEX_K_SCALE_SIZE);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            out[j] = sc[j];
+            out[j + 4] = m[j];
+        } else {
+            out[j + 4] = (uint8_t)((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
+            out[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
+            out[j] |= (uint8_t)((m[j] >> 4) << 6);
+        }
+    }
+}
+
+/* The four values (-32..31) at position l (0..31) of one 128-element half of
+ * a Q6_K block, whose ql points at the half's 64 low-nibble bytes and qh at
+ * its 32 high-bit bytes: elements l, l + 32, l + 64 and l + 96 of the half. */
+static inline void moex_q6_K_quad(const uint8_t *ql, const uint8_t *qh, int l, int q[4]) {
+    q[0] = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+    q[1] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+    q[2] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+    q[3] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+}
+
 typedef struct moex_type_traits {
     const char *name;      /* ggml's name: "f32", "q4_K", ... */
     int block_elems;       /* elements per block (1 for float types) */

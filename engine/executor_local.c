@@ -80,8 +80,8 @@ static int local_run(void *ctx, const moex_moe_request *req, moex_error *err) {
                                         .n_tokens = p->group_first[g + 1] - first, .rows = p->rows + first,
                                         .gates = p->gates + first, .out = le->results + (size_t)first * d};
     }
-    if (moex_experts_run(le->pool, le->jobs, p->n_groups, x, d))
-        return moex_fail(err, "expert computation failed in layer %d", req->layer);
+    if (moex_experts_run(le->pool, le->jobs, p->n_groups, x, d, err))
+        return moex_error_prefix(err, "layer %d experts", req->layer);
     moex_wire_round_rows(le->wire_dtype, le->results, p->n_pairs, d, le->tmp);
     moex_moe_plan_combine(p, req, le->results, d);
     return 0;

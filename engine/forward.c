@@ -96,17 +96,17 @@ static void add_rows(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-static int embed_tokens(const moex_model *m, moex_state *s, const int32_t *tokens, int64_t n) {
+static int embed_tokens(const moex_model *m, moex_state *s, const int32_t *tokens, int64_t n, moex_error *err) {
     const moex_matrix *e = &m->tok_embd;
     for (int64_t t = 0; t < n; t++)
         if (moex_dequantize_row(e->type, (const uint8_t *)e->data + (size_t)tokens[t] * e->row_bytes,
-                                s->x + t * e->cols, e->cols))
+                                s->x + t * e->cols, e->cols, err))
             return -1;
     return 0;
 }
 
 /* Self-attention of layer il for n tokens at positions pos..; result in s->proj. */
-static int attention_block(const moex_model *m, moex_state *s, int il, int64_t n, int64_t pos) {
+static int attention_block(const moex_model *m, moex_state *s, int il, int64_t n, int64_t pos, moex_error *err) {
     const moex_hparams *hp = &m->hp;
     const moex_layer *L = &m->layers[il];
     const int64_t kvd = kv_dim(hp), hd = hp->head_dim;
@@ -118,7 +118,7 @@ static int attention_block(const moex_model *m, moex_state *s, int il, int64_t n
     float *ys[3] = {s->q, k_new, v_new};
 
     rmsnorm_rows(s->xn, s->x, L->attn_norm, n, hp->n_embd, hp->rms_eps);
-    if (moex_matmul_multi(s->pool, w, 3, s->xn, n, ys)) return -1;
+    if (moex_matmul_multi(s->pool, w, 3, s->xn, n, ys, err)) return moex_error_prefix(err, "q/k/v");
     for (int64_t t = 0; t < n; t++) {
         float *qt = s->q + t * q_dim(hp), *kt = k_new + t * kvd;
         if (hp->qk_norm) {
@@ -129,18 +129,20 @@ static int attention_block(const moex_model *m, moex_state *s, int il, int64_t n
         moex_rope(kt, hp->n_head_kv, (int)hd, hp->rope_dim, pos + t, hp->rope_freq_base, hp->rope_neox);
     }
     if (moex_attention(s->pool, s->q, k_cache, v_cache, s->att, n, pos, hp->n_head, hp->n_head_kv, (int)hd,
-                       1.0f / sqrtf((float)hd)))
+                       1.0f / sqrtf((float)hd), err))
         return -1;
-    return moex_matmul(s->pool, &L->wo, s->att, n, s->proj);
+    if (moex_matmul(s->pool, &L->wo, s->att, n, s->proj, err)) return moex_error_prefix(err, "output projection");
+    return 0;
 }
 
-static int dense_ffn_block(const moex_model *m, moex_state *s, int il, int64_t n) {
+static int dense_ffn_block(const moex_model *m, moex_state *s, int il, int64_t n, moex_error *err) {
     const moex_layer *L = &m->layers[il];
     const moex_matrix w[2] = {L->ffn_gate, L->ffn_up};
     float *ys[2] = {s->ff_g, s->ff_u};
-    if (moex_matmul_multi(s->pool, w, 2, s->xn, n, ys)) return -1;
+    if (moex_matmul_multi(s->pool, w, 2, s->xn, n, ys, err)) return moex_error_prefix(err, "gate/up");
     moex_swiglu(s->ff_g, s->ff_g, s->ff_u, n * m->hp.n_ff);
-    return moex_matmul(s->pool, &L->ffn_down, s->ff_g, n, s->proj);
+    if (moex_matmul(s->pool, &L->ffn_down, s->ff_g, n, s->proj, err)) return moex_error_prefix(err, "down");
+    return 0;
 }
 
 /* Router: softmax over all experts (in place), keep the k largest (ties: lower
@@ -164,20 +166,21 @@ static void route_token(float *probs, int n_expert, int k, bool norm, int32_t *i
 static int moe_ffn_block(const moex_model *m, moex_state *s, int il, int64_t n, moex_error *err) {
     const moex_hparams *hp = &m->hp;
     const int k = hp->n_expert_used;
-    if (moex_matmul(s->pool, &m->layers[il].router, s->xn, n, s->router)) return moex_fail(err, "router matmul failed");
+    if (moex_matmul(s->pool, &m->layers[il].router, s->xn, n, s->router, err))
+        return moex_error_prefix(err, "layer %d router", il);
     for (int64_t t = 0; t < n; t++)
         route_token(s->router + t * hp->n_expert, hp->n_expert, k, hp->norm_topk, s->topk_ids + t * k,
                     s->topk_w + t * k);
     moex_moe_request req = {.layer = il, .n_tokens = n, .n_used = k, .expert_ids = s->topk_ids,
                             .gate_weights = s->topk_w, .x = s->xn, .out = s->proj};
-    return s->exec.run(s->exec.ctx, &req, err);
+    return s->exec.run(s->exec.ctx, &req, err);   /* executors name the layer themselves */
 }
 
-static int output_head(const moex_model *m, moex_state *s, int64_t n, bool all_logits, float *logits) {
+static int output_head(const moex_model *m, moex_state *s, int64_t n, bool all_logits, float *logits, moex_error *err) {
     const int64_t d = m->hp.n_embd;
     const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
     rmsnorm_rows(s->xn, s->x + first * d, m->output_norm, rows, d, m->hp.rms_eps);
-    return moex_matmul(s->pool, &m->output, s->xn, rows, logits);
+    return moex_matmul(s->pool, &m->output, s->xn, rows, logits, err);
 }
 
 int moex_forward_check(const moex_model *m, int64_t n_batch, int64_t n_ctx, const int32_t *tokens, int64_t n,
@@ -197,20 +200,20 @@ int moex_forward(const moex_model *m, moex_state *s, const int32_t *tokens, int6
                  bool all_logits, float *logits, moex_error *err) {
     const moex_hparams *hp = &m->hp;
     if (moex_forward_check(m, s->n_batch, s->n_ctx, tokens, n, pos, err)) return -1;
-    if (embed_tokens(m, s, tokens, n)) return moex_fail(err, "embedding lookup failed");
+    if (embed_tokens(m, s, tokens, n, err)) return moex_error_prefix(err, "token embedding");
     const int64_t nd = n * hp->n_embd;
     for (int il = 0; il < hp->n_layer; il++) {
-        if (attention_block(m, s, il, n, pos)) return moex_fail(err, "attention failed in layer %d", il);
+        if (attention_block(m, s, il, n, pos, err)) return moex_error_prefix(err, "layer %d attention", il);
         add_rows(s->x, s->proj, nd);
         rmsnorm_rows(s->xn, s->x, m->layers[il].ffn_norm, n, hp->n_embd, hp->rms_eps);
         if (moex_hparams_is_moe(hp)) {
             if (moe_ffn_block(m, s, il, n, err)) return -1;
-        } else if (dense_ffn_block(m, s, il, n)) {
-            return moex_fail(err, "feed-forward failed in layer %d", il);
+        } else if (dense_ffn_block(m, s, il, n, err)) {
+            return moex_error_prefix(err, "layer %d feed-forward", il);
         }
         add_rows(s->x, s->proj, nd);
     }
-    if (output_head(m, s, n, all_logits, logits)) return moex_fail(err, "output head failed");
+    if (output_head(m, s, n, all_logits, logits, err)) return moex_error_prefix(err, "output head");
     return 0;
 }
 

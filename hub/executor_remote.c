@@ -225,12 +225,6 @@ static int grow_pending(hub_executor *x) {
     return 0;
 }
 
-static uint64_t next_random(hub_executor *x) {
-    uint64_t z = (x->rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* ---- encoding ---- */
 
@@ -313,7 +307,7 @@ static int candidates(hub_executor *x, const hub_task *t, hub_replica *out) {
     }
     const double now = moex_time_s();
     for (int i = 1; i < n; i++)
-        if (now - out[i].sampled_s > PROBE_AFTER_S && next_random(x) % PROBE_ONE_IN == 0) {
+        if (now - out[i].sampled_s > PROBE_AFTER_S && moex_splitmix64(&x->rng) % PROBE_ONE_IN == 0) {
             const hub_replica probe = out[i];
             memmove(&out[1], &out[0], (size_t)i * sizeof *out);
             out[0] = probe;
@@ -680,13 +674,14 @@ static void ensure_x_wire(hub_executor *x, int64_t n_tokens) {
     x->x_wire_ready = true;
 }
 
-static int compute_here(hub_executor *x, const hub_task *t, float *out) {
+static int compute_here(hub_executor *x, const hub_task *t, float *out, moex_error *err) {
     const moex_moe_plan *p = &x->plan;
     ensure_x_wire(x, x->n_req_tokens);
     const int32_t first = p->group_first[t->group];
     moex_expert_job job = {.w = &x->m->layers[x->layer].experts[t->expert], .n_tokens = t->n_tokens,
                            .rows = p->rows + first, .gates = p->gates + first, .out = out};
-    if (moex_experts_run(x->pool, &job, 1, x->x_wire, x->d)) return -1;
+    if (moex_experts_run(x->pool, &job, 1, x->x_wire, x->d, err))
+        return moex_error_prefix(err, "layer %d expert %d, computed here", x->layer, t->expert);
     moex_wire_round_rows(x->cfg.wire_dtype, out, t->n_tokens, x->d, x->tmp);
     return 0;
 }
@@ -712,10 +707,10 @@ static double tolerance(hub_executor *x, uint32_t worker) {
 }
 
 /* Recomputes a task here; a worker whose answer disagrees is evicted and the hub's answer used. */
-static int verify_task(hub_executor *x, hub_task *t) {
+static int verify_task(hub_executor *x, hub_task *t, moex_error *err) {
     const size_t n = (size_t)t->n_tokens * (size_t)x->d;
     float *result = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
-    if (compute_here(x, t, x->check)) return -1;
+    if (compute_here(x, t, x->check, err)) return -1;
     HUB_COUNT(x->metrics, verified);
     const double e = rel_l2(result, x->check, n);
     if (e > tolerance(x, t->winner)) {
@@ -737,15 +732,14 @@ static int verify_layer(hub_executor *x, moex_error *err) {
     for (int i = 0; i < x->n_tasks; i++) {
         hub_task *t = &x->tasks[i];
         if (t->local) continue;
-        const bool sampled = x->cfg.verify_p > 0 && (next_random(x) >> 11) * 0x1.0p-53 < x->cfg.verify_p;
+        const bool sampled = x->cfg.verify_p > 0 && moex_rand01(&x->rng) < x->cfg.verify_p;
         bool disagree = false;
         if (t->dup_seen) {
             const float *result = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
             const double tol = fmax(tolerance(x, t->winner), tolerance(x, t->dup_from));
             disagree = rel_l2(t->dup, result, (size_t)t->n_tokens * (size_t)x->d) > tol;
         }
-        if ((sampled || disagree) && verify_task(x, t))
-            return moex_fail(err, "layer %d: verifying expert %d failed to compute", x->layer, t->expert);
+        if ((sampled || disagree) && verify_task(x, t, err)) return -1;
     }
     return 0;
 }
@@ -814,8 +808,7 @@ static int wait_layer(hub_executor *x, moex_error *err) {
         if (atomic_load(&x->stopping)) return moex_fail(err, "hub stopping");
         if (local) { /* computed while the network works */
             float *out = x->results + (size_t)x->plan.group_first[local->group] * (size_t)x->d;
-            if (compute_here(x, local, out))
-                return moex_fail(err, "layer %d: computing expert %d here failed", x->layer, local->expert);
+            if (compute_here(x, local, out, err)) return -1;
             local->done = true;
             continue;
         }

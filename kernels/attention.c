@@ -243,21 +243,17 @@ static int pick_block(int group, int64_t units_per_head_block, int n_threads) {
 }
 
 int moex_attention(moex_pool *pool, const float *q, const float *k_cache, const float *v_cache, float *out,
-                   int64_t n, int64_t pos0, int n_head, int n_head_kv, int head_dim, float scale) {
+                   int64_t n, int64_t pos0, int n_head, int n_head_kv, int head_dim, float scale, moex_error *err) {
     if (n <= 0) return 0;
-    if (!q || !k_cache || !v_cache || !out || pos0 < 0 || n_head <= 0 || n_head_kv <= 0 || head_dim <= 0) {
-        moex_log(MOEX_LOG_ERROR, "attention: bad arguments (n_head %d, n_head_kv %d, head_dim %d, pos0 %lld)",
-                 n_head, n_head_kv, head_dim, (long long)pos0);
-        return -1;
-    }
-    if (n_head % n_head_kv != 0) {
-        moex_log(MOEX_LOG_ERROR, "attention: n_head %d is not a multiple of n_head_kv %d", n_head, n_head_kv);
-        return -1;
-    }
-    if (head_dim > ATTN_MAX_HEAD_DIM) {
-        moex_log(MOEX_LOG_ERROR, "attention: head_dim %d exceeds the supported %d", head_dim, ATTN_MAX_HEAD_DIM);
-        return -1;
-    }
+    if (!q || !k_cache || !v_cache || !out)
+        return moex_fail(err, "attention without q, the K or V cache or an output");
+    if (pos0 < 0 || n_head <= 0 || n_head_kv <= 0 || head_dim <= 0)
+        return moex_fail(err, "bad attention shape (n_head %d, n_head_kv %d, head_dim %d, first position %lld)",
+                         n_head, n_head_kv, head_dim, (long long)pos0);
+    if (n_head % n_head_kv != 0)
+        return moex_fail(err, "%d query heads are not a multiple of %d KV heads", n_head, n_head_kv);
+    if (head_dim > ATTN_MAX_HEAD_DIM)
+        return moex_fail(err, "head_dim %d exceeds the %d the CPU attention supports", head_dim, ATTN_MAX_HEAD_DIM);
     const int group = n_head / n_head_kv;
     const int n_threads = pool ? moex_pool_size(pool) : 1;
     attn_job job = {q, k_cache, v_cache, out, n, pos0, n_head, n_head_kv, head_dim, group,

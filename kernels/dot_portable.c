@@ -159,14 +159,12 @@ static void dot_q6_K(int64_t n, const void *w, const void *a, float *out) {
             int32_t s[8] = {0}; /* per 16-element sub-block */
             for (int l = 0; l < 32; l++) {
                 const int is = l / 16;
-                const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                s[is + 0] += q1 * q8[l];
-                s[is + 2] += q2 * q8[l + 32];
-                s[is + 4] += q3 * q8[l + 64];
-                s[is + 6] += q4 * q8[l + 96];
+                int q[4];
+                moex_q6_K_quad(ql, qh, l, q);
+                s[is + 0] += q[0] * q8[l];
+                s[is + 2] += q[1] * q8[l + 32];
+                s[is + 4] += q[2] * q8[l + 64];
+                s[is + 6] += q[3] * q8[l + 96];
             }
             for (int j = 0; j < 8; j++) isum += sc[j] * s[j];
         }

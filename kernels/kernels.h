@@ -9,7 +9,13 @@
  * K-quants, Q8_0 / Q8_1 for the 32-blocks), as llama.cpp does, and accumulate
  * in f32. SIMD: AVX2+FMA when the CPU has it (checked at run time), else a
  * portable path; the per-type dot products sit behind one function table so a
- * WASM SIMD path plugs in beside them. */
+ * WASM SIMD path plugs in beside them.
+ *
+ * Kernels that can fail return 0 or -1 and fill err (may be NULL) with the
+ * cause: the operand and what is wrong with it (an unsupported type, shapes
+ * that disagree, no memory for scratch). They log nothing; the caller says
+ * where, with moex_error_prefix ("layer 3 attention: q/k/v: " + "matrix 1
+ * has type q8_K, which the CPU kernels do not multiply"). */
 #ifndef MOEX_KERNELS_H
 #define MOEX_KERNELS_H
 
@@ -27,20 +33,21 @@ typedef struct moex_matrix {
 } moex_matrix;
 
 /* ---- rows: conversion between f32 and stored types ---- */
-/* dst[0..n) = values of src; n a multiple of the block size. 0 or -1. */
-int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n);
+/* dst[0..n) = values of src; n a multiple of the block size. */
+int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n, moex_error *err);
 /* Reference quantizer (round-to-nearest with the usual scale search for
- * K-quants); writes moex_row_bytes(type, n) bytes. 0 or -1. */
-int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n);
+ * K-quants); writes moex_row_bytes(type, n) bytes. */
+int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n, moex_error *err);
 /* Name of the SIMD path in use ("avx2", "portable"). */
 const char *moex_kernels_simd_name(void);
 
 /* ---- matrix products ---- */
 /* y[t][r] = sum_c W[r][c] * x[t][c] for t < n. x: n x cols, y: n x rows. */
-int moex_matmul(moex_pool *pool, const moex_matrix *w, const float *x, int64_t n, float *y);
+int moex_matmul(moex_pool *pool, const moex_matrix *w, const float *x, int64_t n, float *y, moex_error *err);
 /* Several matrices applied to the same x in one parallel pass (q/k/v, gate/up):
  * ys[i] is n x ws[i].rows. All ws must have the same cols. */
-int moex_matmul_multi(moex_pool *pool, const moex_matrix *ws, int n_w, const float *x, int64_t n, float **ys);
+int moex_matmul_multi(moex_pool *pool, const moex_matrix *ws, int n_w, const float *x, int64_t n, float **ys,
+                      moex_error *err);
 
 /* ---- expert FFN (SwiGLU) ---- */
 typedef struct moex_expert_weights {
@@ -60,7 +67,8 @@ typedef struct moex_expert_job {
 } moex_expert_job;
 
 /* Runs all jobs, sharing the pool across experts (decode has top-k tiny jobs). */
-int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, const float *x, int64_t hidden);
+int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, const float *x, int64_t hidden,
+                     moex_error *err);
 
 /* ---- elementwise and attention ---- */
 /* out = x / sqrt(mean(x^2) + eps) * w (w may be NULL). out may alias x. */
@@ -77,6 +85,6 @@ void moex_swiglu(float *out, const float *g, const float *u, int64_t n);
  * holding positions 0 .. pos0+n-1. out: n x n_head x head_dim.
  * Parallel over (token, head). */
 int moex_attention(moex_pool *pool, const float *q, const float *k_cache, const float *v_cache, float *out,
-                   int64_t n, int64_t pos0, int n_head, int n_head_kv, int head_dim, float scale);
+                   int64_t n, int64_t pos0, int n_head, int n_head_kv, int head_dim, float scale, moex_error *err);
 
 #endif

@@ -1,7 +1,7 @@
-/* Private to the kernels module: the per-type dot-product table that each
- * SIMD path (portable, AVX2, later WASM SIMD) fills in, and the pairing of
- * weight types with activation types. Tests include it to check the paths
- * against each other. */
+/* Private to the kernels module: the tables each SIMD path fills in (their
+ * type and the choice between them are in kernels_testing.h, the part tests
+ * see), the reference activation quantizers and the helpers the SIMD paths
+ * share (the blocks' packed fields are read and written by common/types.h). */
 #ifndef MOEX_KERNELS_INTERNAL_H
 #define MOEX_KERNELS_INTERNAL_H
 
@@ -9,42 +9,7 @@
 #include <string.h>
 
 #include "common/types.h"
-
-/* *out = dot(weight row w, activation row a) over n elements; a is stored in
- * moex_vec_dot_type(weight type). */
-typedef void (*moex_vec_dot_fn)(int64_t n, const void *w, const void *a, float *out);
-/* The same for nt (1..MOEX_DOT_MAX_TOKENS) activation rows a[t] against one
- * weight row, *out[t] = dot(w, a[t]); bit-identical to vec_dot per token, so
- * grouping tokens never changes results. Optional (NULL: loop over vec_dot).
- * 8: the AVX-512 kernels unpack a weight block once for 8 tokens (~15 %
- * faster than 4); the AVX2 ones take 4 at a time (16 ymm registers). */
-#define MOEX_DOT_MAX_TOKENS 8
-typedef void (*moex_vec_dot_multi_fn)(int64_t n, const void *w, const void *const *a, int nt, float *const *out);
-/* Converts n f32 activations to an activation type (Q8_K, Q8_0, Q8_1). */
-typedef void (*moex_quantize_act_fn)(const float *x, void *dst, int64_t n);
-
-typedef struct moex_simd_table {
-    const char *name;
-    moex_vec_dot_fn vec_dot[MOEX_TYPE_COUNT];           /* by weight type */
-    moex_vec_dot_multi_fn vec_dot_multi[MOEX_TYPE_COUNT]; /* by weight type, optional */
-    moex_quantize_act_fn quantize_act[MOEX_TYPE_COUNT]; /* by activation type; F32 needs none */
-} moex_simd_table;
-
-/* The activation type a weight type is multiplied with (llama.cpp's pairing):
- * Q8_K for K-quants, Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, F32 for
- * float weights. -1 for types that are not weights. */
-int moex_vec_dot_type(moex_type weight_type);
-
-/* The table in use: AVX-512 VNNI when the CPU has it (and AVX2), else AVX2
- * when the CPU has AVX2+FMA+F16C, else portable. MOEX_SIMD=avx2 or
- * MOEX_SIMD=portable in the environment forces a lower path. */
-const moex_simd_table *moex_simd_active(void);
-const moex_simd_table *moex_simd_portable(void);
-/* NULL when not built for x86 or the CPU lacks AVX2/FMA/F16C. */
-const moex_simd_table *moex_simd_avx2(void);
-/* The AVX2 table with the AVX-512 VNNI multi-token (prefill) kernels laid
- * over it; NULL when the CPU (or OS) lacks AVX-512 F/BW/VL/VNNI or AVX2. */
-const moex_simd_table *moex_simd_vnni(void);
+#include "kernels/kernels_testing.h"
 
 /* Defined by dot_portable.c and dot_avx2.c (data only, so simd.c can take
  * their address without running any AVX2 code). */
@@ -66,18 +31,6 @@ static inline int moex_nearest_int(float x) {
     int32_t i;
     memcpy(&i, &v, 4);
     return (i & 0x007fffff) - 0x00400000;
-}
-
-/* Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K
- * block (ggml's get_scale_min_k4). */
-static inline void moex_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
 }
 
 /* Unpacks the 12 packed bytes of Q4_K / Q5_K scales and mins into 16

@@ -17,6 +17,7 @@
  * moex_matmul / moex_experts_run. Without a pool (NULL) everything runs on
  * the calling thread with a temporary allocation. */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,30 +30,30 @@
 #define PARALLEL_QUANT_ELEMS (16 * 1024)
 #define MAX_MULTI 16
 #define MAX_JOBS 256
-#define PREFETCH_BYTES 4096          /* decode: software prefetch distance (tuned: 2-16 KB all ~2x vs none) */
+#define PREFETCH_BYTES 4096          /* decode: software prefetch distance (anything from 2 to 16 KB does as well) */
 
 /* ------------------------------------------------------------------ */
 /* validation and scratch                                              */
 /* ------------------------------------------------------------------ */
 
-static int check_matrix(const moex_matrix *w, const char *what) {
-    const moex_type_traits *tt = w ? moex_type_get(w->type) : NULL;
-    if (!w || !tt || !tt->is_weight_type || moex_vec_dot_type(w->type) < 0) {
-        moex_log(MOEX_LOG_ERROR, "kernels: %s: unsupported weight type %d", what, w ? (int)w->type : -1);
-        return -1;
-    }
-    if (w->rows < 0 || w->cols <= 0 || !w->data || w->row_bytes != moex_row_bytes(w->type, w->cols) ||
-        w->row_bytes == 0) {
-        moex_log(MOEX_LOG_ERROR, "kernels: %s: bad %s matrix %lldx%lld (row_bytes %zu, expected %zu)", what,
-                 tt->name, (long long)w->rows, (long long)w->cols, w->row_bytes, moex_row_bytes(w->type, w->cols));
-        return -1;
-    }
+/* A matrix the products can read, else an error naming it (`what`) and the cause. */
+static int check_matrix(const moex_matrix *w, const char *what, moex_error *err) {
+    if (!w) return moex_fail(err, "%s is missing", what);
+    const moex_type_traits *tt = moex_type_get(w->type);
+    if (!tt) return moex_fail(err, "%s has the unknown type %d", what, (int)w->type);
+    if (!tt->is_weight_type || moex_vec_dot_type(w->type) < 0)
+        return moex_fail(err, "%s has type %s, which the CPU kernels do not multiply", what, tt->name);
+    if (!w->data) return moex_fail(err, "%s has no data", what);
+    if (w->rows < 0 || w->cols <= 0)
+        return moex_fail(err, "%s has the shape %lld x %lld", what, (long long)w->rows, (long long)w->cols);
+    if (w->row_bytes == 0 || w->row_bytes != moex_row_bytes(w->type, w->cols))
+        return moex_fail(err, "%s has rows of %zu bytes where %lld %s columns take %zu (whole blocks of %d)", what,
+                         w->row_bytes, (long long)w->cols, tt->name, moex_row_bytes(w->type, w->cols),
+                         tt->block_elems);
     const int at = moex_vec_dot_type(w->type);
-    if (moex_row_bytes(at, w->cols) == 0) {
-        moex_log(MOEX_LOG_ERROR, "kernels: %s: %s matrix has %lld cols, not a multiple of the activation block", what,
-                 tt->name, (long long)w->cols);
-        return -1;
-    }
+    if (moex_row_bytes(at, w->cols) == 0)
+        return moex_fail(err, "%s has %lld columns, not whole blocks of %d of its %s activations", what,
+                         (long long)w->cols, moex_type_get(at)->block_elems, moex_type_get(at)->name);
     return 0;
 }
 
@@ -199,18 +200,19 @@ static void matmul_worker(void *ctx, int ith, int nth) {
     }
 }
 
-int moex_matmul_multi(moex_pool *pool, const moex_matrix *ws, int n_w, const float *x, int64_t n, float **ys) {
-    if (!ws || n_w <= 0 || n_w > MAX_MULTI || !x || !ys || n < 0) {
-        moex_log(MOEX_LOG_ERROR, "kernels: matmul: bad arguments (n_w %d, max %d)", n_w, MAX_MULTI);
-        return -1;
-    }
+int moex_matmul_multi(moex_pool *pool, const moex_matrix *ws, int n_w, const float *x, int64_t n, float **ys,
+                      moex_error *err) {
+    if (!ws || n_w <= 0 || n_w > MAX_MULTI || !x || !ys || n < 0)
+        return moex_fail(err, "bad arguments to a product (%d matrices, 1 to %d; %lld tokens; x %s, ys %s)", n_w,
+                         MAX_MULTI, (long long)n, x ? "set" : "NULL", ys ? "set" : "NULL");
     for (int i = 0; i < n_w; i++) {
-        if (check_matrix(&ws[i], "matmul") != 0 || !ys[i]) return -1;
-        if (ws[i].cols != ws[0].cols) {
-            moex_log(MOEX_LOG_ERROR, "kernels: matmul_multi: matrices differ in cols (%lld vs %lld)",
-                     (long long)ws[i].cols, (long long)ws[0].cols);
-            return -1;
-        }
+        char what[32];
+        snprintf(what, sizeof what, n_w > 1 ? "matrix %d" : "the matrix", i);
+        if (check_matrix(&ws[i], what, err)) return -1;
+        if (!ys[i]) return moex_fail(err, "%s has no output", what);
+        if (ws[i].cols != ws[0].cols)
+            return moex_fail(err, "%s has %lld columns and matrix 0 %lld: the matrices of one pass share their input",
+                             what, (long long)ws[i].cols, (long long)ws[0].cols);
     }
     if (n == 0) return 0;
     const moex_simd_table *simd = moex_simd_active();
@@ -234,10 +236,9 @@ int moex_matmul_multi(moex_pool *pool, const moex_matrix *ws, int n_w, const flo
     uint8_t *buf = NULL;
     if (total) {
         buf = scratch_get(pool, total, &owned);
-        if (!buf) {
-            moex_log(MOEX_LOG_ERROR, "kernels: matmul: out of memory for %zu bytes of activations", total);
-            return -1;
-        }
+        if (!buf)
+            return moex_fail(err, "out of memory for %zu bytes of quantized activations (%lld tokens)", total,
+                             (long long)n);
         for (int k = 0; k < n_types; k++) quantize_activations(pool, simd, types[k], x, n, cols, buf + offsets[k]);
     }
 
@@ -257,8 +258,8 @@ int moex_matmul_multi(moex_pool *pool, const moex_matrix *ws, int n_w, const flo
     return 0;
 }
 
-int moex_matmul(moex_pool *pool, const moex_matrix *w, const float *x, int64_t n, float *y) {
-    return moex_matmul_multi(pool, w, 1, x, n, &y);
+int moex_matmul(moex_pool *pool, const moex_matrix *w, const float *x, int64_t n, float *y, moex_error *err) {
+    return moex_matmul_multi(pool, w, 1, x, n, &y, err);
 }
 
 /* ------------------------------------------------------------------ */
@@ -347,44 +348,41 @@ static void experts_worker(experts_task *e, int pass) {
 static void experts_pass0(void *ctx, int ith, int nth) { experts_worker(ctx, 0); }
 static void experts_pass1(void *ctx, int ith, int nth) { experts_worker(ctx, 1); }
 
-static int check_job(const moex_expert_job *job, int64_t hidden) {
-    if (!job->w || job->n_tokens < 0 || (job->n_tokens > 0 && (!job->rows || !job->gates || !job->out))) {
-        moex_log(MOEX_LOG_ERROR, "kernels: experts_run: job without weights, rows, gates or out");
-        return -1;
-    }
+static int check_job(const moex_expert_job *job, int j, int64_t hidden, moex_error *err) {
+    if (!job->w || job->n_tokens < 0 || (job->n_tokens > 0 && (!job->rows || !job->gates || !job->out)))
+        return moex_fail(err, "expert job %d lacks weights, token rows, gates or output (%lld tokens)", j,
+                         (long long)job->n_tokens);
     const moex_expert_weights *w = job->w;
-    if (check_matrix(&w->gate, "experts gate") || check_matrix(&w->up, "experts up") ||
-        check_matrix(&w->down, "experts down"))
+    char what[3][40];
+    static const char *const names[3] = {"gate", "up", "down"};
+    for (int k = 0; k < 3; k++) snprintf(what[k], sizeof what[k], "expert job %d's %s", j, names[k]);
+    if (check_matrix(&w->gate, what[0], err) || check_matrix(&w->up, what[1], err) ||
+        check_matrix(&w->down, what[2], err))
         return -1;
     if (w->gate.cols != hidden || w->up.cols != hidden || w->down.rows != hidden || w->up.rows != w->gate.rows ||
-        w->down.cols != w->gate.rows) {
-        moex_log(MOEX_LOG_ERROR,
-                 "kernels: experts_run: shapes disagree (hidden %lld; gate %lldx%lld, up %lldx%lld, down %lldx%lld)",
-                 (long long)hidden, (long long)w->gate.rows, (long long)w->gate.cols, (long long)w->up.rows,
-                 (long long)w->up.cols, (long long)w->down.rows, (long long)w->down.cols);
-        return -1;
-    }
-    for (int64_t t = 0; t < job->n_tokens; t++) {
-        if (job->rows[t] < 0) {
-            moex_log(MOEX_LOG_ERROR, "kernels: experts_run: negative token row %d", job->rows[t]);
-            return -1;
-        }
-    }
+        w->down.cols != w->gate.rows)
+        return moex_fail(err, "expert job %d: shapes disagree (hidden %lld; gate %lld x %lld, up %lld x %lld, down "
+                              "%lld x %lld; rows x columns)", j, (long long)hidden, (long long)w->gate.rows,
+                         (long long)w->gate.cols, (long long)w->up.rows, (long long)w->up.cols,
+                         (long long)w->down.rows, (long long)w->down.cols);
+    for (int64_t t = 0; t < job->n_tokens; t++)
+        if (job->rows[t] < 0)
+            return moex_fail(err, "expert job %d: token %lld has the negative input row %d", j, (long long)t,
+                             job->rows[t]);
     return 0;
 }
 
 /* Elements per activation block of type at (1 for f32). */
 static int64_t act_block(int at) { return at == MOEX_TYPE_F32 ? 1 : moex_type_get(at)->block_elems; }
 
-int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, const float *x, int64_t hidden) {
-    if (n_jobs < 0 || n_jobs > MAX_JOBS || (n_jobs > 0 && (!jobs || !x)) || hidden <= 0) {
-        moex_log(MOEX_LOG_ERROR, "kernels: experts_run: bad arguments (n_jobs %d, max %d; hidden %lld)", n_jobs,
-                 MAX_JOBS, (long long)hidden);
-        return -1;
-    }
+int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, const float *x, int64_t hidden,
+                     moex_error *err) {
+    if (n_jobs < 0 || n_jobs > MAX_JOBS || (n_jobs > 0 && (!jobs || !x)) || hidden <= 0)
+        return moex_fail(err, "bad arguments to the experts (%d jobs, 0 to %d; hidden %lld; jobs %s, x %s)", n_jobs,
+                         MAX_JOBS, (long long)hidden, jobs ? "set" : "NULL", x ? "set" : "NULL");
     int64_t n_x = 0; /* rows of x in use */
     for (int j = 0; j < n_jobs; j++) {
-        if (check_job(&jobs[j], hidden) != 0) return -1;
+        if (check_job(&jobs[j], j, hidden, err)) return -1;
         for (int64_t t = 0; t < jobs[j].n_tokens; t++)
             if (jobs[j].rows[t] + 1 > n_x) n_x = jobs[j].rows[t] + 1;
     }
@@ -417,10 +415,9 @@ int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, c
     }
     void *owned = NULL;
     uint8_t *buf = scratch_get(pool, total, &owned);
-    if (!buf) {
-        moex_log(MOEX_LOG_ERROR, "kernels: experts_run: out of memory for %zu bytes of scratch", total);
-        return -1;
-    }
+    if (!buf)
+        return moex_fail(err, "out of memory for %zu bytes of expert scratch (%d jobs, %lld input rows)", total,
+                         n_jobs, (long long)n_x);
     for (int k = 0; k < n_types; k++) quantize_activations(pool, simd, types[k], x, n_x, hidden, buf + x_off[k]);
 
     experts_task e = {.simd = simd, .jobs = jobs, .st = (job_state *)buf, .n_jobs = n_jobs, .hidden = hidden};

@@ -127,14 +127,12 @@ static void dequant_q6_K(const moex_block_q6_K *b, float *y, int64_t nb) {
         for (int h = 0; h < 2; h++, y += 128, ql += 64, qh += 32, sc += 8) {
             for (int l = 0; l < 32; l++) {
                 const int is = l / 16;
-                const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                y[l] = d * sc[is + 0] * q1;
-                y[l + 32] = d * sc[is + 2] * q2;
-                y[l + 64] = d * sc[is + 4] * q3;
-                y[l + 96] = d * sc[is + 6] * q4;
+                int q[4];
+                moex_q6_K_quad(ql, qh, l, q);
+                y[l] = d * sc[is + 0] * q[0];
+                y[l + 32] = d * sc[is + 2] * q[1];
+                y[l + 64] = d * sc[is + 4] * q[2];
+                y[l + 96] = d * sc[is + 6] * q[3];
             }
         }
     }
@@ -145,10 +143,26 @@ static void dequant_q8_K(const moex_block_q8_K *b, float *y, int64_t nb) {
         for (int j = 0; j < MOEX_QK_K; j++) y[j] = b[i].d * b[i].qs[j];
 }
 
-int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n) {
+/* The checks both row conversions make: a known type, both pointers, whole blocks. */
+static int check_row(const char *what, moex_type type, const void *src, const void *dst, int64_t n,
+                     moex_error *err) {
     const moex_type_traits *tt = moex_type_get(type);
-    if (!tt || !src || !dst || n < 0 || n % tt->block_elems) return -1;
-    const int64_t nb = n / tt->block_elems;
+    if (!tt) return moex_fail(err, "cannot %s the unknown type %d", what, (int)type);
+    if (!src || !dst) return moex_fail(err, "%s: %s row without %s", what, tt->name, src ? "destination" : "source");
+    if (n < 0 || n % tt->block_elems)
+        return moex_fail(err, "%s: a %s row holds whole blocks of %d values, not %lld", what, tt->name,
+                         tt->block_elems, (long long)n);
+    return 0;
+}
+
+static int no_conversion(const char *what, moex_type type, moex_error *err) {
+    return moex_fail(err, "cannot %s %s: the CPU kernels have no row conversion for it", what,
+                     moex_type_get(type)->name);
+}
+
+int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n, moex_error *err) {
+    if (check_row("dequantize", type, src, dst, n, err)) return -1;
+    const int64_t nb = n / moex_type_get(type)->block_elems;
     switch (type) {
     case MOEX_TYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); return 0;
     case MOEX_TYPE_F16: {
@@ -171,7 +185,7 @@ int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n) 
     case MOEX_TYPE_Q5_K: dequant_q5_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q6_K: dequant_q6_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q8_K: dequant_q8_K(src, dst, nb); return 0;
-    default: return -1;
+    default: return no_conversion("dequantize", type, err);
     }
 }
 
@@ -418,21 +432,6 @@ static float fit_scale_symmetric(int n, int nmax, const float *x, int8_t *L) {
     return scale;
 }
 
-/* Packs 8 six-bit scales and mins into 12 bytes (inverse of moex_k4_scale_min). */
-static void pack_k4_scales(const uint8_t ls[8], const uint8_t lm[8], uint8_t out[12]) {
-    memset(out, 0, 12);
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            out[j] = ls[j];
-            out[j + 4] = lm[j];
-        } else {
-            out[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-            out[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
-            out[j] |= (uint8_t)((lm[j] >> 4) << 6);
-        }
-    }
-}
-
 /* Shared by Q4_K and Q5_K: per-sub-block scale/min search, 6-bit scale
  * quantization, then requantization of L[256] (0..nmax) against the stored
  * scales. */
@@ -456,7 +455,7 @@ static void quant_k_scales_and_levels(const float *x, int nmax, float rmin, int 
         ls[j] = (uint8_t)imin(63, moex_nearest_int(inv_scale * scales[j]));
         lm[j] = (uint8_t)imin(63, moex_nearest_int(inv_min * mins[j]));
     }
-    pack_k4_scales(ls, lm, scales_out);
+    moex_k4_pack_scales_mins(ls, lm, scales_out);
     *d_out = moex_f32_to_f16(max_scale / 63.f);
     *dmin_out = moex_f32_to_f16(max_min / 63.f);
     for (int j = 0; j < 8; j++) {
@@ -540,10 +539,9 @@ static void quant_q6_K(const float *x, moex_block_q6_K *y, int64_t nb) {
     }
 }
 
-int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n) {
-    const moex_type_traits *tt = moex_type_get(type);
-    if (!tt || !src || !dst || n < 0 || n % tt->block_elems) return -1;
-    const int64_t nb = n / tt->block_elems;
+int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n, moex_error *err) {
+    if (check_row("quantize", type, src, dst, n, err)) return -1;
+    const int64_t nb = n / moex_type_get(type)->block_elems;
     switch (type) {
     case MOEX_TYPE_F32: memmove(dst, src, (size_t)n * sizeof(float)); return 0;
     case MOEX_TYPE_F16: {
@@ -566,6 +564,6 @@ int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n) {
     case MOEX_TYPE_Q5_K: quant_q5_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q6_K: quant_q6_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q8_K: moex_quantize_q8_K_ref(src, dst, n); return 0;
-    default: return -1;
+    default: return no_conversion("quantize", type, err);
     }
 }

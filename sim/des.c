@@ -9,8 +9,11 @@
 #include "sim/sim.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/heap.h"
 
 #define MAX_REDISPATCH 64 /* per expert; beyond this the expert is unservable */
 #define WINDOW 256        /* adaptive hedging: recent expert latencies kept */
@@ -92,46 +95,10 @@ typedef struct event {
     uint32_t gen; /* the generation the event was scheduled for: stale if changed */
 } event;
 
-typedef struct heap {
-    event *v;
-    size_t n, cap;
-    uint64_t seq;
-} heap;
+static bool ev_before(const event *a, const event *b) { return a->t < b->t || (a->t == b->t && a->seq < b->seq); }
 
-static int ev_less(const event *a, const event *b) { return a->t < b->t || (a->t == b->t && a->seq < b->seq); }
-
-static int heap_push(heap *h, double t, int kind, int id, uint32_t gen) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? 2 * h->cap : 256;
-        event *v = realloc(h->v, cap * sizeof *v);
-        if (!v) return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    event e = {t, h->seq++, kind, id, gen};
-    while (i > 0 && ev_less(&e, &h->v[(i - 1) / 2])) {
-        h->v[i] = h->v[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h->v[i] = e;
-    return 0;
-}
-
-static event heap_pop(heap *h) {
-    event top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && ev_less(&h->v[c + 1], &h->v[c])) c++;
-        if (!ev_less(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = last;
-    return top;
-}
+/* event_queue, event_queue_push, _pop and _free (common/heap.h). */
+MOEX_HEAP_DEFINE(event_queue, event, ev_before)
 
 /* ---- Simulation state ---- */
 
@@ -172,7 +139,8 @@ typedef struct slot {
 typedef struct sim {
     const moex_token_config *c;
     moex_rng rng;
-    heap q;
+    event_queue q;
+    uint64_t event_seq; /* events scheduled so far: the next one's tie-breaker */
     job *jobs;
     int n_jobs, free_job;
     worker *w;
@@ -202,7 +170,8 @@ static double ffn_time(sim *s, int w) {
 }
 
 static int push(sim *s, double t, int kind, int id, uint32_t gen, moex_error *err) {
-    if (heap_push(&s->q, t, kind, id, gen)) return moex_fail(err, "out of memory for the event queue");
+    const event e = {.t = t, .seq = s->event_seq++, .kind = kind, .id = id, .gen = gen};
+    if (event_queue_push(&s->q, e)) return moex_fail(err, "out of memory for the event queue");
     return 0;
 }
 
@@ -631,7 +600,7 @@ static int sim_init(sim *s, const moex_token_config *c, moex_token_result *r, do
 }
 
 static void sim_free(sim *s, double *per_token) {
-    free(s->q.v);
+    event_queue_free(&s->q);
     free(s->jobs);
     free(s->w);
     free(s->placement);
@@ -671,7 +640,7 @@ int moex_token_simulate(const moex_token_config *c, moex_token_result *out, doub
     int rc = sim_init(&s, c, out, per_token, err);
     if (!rc) rc = start_layer(&s, err);
     while (!rc && s.q.n > 0 && out->tokens_done < c->tokens) {
-        event e = heap_pop(&s.q);
+        event e = event_queue_pop(&s.q);
         out->events++;
         rc = handle(&s, &e, err);
     }

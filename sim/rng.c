@@ -1,35 +1,14 @@
-/* xoshiro256+ (Blackman & Vigna) seeded by splitmix64, plus normal and
+/* The simulator's generator: xoshiro256+ (common/rng.h), plus normal and
  * log-normal variates. The whole state lives in moex_rng. */
 #include "sim/sim.h"
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+#include "common/rng.h"
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+void moex_rng_seed(moex_rng *r, uint64_t seed) { moex_xoshiro256_seed(r->s, seed); }
 
-void moex_rng_seed(moex_rng *r, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
-}
-
-uint64_t moex_rng_u64(moex_rng *r) {
-    uint64_t *s = r->s;
-    const uint64_t result = s[0] + s[3];
-    const uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
+uint64_t moex_rng_u64(moex_rng *r) { return moex_xoshiro256p(r->s); }
 
 /* The top 53 bits are the well-mixed ones in xoshiro256+. */
 double moex_rng_uniform(moex_rng *r) { return (double)(moex_rng_u64(r) >> 11) * 0x1.0p-53; }

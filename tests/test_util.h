@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/rng.h"
+
 static int g_failures;
 
 #define CHECK(cond, ...)                                         \
@@ -26,12 +28,7 @@ typedef struct rng {
     uint64_t s;
 } rng;
 
-static inline uint64_t rng_next(rng *r) { /* splitmix64 */
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static inline uint64_t rng_next(rng *r) { return moex_splitmix64(&r->s); }
 
 /* Uniform in [0, 1). */
 static inline double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }

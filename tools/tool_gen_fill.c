@@ -21,20 +21,15 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#define GOLDEN 0x9E3779B97F4A7C15ull
+/* The splitmix64 draw from state x (a copy: x is a value, not a stream). */
+static inline uint64_t splitmix64_of(uint64_t x) { return moex_splitmix64(&x); }
 
-static inline uint64_t splitmix64(uint64_t x) {
-    x += GOLDEN;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-/* The k-th 64 random bits of stream `key`. */
-static inline uint64_t rand_at(uint64_t key, uint64_t k) { return splitmix64(key + k * GOLDEN); }
+/* The k-th 64 random bits of stream `key`: splitmix64 is counter-based, so
+ * draw k is the draw from state key + k * gamma. */
+static inline uint64_t rand_at(uint64_t key, uint64_t k) { return splitmix64_of(key + k * MOEX_SPLITMIX64_GAMMA); }
 
 uint64_t gen_tensor_key(uint64_t seed, int tensor_index) {
-    return splitmix64(splitmix64(seed) ^ ((uint64_t)(tensor_index + 1) * 0xD1B54A32D192ED03ull));
+    return splitmix64_of(splitmix64_of(seed) ^ ((uint64_t)(tensor_index + 1) * 0xD1B54A32D192ED03ull));
 }
 
 /* Irwin-Hall sum of four 16-bit uniforms: mean 0, std 1, within +-3.46. */
@@ -67,9 +62,7 @@ static int store_row(moex_type type, const float *src, void *dst, int64_t n, moe
         for (int64_t i = 0; i < n; i++) ((moex_bf16 *)dst)[i] = moex_f32_to_bf16(src[i]);
         return 0;
     default:
-        if (moex_quantize_row(type, src, dst, n))
-            return moex_fail(err, "quantizing a row of %lld to %s failed", (long long)n, moex_type_get(type)->name);
-        return 0;
+        return moex_quantize_row(type, src, dst, n, err);
     }
 }
 
@@ -100,21 +93,6 @@ static float jitter(block_rng *r) { return 0.75f + 0.5f * uniform01(next_word(r)
 
 static float random_sign(block_rng *r) { return (next_word(r) >> 63) ? -1.0f : 1.0f; }
 
-/* 6-bit scales and mins into the 12-byte K-quant layout (ggml's get_scale_min_k4 inverse). */
-static void pack_scales_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t out[MOEX_K_SCALE_SIZE]) {
-    memset(out, 0, MOEX_K_SCALE_SIZE);
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            out[j] = sc[j];
-            out[j + 4] = m[j];
-        } else {
-            out[j + 4] = (uint8_t)((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
-            out[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
-            out[j] |= (uint8_t)((m[j] >> 4) << 6);
-        }
-    }
-}
-
 /* RMS of a scale drawn uniformly from 32..63. */
 #define K_SCALE_RMS 48.8f
 /* Std of a uniform q in 0..2^b-1: sqrt((4^b - 1) / 12). */
@@ -128,24 +106,26 @@ static void k_scales(block_rng *r, uint8_t sc[8]) {
     for (int j = 0; j < 8; j++) sc[j] = (uint8_t)(32 + ((w >> (8 * j)) & 31));
 }
 
-/* x = d*sc*q - dmin*m with m = sc and dmin = mid*d: each sub-block centred at 0. */
-static void random_q4_k(block_rng *r, float std, moex_block_q4_K *b) {
-    float d = std * jitter(r) / (STD_U4 * K_SCALE_RMS);
+/* x = d*sc*q - dmin*m with m = sc and dmin = mid*d: each sub-block centred
+ * at 0. The scale fields of a Q4_K / Q5_K block whose q (std_q, mid-point
+ * mid) should give values of std std. */
+static void random_k4_scales(block_rng *r, float std, float std_q, float mid, moex_f16 *d, moex_f16 *dmin,
+                             uint8_t scales[MOEX_K_SCALE_SIZE]) {
+    const float dv = std * jitter(r) / (std_q * K_SCALE_RMS);
     uint8_t sc[8];
     k_scales(r, sc);
-    b->d = moex_f32_to_f16(d);
-    b->dmin = moex_f32_to_f16(7.5f * moex_f16_to_f32(b->d));
-    pack_scales_k4(sc, sc, b->scales);
+    *d = moex_f32_to_f16(dv);
+    *dmin = moex_f32_to_f16(mid * moex_f16_to_f32(*d));
+    moex_k4_pack_scales_mins(sc, sc, scales);
+}
+
+static void random_q4_k(block_rng *r, float std, moex_block_q4_K *b) {
+    random_k4_scales(r, std, STD_U4, 7.5f, &b->d, &b->dmin, b->scales);
     random_bytes(r, b->qs, sizeof b->qs);
 }
 
 static void random_q5_k(block_rng *r, float std, moex_block_q5_K *b) {
-    float d = std * jitter(r) / (STD_U5 * K_SCALE_RMS);
-    uint8_t sc[8];
-    k_scales(r, sc);
-    b->d = moex_f32_to_f16(d);
-    b->dmin = moex_f32_to_f16(15.5f * moex_f16_to_f32(b->d));
-    pack_scales_k4(sc, sc, b->scales);
+    random_k4_scales(r, std, STD_U5, 15.5f, &b->d, &b->dmin, b->scales);
     random_bytes(r, b->qh, sizeof b->qh);
     random_bytes(r, b->qs, sizeof b->qs);
 }

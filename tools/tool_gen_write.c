@@ -48,18 +48,23 @@ typedef struct gen_pipeline {
 
 static size_t tensor_row_bytes(const gen_tensor *t) { return moex_row_bytes(t->type, t->ne[0]); }
 
-/* Whole rows per chunk, about CHUNK_BYTES each. */
+/* A tensor's rows, and how many whole rows make a chunk of about CHUNK_BYTES. */
+static int64_t tensor_rows(const gen_tensor *t, int64_t *per_chunk) {
+    const size_t rb = tensor_row_bytes(t);
+    *per_chunk = rb >= CHUNK_BYTES ? 1 : (int64_t)(CHUNK_BYTES / rb);
+    return t->ne[1] * t->ne[2];
+}
+
+/* Whole rows per chunk, about CHUNK_BYTES each: counted, then listed. */
 static int plan_chunks(gen_pipeline *p, moex_error *err) {
-    int64_t n = 0;
+    int64_t n = 0, per;
     size_t biggest = 0;
     for (int i = 0; i < p->plan->n_tensors; i++) {
         const gen_tensor *t = &p->plan->tensors[i];
-        int64_t rows = t->ne[1] * t->ne[2];
-        size_t rb = tensor_row_bytes(t);
-        int64_t per = rb >= CHUNK_BYTES ? 1 : (int64_t)(CHUNK_BYTES / rb);
+        const int64_t rows = tensor_rows(t, &per);
         n += (rows + per - 1) / per;
         if (t->ne[0] > p->max_ne0) p->max_ne0 = t->ne[0];
-        size_t b = (size_t)(per < rows ? per : rows) * rb;
+        size_t b = (size_t)(per < rows ? per : rows) * tensor_row_bytes(t);
         if (b > biggest) biggest = b;
     }
     p->chunks = calloc((size_t)n, sizeof *p->chunks);
@@ -67,9 +72,8 @@ static int plan_chunks(gen_pipeline *p, moex_error *err) {
     int64_t k = 0;
     for (int i = 0; i < p->plan->n_tensors; i++) {
         const gen_tensor *t = &p->plan->tensors[i];
-        int64_t rows = t->ne[1] * t->ne[2];
-        size_t rb = tensor_row_bytes(t);
-        int64_t per = rb >= CHUNK_BYTES ? 1 : (int64_t)(CHUNK_BYTES / rb);
+        const int64_t rows = tensor_rows(t, &per);
+        const size_t rb = tensor_row_bytes(t);
         for (int64_t r = 0; r < rows; r += per) {
             int64_t nr = rows - r < per ? rows - r : per;
             p->chunks[k++] = (gen_chunk){.tensor = i, .row0 = r, .n_rows = nr, .bytes = (size_t)nr * rb};

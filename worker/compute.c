@@ -211,14 +211,14 @@ static void corrupt(compute *c, float *v, int64_t n_tokens, int64_t hidden) {
         double ss = 0;
         for (int64_t i = 0; i < hidden; i++) ss += (double)row[i] * row[i];
         const float amp = (float)(10.0 * sqrt(ss / (double)hidden) + 1.0);
-        for (int64_t i = 0; i < hidden; i++) row[i] += amp * (float)(2.0 * moex_worker_rand01(&c->rng) - 1.0);
+        for (int64_t i = 0; i < hidden; i++) row[i] += amp * (float)(2.0 * moex_rand01(&c->rng) - 1.0);
     }
 }
 
 /* --inject-corrupt-prob: with that probability, noise on the values. */
 static void maybe_corrupt(compute *c, batch_item *b) {
     const moex_worker_options *o = c->s->o;
-    if (o->inject_corrupt_prob <= 0 || moex_worker_rand01(&c->rng) >= o->inject_corrupt_prob) return;
+    if (o->inject_corrupt_prob <= 0 || moex_rand01(&c->rng) >= o->inject_corrupt_prob) return;
     moex_log(MOEX_LOG_DEBUG, "worker: inject: corrupting the result of dispatch %u", b->it.msg.h.seq);
     corrupt(c, b->values, b->it.msg.h.n_tokens, b->it.msg.h.hidden);
 }
@@ -337,7 +337,7 @@ static void record_times(session *s, const batch_times *bt) {
 static void inject_delay(compute *c, int n) {
     session *s = c->s;
     const moex_worker_options *o = s->o;
-    if (o->inject_delay_prob <= 0 || moex_worker_rand01(&c->rng) >= o->inject_delay_prob) return;
+    if (o->inject_delay_prob <= 0 || moex_rand01(&c->rng) >= o->inject_delay_prob) return;
     moex_log(MOEX_LOG_DEBUG, "worker: inject: delaying dispatch %u by %d ms", c->seqs[0], o->inject_delay_ms);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);

@@ -197,9 +197,8 @@ int moex_worker_core_batch_run(moex_worker_core *c, moex_error *err) {
     }
     for (int j = 0; j < c->n_jobs; j += JOBS_PER_RUN) {
         const int n = c->n_jobs - j < JOBS_PER_RUN ? c->n_jobs - j : JOBS_PER_RUN;
-        if (moex_experts_run(c->pool, c->jobs + j, n, c->x, d))
-            return moex_fail(err, "a batch of %d dispatches (%lld tokens): the expert computation failed", c->n_jobs,
-                             (long long)c->n_rows);
+        if (moex_experts_run(c->pool, c->jobs + j, n, c->x, d, err))
+            return moex_error_prefix(err, "a batch of %d dispatches (%lld tokens)", c->n_jobs, (long long)c->n_rows);
     }
     return 0;
 }

@@ -127,7 +127,7 @@ static void schedule_reconnect(session *s, const char *reason) {
     }
     /* "equal jitter": half fixed, half random, so workers that lost the
      * same hub do not all come back in the same instant. */
-    const double delay = s->backoff_s * (0.5 + 0.5 * moex_worker_rand01(&s->jitter_rng));
+    const double delay = s->backoff_s * (0.5 + 0.5 * moex_rand01(&s->jitter_rng));
     s->backoff_s = fmin(2 * s->backoff_s, BACKOFF_MAX_S);
     s->next_attempt_s = now + delay;
     moex_log(MOEX_LOG_INFO, "worker: hub %s: %s; retrying in %.1f s", s->o->hub_url, reason, delay);

@@ -126,13 +126,4 @@ void worker_rx_free_all(session *s);
 int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err);
 void moex_worker_compute_stop(session *s, pthread_t th);
 
-/* A splitmix64 step: uniform double in [0, 1). */
-static inline double moex_worker_rand01(uint64_t *state) {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
-
 #endif

@@ -1,13 +1,14 @@
 /* The Vulkan engine: the forward pass with weights, KV cache and activations
- * on a GPU (engine/vk/forward_vk.c), and the distributed hub's GPU half
- * (forward_vk_dist.c). Built only with -DMOEX_VULKAN=ON. */
+ * on a GPU, and the distributed hub's GPU half (forward_vk_dist.c); the files
+ * and their layers are described in forward_vk_internal.h. Built only with
+ * -DMOEX_VULKAN=ON. */
 #ifndef MOEX_ENGINE_VK_H
 #define MOEX_ENGINE_VK_H
 
 #include "engine/engine.h"
 #include "kernels/vk/vk.h"
 
-/* ---- Vulkan whole-model state (engine/vk/forward_vk.c): the weights, KV cache
+/* ---- Vulkan whole-model state (engine/vk/forward_vk_state.c): the weights, KV cache
  * and activations live on the GPU, allocated once; a token is one submit
  * (the recorded command buffer is reused, per-token values go through a
  * small host-visible buffer). Mirrors moex_state_create / moex_forward. ---- */

@@ -1,6 +1,7 @@
-/* The distributed hub's forward pass on Vulkan: the GPU runs everything but
- * the experts, which go to an executor (workers, or the CPU) between layer
- * segments.
+/* The distributed hub's forward pass on Vulkan (one of the two paths over
+ * the recording layer, see forward_vk_internal.h): the GPU runs everything
+ * but the experts, which go to an executor (workers, or the CPU) between
+ * layer segments.
  *
  * Segment l (recorded once per batch shape, like the local path's token):
  *   l == 0: embed; else x += result (the host-visible buffer the host wrote
@@ -8,9 +9,9 @@
  *   FFN norm + router, and two small copies (xn; ids and gates) into a
  *   host-visible readback buffer; segment n_layer runs the head instead.
  * Each segment is one submit and fence wait: the host's result write precedes
- * the submit that reads it. (A variant that submitted a token's segments at
- * once on a timeline semaphore, the host signalling between layers, measured
- * no faster on an H200 and gave wrong logits there; docs/PERF.md.)
+ * the submit that reads it. (Submitting a token's segments at once on a
+ * timeline semaphore, the host signalling between layers, was tried and
+ * dropped: no faster, and wrong logits on one driver; docs/PERF.md.)
  *
  * A failing exec.run stops the forward before the next segment is submitted:
  * the layers already run wrote KV rows for these positions, but every forward
@@ -135,10 +136,7 @@ static int record_segment(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c,
         moex_vk_copy(c, d->readback, d->off_ids, s->act, s->a.ids, (d->off_gw - d->off_ids) + nk * 4);
     } else {
         if (vk_record_head(m, s, c, n, all_logits, err)) return -1;
-        moex_vk_cmd_label(c, "logits_copy");
-        if (copy_logits)
-            moex_vk_copy(c, s->logits_host, 0, s->logits_dev, 0,
-                         (size_t)(all_logits ? n : 1) * (size_t)hp->n_vocab * 4);
+        if (copy_logits) vk_record_logits_copy(m, s, c, n, all_logits);
     }
     return moex_vk_cmd_end(c, err);   /* ends with a barrier that makes the copies visible to the host */
 }
@@ -210,9 +208,7 @@ int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
     if (!seg) return -1;
     const int32_t *io = vk_io_set(s, tokens, n, pos);
     if (run_segments(d, seg, n, err)) return -1;
-    s->last_argmax = io[IO_ARGMAX];
-    if (logits)
-        memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);
+    vk_take_outputs(m, s, io, all_logits ? n : 1, logits);
     d->st.forwards++;
     d->st.total_s += moex_time_s() - t0;
     return 0;

@@ -1,7 +1,25 @@
-/* Private to engine/vk/forward_vk*.c: the Vulkan forward state and the recording
- * of each piece of a forward pass (forward_vk_record.c), which the local
- * path (one recording per token) and the distributed path (one recording per
- * layer segment) both assemble. */
+/* Private to engine/vk: the Vulkan forward pass, in layers. A file uses only
+ * the layers below its own (and this header), never one beside or above:
+ *
+ *   3  forward_vk_state.c     the public moex_vk_state: creation wires the
+ *                             layers below together, moex_vk_forward picks a
+ *                             path, free takes it all down
+ *   2  forward_vk_local.c     one recording per batch shape, a token one submit
+ *      forward_vk_dist.c      one recording per layer segment, the experts run
+ *                             by an executor between segments (distributed hub)
+ *   1  forward_vk_record.c    each piece of a forward pass (embedding,
+ *                             attention, router, experts, FFN, head) recorded
+ *                             into a command buffer
+ *      forward_vk_memory.c    the memory plan (weights, KV cache, activations,
+ *                             logits, the I/O words) and what both paths
+ *                             share: the recording cache, a forward's inputs
+ *                             and outputs
+ *   0  this header            the state, the layout constants and each
+ *                             layer's functions, lowest first
+ *
+ * So where a byte lives is answered in forward_vk_memory.c, which kernels run
+ * in what order in forward_vk_record.c, and when what is submitted in the two
+ * paths' files. */
 #ifndef MOEX_FORWARD_VK_INTERNAL_H
 #define MOEX_FORWARD_VK_INTERNAL_H
 
@@ -30,12 +48,6 @@ typedef struct rec_lru {
     bool valid[N_RECORDINGS];
     uint64_t last_use[N_RECORDINGS], clock;
 } rec_lru;
-/* The slot recorded for k (*hit true), else the least recently used one,
- * marked invalid until vk_rec_recorded says its new recording is complete. */
-int vk_rec_find(rec_lru *l, rec_key k, bool *hit);
-void vk_rec_recorded(rec_lru *l, int slot, rec_key k);
-/* Every slot invalid (the buffers the recordings point at changed). */
-void vk_rec_invalidate(rec_lru *l);
 
 /* Offsets (bytes) into the activation buffer. */
 typedef struct act_plan {
@@ -49,6 +61,7 @@ typedef struct act_plan {
 struct moex_vk_state {
     moex_vk *vk;
     int64_t n_ctx, n_batch;
+    /* Memory (forward_vk_memory.c). */
     moex_vk_buffer **chunks;
     int n_chunks;
     moex_vk_buffer *kv, *act, *io, *logits_dev, *logits_host;
@@ -59,24 +72,45 @@ struct moex_vk_state {
     vk_layer *layers;
     moex_vk_matrix tok_embd, output;
     moex_vk_ptr output_norm;
-    moex_vk_cmd *rec[N_RECORDINGS];   /* whole-token recordings, slots of rec_lru */
-    rec_lru rec_lru;
-    int32_t last_argmax;
-    /* Distributed path (forward_vk_dist.c): experts through an executor. */
     bool experts_remote;              /* created without the experts' weights on the GPU */
-    vk_dist *dist;                    /* NULL until an executor is set */
+    int32_t last_argmax;
+    /* Local path (forward_vk_local.c): whole-token recordings, slots of rec_lru. */
+    moex_vk_cmd *rec[N_RECORDINGS];
+    rec_lru rec_lru;
+    /* Distributed path (forward_vk_dist.c): experts through an executor; NULL until one is set. */
+    vk_dist *dist;
 };
 
 /* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
 enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
-/* Writes the I/O words a forward pass of tokens[0..n) at pos reads, and the
- * decode attention's grid at pos in s->grid (forward_vk.c); returns the words. */
-int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos);
 
 #define ACT(field) (moex_vk_buffer_ptr(s->act) + s->a.field)
 #define IO(word) (moex_vk_buffer_ptr(s->io) + (word) * 4)
 
-/* forward_vk_record.c: each appends its ops (and the barrier after them) to c. */
+/* ---- forward_vk_memory.c: the memory plan and what both paths share ---- */
+
+/* Uploads the weights (s->layers, s->experts_remote and s->sh set) and
+ * allocates the KV cache, activations, I/O words and one row of logits. */
+int vk_memory_create(const moex_model *m, moex_vk_state *s, moex_error *err);
+/* (Re)allocates the logit buffers for rows rows; the recordings that point at
+ * the old ones must be recorded again. */
+int vk_logits_alloc(const moex_model *m, moex_vk_state *s, int64_t rows, moex_error *err);
+void vk_memory_free(moex_vk_state *s);
+/* Writes the I/O words a forward pass of tokens[0..n) at pos reads, and the
+ * decode attention's grid at pos in s->grid; returns the words. */
+int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos);
+/* After a forward's last submit: the argmax from the I/O words, and `rows`
+ * rows of logits when logits is not NULL. */
+void vk_take_outputs(const moex_model *m, moex_vk_state *s, const int32_t *io, int64_t rows, float *logits);
+/* The slot recorded for k (*hit true), else the least recently used one,
+ * marked invalid until vk_rec_recorded says its new recording is complete. */
+int vk_rec_find(rec_lru *l, rec_key k, bool *hit);
+void vk_rec_recorded(rec_lru *l, int slot, rec_key k);
+/* Every slot invalid (the buffers the recordings point at changed). */
+void vk_rec_invalidate(rec_lru *l);
+
+/* ---- forward_vk_record.c: each appends its ops (and the barrier after them) to c ---- */
+
 int vk_record_embed(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, moex_error *err);
 /* Attention of layer il: x += Wo attention(norm(x)). */
 int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
@@ -88,12 +122,23 @@ int vk_record_experts(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int
 int vk_record_ffn(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
 /* Output norm and head over the last token (or all when all_logits) into logits_dev, argmax into the I/O buffer. */
 int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits, moex_error *err);
+/* The head's logits (the last row, or all n when all_logits) into the host-visible logits_host. */
+void vk_record_logits_copy(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits);
 
-/* forward_vk_dist.c: the forward pass as layer segments with the experts run by s->dist's executor. */
+/* ---- forward_vk_local.c: the forward pass as one recording per batch shape ---- */
+
+int vk_local_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                     bool all_logits, float *logits, moex_error *err);
+void vk_local_invalidate(moex_vk_state *s);   /* the logit buffers moved: record again */
+void vk_local_free(moex_vk_state *s);
+
+/* ---- forward_vk_dist.c: the forward pass as layer segments with the experts run by s->dist's executor ---- */
+
 bool vk_dist_active(const moex_vk_state *s);
 int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                     bool all_logits, float *logits, moex_error *err);
 void vk_dist_invalidate(moex_vk_state *s);   /* the logit buffers moved: record the head segments again */
 void vk_dist_free(moex_vk_state *s);
+/* moex_vk_state_set_executor and moex_vk_state_dist_stats (engine_vk.h) live there too. */
 
 #endif

@@ -1,6 +1,7 @@
-/* Recording the pieces of a Vulkan forward pass, in engine/forward.c's order:
- * embedding, per layer attention then FFN (router + experts, or dense), the
- * output head. Each piece but the head ends with a barrier, so the pieces compose into one
+/* Recording the pieces of a Vulkan forward pass, in engine/forward.c's order
+ * (the layer above the memory plan, see forward_vk_internal.h): embedding,
+ * per layer attention then FFN (router + experts, or dense), the output head.
+ * Each piece but the head ends with a barrier, so the pieces compose into one
  * recording per token (--local) or one per layer segment (distributed hub). */
 #include "engine/vk/forward_vk_internal.h"
 
@@ -129,8 +130,7 @@ int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_
     const bool one = rows == 1 && moex_vk_argmax_sync_bytes(s->output.rows) <= head_sync;
     /* one row of logits: the argmax rides on the head (its last workgroups
      * reduce the maxima), and where x can be staged the norm too, each of the
-     * persistent workgroups normalising x once: 148 against 150-153 µs with
-     * the norm apart (H200, bench/vk/bench_decode.c) */
+     * persistent workgroups normalising x once instead of a separate pass */
     const bool norm = one && moex_vk_norm_fusable(s->vk, 1, d) && d <= moex_vk_mv_staged_cols(s->vk) && last % 16 == 0;
     if (!norm) {
         if (moex_vk_op_rmsnorm(c, ACT(xn), last, s->output_norm, rows, d, hp->rms_eps, err)) return -1;
@@ -149,4 +149,9 @@ int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_
     const moex_vk_ptr last_row = moex_vk_buffer_ptr(s->logits_dev) + (size_t)(rows - 1) * (size_t)hp->n_vocab * 4;
     moex_vk_cmd_label(c, "argmax");
     return moex_vk_op_argmax(c, last_row, 1, hp->n_vocab, hp->n_vocab, IO(IO_ARGMAX), err);
+}
+
+void vk_record_logits_copy(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits) {
+    moex_vk_cmd_label(c, "logits_copy");
+    moex_vk_copy(c, s->logits_host, 0, s->logits_dev, 0, (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);
 }

@@ -108,16 +108,6 @@ static void test_fixtures(const char *qwen2, const char *bpe, const char *spm) {
 
 /* ---- deep value comparison ---- */
 
-static size_t elem_size(moex_gguf_vtype t) {
-    switch (t) {
-    case MOEX_GGUF_UINT8: case MOEX_GGUF_INT8: case MOEX_GGUF_BOOL: return 1;
-    case MOEX_GGUF_UINT16: case MOEX_GGUF_INT16: return 2;
-    case MOEX_GGUF_UINT32: case MOEX_GGUF_INT32: case MOEX_GGUF_FLOAT32: return 4;
-    case MOEX_GGUF_UINT64: case MOEX_GGUF_INT64: case MOEX_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 static bool values_equal(const moex_gguf_value *a, const moex_gguf_value *b) {
     if (a->type != b->type) return false;
     switch (a->type) {
@@ -134,7 +124,7 @@ static bool values_equal(const moex_gguf_value *a, const moex_gguf_value *b) {
     }
     if (a->v.arr.elem_type != b->v.arr.elem_type || a->v.arr.n != b->v.arr.n) return false;
     uint64_t n = a->v.arr.n;
-    size_t es = elem_size(a->v.arr.elem_type);
+    size_t es = moex_gguf_vtype_size(a->v.arr.elem_type);
     if (es) return n == 0 || !memcmp(a->v.arr.raw, b->v.arr.raw, n * es);
     for (uint64_t i = 0; i < n; i++) {
         if (a->v.arr.elem_type == MOEX_GGUF_STRING) {
@@ -507,12 +497,25 @@ static void test_many_tensors(void) {
     unlink(path);
 }
 
+/* Value sizes as the GGUF format defines them; none for the variable-size kinds. */
+static void test_vtype_sizes(void) {
+    static const struct { moex_gguf_vtype t; size_t size; } want[] = {
+        {MOEX_GGUF_UINT8, sizeof(uint8_t)},   {MOEX_GGUF_INT8, sizeof(int8_t)},    {MOEX_GGUF_BOOL, 1},
+        {MOEX_GGUF_UINT16, sizeof(uint16_t)}, {MOEX_GGUF_INT16, sizeof(int16_t)},  {MOEX_GGUF_UINT32, sizeof(uint32_t)},
+        {MOEX_GGUF_INT32, sizeof(int32_t)},   {MOEX_GGUF_FLOAT32, sizeof(float)},  {MOEX_GGUF_UINT64, sizeof(uint64_t)},
+        {MOEX_GGUF_INT64, sizeof(int64_t)},   {MOEX_GGUF_FLOAT64, sizeof(double)}, {MOEX_GGUF_STRING, 0},
+        {MOEX_GGUF_ARRAY, 0},                 {(moex_gguf_vtype)99, 0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) CHECK(moex_gguf_vtype_size(want[i].t) == want[i].size);
+}
+
 int main(int argc, char **argv) {
     if (argc != 5) {
         fprintf(stderr, "usage: %s QWEN2.gguf LLAMA_BPE.gguf LLAMA_SPM.gguf TMPDIR\n", argv[0]);
         return 2;
     }
     snprintf(g_tmpdir, sizeof g_tmpdir, "%s", argv[4]);
+    test_vtype_sizes();
     test_fixtures(argv[1], argv[2], argv[3]);
     test_writer_roundtrip();
     test_kv_copy_fixture(argv[3]);

@@ -328,17 +328,14 @@ static void report_speed(void) {
 }
 
 int main(void) {
-    const char *env = getenv("MOEX_TEST_SEED");
-    const uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ (uint64_t)clock();
-    g_rng.s = seed;
-    printf("test_sampler seed %llu (replay with MOEX_TEST_SEED)\n", (unsigned long long)seed);
+    g_rng = test_rng("test_sampler");
     test_greedy();
     test_determinism();
     test_distribution();
     test_filters();
     report_speed();
     if (g_failures) {
-        fprintf(stderr, "%d check(s) failed (seed %llu)\n", g_failures, (unsigned long long)seed);
+        fprintf(stderr, "%d check(s) failed (replay with the seed printed first)\n", g_failures);
         return 1;
     }
     printf("all sampler tests passed\n");

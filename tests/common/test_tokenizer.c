@@ -7,8 +7,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "common/tokenizer_impl.h"
-#include "common/unicode.h"
+#include "common/tokenizer_testing.h"
 
 #include "tests/test_util.h"
 
@@ -328,30 +327,33 @@ static void test_bos(const moex_tokenizer *spm, const moex_tokenizer *llama_bpe)
 }
 
 /* Word boundaries of the pre-tokenizers, worked out by hand from the regexes. */
-static void check_split(moex_pre_kind pre, const char *utf8, const int32_t *want, size_t n_want, const char *label) {
-    uint32_t cps[64];
-    size_t n = 0, len = strlen(utf8);
-    for (size_t i = 0, adv; i < len; i += adv) cps[n++] = moex_utf8_decode(utf8 + i, len - i, &adv);
-    moex_i32vec ends = {0};
-    CHECK(moex_pretokenize(pre, cps, n, &ends) == 0, "%s: pretokenize", label);
-    bool ok = ends.n == n_want && !memcmp(ends.v, want, sizeof *want * n_want);
+static void check_split(const char *pre, const char *utf8, const int32_t *want, size_t n_want, const char *label) {
+    int32_t ends[64];
+    moex_error err = {{0}};
+    const int64_t n = moex_tokenizer_split_words(pre, utf8, strlen(utf8), ends, 64, &err);
+    CHECK(n >= 0, "%s: split_words: %s", label, err.msg);
+    bool ok = n == (int64_t)n_want && !memcmp(ends, want, sizeof *want * n_want);
     CHECK(ok, "%s: word ends differ", label);
-    if (!ok) print_ids("got word ends", ends.v, (int64_t)ends.n);
-    moex_i32vec_free(&ends);
+    if (!ok && n >= 0) print_ids("got word ends", ends, n < 64 ? n : 64);
 }
 
 static void test_pretokenizer(void) {
-#define SPLIT(pre, s, ...) do { static const int32_t w[] = {__VA_ARGS__}; check_split(pre, s, w, sizeof w / sizeof w[0], #pre " " #s); } while (0)
-    SPLIT(MOEX_PRE_QWEN2, "abc 12345", 3, 4, 5, 6, 7, 8, 9);          /* \p{N}: one digit each */
-    SPLIT(MOEX_PRE_LLAMA3, "abc 12345", 3, 4, 7, 9);                 /* \p{N}{1,3} */
-    SPLIT(MOEX_PRE_LLAMA3, "'Sfoo", 2, 5);                           /* (?i:'s) */
-    SPLIT(MOEX_PRE_GPT2, "'Sfoo", 1, 5);                             /* 's is case-sensitive */
-    SPLIT(MOEX_PRE_GPT2, "Hello  world", 5, 6, 12);                  /* \s+(?!\S) leaves one space */
-    SPLIT(MOEX_PRE_LLAMA3, "a\n\n b", 1, 3, 5);                      /* \s*[\r\n]+ then " b" */
-    SPLIT(MOEX_PRE_LLAMA3, "x!!\n\ny", 1, 5, 6);                     /* punctuation takes trailing newlines */
-    SPLIT(MOEX_PRE_QWEN2, "caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd", 4, 7);  /* non-ASCII letters */
-    SPLIT(MOEX_PRE_DEFAULT, "a+=1234!", 1, 3, 6, 7, 8);                /* punct runs, then 3-digit groups */
+#define SPLIT(pre, s, ...) do { static const int32_t w[] = {__VA_ARGS__}; check_split(pre, s, w, sizeof w / sizeof w[0], pre " " #s); } while (0)
+    SPLIT("qwen2", "abc 12345", 3, 4, 5, 6, 7, 8, 9);          /* \p{N}: one digit each */
+    SPLIT("llama3", "abc 12345", 3, 4, 7, 9);                 /* \p{N}{1,3} */
+    SPLIT("llama3", "'Sfoo", 2, 5);                           /* (?i:'s) */
+    SPLIT("gpt-2", "'Sfoo", 1, 5);                            /* 's is case-sensitive */
+    SPLIT("gpt-2", "Hello  world", 5, 6, 12);                 /* \s+(?!\S) leaves one space */
+    SPLIT("llama3", "a\n\n b", 1, 3, 5);                      /* \s*[\r\n]+ then " b" */
+    SPLIT("llama3", "x!!\n\ny", 1, 5, 6);                     /* punctuation takes trailing newlines */
+    SPLIT("qwen2", "caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd", 4, 7);  /* non-ASCII letters */
+    SPLIT("default", "a+=1234!", 1, 3, 6, 7, 8);              /* punct runs, then 3-digit groups */
+    SPLIT("llama-bpe", "ok\xff!", 2, 4);                      /* an invalid byte is one code point (U+FFFD) */
 #undef SPLIT
+    moex_error err = {{0}};
+    int32_t ends[4];
+    CHECK(moex_tokenizer_split_words("no-such-pre", "a b", 3, ends, 4, &err) == -1 && strstr(err.msg, "no-such-pre"),
+          "an unknown pre-tokenizer is an error naming it: '%s'", err.msg);
 }
 
 int main(int argc, char **argv) {

@@ -1,6 +1,10 @@
 # engine/: whole models against the independent NumPy reference (tests/ref),
 # and (Vulkan builds) the Vulkan engine against the CPU engine.
 
+# Where and why a kernel failed, through the CPU forward pass's errors (a tiny model built in memory).
+moex_c_test(test_forward_errors SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_forward_errors.c LIBS moex_engine TIMEOUT 60
+  LABELS engine)
+
 # The reference's own pieces: decoders against hand-made blocks and a scalar
 # transcription of ggml's loops; forward-pass identities on tiny models.
 add_test(NAME ref_dequant COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/ref/test_ref_dequant.py)

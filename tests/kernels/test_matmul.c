@@ -7,6 +7,16 @@
 
 #include "test_quant_util.h"
 
+/* rc is -1, err->msg contains `cause`, and out[0..n) still holds `sentinel`. */
+static void expect_error(int rc, const moex_error *err, const float *out, int64_t n, float sentinel, const char *cause,
+                         const char *label) {
+    CHECK(rc == -1, "%s: accepted", label);
+    CHECK(rc != -1 || strstr(err->msg, cause), "%s: error '%s' does not say '%s'", label, err->msg, cause);
+    int64_t changed = 0;
+    for (int64_t i = 0; i < n; i++) changed += out[i] != sentinel;
+    CHECK(changed == 0, "%s: %lld output values changed by a refused call", label, (long long)changed);
+}
+
 #define COLS 512
 #define MAX_TOK 64
 
@@ -38,7 +48,7 @@ static void test_matmul_types(rng *r, moex_pool *p1, moex_pool *p2) {
             const int64_t n = ns[i];
             memset(y1, 0xff, sizeof(float) * rows * n); /* NaN: unwritten outputs show */
             memset(y2, 0, sizeof(float) * rows * n);
-            const int rc = moex_matmul(p1, &m, x, n, y1) | moex_matmul(p2, &m, x, n, y2) | moex_matmul(NULL, &m, x, n, y0);
+            const int rc = moex_matmul(p1, &m, x, n, y1, NULL) | moex_matmul(p2, &m, x, n, y2, NULL) | moex_matmul(NULL, &m, x, n, y0, NULL);
             CHECK(rc == 0, "%s matmul n=%lld failed", moex_type_get(t)->name, (long long)n);
             CHECK(memcmp(y1, y2, sizeof(float) * rows * n) == 0, "%s n=%lld: 1 and 2 threads differ",
                   moex_type_get(t)->name, (long long)n);
@@ -77,9 +87,9 @@ static void test_matmul_multi(rng *r, moex_pool *pool) {
         ys[i] = malloc(sizeof(float) * rows[i] * n);
         free(w);
     }
-    CHECK(moex_matmul_multi(pool, ms, 3, x, n, ys) == 0, "matmul_multi failed");
+    CHECK(moex_matmul_multi(pool, ms, 3, x, n, ys, NULL) == 0, "matmul_multi failed");
     for (int i = 0; i < 3; i++) {
-        moex_matmul(pool, &ms[i], x, n, single);
+        moex_matmul(pool, &ms[i], x, n, single, NULL);
         CHECK(memcmp(single, ys[i], sizeof(float) * rows[i] * n) == 0, "matmul_multi matrix %d differs from matmul", i);
         free(ys[i]);
         free((void *)ms[i].data);
@@ -156,8 +166,9 @@ static void test_experts(rng *r, moex_pool *p1, moex_pool *p2) {
         jobs2[c] = jobs[c];
         jobs2[c].out = malloc(sizeof(float) * hidden * (cases[c].n_tokens + 1));
     }
-    CHECK(moex_experts_run(p1, jobs, N_CASES, x, hidden) == 0, "experts_run (1 thread) failed");
-    CHECK(moex_experts_run(p2, jobs2, N_CASES, x, hidden) == 0, "experts_run (2 threads) failed");
+    moex_error e = {{0}};
+    CHECK(moex_experts_run(p1, jobs, N_CASES, x, hidden, &e) == 0, "experts_run (1 thread): %s", e.msg);
+    CHECK(moex_experts_run(p2, jobs2, N_CASES, x, hidden, &e) == 0, "experts_run (2 threads): %s", e.msg);
     double *ref = malloc(sizeof(double) * hidden * 9);
     for (int c = 0; c < N_CASES; c++) {
         const int64_t n = cases[c].n_tokens;
@@ -185,8 +196,8 @@ static void test_experts(rng *r, moex_pool *p1, moex_pool *p2) {
         dec2[j] = dec[j];
         dec2[j].out = malloc(sizeof(float) * hidden);
     }
-    CHECK(moex_experts_run(p2, dec, 8, x, hidden) == 0, "decode experts_run failed");
-    CHECK(moex_experts_run(NULL, dec2, 8, x, hidden) == 0, "decode experts_run without pool failed");
+    CHECK(moex_experts_run(p2, dec, 8, x, hidden, NULL) == 0, "decode experts_run failed");
+    CHECK(moex_experts_run(NULL, dec2, 8, x, hidden, NULL) == 0, "decode experts_run without pool failed");
     for (int j = 0; j < 8; j++) {
         CHECK(memcmp(dec[j].out, dec2[j].out, sizeof(float) * hidden) == 0, "decode job %d: pool/no pool differ", j);
         const int c = j % 2 ? 0 : 3;
@@ -197,17 +208,28 @@ static void test_experts(rng *r, moex_pool *p1, moex_pool *p2) {
         free(dec2[j].out);
     }
 
-    /* bad input: shapes that disagree, negative token rows */
+    /* bad input: shapes that disagree, negative token rows, a non-weight type;
+     * the error names the job and the cause, the output stays untouched */
     moex_expert_weights bad = ew[0];
     bad.down.rows = hidden - 256;
-    moex_expert_job bj = jobs[0];
-    bj.w = &bad;
-    CHECK(moex_experts_run(p2, &bj, 1, x, hidden) == -1, "mismatched down shape must fail");
+    moex_expert_job bj[2] = {jobs[1], jobs[0]};
+    bj[1].w = &bad;
+    const float sentinel = 12345.0f;
+    for (int64_t i = 0; i < hidden; i++) bj[0].out[i] = sentinel;
+    expect_error(moex_experts_run(p2, bj, 2, x, hidden, &e), &e, bj[0].out, hidden, sentinel, "expert job 1: shapes disagree",
+                 "mismatched down shape");
     const int32_t neg = -1;
-    bj = jobs[0];
-    bj.n_tokens = 1;
-    bj.rows = &neg;
-    CHECK(moex_experts_run(p2, &bj, 1, x, hidden) == -1, "negative token row must fail");
+    bj[1] = jobs[0];
+    bj[1].n_tokens = 1;
+    bj[1].rows = &neg;
+    expect_error(moex_experts_run(p2, bj, 2, x, hidden, &e), &e, bj[0].out, hidden, sentinel, "negative input row -1",
+                 "negative token row");
+    bad = ew[0];
+    bad.up.type = MOEX_TYPE_Q8_K;
+    bj[1] = jobs[0];
+    bj[1].w = &bad;
+    expect_error(moex_experts_run(p2, bj, 2, x, hidden, &e), &e, bj[0].out, hidden, sentinel,
+                 "expert job 1's up has type q8_K, which the CPU kernels do not multiply", "activation type as expert weights");
 
     for (int c = 0; c < N_CASES; c++) {
         for (int k = 0; k < 3; k++) free(deq[c][k]);
@@ -222,19 +244,31 @@ static void test_experts(rng *r, moex_pool *p1, moex_pool *p2) {
     free(x);
 }
 
+/* Bad matrices are refused with an error that names the cause, and y is left as it was. */
 static void test_bad_matrices(moex_pool *pool) {
-    float x[256] = {0}, y[4];
+    float x[256] = {0}, y[4], y2[4];
     uint8_t data[4 * 144] = {0};
+    moex_error e;
     moex_matrix m = {MOEX_TYPE_Q4_K, 4, 256, 144, data};
-    CHECK(moex_matmul(pool, &m, x, 1, y) == 0, "valid q4_K matrix rejected");
+    CHECK(moex_matmul(pool, &m, x, 1, y, &e) == 0, "valid q4_K matrix rejected: %s", e.msg);
+    const float sentinel = -7.0f;
+    for (int i = 0; i < 4; i++) y[i] = y2[i] = sentinel;
     m.row_bytes = 140;
-    CHECK(moex_matmul(pool, &m, x, 1, y) == -1, "wrong row_bytes must fail");
+    expect_error(moex_matmul(pool, &m, x, 1, y, &e), &e, y, 4, sentinel, "rows of 140 bytes where 256 q4_K columns take 144",
+                 "wrong row_bytes");
     m = (moex_matrix){MOEX_TYPE_Q8_K, 4, 256, 292, data};
-    CHECK(moex_matmul(pool, &m, x, 1, y) == -1, "q8_K is not a weight type");
+    expect_error(moex_matmul(pool, &m, x, 1, y, &e), &e, y, 4, sentinel, "has type q8_K, which the CPU kernels do not multiply", "q8_K weights");
     m = (moex_matrix){(moex_type)4, 4, 256, 144, data};
-    CHECK(moex_matmul(pool, &m, x, 1, y) == -1, "unknown type must fail");
+    expect_error(moex_matmul(pool, &m, x, 1, y, &e), &e, y, 4, sentinel, "the unknown type 4", "unknown type");
     m = (moex_matrix){MOEX_TYPE_Q4_K, 4, 256, 144, NULL};
-    CHECK(moex_matmul(pool, &m, x, 1, y) == -1, "NULL data must fail");
+    expect_error(moex_matmul(pool, &m, x, 1, y, &e), &e, y, 4, sentinel, "has no data", "NULL data");
+    /* one pass, one input: matrices with different column counts are refused before any is computed */
+    static float w0[4 * 256], w1[4 * 128];
+    const moex_matrix ms[2] = {{MOEX_TYPE_F32, 4, 256, 1024, w0}, {MOEX_TYPE_F32, 4, 128, 512, w1}};
+    float *ys[2] = {y, y2};
+    expect_error(moex_matmul_multi(pool, ms, 2, x, 1, ys, &e), &e, y, 4, sentinel,
+                 "matrix 1 has 128 columns and matrix 0 256", "matmul_multi column mismatch");
+    CHECK(!memcmp(y, y2, sizeof y), "matmul_multi wrote its second output before failing");
 }
 
 int main(int argc, char **argv) {

@@ -246,13 +246,13 @@ static void check_attention(moex_pool *pools[2], int64_t n, int64_t pos0, int n_
     double *ref = malloc((size_t)nq * sizeof *ref);
     const float scale = 1.0f / sqrtf((float)hd);
     ref_attention(ref, q, k, v, n, pos0, n_head, n_head_kv, hd, scale);
-    CHECK(moex_attention(NULL, q, k, v, out1, n, pos0, n_head, n_head_kv, hd, scale) == 0, "attention failed");
+    CHECK(moex_attention(NULL, q, k, v, out1, n, pos0, n_head, n_head_kv, hd, scale, NULL) == 0, "attention failed");
     const double e = rel_l2(out1, ref, nq);
     g_attn_worst = e > g_attn_worst ? e : g_attn_worst;
     CHECK(e < 1e-5, "attention n=%lld pos0=%lld heads=%d/%d hd=%d rel err %.3g", (long long)n, (long long)pos0,
           n_head, n_head_kv, hd, e);
     for (int p = 0; p < 2; p++) {
-        CHECK(moex_attention(pools[p], q, k, v, outp, n, pos0, n_head, n_head_kv, hd, scale) == 0, "attention failed");
+        CHECK(moex_attention(pools[p], q, k, v, outp, n, pos0, n_head, n_head_kv, hd, scale, NULL) == 0, "attention failed");
         CHECK(memcmp(out1, outp, (size_t)nq * sizeof *out1) == 0,
               "attention n=%lld pos0=%lld heads=%d/%d hd=%d: 1 and %d threads differ", (long long)n, (long long)pos0,
               n_head, n_head_kv, hd, moex_pool_size(pools[p]));
@@ -277,27 +277,38 @@ static void test_attention(void) {
     check_attention(pools, 3, 70, 6, 3, 72);
     printf("attention: worst rel L2 %.2e (bound 1e-5), 1, 2 and 4 threads bit-identical\n", g_attn_worst);
 
-    /* Bad shapes are refused, not crashed on. */
+    /* Bad shapes are refused, not crashed on, with an error that names the
+     * cause; the output is left as it was. */
+    static const struct { int n_head, n_head_kv, head_dim; int64_t pos0; const char *cause; } bad[] = {
+        {3, 2, 4, 0, "3 query heads are not a multiple of 2 KV heads"},
+        {2, 1, 4096, 0, "head_dim 4096 exceeds the 512"},
+        {2, 1, 4, -1, "first position -1"},
+    };
     float dummy[8] = {0}, o[8];
-    CHECK(moex_attention(NULL, dummy, dummy, dummy, o, 1, 0, 3, 2, 4, 1.0f) == -1, "n_head 3 / kv 2 not refused");
-    CHECK(moex_attention(NULL, dummy, dummy, dummy, o, 1, 0, 2, 1, 4096, 1.0f) == -1, "huge head_dim not refused");
-    CHECK(moex_attention(NULL, dummy, dummy, dummy, o, 1, -1, 2, 1, 4, 1.0f) == -1, "negative pos0 not refused");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        moex_error e = {{0}};
+        for (int j = 0; j < 8; j++) o[j] = 3.0f;
+        const int rc = moex_attention(NULL, dummy, dummy, dummy, o, 1, bad[i].pos0, bad[i].n_head, bad[i].n_head_kv,
+                                      bad[i].head_dim, 1.0f, &e);
+        CHECK(rc == -1 && strstr(e.msg, bad[i].cause), "bad attention shape %zu: rc %d, error '%s' (want '%s')", i, rc,
+              e.msg, bad[i].cause);
+        int changed = 0;
+        for (int j = 0; j < 8; j++) changed += o[j] != 3.0f;
+        CHECK(changed == 0, "bad attention shape %zu: output changed", i);
+    }
     moex_pool_destroy(pools[0]);
     moex_pool_destroy(pools[1]);
 }
 
 int main(void) {
-    const char *env = getenv("MOEX_TEST_SEED");
-    const uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ (uint64_t)clock();
-    g_rng.s = seed;
-    printf("test_ops seed %llu (replay with MOEX_TEST_SEED)\n", (unsigned long long)seed);
+    g_rng = test_rng("test_ops");
     test_rmsnorm();
     test_softmax();
     test_swiglu();
     test_rope();
     test_attention();
     if (g_failures) {
-        fprintf(stderr, "%d check(s) failed (seed %llu)\n", g_failures, (unsigned long long)seed);
+        fprintf(stderr, "%d check(s) failed (replay with the seed printed first)\n", g_failures);
         return 1;
     }
     printf("all ops tests passed\n");

@@ -50,7 +50,7 @@ static void test_q4_K_layout(rng *r) {
         b.qs[32 * g + l % 32] |= (uint8_t)(l < 32 ? q[e] : q[e] << 4);
     }
     float out[256];
-    CHECK(moex_dequantize_row(MOEX_TYPE_Q4_K, &b, out, 256) == 0, "q4_K dequantize failed");
+    CHECK(moex_dequantize_row(MOEX_TYPE_Q4_K, &b, out, 256, NULL) == 0, "q4_K dequantize failed");
     const float dd = moex_f16_to_f32(b.d), dm = moex_f16_to_f32(b.dmin);
     int bad = 0;
     for (int e = 0; e < 256; e++) {
@@ -81,7 +81,7 @@ static void test_q5_K_layout(rng *r) {
         if (q[e] & 16) b.qh[e % 32] |= (uint8_t)(1u << s);
     }
     float out[256];
-    CHECK(moex_dequantize_row(MOEX_TYPE_Q5_K, &b, out, 256) == 0, "q5_K dequantize failed");
+    CHECK(moex_dequantize_row(MOEX_TYPE_Q5_K, &b, out, 256, NULL) == 0, "q5_K dequantize failed");
     const float dd = moex_f16_to_f32(b.d), dm = moex_f16_to_f32(b.dmin);
     int bad = 0;
     for (int e = 0; e < 256; e++) {
@@ -107,7 +107,7 @@ static void test_q6_K_layout(rng *r) {
         b.qh[32 * h + l] |= (uint8_t)((q[e] >> 4) << (2 * k));
     }
     float out[256];
-    CHECK(moex_dequantize_row(MOEX_TYPE_Q6_K, &b, out, 256) == 0, "q6_K dequantize failed");
+    CHECK(moex_dequantize_row(MOEX_TYPE_Q6_K, &b, out, 256, NULL) == 0, "q6_K dequantize failed");
     const float dd = moex_f16_to_f32(b.d);
     int bad = 0;
     for (int e = 0; e < 256; e++) {
@@ -128,7 +128,7 @@ static void test_block32_layouts(void) {
     for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
     memcpy(b.qh, &qh, 4);
     float out[32];
-    moex_dequantize_row(MOEX_TYPE_Q5_0, &b, out, 32);
+    moex_dequantize_row(MOEX_TYPE_Q5_0, &b, out, 32, NULL);
     int bad = 0;
     for (int j = 0; j < 32; j++) bad += out[j] != 0.5f * (q[j] - 16);
     CHECK(bad == 0, "q5_0 layout: %d values wrong", bad);
@@ -137,7 +137,7 @@ static void test_block32_layouts(void) {
     c.d = moex_f32_to_f16(0.25f);
     c.m = moex_f32_to_f16(-1.0f);
     for (int j = 0; j < 16; j++) c.qs[j] = (uint8_t)(j | ((15 - j) << 4));
-    moex_dequantize_row(MOEX_TYPE_Q4_1, &c, out, 32);
+    moex_dequantize_row(MOEX_TYPE_Q4_1, &c, out, 32, NULL);
     bad = 0;
     for (int j = 0; j < 16; j++) bad += (out[j] != 0.25f * j - 1.0f) + (out[j + 16] != 0.25f * (15 - j) - 1.0f);
     CHECK(bad == 0, "q4_1 layout: %d values wrong", bad);
@@ -181,7 +181,7 @@ static void test_roundtrips(rng *r) {
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         const moex_type t = types[k];
         memset(y, 0, sizeof(float) * n);
-        int rc = moex_quantize_row(t, x, q, n) | moex_dequantize_row(t, q, y, n);
+        int rc = moex_quantize_row(t, x, q, n, NULL) | moex_dequantize_row(t, q, y, n, NULL);
         const double err = rel_l2(y, xd, n);
         printf("  roundtrip %-5s rel L2 %.3g (bound %.3g)\n", moex_type_get(t)->name, err, roundtrip_bound(t));
         CHECK(rc == 0 && err <= roundtrip_bound(t), "%s roundtrip error %.4g > %.4g", moex_type_get(t)->name, err,
@@ -190,15 +190,20 @@ static void test_roundtrips(rng *r) {
     /* all-zero input must stay zero (no 0/0) */
     memset(x, 0, sizeof(float) * 512);
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
-        moex_quantize_row(types[k], x, q, 512);
-        moex_dequantize_row(types[k], q, y, 512);
+        moex_quantize_row(types[k], x, q, 512, NULL);
+        moex_dequantize_row(types[k], q, y, 512, NULL);
         int nonzero = 0;
         for (int i = 0; i < 512; i++) nonzero += y[i] != 0;
         CHECK(nonzero == 0, "%s: zeros do not round-trip", moex_type_get(types[k])->name);
     }
     /* bad arguments */
-    CHECK(moex_quantize_row(MOEX_TYPE_Q4_K, x, q, 100) == -1, "q4_K of 100 elements must fail");
-    CHECK(moex_dequantize_row((moex_type)5, q, y, 32) == -1, "unknown type must fail");
+    moex_error e = {{0}};
+    CHECK(moex_quantize_row(MOEX_TYPE_Q4_K, x, q, 100, &e) == -1 && strstr(e.msg, "whole blocks of 256 values, not 100"),
+          "q4_K of 100 elements: '%s'", e.msg);
+    CHECK(moex_dequantize_row((moex_type)5, q, y, 32, &e) == -1 && strstr(e.msg, "the unknown type 5"),
+          "unknown type: '%s'", e.msg);
+    CHECK(moex_dequantize_row(MOEX_TYPE_Q8_0, NULL, y, 32, &e) == -1 && strstr(e.msg, "without source"),
+          "NULL source: '%s'", e.msg);
     free(x);
     free(y);
     free(xd);
@@ -227,8 +232,8 @@ static void test_act_quantizers(rng *r) {
         avx2->quantize_act[t](x, a, n);
         ref->quantize_act[t](x, b, n);
         float *fa = malloc(sizeof(float) * n), *fb = malloc(sizeof(float) * n);
-        moex_dequantize_row(t, a, fa, n);
-        moex_dequantize_row(t, b, fb, n);
+        moex_dequantize_row(t, a, fa, n, NULL);
+        moex_dequantize_row(t, b, fb, n, NULL);
         /* Q8_K must match exactly (including bsums); Q8_0/Q8_1 may differ by
          * one step at exact .5 ties (round-half-even vs roundf). */
         if (t == MOEX_TYPE_Q8_K) {
@@ -277,7 +282,7 @@ static void test_vec_dots(rng *r) {
         void *xq = x;
         if (at != MOEX_TYPE_F32) {
             xq = malloc(moex_row_bytes(at, cols));
-            moex_quantize_row(at, x, xq, cols);
+            moex_quantize_row(at, x, xq, cols, NULL);
         }
         for (int p = 0; p < N_PATHS; p++) {
             if (!paths[p]) continue;
@@ -325,7 +330,7 @@ static void test_vec_dot_multi(rng *r) {
             const size_t arb = at == MOEX_TYPE_F32 ? sizeof(float) * cols : moex_row_bytes(at, cols);
             moex_matrix m = make_matrix(t, w, 1, cols);
             uint8_t *xq = malloc(arb * nt_max);
-            for (int i = 0; i < nt_max; i++) moex_quantize_row(at, x + i * cols, xq + i * arb, cols);
+            for (int i = 0; i < nt_max; i++) moex_quantize_row(at, x + i * cols, xq + i * arb, cols, NULL);
             for (int nt = 1; nt <= nt_max; nt++) {
                 const void *a[MOEX_DOT_MAX_TOKENS];
                 float got[MOEX_DOT_MAX_TOKENS], want[MOEX_DOT_MAX_TOKENS], *out[MOEX_DOT_MAX_TOKENS];
@@ -411,11 +416,11 @@ static void test_vnni_matches_avx2(rng *r) {
             if (row % 2) fill_random_blocks(r, t, w, cols);
             else {
                 fill_weights(r, x, 1, cols);
-                moex_quantize_row(t, x, w, cols);
+                moex_quantize_row(t, x, w, cols, NULL);
             }
             for (int i = 0; i < nt_max; i++) {
                 fill_activation_kind(r, (int)(row * nt_max + i), x, cols);
-                moex_quantize_row(at, x, aq + i * arb, cols);
+                moex_quantize_row(at, x, aq + i * arb, cols, NULL);
             }
             for (int nt = 1; nt <= nt_max; nt++) {
                 const void *a[MOEX_DOT_MAX_TOKENS];

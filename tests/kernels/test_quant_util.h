@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
-#include "kernels/kernels_internal.h"
+#include "kernels/kernels_testing.h"
 #include "tests/test_util.h"
 
 /* Gaussian rows with a per-row scale and occasional outliers (like weights). */
@@ -39,7 +39,7 @@ static inline uint64_t seed_from_args(int argc, char **argv) {
 static inline moex_matrix make_matrix(moex_type t, const float *w, int64_t rows, int64_t cols) {
     moex_matrix m = {.type = t, .rows = rows, .cols = cols, .row_bytes = moex_row_bytes(t, cols)};
     uint8_t *data = malloc(m.row_bytes * (size_t)rows + 1);
-    for (int64_t r = 0; r < rows; r++) moex_quantize_row(t, w + r * cols, data + r * m.row_bytes, cols);
+    for (int64_t r = 0; r < rows; r++) moex_quantize_row(t, w + r * cols, data + r * m.row_bytes, cols, NULL);
     m.data = data;
     return m;
 }
@@ -48,7 +48,7 @@ static inline moex_matrix make_matrix(moex_type t, const float *w, int64_t rows,
 static inline float *dequantized(const moex_matrix *m) {
     float *out = malloc(sizeof(float) * (size_t)(m->rows * m->cols));
     for (int64_t r = 0; r < m->rows; r++)
-        moex_dequantize_row(m->type, (const uint8_t *)m->data + r * m->row_bytes, out + r * m->cols, m->cols);
+        moex_dequantize_row(m->type, (const uint8_t *)m->data + r * m->row_bytes, out + r * m->cols, m->cols, NULL);
     return out;
 }
 

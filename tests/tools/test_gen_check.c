@@ -141,7 +141,7 @@ static int tensor_stats(const moex_gguf_tensor *t, double *mean, double *std, do
     double s = 0, s2 = 0;
     *lo = INFINITY, *hi = -INFINITY;
     for (int64_t r = 0; r < rows; r++) {
-        if (moex_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * rb, row, ne0)) {
+        if (moex_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * rb, row, ne0, NULL)) {
             free(row);
             return -1;
         }

@@ -149,7 +149,7 @@ static double check_vs_cpu(moex_vk *vk, rng *r, moex_type t, int64_t rows, int64
     fill_gauss(r, x, (size_t)(n * cols), 1.0f);
     if (q8_partner(t)) remove_q8_ties(x, n * cols);
     moex_matrix cm = {.type = t, .rows = rows, .cols = cols, .row_bytes = m.row_bytes, .data = m.data};
-    MUST(moex_matmul(NULL, &cm, x, n, ref));
+    MUST(moex_matmul(NULL, &cm, x, n, ref, NULL));
     moex_vk_buffer *wb = gpu_from(vk, m.data, (size_t)rows * m.row_bytes), *xb = gpu_from(vk, x, (size_t)(n * cols) * 4),
                    *yb = gpu_from(vk, NULL, (size_t)(n * rows) * 4);
     moex_vk_matrix vm = vk_matrix_of(&m, wb);
@@ -178,8 +178,8 @@ static void check_rounding_ties(moex_vk *vk, rng *r) {
     for (int j = 0; j < COLS; j++) x[j] = j % 32 == 0 ? 127.0f : ties[j % 10] + (float)((j / 10) % 3 - 1) * 2.0f;
     x[40] = -127.0f;   /* the second block's extreme is negative */
     moex_block_q8_0 q[COLS / 32];
-    MUST(moex_quantize_row(MOEX_TYPE_Q8_0, x, q, COLS));
-    MUST(moex_dequantize_row(MOEX_TYPE_Q8_0, q, xq, COLS));
+    MUST(moex_quantize_row(MOEX_TYPE_Q8_0, x, q, COLS, NULL));
+    MUST(moex_dequantize_row(MOEX_TYPE_Q8_0, q, xq, COLS, NULL));
     double ref[ROWS];
     for (int i = 0; i < ROWS; i++) {
         ref[i] = 0;

@@ -136,7 +136,7 @@ static void test_attention(void) {
             MUST(moex_vk_cmd_end(bad, &g_err));
             moex_vk_cmd_free(bad);
         }
-        MUST(moex_attention(NULL, q, kc, vc, ref, n, pos0, 8, 2, 128, sh.scale));
+        MUST(moex_attention(NULL, q, kc, vc, ref, n, pos0, 8, 2, 128, sh.scale, NULL));
         gpu_read(vk, ob, got, n * qd * 4);
         const double e = rel_l2_f(got, ref, n * qd);
         CHECK(e < 1e-5, "attention n=%lld pos0=%lld: rel err %.3g", (long long)n, (long long)pos0, e);
@@ -561,7 +561,7 @@ static void test_attention_decode(void) {
                 norm_rope_ref(kt + h * hd, kn, hd, sh.rope_dim, pos, sh.rope_base, sh.neox, sh.rms_eps, sh.qk_norm);
             memcpy(kc + pos * kvd, kt, kvd * 4);
             memcpy(vc + pos * kvd, v + tok * kvd, kvd * 4);
-            MUST(moex_attention(NULL, qt, kc, vc, ref, 1, pos, H, HK, hd, sh.scale));
+            MUST(moex_attention(NULL, qt, kc, vc, ref, 1, pos, H, HK, hd, sh.scale, NULL));
             gpu_read(vk, qb, got, qd * 4);
             gpu_read(vk, ob, got2, qd * 4);
             gpu_read(vk, kcb, gkc, ctx * kvd * 4);

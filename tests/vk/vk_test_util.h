@@ -82,8 +82,8 @@ static inline test_matrix make_matrix(rng *r, moex_type t, int64_t rows, int64_t
     float *row = malloc((size_t)cols * sizeof(float));
     for (int64_t i = 0; i < rows; i++) {
         fill_gauss(r, row, (size_t)cols, 0.5f);
-        if (moex_quantize_row(t, row, m.data + (size_t)i * m.row_bytes, cols) ||
-            moex_dequantize_row(t, m.data + (size_t)i * m.row_bytes, m.deq + (size_t)i * cols, cols)) {
+        if (moex_quantize_row(t, row, m.data + (size_t)i * m.row_bytes, cols, NULL) ||
+            moex_dequantize_row(t, m.data + (size_t)i * m.row_bytes, m.deq + (size_t)i * cols, cols, NULL)) {
             fprintf(stderr, "FATAL: quantize/dequantize %s failed\n", moex_type_get(t)->name);
             exit(1);
         }
@@ -152,7 +152,7 @@ static inline float *q4k_mins(const test_matrix *m) {
     memcpy(z, m->data, bytes);
     for (size_t o = 0; o < bytes; o += 144) memset(z + o + 16, 0, 128);   /* d, dmin, scales[12], then qs[128] */
     for (int64_t r = 0; r < m->rows; r++)
-        MUST(moex_dequantize_row(m->type, z + (size_t)r * m->row_bytes, out + r * m->cols, m->cols));
+        MUST(moex_dequantize_row(m->type, z + (size_t)r * m->row_bytes, out + r * m->cols, m->cols, NULL));
     free(z);
     return out;
 }

@@ -20,7 +20,7 @@ static double *dequant_matrix(const moex_matrix *w) {
     double *out = malloc((size_t)(w->rows * w->cols) * sizeof *out);
     float *row = malloc((size_t)w->cols * sizeof *row);
     for (int64_t r = 0; r < w->rows; r++) {
-        if (moex_dequantize_row(w->type, (const uint8_t *)w->data + r * w->row_bytes, row, w->cols)) abort();
+        if (moex_dequantize_row(w->type, (const uint8_t *)w->data + r * w->row_bytes, row, w->cols, NULL)) abort();
         for (int64_t c = 0; c < w->cols; c++) out[r * w->cols + c] = row[c];
     }
     free(row);
@@ -173,7 +173,7 @@ static void test_bit_identical(const moex_model *m, moex_worker_core *core, moex
             for (int t = 0; t < n; t++) g16[t] = moex_f16_to_f32(moex_f32_to_f16(gates[t]));
             moex_expert_job job = {.w = &m->layers[layer].experts[expert], .n_tokens = n, .rows = rows,
                                    .gates = g16, .out = direct};
-            CHECK(moex_experts_run(pool, &job, 1, x, d) == 0, "moex_experts_run failed");
+            CHECK(moex_experts_run(pool, &job, 1, x, d, NULL) == 0, "moex_experts_run failed");
             CHECK(memcmp(got, direct, (size_t)n * d * sizeof *got) == 0, "f32 RESULT differs from moex_experts_run");
         }
         moex_local_executor *le = moex_local_executor_create(m, pool, dt);

@@ -1,16 +1,14 @@
-/* The forward pass on Vulkan: the same ops in the same order as
- * engine/forward.c, recorded into one command buffer per batch shape. Decode
- * reuses its recording for every token: the token id and position go
- * through a host-visible buffer the kernels read, so a token is one submit
- * and no host round trip inside it.
+/* The bottom layer of the Vulkan forward pass (see forward_vk_internal.h):
+ * the state's memory and what both forward paths share.
  *
- * Memory plan (allocated once in moex_vk_state_create): weights in chunks of
- * at most 1 GiB (every device allows that allocation size), one KV cache,
- * one activation buffer sub-allocated statically, one host-visible I/O
- * buffer; all-position logits get a buffer sized on first use. A state for
- * the distributed hub (moex_vk_state_create_remote) skips the experts'
- * weights and scratch; its layer segments live in forward_vk_dist.c. */
-#include <math.h>
+ * Memory plan (allocated once at creation): weights in chunks of at most
+ * 1 GiB (every device allows that allocation size), one KV cache, one
+ * activation buffer sub-allocated statically, one host-visible I/O buffer
+ * for the per-token values the kernels read (token ids, position), and the
+ * logit buffers, grown when a larger all-logits batch first appears. A state
+ * for the distributed hub (experts_remote) skips the experts' weights and
+ * scratch. Also here: the recording cache both paths keep their command
+ * buffers in, and writing a forward's inputs and reading its outputs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,15 +282,17 @@ static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err
     return rc;
 }
 
-/* Grows the logit buffers to rows (only when a larger all-logits batch first appears). */
-static int reserve_logits(const moex_model *m, moex_vk_state *s, int64_t rows, moex_error *err) {
-    if (rows <= s->logit_rows) return 0;
+/* ---- the whole plan ---- */
+
+int vk_memory_create(const moex_model *m, moex_vk_state *s, moex_error *err) {
+    return upload_weights(m, s, err) || create_buffers(m, s, err) || vk_logits_alloc(m, s, 1, err) ? -1 : 0;
+}
+
+int vk_logits_alloc(const moex_model *m, moex_vk_state *s, int64_t rows, moex_error *err) {
     moex_vk_buffer_free(s->logits_dev);
     moex_vk_buffer_free(s->logits_host);
-    s->logits_host = NULL;
+    s->logits_dev = s->logits_host = NULL;
     s->logit_rows = 0;
-    vk_rec_invalidate(&s->rec_lru); /* the recordings point at the old buffers */
-    vk_dist_invalidate(s);
     const size_t bytes = (size_t)rows * (size_t)m->hp.n_vocab * 4;
     if (!(s->logits_dev = moex_vk_buffer_create(s->vk, bytes, MOEX_VK_MEM_DEVICE, err)) ||
         !(s->logits_host = moex_vk_buffer_create(s->vk, bytes, MOEX_VK_MEM_HOST, err)))
@@ -301,17 +301,35 @@ static int reserve_logits(const moex_model *m, moex_vk_state *s, int64_t rows, m
     return 0;
 }
 
-static int record_forward(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits,
-                          bool copy_logits, moex_error *err) {
-    if (moex_vk_cmd_begin(c, err) || vk_record_embed(m, s, c, n, err)) return -1;
-    for (int il = 0; il < m->hp.n_layer; il++)
-        if (vk_record_attention(m, s, c, il, n, err) || vk_record_ffn(m, s, c, il, n, err)) return -1;
-    if (vk_record_head(m, s, c, n, all_logits, err)) return -1;
-    moex_vk_cmd_label(c, "logits_copy");
-    if (copy_logits)
-        moex_vk_copy(c, s->logits_host, 0, s->logits_dev, 0, (size_t)(all_logits ? n : 1) * (size_t)m->hp.n_vocab * 4);
-    return moex_vk_cmd_end(c, err);
+void vk_memory_free(moex_vk_state *s) {
+    for (int i = 0; i < s->n_chunks; i++) moex_vk_buffer_free(s->chunks[i]);
+    free(s->chunks);
+    moex_vk_buffer_free(s->kv);
+    moex_vk_buffer_free(s->act);
+    moex_vk_buffer_free(s->io);
+    moex_vk_buffer_free(s->grid);
+    moex_vk_buffer_free(s->logits_dev);
+    moex_vk_buffer_free(s->logits_host);
 }
+
+/* ---- a forward's inputs and outputs ---- */
+
+int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos) {
+    int32_t *io = moex_vk_buffer_map(s->io);
+    io[IO_PARAMS] = (int32_t)pos;
+    uint32_t grid[3];
+    moex_vk_attention_decode_grid(&s->sh, pos, grid);
+    memcpy(moex_vk_buffer_map(s->grid), grid, sizeof grid);
+    memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
+    return io;
+}
+
+void vk_take_outputs(const moex_model *m, moex_vk_state *s, const int32_t *io, int64_t rows, float *logits) {
+    s->last_argmax = io[IO_ARGMAX];
+    if (logits) memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)rows * (size_t)m->hp.n_vocab * 4);
+}
+
+/* ---- the recording cache ---- */
 
 int vk_rec_find(rec_lru *l, rec_key k, bool *hit) {
     int slot = 0;
@@ -337,134 +355,4 @@ void vk_rec_recorded(rec_lru *l, int slot, rec_key k) {
 
 void vk_rec_invalidate(rec_lru *l) {
     for (int i = 0; i < N_RECORDINGS; i++) l->valid[i] = false;
-}
-
-/* The recording for this batch shape: reused when it exists, else recorded in the least recently used slot. */
-static moex_vk_cmd *get_recording(const moex_model *m, moex_vk_state *s, int64_t n, bool all_logits, bool copy_logits,
-                                  moex_error *err) {
-    const rec_key k = {n, all_logits, copy_logits};
-    bool hit;
-    const int i = vk_rec_find(&s->rec_lru, k, &hit);
-    if (hit) return s->rec[i];
-    if (!s->rec[i] && !(s->rec[i] = moex_vk_cmd_create(s->vk, err))) return NULL;
-    if (record_forward(m, s, s->rec[i], n, all_logits, copy_logits, err)) return NULL;
-    vk_rec_recorded(&s->rec_lru, i, k);
-    return s->rec[i];
-}
-
-int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
-                    bool all_logits, float *logits, moex_error *err) {
-    const moex_hparams *hp = &m->hp;
-    if (moex_forward_check(m, s->n_batch, s->n_ctx, tokens, n, pos, err)) return -1;
-    const int64_t rows = all_logits ? n : 1;
-    if (reserve_logits(m, s, rows, err)) return -1;
-    if (vk_dist_active(s)) return vk_dist_forward(m, s, tokens, n, pos, all_logits, logits, err);
-    moex_vk_cmd *c = get_recording(m, s, n, all_logits, logits != NULL, err);
-    if (!c) return -1;
-    const int32_t *io = vk_io_set(s, tokens, n, pos);
-    if (moex_vk_cmd_run(c, err)) return -1;
-    s->last_argmax = io[IO_ARGMAX];
-    if (logits) memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)rows * (size_t)hp->n_vocab * 4);
-    return 0;
-}
-
-int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos) {
-    int32_t *io = moex_vk_buffer_map(s->io);
-    io[IO_PARAMS] = (int32_t)pos;
-    uint32_t grid[3];
-    moex_vk_attention_decode_grid(&s->sh, pos, grid);
-    memcpy(moex_vk_buffer_map(s->grid), grid, sizeof grid);
-    memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
-    return io;
-}
-
-int32_t moex_vk_last_argmax(const moex_vk_state *s) { return s->last_argmax; }
-int64_t moex_vk_state_n_ctx(const moex_vk_state *s) { return s->n_ctx; }
-int64_t moex_vk_state_n_batch(const moex_vk_state *s) { return s->n_batch; }
-moex_vk *moex_vk_state_device(moex_vk_state *s) { return s->vk; }
-
-static int check_model(const moex_model *m, moex_error *err) {
-    const moex_hparams *hp = &m->hp;
-    if (hp->n_embd % 32 || (moex_hparams_is_moe(hp) ? hp->n_ff_exp : hp->n_ff) % 32)
-        return moex_fail(err, "vulkan: hidden and FFN sizes must be multiples of 32");
-    if (hp->head_dim > 512 || hp->head_dim % 4) return moex_fail(err, "vulkan: head_dim %d is not supported", hp->head_dim);
-    if (moex_hparams_is_moe(hp) && hp->n_expert > 512)
-        return moex_fail(err, "vulkan: %d experts (the GPU router handles up to 512)", hp->n_expert);
-    return 0;
-}
-
-/* Rounding buffer for the largest product input of a batch. */
-static int set_rounding(const moex_model *m, moex_vk_state *s, moex_error *err) {
-    const moex_hparams *hp = &m->hp;
-    int64_t w = hp->n_embd;
-    const int64_t cand[3] = {(int64_t)hp->n_head * hp->head_dim, hp->n_ff, (int64_t)hp->n_expert_used * hp->n_ff_exp};
-    for (int i = 0; i < 3; i++) w = cand[i] > w ? cand[i] : w;
-    return moex_vk_set_activation_rounding(s->vk, (size_t)(s->n_batch * w), err);
-}
-
-/* experts_remote: the experts' weights stay off the GPU (an executor runs them). */
-static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
-                                   bool experts_remote, moex_error *err) {
-    const moex_hparams *hp = &m->hp;
-    if (n_ctx <= 0 || n_batch <= 0) {
-        moex_fail(err, "context (%lld) and batch (%lld) must be positive", (long long)n_ctx, (long long)n_batch);
-        return NULL;
-    }
-    if (check_model(m, err)) return NULL;
-    if (n_batch > n_ctx) n_batch = n_ctx;
-    moex_vk_state *s = calloc(1, sizeof *s);
-    if (!s || !(s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers))) {
-        free(s);
-        moex_fail(err, "out of memory");
-        return NULL;
-    }
-    s->n_ctx = n_ctx;
-    s->n_batch = n_batch;
-    s->experts_remote = experts_remote && moex_hparams_is_moe(hp);
-    s->sh = (moex_vk_attn_shape){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                                 .rope_dim = hp->rope_dim, .rope_base = hp->rope_freq_base, .rms_eps = hp->rms_eps,
-                                 .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = hp->rope_neox,
-                                 .qk_norm = hp->qk_norm, .n_ctx = n_ctx};
-    if (!(s->vk = moex_vk_create(opt, err)) || upload_weights(m, s, err) || create_buffers(m, s, err) ||
-        reserve_logits(m, s, 1, err) || (opt && opt->round_activations && set_rounding(m, s, err))) {
-        moex_vk_state_free(s);
-        return NULL;
-    }
-    return s;
-}
-
-moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
-                                    moex_error *err) {
-    return create_state(m, n_ctx, n_batch, opt, false, err);
-}
-
-moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch,
-                                           const moex_vk_options *opt, moex_expert_executor exec, moex_error *err) {
-    if (!exec.run) {
-        moex_fail(err, "vulkan: a state without the experts needs an expert executor");
-        return NULL;
-    }
-    moex_vk_state *s = create_state(m, n_ctx, n_batch, opt, true, err);
-    if (s && moex_vk_state_set_executor(m, s, exec, err)) {
-        moex_vk_state_free(s);
-        return NULL;
-    }
-    return s;
-}
-
-void moex_vk_state_free(moex_vk_state *s) {
-    if (!s) return;
-    vk_dist_free(s);
-    for (int i = 0; i < N_RECORDINGS; i++) moex_vk_cmd_free(s->rec[i]);
-    for (int i = 0; i < s->n_chunks; i++) moex_vk_buffer_free(s->chunks[i]);
-    free(s->chunks);
-    moex_vk_buffer_free(s->kv);
-    moex_vk_buffer_free(s->act);
-    moex_vk_buffer_free(s->io);
-    moex_vk_buffer_free(s->grid);
-    moex_vk_buffer_free(s->logits_dev);
-    moex_vk_buffer_free(s->logits_host);
-    free(s->layers);
-    moex_vk_free(s->vk);
-    free(s);
 }

@@ -1,0 +1,111 @@
+/* The Vulkan state's public face, the top layer of the Vulkan forward pass
+ * (see forward_vk_internal.h): creation wires the layers below together
+ * (check the model, the device, the memory plan, the distributed path's
+ * executor), moex_vk_forward picks the local or the distributed path, and
+ * free takes it all down in reverse. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/vk/forward_vk_internal.h"
+
+static int check_model(const moex_model *m, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    if (hp->n_embd % 32 || (moex_hparams_is_moe(hp) ? hp->n_ff_exp : hp->n_ff) % 32)
+        return moex_fail(err, "vulkan: hidden and FFN sizes must be multiples of 32");
+    if (hp->head_dim > 512 || hp->head_dim % 4) return moex_fail(err, "vulkan: head_dim %d is not supported", hp->head_dim);
+    if (moex_hparams_is_moe(hp) && hp->n_expert > 512)
+        return moex_fail(err, "vulkan: %d experts (the GPU router handles up to 512)", hp->n_expert);
+    return 0;
+}
+
+/* Rounding buffer for the largest product input of a batch. */
+static int set_rounding(const moex_model *m, moex_vk_state *s, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    int64_t w = hp->n_embd;
+    const int64_t cand[3] = {(int64_t)hp->n_head * hp->head_dim, hp->n_ff, (int64_t)hp->n_expert_used * hp->n_ff_exp};
+    for (int i = 0; i < 3; i++) w = cand[i] > w ? cand[i] : w;
+    return moex_vk_set_activation_rounding(s->vk, (size_t)(s->n_batch * w), err);
+}
+
+/* experts_remote: the experts' weights stay off the GPU (an executor runs them). */
+static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
+                                   bool experts_remote, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    if (n_ctx <= 0 || n_batch <= 0) {
+        moex_fail(err, "context (%lld) and batch (%lld) must be positive", (long long)n_ctx, (long long)n_batch);
+        return NULL;
+    }
+    if (check_model(m, err)) return NULL;
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    moex_vk_state *s = calloc(1, sizeof *s);
+    if (!s || !(s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers))) {
+        free(s);
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    s->n_ctx = n_ctx;
+    s->n_batch = n_batch;
+    s->experts_remote = experts_remote && moex_hparams_is_moe(hp);
+    s->sh = (moex_vk_attn_shape){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                                 .rope_dim = hp->rope_dim, .rope_base = hp->rope_freq_base, .rms_eps = hp->rms_eps,
+                                 .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = hp->rope_neox,
+                                 .qk_norm = hp->qk_norm, .n_ctx = n_ctx};
+    if (!(s->vk = moex_vk_create(opt, err)) || vk_memory_create(m, s, err) ||
+        (opt && opt->round_activations && set_rounding(m, s, err))) {
+        moex_vk_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
+                                    moex_error *err) {
+    return create_state(m, n_ctx, n_batch, opt, false, err);
+}
+
+moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch,
+                                           const moex_vk_options *opt, moex_expert_executor exec, moex_error *err) {
+    if (!exec.run) {
+        moex_fail(err, "vulkan: a state without the experts needs an expert executor");
+        return NULL;
+    }
+    moex_vk_state *s = create_state(m, n_ctx, n_batch, opt, true, err);
+    if (s && moex_vk_state_set_executor(m, s, exec, err)) {
+        moex_vk_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void moex_vk_state_free(moex_vk_state *s) {
+    if (!s) return;
+    vk_dist_free(s);
+    vk_local_free(s);
+    vk_memory_free(s);
+    free(s->layers);
+    moex_vk_free(s->vk);
+    free(s);
+}
+
+/* The logit buffers hold `rows`; both paths' recordings point at them, so
+ * growing them (when a larger all-logits batch first appears) sends both to
+ * record again. */
+static int reserve_logits(const moex_model *m, moex_vk_state *s, int64_t rows, moex_error *err) {
+    if (rows <= s->logit_rows) return 0;
+    vk_local_invalidate(s);
+    vk_dist_invalidate(s);
+    return vk_logits_alloc(m, s, rows, err);
+}
+
+int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
+                    bool all_logits, float *logits, moex_error *err) {
+    if (moex_forward_check(m, s->n_batch, s->n_ctx, tokens, n, pos, err)) return -1;
+    if (reserve_logits(m, s, all_logits ? n : 1, err)) return -1;
+    if (vk_dist_active(s)) return vk_dist_forward(m, s, tokens, n, pos, all_logits, logits, err);
+    return vk_local_forward(m, s, tokens, n, pos, all_logits, logits, err);
+}
+
+int32_t moex_vk_last_argmax(const moex_vk_state *s) { return s->last_argmax; }
+int64_t moex_vk_state_n_ctx(const moex_vk_state *s) { return s->n_ctx; }
+int64_t moex_vk_state_n_batch(const moex_vk_state *s) { return s->n_batch; }
+moex_vk *moex_vk_state_device(moex_vk_state *s) { return s->vk; }
