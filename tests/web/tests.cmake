@@ -1,0 +1,6 @@
+# web/: the browser worker in headless Chromium (WebGPU on SwiftShader). Each
+# test exits 77 (skipped) when emcc's output or chromium is missing, unless
+# MOEX_REQUIRE_WEB=1 is set (then it fails). web/setup_web.sh installs both.
+set(moex_web_dir ${CMAKE_BINARY_DIR}/web)
+add_test(NAME web_kernels COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/web/test_kernels.py ${moex_web_dir})
+set_tests_properties(web_kernels PROPERTIES TIMEOUT 900 LABELS web SKIP_RETURN_CODE 77)
