@@ -170,9 +170,9 @@ class GpuExperts {
   async warmUp(layouts) {
     const ps = [this.actPipeline()];
     for (const lay of layouts) {
-      for (const tb of [1, 8]) {
+      for (const tb of [1, 2, 4, 8]) {
         for (const [t, cols] of [[lay.types[0], lay.hidden], [lay.types[1], lay.hidden], [lay.types[2], lay.nFF]])
-          ps.push(this.matvecPipeline(t, lanesPerRow(cols), tb));
+          ps.push(this.matvecPipeline(t, lanesPerRow(cols / 32), tb));
       }
     }
     await Promise.all(ps);

@@ -4,3 +4,8 @@
 set(moex_web_dir ${CMAKE_BINARY_DIR}/web)
 add_test(NAME web_kernels COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/web/test_kernels.py ${moex_web_dir})
 set_tests_properties(web_kernels PROPERTIES TIMEOUT 900 LABELS web SKIP_RETURN_CODE 77)
+add_test(NAME web_end_to_end
+  COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/web/test_e2e.py ${CMAKE_BINARY_DIR}/bin ${MOEX_FIXTURES}/vocab
+          ${CMAKE_BINARY_DIR}/web-work ${moex_web_dir})
+set_tests_properties(web_end_to_end PROPERTIES TIMEOUT 900 LABELS "web;dist" RUN_SERIAL TRUE SKIP_RETURN_CODE 77
+  ENVIRONMENT "MOEX_LOG=warn")

@@ -127,6 +127,10 @@ class Session:
             m = json.loads(raw)
             if "id" in m and m["id"] in self.pending:
                 self.pending.pop(m["id"]).set_result(m)
+            elif m.get("method") == "Target.attachedToTarget":
+                # a Web Worker of the page: its console too (Runtime.enable in its session)
+                sid = m["params"]["sessionId"]
+                asyncio.ensure_future(self._enable_runtime(sid))
             elif m.get("method") == "Runtime.consoleAPICalled":
                 p = m["params"]
                 text = " ".join(str(a.get("value", a.get("description", ""))) for a in p["args"])
@@ -138,6 +142,13 @@ class Session:
                 text = d.get("exception", {}).get("description", d.get("text", ""))
                 self.console.append("exception: " + text)
                 print(f"[page exception] {text}", flush=True)
+
+    async def _enable_runtime(self, sid):
+        try:
+            await self.send("Runtime.enable", session=sid, timeout=10)
+            await self.send("Runtime.runIfWaitingForDebugger", session=sid, timeout=10)
+        except Exception:
+            pass
 
     async def send(self, method, params=None, session=None, timeout=60):
         self.next_id += 1
@@ -159,6 +170,8 @@ class Session:
         sid = s["sessionId"]
         await self.send("Runtime.enable", session=sid)
         await self.send("Page.enable", session=sid)
+        await self.send("Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": False, "flatten": True},
+                        session=sid)
         await self.send("Page.navigate", {"url": url}, session=sid)
         return t["targetId"], sid
 
