@@ -55,10 +55,10 @@ def run_with_browser(n_tokens, query="", on_running=None, timeout=300):
                 await on_running(s, target, sid, c)
             deadline = time.time() + timeout
             while c.hub.poll() is None and time.time() < deadline:
-                st = await s.evaluate(sid, "window.__moex || null") if on_running is None else None
-                if st:
-                    page_status.update(st)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.2)
+            if on_running is None:
+                await asyncio.sleep(1.2)   # the page's status refreshes every 0.5 s
+                page_status.update(await s.evaluate(sid, "window.__moex || null") or {})
         finally:
             await s.close()
 
