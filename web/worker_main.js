@@ -156,7 +156,7 @@ function connectionLost(reason) {
 function closeAndReconnect(why) {
   const ws = S.ws;
   connectionLost(why);
-  if (ws) ws.close(1001, 'reconnecting');
+  if (ws) ws.close(1000, 'reconnecting');
 }
 
 function stopForGood(why) {
@@ -165,7 +165,7 @@ function stopForGood(why) {
   const ws = S.ws;
   S.conn++;
   S.link = 'down';
-  if (ws) setTimeout(() => ws.close(1001, 'worker stopped'), 200);   // let the last ERROR leave
+  if (ws) setTimeout(() => ws.close(1000, 'worker stopped'), 200);   // let the last ERROR leave
   status();
 }
 

@@ -19,8 +19,10 @@ TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": 
 
 
 class Proxy:
-    def __init__(self, web_dir, hub_port):
-        self.web_dir, self.hub_port = web_dir, hub_port
+    def __init__(self, web_dir, hub_port, ws_handler=None):
+        """ws_handler(websocket, path): a coroutine that plays the hub on /ws itself
+        (runs in the proxy's event loop, self.loop) instead of relaying to hub_port."""
+        self.web_dir, self.hub_port, self.ws_handler = web_dir, hub_port, ws_handler
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.conns = set()
@@ -79,6 +81,8 @@ class Proxy:
 
     async def _ws(self, client, path):
         """Relays binary messages between the page and the hub until either side closes."""
+        if self.ws_handler:
+            return await self.ws_handler(client, path)
         self.conns.add(client)
         try:
             async with websockets.connect(f"ws://127.0.0.1:{self.hub_port}{path}", subprotocols=["moex"],

@@ -13,3 +13,8 @@ set_tests_properties(web_end_to_end PROPERTIES TIMEOUT 900 LABELS "web;dist" RUN
 # The native figure docs/BROWSER.md compares the browser's with (not a test).
 add_executable(bench_web_native_ffn ${CMAKE_SOURCE_DIR}/tests/web/bench_native_ffn.c)
 target_link_libraries(bench_web_native_ffn PRIVATE moex_kernels)
+add_test(NAME web_session
+  COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/web/test_session.py ${CMAKE_BINARY_DIR}/bin ${MOEX_FIXTURES}/vocab
+          ${CMAKE_BINARY_DIR}/web-work ${moex_web_dir})
+set_tests_properties(web_session PROPERTIES TIMEOUT 300 LABELS web RUN_SERIAL TRUE SKIP_RETURN_CODE 77
+  ENVIRONMENT "MOEX_LOG=warn")
