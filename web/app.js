@@ -28,6 +28,7 @@ function start() {
   $('hub').textContent = urls.ws;
   // The worker script's own directory holds moex_wasm.js, the .wasm and wgsl/.
   worker = new Worker(new URL('worker_main.js', document.baseURI || location.href));
+  window.__moexWorker = worker;   // tests and the console: worker.postMessage({cmd: 'stop'})
   worker.onmessage = (ev) => { if (ev.data.status) show(ev.data.status); };
   worker.onerror = (ev) => { $('phase').textContent = `error: ${ev.message}`; };
   worker.postMessage({ cmd: 'start', cfg: {

@@ -480,4 +480,6 @@ onmessage = (ev) => {
   const m = ev.data;
   if (m.cmd === 'start') start(m.cfg).catch((e) => stopForGood(`start failed: ${e.stack || e}`));
   if (m.cmd === 'stop') stopForGood('stopped by the page');
+  // Tests: destroys the WebGPU device as a driver reset would (device.lost).
+  if (m.cmd === 'lose-gpu' && S.gpu) S.gpu.device.destroy();
 };

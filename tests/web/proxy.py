@@ -26,6 +26,7 @@ class Proxy:
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.conns = set()
+        self.requests = []   # (path, Range header or None) of every forwarded /v1 request
         threading.Thread(target=self._run, daemon=True).start()
         self.ready.wait(10)
 
@@ -68,6 +69,7 @@ class Proxy:
                      ("Cache-Control", "no-store")], body
 
     def _forward(self, path, headers):
+        self.requests.append((path.split("?", 1)[0], headers.get("Range")))
         req = urllib.request.Request(f"http://127.0.0.1:{self.hub_port}{path}")
         if "Range" in headers:
             req.add_header("Range", headers["Range"])

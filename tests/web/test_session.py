@@ -10,12 +10,16 @@ tests/web/proxy.py), while this script plays the hub on /ws, frame by frame:
 - the backlog: a DISPATCH for another layer preempts the queued ones (ERROR 3),
   a 65th queued dispatch is refused (ERROR 2), CANCEL drops a queued one;
 - an expert not held: ERROR 4; a malformed frame: ERROR with its negative status;
+- the cache: a corrupted cached expert is downloaded again, a partial one
+  resumed with Range, intact ones not fetched again;
+- a lost WebGPU device: the page JOINs again as a CPU worker and still answers;
 - ERROR 8 (refused) from the hub: the page reconnects and JOINs again; a silent
   hub: the page reconnects after 5 s; ERROR 7 (evicted): the page stops for good.
 
 usage: test_session.py BIN_DIR VOCAB_DIR WORK_DIR WEB_DIR
 """
 import asyncio
+import base64
 import json
 import os
 import struct
@@ -85,6 +89,21 @@ def cancel(seq, layer, expert):
     return header(CANCEL, 0, seq, layer, expert)
 
 
+# Page JavaScript (main thread, OPFS): corrupts the cached 1-2.bin, and turns
+# 1-3.bin into a .part holding its first half.
+OPFS_EDIT = """(async () => {
+  const d = await (await (await navigator.storage.getDirectory()).getDirectoryHandle('moex')).getDirectoryHandle('%(hash)s');
+  const w = await (await d.getFileHandle('1-2.bin')).createWritable({ keepExistingData: true });
+  await w.write({ type: 'write', position: 100, data: new Uint8Array(16).fill(0xa5) });
+  await w.close();
+  await d.removeEntry('1-3.bin');
+  const p = await (await d.getFileHandle('1-3.part', { create: true })).createWritable();
+  await p.write(Uint8Array.from(atob('%(b64)s'), (ch) => ch.charCodeAt(0)));
+  await p.close();
+  return true;
+})()"""
+
+
 class Conn:
     """One WebSocket from the page, as the scripted hub sees it."""
 
@@ -138,7 +157,7 @@ async def keepalive(ws):
         pass
 
 
-async def scripted_hub(conns, model):
+async def scripted_hub(conns, model, hub_port, proxy_requests, page_eval):
     mh, nl, ne, hidden = int(model["model_hash"], 16), model["n_layers"], model["n_experts"], model["n_embd"]
     c = Conn(await asyncio.wait_for(conns.get(), 60))
     alive = asyncio.ensure_future(keepalive(c.ws))
@@ -200,6 +219,41 @@ async def scripted_hub(conns, model):
     r = await c.next(10)
     check("a dispatch for an expert no longer held gets ERROR 4", ready and r is not None and r["type"] == ERROR
           and r["seq"] == 300 and struct.unpack("<i", r["payload"][:4])[0] == 4, f"ready={ready} {r and (r['type'], r['seq'])}")
+
+    # The cache: a corrupted cached expert is downloaded again, a partial one resumed.
+    path = lambda l, e: f"/v1/expert/{l}/{e}"  # noqa: E731
+    with urllib.request.urlopen(f"http://127.0.0.1:{hub_port}{path(1, 3)}?token={distlib.TOKEN}") as r:
+        whole = r.read()
+    half = len(whole) // 2
+    edited = await page_eval(OPFS_EDIT % {"hash": model["model_hash"], "b64": base64.b64encode(whole[:half]).decode()})
+    n_req = len(proxy_requests)
+    await c.ws.send(assign(7, mh, nl, ne, every))
+    ready = await c.wait_ready(7, 60)
+    new = proxy_requests[n_req:]
+    check("a corrupted cached expert is downloaded again", edited and ready and (path(1, 2), None) in new, f"requests {new}")
+    check("a partial download resumes with a Range request", (path(1, 3), f"bytes={half}-") in new)
+    check("the intact cached experts are not downloaded again",
+          not [p for p in new if p[0].startswith("/v1/expert/1/") and p[0] not in (path(1, 2), path(1, 3))])
+
+    # A lost GPU: the page joins again as a CPU worker and computes from the verified cache.
+    await page_eval("window.__moexWorker.postMessage({cmd: 'lose-gpu'}), true")
+    try:
+        cg = Conn(await asyncio.wait_for(conns.get(), 15))
+        alive = asyncio.ensure_future(keepalive(cg.ws))
+        j = await cg.next(10)
+    except asyncio.TimeoutError:
+        cg, j = None, None
+    check("a lost WebGPU device: the page joins again as a CPU worker (backend 0)",
+          j is not None and j["type"] == JOIN and j["payload"][4] == 0)
+    if cg is None:
+        return
+    c = cg
+    await c.ws.send(assign(8, mh, nl, ne, every))
+    ready = await c.wait_ready(8, 60)
+    await c.ws.send(dispatch(500, 1, 5, 3, hidden))
+    r = await c.next(30)
+    check("... and answers dispatches on the CPU", ready and r is not None and r["type"] == RESULT and r["seq"] == 500,
+          f"ready={ready} {r and (r['type'], r['seq'])}")
 
     await c.ws.send(header(99, 0, 400))
     r = await c.next(10)
@@ -272,7 +326,13 @@ def main():
             s = await webtest.Session.connect(browser)
             s.echo = os.environ.get("MOEX_WEB_ECHO") == "1"
             _, sid = await s.open(f"http://127.0.0.1:{proxy.port}/worker?token={distlib.TOKEN}&name=scripted")
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(scripted_hub(conns, model), proxy.loop))
+            main = asyncio.get_running_loop()
+
+            async def page_eval(expr):
+                return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(s.evaluate(sid, expr), main))
+
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+                scripted_hub(conns, model, port, proxy.requests, page_eval), proxy.loop))
             await asyncio.sleep(1.2)
             page.update(await s.evaluate(sid, "window.__moex || {}") or {})
             await s.close()
