@@ -142,6 +142,13 @@ class GpuExperts {
     return p;
   }
 
+  // Lanes per row for rows of `units` units: with subgroups, no more than the
+  // smallest subgroup, so that the reduction needs no barrier.
+  lanes(units) {
+    const l = lanesPerRow(units);
+    return this.subgroups && this.subgroupMin >= 1 ? Math.min(l, this.subgroupMin) : l;
+  }
+
   // The matrix kernel for weight type t, lanes per row lpr, tb tokens per tile.
   matvecPipeline(t, lpr, tb) {
     const [name, mode] = GPU_TYPES[t];
@@ -172,7 +179,7 @@ class GpuExperts {
     for (const lay of layouts) {
       for (const tb of [1, 2, 4, 8]) {
         for (const [t, cols] of [[lay.types[0], lay.hidden], [lay.types[1], lay.hidden], [lay.types[2], lay.nFF]])
-          ps.push(this.matvecPipeline(t, lanesPerRow(cols / 32), tb));
+          ps.push(this.matvecPipeline(t, this.lanes(cols / 32), tb));
       }
     }
     await Promise.all(ps);
@@ -304,7 +311,7 @@ class GpuExperts {
           [{ buffer: src }, { buffer: AQ }, { buffer: AM }], [Math.ceil(cols / 256), nrows, 1]]);
       };
       const mvPass = async (t, which, nRows, cols, yBuf, yStride, yCol, useGate) => {
-        const lpr = lanesPerRow(cols / 32);
+        const lpr = this.lanes(cols / 32);
         const p = await this.matvecPipeline(t, lpr, tb);
         passes.push([p, [nRows, cols / 32, rowBytes(t, cols), which, yStride, yCol, useGate ? 1 : 0, g.jobBase],
           [{ buffer: g.arena.buffer }, { buffer: AQ }, { buffer: AM }, { buffer: JOBS }, { buffer: yBuf }, { buffer: GW }],

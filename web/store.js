@@ -121,6 +121,7 @@ class ExpertStore {
       const bytes = await this.readFile(bin);
       if (this.wasm.hash64(bytes) === want) {
         this.stats.verifiedBytes += bytes.length;
+        if (!this.counted) this.stats.cachedBytes += bytes.length;
         return bytes;
       }
       await this.remove(bin);   // evicted, truncated or another model's: fetch again
@@ -210,6 +211,7 @@ class ExpertStore {
       total -= size;
     }
     this.stats.cachedBytes = total;
+    this.counted = true;    // from now on the total is the directory's
   }
 }
 

@@ -46,7 +46,7 @@ function status() {
       capabilities: S.gpu ? S.gpu.capabilities() : { wasmSimd: S.wasm ? S.wasm.simdName() : '' },
       model: S.model ? { hash: S.model.model_hash, layers: S.model.n_layers, experts: S.model.n_experts, hidden: S.model.n_embd } : null,
       g: S.g, state: S.state, held: S.held.size, heldOnCpu: S.onCpu.size,
-      cachedBytes: S.store ? S.store.stats.cachedBytes + S.store.stats.verifiedBytes : 0,
+      cachedBytes: S.store ? S.store.stats.cachedBytes : 0,
       download: { done: st.dlBytes, total: st.dlTotal },
       dispatches: st.dispatches, results: st.results, errors: st.errors, cancels: st.cancels, computed: st.computed,
       gpuBatches: st.gpuBatches, cpuDispatches: st.cpuDispatches, backlog: S.backlog.length, connects: st.connects,
