@@ -97,6 +97,14 @@ class ExpertStore {
     return this.hubHash.get(k);
   }
 
+  // Asks the hub for the hashes of many experts, a few requests at a time
+  // (one round trip each would otherwise dominate loading a warm cache).
+  async prefetchHashes(list, concurrency = 8) {
+    const todo = list.filter(([l, e]) => !this.hubHash.has(`${l}/${e}`));
+    const next = async () => { while (todo.length) { const [l, e] = todo.shift(); await this.hashOf(l, e); } };
+    await Promise.all(Array.from({ length: Math.min(concurrency, todo.length) }, next));
+  }
+
   // Reads a whole OPFS file (sync access handle: this runs in a Worker).
   async readFile(name) {
     const t0 = performance.now();

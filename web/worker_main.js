@@ -304,6 +304,7 @@ async function loadAssignment(gen) {
   S.stats.phase = todo.length ? 'downloading' : S.stats.phase;
   status();
   try {
+    await S.store.prefetchHashes(todo);
     for (const [l, e] of todo) {
       if (stop()) return;
       const bytes = await S.store.get(l, e, stop);
