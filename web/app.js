@@ -3,6 +3,7 @@
 //   /worker?token=T                 the hub that serves this page (same origin: /ws, /v1/...)
 //   /worker/?token=T&hub=http://H:P another hub (tests; the page and the hub then differ in origin)
 //   &name=N                         the worker's name in the hub's logs
+//   &cpu=1, &capacity=C             the CPU path even with WebGPU; JOIN's placement weight
 'use strict';
 
 const q = new URLSearchParams(location.search);
@@ -33,7 +34,7 @@ function start() {
   worker.onerror = (ev) => { $('phase').textContent = `error: ${ev.message}`; };
   worker.postMessage({ cmd: 'start', cfg: {
     ws: urls.ws, http: urls.http, token: q.get('token') || '', name: q.get('name') || settings.name || '',
-    budget: (settings.budgetMiB || 0) * 1048576, forceCpu: !!settings.cpu || q.get('cpu') === '1', capacity: 1.0,
+    budget: (settings.budgetMiB || 0) * 1048576, forceCpu: !!settings.cpu || q.get('cpu') === '1', capacity: +(q.get('capacity') || 0),
   } });
 }
 

@@ -83,6 +83,16 @@ function sendHeartbeat() {
 
 function backend() { return S.gpu ? MOEX.BACKEND.WEBGPU : MOEX.BACKEND.CPU; }
 
+// JOIN's capacity (placement weight; a native CPU worker's default is 1.0):
+// what docs/BROWSER.md measured, roughly: the WASM path runs an expert 5-15x
+// slower than native AVX-512, a software (fallback) adapter ~500x slower.
+// A GPU adapter counts as one native worker. The page's setting overrides.
+function capacity() {
+  if (S.cfg.capacity > 0) return S.cfg.capacity;
+  if (!S.gpu) return 0.2;
+  return S.gpu.capabilities().fallbackAdapter ? 0.01 : 1.0;
+}
+
 function workerName() {
   const caps = S.gpu ? S.gpu.capabilities() : null;
   const what = caps
@@ -133,7 +143,7 @@ async function connect() {
     S.stats.connects++;
     S.stats.phase = 'joining';
     log(`connected to ${S.cfg.ws} as '${workerName()}'`);
-    send(S.wasm.encodeJoin({ backend: backend(), capacity: S.cfg.capacity, memoryBudget: S.cfg.budget || S.model.allBytes,
+    send(S.wasm.encodeJoin({ backend: backend(), capacity: capacity(), memoryBudget: S.cfg.budget || S.model.allBytes,
                              modelHash: S.model.model_hash, name: workerName() }));
   };
   ws.onmessage = (ev) => { if (conn === S.conn) onMessage(new Uint8Array(ev.data)); };
@@ -254,6 +264,16 @@ function onAssign(m) {
 
 // ---- assignments: download, verify, hold ----
 
+// GPU slots change (hold, drop) only between layer batches: run() reads the
+// slot table before it submits, and a slot rewritten in between would hand a
+// batch another expert's weights. Downloads go on while batches run.
+let gpuChain = Promise.resolve();
+function withGpu(fn) {
+  const p = gpuChain.then(fn);
+  gpuChain = p.catch(() => {});
+  return p;
+}
+
 async function openModel() {
   S.model = await S.store.fetchModel();
   log(`model ${S.model.model_hash}: ${S.model.n_layers} layers x ${S.model.n_experts} experts, hidden ${S.model.n_embd}`);
@@ -275,7 +295,7 @@ async function openModel() {
 async function holdExpert(l, e, bytes) {
   const lay = S.model.layout(l, e), k = `${l}/${e}`;
   if (S.gpu && lay.types.every(isGpuType)) {
-    if (await S.gpu.hold(l, e, bytes, lay)) {
+    if (await withGpu(() => S.gpu && S.gpu.hold(l, e, bytes, lay))) {
       S.held.add(k);
       return;
     }
@@ -297,7 +317,7 @@ function dropExpert(l, e) {
 async function loadAssignment(gen) {
   const a = S.assign, stop = () => gen !== S.assignGen;
   const want = new Set(a.list.map(([l, e]) => `${l}/${e}`));
-  for (const k of [...S.held]) if (!want.has(k)) dropExpert(...k.split('/').map(Number));
+  await withGpu(() => { for (const k of [...S.held]) if (!want.has(k)) dropExpert(...k.split('/').map(Number)); });
   const todo = a.list.filter(([l, e]) => !S.held.has(`${l}/${e}`));
   S.stats.dlTotal = todo.reduce((s, [l, e]) => s + S.model.layout(l, e).total, 0);
   S.stats.dlBytes = 0;
@@ -311,7 +331,7 @@ async function loadAssignment(gen) {
       if (!bytes || stop()) return;
       await holdExpert(l, e, bytes);
     }
-    if (S.gpu) await S.gpu.warmUp([...new Set(a.list.map(([l, e]) => JSON.stringify(S.model.layout(l, e))))].map((s) => JSON.parse(s)));
+    if (S.gpu) await withGpu(() => S.gpu && S.gpu.warmUp([...new Set(a.list.map(([l, e]) => JSON.stringify(S.model.layout(l, e))))].map((s) => JSON.parse(s))));
   } catch (err) {
     if (err instanceof StoreError && err.lasting) return stopForGood(err.message);
     log(`assignment ${a.g}: ${err.message || err}; waiting for the hub's next ASSIGN`);
@@ -403,7 +423,7 @@ async function computeBatch(batch) {
       const it = batch[i], d = S.wasm.dispatchF32(it.frame, it.nTok, it.hidden);
       return { layer: it.layer, expert: it.expert, x: d.x, gates: d.gates };
     });
-    const outs = await S.gpu.run(items);
+    const outs = await withGpu(() => S.gpu.run(items));
     gpuIdx.forEach((i, j) => { frames[i] = { bytes: S.wasm.encodeResult(batch[i].frame, outs[j]) }; });
     S.stats.gpuBatches++;
   } catch (err) {

@@ -3,7 +3,8 @@
 headless Chromium downloads its experts from a real moex-hub (/v1/*, through
 tests/web/proxy.py), while this script plays the hub on /ws, frame by frame:
 
-- JOIN: backend WebGPU (2), the hub's model hash, capabilities in the name;
+- JOIN: backend WebGPU (2), the hub's model hash, capabilities in the name,
+  capacity 0.01 for a software adapter (0.2 once on the WASM path);
 - ASSIGN -> HEARTBEAT READY with seq = the generation; heartbeats every second;
 - a RESULT per DISPATCH with its seq, layer, expert, tokens, hidden and dtype
   (f16, bf16, int8, f32);
@@ -165,12 +166,13 @@ async def scripted_hub(conns, model, hub_port, proxy_requests, page_eval):
     ok = j is not None and j["type"] == JOIN
     if ok:
         p = j["payload"]
-        backend, name_len = p[4], p[5]
+        backend, name_len, cap = p[4], p[5], struct.unpack("<H", p[6:8])[0]
         join_hash = struct.unpack("<Q", p[16:24])[0]
         name = p[28:28 + name_len].decode()
-    check("JOIN first, backend WebGPU (2), the hub's model hash, capabilities in the name",
-          ok and backend == 2 and join_hash == mh and "webgpu" in name,
-          f"{j and j['type']} backend={ok and backend} hash={ok and hex(join_hash)} name={ok and name!r}")
+    check("JOIN first, backend WebGPU (2), the hub's model hash, capabilities in the name, a software adapter's capacity",
+          ok and backend == 2 and join_hash == mh and "webgpu" in name and "fallback" in name and cap == 1,
+          f"{j and j['type']} backend={ok and backend} hash={ok and hex(join_hash)} name={ok and name!r} "
+          f"capacity_centi={ok and cap}")
     every = [(l, e) for l in range(nl) for e in range(ne)]
     await c.ws.send(assign(5, mh, nl, ne, every))
     ready = await c.wait_ready(5, 60)
@@ -244,7 +246,7 @@ async def scripted_hub(conns, model, hub_port, proxy_requests, page_eval):
     except asyncio.TimeoutError:
         cg, j = None, None
     check("a lost WebGPU device: the page joins again as a CPU worker (backend 0)",
-          j is not None and j["type"] == JOIN and j["payload"][4] == 0)
+          j is not None and j["type"] == JOIN and j["payload"][4] == 0 and struct.unpack("<H", j["payload"][6:8])[0] == 20)
     if cg is None:
         return
     c = cg
