@@ -67,6 +67,7 @@
       [T.q8_0, T.q8_0, T.q8_0], [T.q4_0, T.q4_0, T.q4_0], [T.q5_0, T.q5_0, T.q5_0],
       [T.f16, T.f16, T.f16], [T.bf16, T.bf16, T.bf16], [T.f32, T.f32, T.f32],
       [T.q5_K, T.q8_0, T.q4_0],            // gate and up of different types and activations
+      [T.q4_K, T.q5_K, T.q8_0],            // gate and up of different types, the same activations
     ];
     const shapes = [[256, 256, [1, 3]], [512, 768, [5, 1, 9]], [2048, 768, [1, 2]]];  // hidden, n_ff, tokens per expert
     const flavours = [{}, { noSubgroups: true, noDot4: true }];
