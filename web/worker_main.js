@@ -83,10 +83,10 @@ function sendHeartbeat() {
 
 function backend() { return S.gpu ? MOEX.BACKEND.WEBGPU : MOEX.BACKEND.CPU; }
 
-// JOIN's capacity (placement weight; a native CPU worker's default is 1.0):
-// what docs/BROWSER.md measured, roughly: the WASM path runs an expert 5-15x
-// slower than native AVX-512, a software (fallback) adapter ~500x slower.
-// A GPU adapter counts as one native worker. The page's setting overrides.
+// JOIN's capacity (placement weight; a native CPU worker's default is 1.0),
+// from the relative speeds in docs/BROWSER.md ("Measured"): a GPU adapter
+// counts as one native worker, the WASM path as a fifth of one, a software
+// (fallback) adapter as almost nothing. The page's setting overrides.
 function capacity() {
   if (S.cfg.capacity > 0) return S.cfg.capacity;
   if (!S.gpu) return 0.2;

@@ -107,3 +107,15 @@ class Proxy:
             pass
         finally:
             self.conns.discard(client)
+
+
+if __name__ == "__main__":
+    # By hand, until the hub serves the page: python3 tests/web/proxy.py build/web HUB_PORT
+    import sys
+    import time
+    if len(sys.argv) != 3:
+        sys.exit("usage: proxy.py WEB_DIR HUB_PORT")
+    p = Proxy(sys.argv[1], int(sys.argv[2]))
+    print(f"open http://127.0.0.1:{p.port}/worker?token=TOKEN (the hub's --token)", flush=True)
+    while True:
+        time.sleep(3600)
