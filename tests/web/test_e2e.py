@@ -5,9 +5,11 @@ headless Chromium (WebGPU on SwiftShader, or the WASM CPU path with
 ?cpu=1), served by a test-only proxy that also forwards /ws and /v1/* to the
 hub (same origin, as when the hub serves the page). Scenarios:
 
-- webgpu / wasm_cpu: the hub prints exactly the tokens of `moex-hub --local`
-  (greedy, --wire-dtype f16) and every expert ran on the browser worker
-  (dispatches > 0, no local fallback), with --verify on;
+- webgpu / wasm_cpu / no_webgpu: the hub prints exactly the tokens of
+  `moex-hub --local` (greedy, --wire-dtype f16) and every expert ran on the
+  browser worker (dispatches > 0, no local fallback), with --verify on: on
+  WebGPU, on the WASM path chosen by the page (&cpu=1), and in a browser
+  without WebGPU;
 - tab_closed: closing the tab mid-generation loses no token (the hub
   computes the experts itself once its only worker is gone).
 
@@ -37,13 +39,13 @@ MODEL = gen_model("qwen3moe", "q4_K_M", 31)
 REF = local_tokens(MODEL, N)
 
 
-def run_with_browser(n_tokens, query="", on_running=None, timeout=300):
+def run_with_browser(n_tokens, query="", on_running=None, timeout=300, webgpu=True):
     """A one-shot hub with the worker page as its only worker. on_running(session, target, cluster)
     runs once the page is connected. Returns (rc, tokens, hub stderr, page status)."""
     c = distlib.Cluster(MODEL, 0, n_tokens, hub_args=["--replicas", "1", "--verify", "0.25", "--wait-s", "120"],
                         min_workers=1)
     proxy = Proxy(WEB, c.port)
-    browser = webtest.Browser()
+    browser = webtest.Browser(webgpu=webgpu)
     page_status = {}
 
     async def drive():
@@ -75,8 +77,8 @@ def summary(err):
     return " ".join(l for l in err.splitlines() if "metrics" in l)[:600]
 
 
-def matches_local(label, query):
-    rc, toks, err, st = run_with_browser(N, query)
+def matches_local(label, query, webgpu=True):
+    rc, toks, err, st = run_with_browser(N, query, webgpu=webgpu)
     check(f"{label}: the hub with the browser worker prints --local's tokens", rc == 0 and toks == REF,
           f"rc={rc} got={toks[:8]} want={REF[:8]}" + ("" if rc == 0 else err[-1500:]))
     d, fb = metric(err, "dispatches"), metric(err, "fallbacks")
@@ -95,6 +97,11 @@ def webgpu():
 @scenario
 def wasm_cpu():
     matches_local("wasm_cpu", "&cpu=1")
+
+
+@scenario
+def no_webgpu():
+    matches_local("wasm_no_webgpu", "", webgpu=False)
 
 
 @scenario

@@ -78,9 +78,11 @@ def serve_static(web_dir):
 class Browser:
     """Headless Chromium with WebGPU on SwiftShader, driven over the DevTools protocol."""
 
-    def __init__(self, extra_args=()):
+    def __init__(self, extra_args=(), webgpu=True):
+        """webgpu=False: a browser without WebGPU (navigator.gpu gives no adapter)."""
         self.profile = tempfile.mkdtemp(prefix="moex-chromium-")
-        args = [find_chromium(), "--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--disable-gpu-sandbox",
+        gpu_flag = "--enable-unsafe-webgpu" if webgpu else "--disable-features=WebGPU"
+        args = [find_chromium(), "--headless=new", "--no-sandbox", gpu_flag, "--disable-gpu-sandbox",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
                 "--disable-default-apps", "--disable-renderer-backgrounding", "--disable-background-timer-throttling",
                 "--remote-debugging-port=0", f"--user-data-dir={self.profile}", *extra_args, "about:blank"]
