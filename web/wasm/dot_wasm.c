@@ -63,7 +63,7 @@ static void dot_q8_0_wasm(int64_t n, const void *w, const void *a, float *out) {
  * bytes (NULL for Q4_K). */
 static void dot_k4_block(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, const moex_block_q8_K *y,
                          int32_t *isum_out, int32_t *imins_out) {
-    const v128_t m4 = wasm_i8x16_splat(0xF), one = wasm_i8x16_splat(1);
+    const v128_t m4 = wasm_i8x16_splat(0xF), zero = wasm_i8x16_splat(0), k16 = wasm_i8x16_splat(16);
     v128_t acc = wasm_i32x4_splat(0);
     int32_t imins = 0;
     const int8_t *q8 = y->qs;
@@ -71,14 +71,15 @@ static void dot_k4_block(const uint8_t *scales, const uint8_t *qs, const uint8_t
         uint8_t sc0, m0, sc1, m1;
         moex_k4_scale_min(2 * g, scales, &sc0, &m0);
         moex_k4_scale_min(2 * g + 1, scales, &sc1, &m1);
+        const v128_t bit_lo = wasm_i8x16_splat((int8_t)(1 << (2 * g))), bit_hi = wasm_i8x16_splat((int8_t)(1 << (2 * g + 1)));
         v128_t s0 = wasm_i32x4_splat(0), s1 = wasm_i32x4_splat(0);
         for (int k = 0; k < 2; k++) {
             const v128_t q = wasm_v128_load(qs + 16 * k);
             v128_t lo = wasm_v128_and(q, m4), hi = wasm_u8x16_shr(q, 4);
-            if (qh) {
+            if (qh) { /* bit j of each qh byte -> 16; compares, not shifts by g (clang 14 scalarises those) */
                 const v128_t h = wasm_v128_load(qh + 16 * k);
-                lo = wasm_v128_or(lo, wasm_i8x16_shl(wasm_v128_and(wasm_u8x16_shr(h, 2 * g), one), 4));
-                hi = wasm_v128_or(hi, wasm_i8x16_shl(wasm_v128_and(wasm_u8x16_shr(h, 2 * g + 1), one), 4));
+                lo = wasm_v128_or(lo, wasm_v128_and(wasm_i8x16_ne(wasm_v128_and(h, bit_lo), zero), k16));
+                hi = wasm_v128_or(hi, wasm_v128_and(wasm_i8x16_ne(wasm_v128_and(h, bit_hi), zero), k16));
             }
             s0 = wasm_i32x4_add(s0, dot_i8x16(lo, wasm_v128_load(q8 + 16 * k)));
             s1 = wasm_i32x4_add(s1, dot_i8x16(hi, wasm_v128_load(q8 + 32 + 16 * k)));
