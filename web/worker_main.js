@@ -329,7 +329,13 @@ async function loadAssignment(gen) {
       if (stop()) return;
       const bytes = await S.store.get(l, e, stop);
       if (!bytes || stop()) return;
-      await holdExpert(l, e, bytes);
+      try {
+        await holdExpert(l, e, bytes);
+      } catch (err) {
+        // Neither the GPU nor the WASM heap takes it (out of memory): as moex-worker
+        // does, go on without it; its dispatches get ERROR 4 and the hub re-dispatches.
+        log(`cannot hold expert (${l}, ${e}): ${err.message || err}`);
+      }
     }
     if (S.gpu) await withGpu(() => S.gpu && S.gpu.warmUp([...new Set(a.list.map(([l, e]) => JSON.stringify(S.model.layout(l, e))))].map((s) => JSON.parse(s))));
   } catch (err) {
