@@ -295,11 +295,15 @@ async function openModel() {
 async function holdExpert(l, e, bytes) {
   const lay = S.model.layout(l, e), k = `${l}/${e}`;
   if (S.gpu && lay.types.every(isGpuType)) {
-    if (await withGpu(() => S.gpu && S.gpu.hold(l, e, bytes, lay))) {
-      S.held.add(k);
-      return;
+    try {
+      if (await withGpu(() => S.gpu && S.gpu.hold(l, e, bytes, lay))) {
+        S.held.add(k);
+        return;
+      }
+      log(`expert (${l}, ${e}): no room on the GPU; it runs on the CPU`);
+    } catch (err) {
+      log(`expert (${l}, ${e}): the GPU refused it (${err.message || err}); it runs on the CPU`);
     }
-    log(`expert (${l}, ${e}): no room on the GPU; it runs on the CPU`);
   }
   S.wasm.hold(l, e, bytes, lay.types, lay.nFF);
   S.onCpu.add(k);
