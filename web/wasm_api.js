@@ -20,7 +20,7 @@ const MOEX = Object.freeze({
 // Byte offsets of moex_wasm_msg's u32 fields.
 const MSG_FIELDS = {
   type: 0, seq: 4, layer: 8, expert: 12, n_tokens: 16, hidden: 20, dtype: 24, flags: 28, code: 32,
-  text_ptr: 36, text_len: 40, list_ptr: 44, list_count: 48, worker_id: 52, n_layers: 56, n_experts: 60,
+  text_off: 36, text_len: 40, list_off: 44, list_count: 48, worker_id: 52, n_layers: 56, n_experts: 60,
   replicas: 64, hash_lo: 68, hash_hi: 72, ts_lo: 76, ts_hi: 80,
 };
 
@@ -105,10 +105,10 @@ class MoexWasm {
     const out = { status };
     for (const [k, off] of Object.entries(MSG_FIELDS)) out[k] = k === 'code' ? dv.getInt32(off, true) : dv.getUint32(off, true);
     if (status) { out.error = this.error(); return out; }
-    if (out.type === MOEX.MSG.ERROR) out.text = new TextDecoder().decode(this.heap.subarray(out.text_ptr, out.text_ptr + out.text_len));
+    if (out.type === MOEX.MSG.ERROR) out.text = new TextDecoder().decode(this.heap.subarray(p + out.text_off, p + out.text_off + out.text_len));
     if (out.type === MOEX.MSG.ASSIGN) {
       out.modelHash = hex64(out.hash_lo, out.hash_hi);
-      const l = new DataView(this.heap.buffer, out.list_ptr, 4 * out.list_count);
+      const l = new DataView(this.heap.buffer, p + out.list_off, 4 * out.list_count);
       out.experts = [];
       for (let i = 0; i < out.list_count; i++) out.experts.push([l.getUint16(4 * i, true), l.getUint16(4 * i + 2, true)]);
     }

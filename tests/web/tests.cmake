@@ -18,3 +18,8 @@ add_test(NAME web_session
           ${CMAKE_BINARY_DIR}/web-work ${moex_web_dir})
 set_tests_properties(web_session PROPERTIES TIMEOUT 300 LABELS web RUN_SERIAL TRUE SKIP_RETURN_CODE 77
   ENVIRONMENT "MOEX_LOG=warn")
+
+# The WASM module's C entry points compiled natively: runs everywhere (no emcc
+# needed), under the sanitizers in sanitizer builds.
+moex_c_test(test_wasm_api SOURCES ${CMAKE_SOURCE_DIR}/tests/web/test_wasm_api.c ${CMAKE_SOURCE_DIR}/web/wasm/moex_wasm.c
+  LIBS moex_worker moex_proto moex_kernels TIMEOUT 60 LABELS "web;worker")

@@ -16,7 +16,6 @@
  * model; no global state. One call per frame or per batch crosses the
  * boundary. Pointers are wasm32 addresses into the module's heap; 64-bit
  * values cross as (lo, hi) u32 pairs or doubles (timestamps < 2^53 us). */
-#include <emscripten/emscripten.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,25 +26,18 @@
 #include "kernels/kernels_internal.h"
 #include "proto/proto.h"
 #include "worker/worker.h"
+#include "web/wasm/moex_wasm.h"
 
+/* Exported to JavaScript. Natively (tests/web/test_wasm_api.c runs this file
+ * under the sanitizers) an ordinary function. */
+#ifdef __EMSCRIPTEN__
+#include <emscripten/emscripten.h>
 #define API EMSCRIPTEN_KEEPALIVE
+#else
+#define API
+#endif
 
-/* A decoded frame as JavaScript reads it (web/wasm_api.js, MSG_FIELDS):
- * 21 little-endian u32 at these byte offsets. */
-typedef struct moex_wasm_msg {
-    uint32_t type, seq, layer, expert;         /*  0,  4,  8, 12 */
-    uint32_t n_tokens, hidden, dtype, flags;   /* 16, 20, 24, 28 */
-    int32_t code;                              /* 32: ERROR code */
-    uint32_t text_ptr, text_len;               /* 36, 40: ERROR text */
-    uint32_t list_ptr, list_count;             /* 44, 48: ASSIGN experts, (u16 layer, u16 expert) each */
-    uint32_t worker_id, n_layers, n_experts;   /* 52, 56, 60: ASSIGN */
-    uint32_t replicas;                         /* 64 */
-    uint32_t hash_lo, hash_hi;                 /* 68, 72: ASSIGN model hash */
-    uint32_t ts_lo, ts_hi;                     /* 76, 80: HEARTBEAT timestamp_us */
-} moex_wasm_msg;
-_Static_assert(sizeof(moex_wasm_msg) == 84, "moex_wasm_msg: 21 u32 fields");
-
-typedef struct moex_wasm {
+struct moex_wasm {
     int n_layers, n_experts, hidden;
     moex_proto_limits lim;
     moex_worker_core *core;             /* the CPU path */
@@ -58,7 +50,7 @@ typedef struct moex_wasm {
     moex_wasm_msg msg;
     moex_error err;
     XXH3_state_t hash;
-} moex_wasm;
+};
 
 API void *moex_wasm_malloc(size_t n) { return malloc(n ? n : 1); }
 API void moex_wasm_free(void *p) { free(p); }
@@ -163,11 +155,11 @@ API int moex_wasm_decode(moex_wasm *w, const uint8_t *frame, uint32_t len) {
     switch (m.h.type) {
     case MOEX_MSG_ERROR:
         o->code = m.u.error.code;
-        o->text_ptr = (uint32_t)(uintptr_t)m.u.error.text;
+        o->text_off = (uint32_t)((const uint8_t *)m.u.error.text - frame);
         o->text_len = m.u.error.text_len;
         break;
     case MOEX_MSG_ASSIGN:
-        o->list_ptr = (uint32_t)(uintptr_t)m.u.assign.experts.bytes;
+        o->list_off = (uint32_t)(m.u.assign.experts.bytes - frame);
         o->list_count = m.u.assign.experts.count;
         o->worker_id = m.u.assign.info.worker_id;
         o->n_layers = m.u.assign.info.n_layers;
@@ -343,7 +335,11 @@ API int moex_wasm_dequantize_row(int type, const void *src, float *dst, int n) {
 }
 API const char *moex_wasm_simd_name(void) { return moex_kernels_simd_name(); }
 
+#ifdef __wasm_simd128__
 const moex_simd_table *moex_wasm_portable_table(void); /* dot_wasm.c */
+#else
+static const moex_simd_table *moex_wasm_portable_table(void) { return moex_simd_portable(); }
+#endif
 
 /* One dot product of a weight row of type with n f32 activations (rounded
  * to the type's partner type as the kernels do), by the table in use
