@@ -30,12 +30,22 @@ function start() {
   // The worker script's own directory holds moex_wasm.js, the .wasm and wgsl/.
   worker = new Worker(new URL('worker_main.js', document.baseURI || location.href));
   window.__moexWorker = worker;   // tests and the console: worker.postMessage({cmd: 'stop'})
-  worker.onmessage = (ev) => { if (ev.data.status) show(ev.data.status); };
+  worker.onmessage = (ev) => {
+    if (ev.data.status) show(ev.data.status);
+    if (ev.data.log) addLog(ev.data.log);
+  };
   worker.onerror = (ev) => { $('phase').textContent = `error: ${ev.message}`; };
   worker.postMessage({ cmd: 'start', cfg: {
     ws: urls.ws, http: urls.http, token: q.get('token') || '', name: q.get('name') || settings.name || '',
     budget: (settings.budgetMiB || 0) * 1048576, forceCpu: !!settings.cpu || q.get('cpu') === '1', capacity: +(q.get('capacity') || 0),
   } });
+}
+
+// The worker's log lines, the last 200.
+function addLog(line) {
+  const el = $('log');
+  el.textContent = (el.textContent + line + '\n').split('\n').slice(-201).join('\n');
+  el.scrollTop = el.scrollHeight;
 }
 
 function show(s) {

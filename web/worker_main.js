@@ -32,7 +32,10 @@ const S = {
            lat: [], gpuBatches: 0, cpuDispatches: 0, dlBytes: 0, dlTotal: 0, phase: 'starting' },
 };
 
-function log(...a) { console.log('moex-worker:', ...a); }
+function log(...a) {
+  console.log('moex-worker:', ...a);
+  postMessage({ log: `${new Date().toISOString().slice(11, 19)} ${a.join(' ')}` });
+}
 const nowUs = () => Math.round((performance.timeOrigin + performance.now()) * 1000);
 
 // ---- status to the page ----
@@ -136,7 +139,6 @@ async function connect() {
     up = true;
     S.ws = ws;
     S.link = 'up';
-    S.backoff = BACKOFF_MIN_S;
     S.lastRx = S.lastHb = performance.now();
     S.g = 0;
     S.state = MOEX.STATE.STARTING;
@@ -256,6 +258,9 @@ function onAssign(m) {
     return;
   }
   log(`assignment ${m.seq}: worker id ${m.worker_id}, ${m.experts.length} experts, ${m.replicas} replicas`);
+  // The backoff starts over once a hub has answered the JOIN (not merely accepted
+  // the connection: a proxy whose hub is gone accepts and closes at once).
+  S.backoff = BACKOFF_MIN_S;
   S.assign = { g: m.seq, list: m.experts, conn: S.conn };
   S.assignGen++;
   S.state = MOEX.STATE.LOADING;
