@@ -10,6 +10,8 @@ hub (same origin, as when the hub serves the page). Scenarios:
   browser worker (dispatches > 0, no local fallback), with --verify on: on
   WebGPU, on the WASM path chosen by the page (&cpu=1), and in a browser
   without WebGPU;
+- beside_native: the page and a native moex-worker, every dispatch hedged to
+  both (--replicas 2 --hedge 2): the same tokens, no fallback;
 - tab_closed: closing the tab mid-generation loses no token (the hub
   computes the experts itself once its only worker is gone).
 
@@ -39,11 +41,13 @@ MODEL = gen_model("qwen3moe", "q4_K_M", 31)
 REF = local_tokens(MODEL, N)
 
 
-def run_with_browser(n_tokens, query="", on_running=None, timeout=300, webgpu=True):
-    """A one-shot hub with the worker page as its only worker. on_running(session, target, cluster)
-    runs once the page is connected. Returns (rc, tokens, hub stderr, page status)."""
-    c = distlib.Cluster(MODEL, 0, n_tokens, hub_args=["--replicas", "1", "--verify", "0.25", "--wait-s", "120"],
-                        min_workers=1)
+def run_with_browser(n_tokens, query="", on_running=None, timeout=300, webgpu=True, native_workers=0, hub_args=None):
+    """A one-shot hub with the worker page as its only worker (or beside native_workers
+    moex-workers). on_running(session, target, cluster) runs once the page is connected.
+    Returns (rc, tokens, hub stderr, page status)."""
+    c = distlib.Cluster(MODEL, native_workers, n_tokens,
+                        hub_args=hub_args or ["--replicas", "1", "--verify", "0.25", "--wait-s", "120"],
+                        min_workers=native_workers + 1)
     proxy = Proxy(WEB, c.port)
     browser = webtest.Browser(webgpu=webgpu)
     page_status = {}
@@ -102,6 +106,20 @@ def wasm_cpu():
 @scenario
 def no_webgpu():
     matches_local("wasm_no_webgpu", "", webgpu=False)
+
+
+@scenario
+def beside_native():
+    """The page and a native moex-worker, every expert on both (--replicas 2) and sent to both
+    (--hedge 2): the hub takes the first RESULT and cancels the other."""
+    rc, toks, err, st = run_with_browser(N, native_workers=1,
+                                         hub_args=["--replicas", "2", "--hedge", "2", "--verify", "0.25"])
+    check("beside a native worker, hedged: --local's tokens", rc == 0 and toks == REF,
+          f"rc={rc} got={toks[:8]} want={REF[:8]}" + ("" if rc == 0 else err[-1500:]))
+    d, fb = metric(err, "dispatches"), metric(err, "fallbacks")
+    check("beside a native worker: no fallback, the page answered or was cancelled",
+          (d or 0) > 0 and fb == 0 and st.get("results", 0) + st.get("cancels", 0) > 0,
+          f"dispatches={d} fallbacks={fb} page results={st.get('results')} cancels={st.get('cancels')}; {summary(err)}")
 
 
 @scenario
