@@ -254,10 +254,23 @@ class GpuExperts {
   // Returns one Float32Array (n x hidden, gate-weighted) per item, in order.
   async run(items) {
     if (this.lost) throw new Error(`WebGPU device lost (${this.lost})`);
-    const dev = this.device;
-    // Groups: items sharing an arena and a layout run in one chain.
+    const plan = this.planBatch(items);
+    const bufs = this.stageBatch(plan);
+    const passes = await this.chainPasses(plan, bufs);
+    const all = await this.submitAndRead(passes, bufs, 4 * plan.rows * plan.hidden);
+    const outs = [];
+    for (const g of plan.groups) {
+      for (const j of g.jobs) outs[items.indexOf(j.it)] = all.subarray(j.tok * plan.hidden, (j.tok + j.n) * plan.hidden);
+    }
+    return outs;
+  }
+
+  // Groups the items (those sharing an arena and a layout run in one chain),
+  // each group's token rows contiguous: rows of X, GU, AQ, AM and OUT are the
+  // batch's token rows, a group's from its first job's tok on.
+  planBatch(items) {
     const groups = new Map();
-    let rows = 0, maxCols = 0, maxGU = 0, hidden = 0;
+    let maxCols = 0, maxGU = 0, hidden = 0;
     for (const it of items) {
       const s = this.slots.get(`${it.layer}/${it.expert}`);
       if (!s) throw new Error(`expert (${it.layer}, ${it.expert}) is not on the GPU`);
@@ -269,70 +282,85 @@ class GpuExperts {
       maxCols = Math.max(maxCols, lay.hidden, lay.nFF);
       maxGU = Math.max(maxGU, 2 * lay.nFF);
     }
-    for (const g of groups.values()) for (const j of g.jobs) { j.tok = rows; rows += j.n; }   // a group's rows are contiguous
-    const S = GPUBufferUsage;
-    const X = this.buffer('x', 4 * rows * hidden, S.STORAGE | S.COPY_DST);
-    const GW = this.buffer('gw', 4 * rows, S.STORAGE | S.COPY_DST);
-    const AQ = this.buffer('aq', 4 * rows * maxCols, S.STORAGE);
-    const AM = this.buffer('am', 8 * rows * Math.ceil(maxCols / 32), S.STORAGE);
-    const GU = this.buffer('gu', 4 * rows * maxGU, S.STORAGE);
-    const OUT = this.buffer('out', 4 * rows * hidden, S.STORAGE | S.COPY_SRC);
-    const READ = this.buffer('read', 4 * rows * hidden, S.MAP_READ | S.COPY_DST);
-    const xAll = new Float32Array(rows * hidden), gAll = new Float32Array(rows);
-    const jobWords = [];
-    let nJobs = 0;
+    let rows = 0, nJobs = 0;
     for (const g of groups.values()) {
       g.jobBase = nJobs;
+      nJobs += g.jobs.length;
+      for (const j of g.jobs) { j.tok = rows; rows += j.n; }
+    }
+    return { groups: [...groups.values()], rows, maxCols, maxGU, hidden };
+  }
+
+  // The batch's buffers (grown, reused), with x, the gate weights and the job table written.
+  stageBatch(plan) {
+    const S = GPUBufferUsage, { rows, hidden, maxCols } = plan;
+    const b = {
+      X: this.buffer('x', 4 * rows * hidden, S.STORAGE | S.COPY_DST),
+      GW: this.buffer('gw', 4 * rows, S.STORAGE | S.COPY_DST),
+      AQ: this.buffer('aq', 4 * rows * maxCols, S.STORAGE),
+      AM: this.buffer('am', 8 * rows * Math.ceil(maxCols / 32), S.STORAGE),
+      GU: this.buffer('gu', 4 * rows * plan.maxGU, S.STORAGE),
+      OUT: this.buffer('out', 4 * rows * hidden, S.STORAGE | S.COPY_SRC),
+      READ: this.buffer('read', 4 * rows * hidden, S.MAP_READ | S.COPY_DST),
+    };
+    const xAll = new Float32Array(rows * hidden), gAll = new Float32Array(rows), jobWords = [];
+    for (const g of plan.groups) {
       for (const j of g.jobs) {
         xAll.set(j.it.x, j.tok * hidden);
         gAll.set(j.it.gates, j.tok);
-        const b = j.s.layout.bytes;
-        jobWords.push(j.s.offset, j.s.offset + b[0], j.s.offset + b[0] + b[1], j.tok, j.n, 0, 0, 0);
-        nJobs++;
+        const bytes = j.s.layout.bytes, o = j.s.offset;
+        jobWords.push(o, o + bytes[0], o + bytes[0] + bytes[1], j.tok, j.n, 0, 0, 0);
       }
     }
-    const JOBS = this.buffer('jobs', 4 * jobWords.length, S.STORAGE | S.COPY_DST);
-    dev.queue.writeBuffer(X, 0, xAll);
-    dev.queue.writeBuffer(GW, 0, gAll);
-    dev.queue.writeBuffer(JOBS, 0, new Uint32Array(jobWords));
+    b.JOBS = this.buffer('jobs', 4 * jobWords.length, S.STORAGE | S.COPY_DST);
+    const q = this.device.queue;
+    q.writeBuffer(b.X, 0, xAll);
+    q.writeBuffer(b.GW, 0, gAll);
+    q.writeBuffer(b.JOBS, 0, new Uint32Array(jobWords));
+    return b;
+  }
 
-    // Passes: [pipeline, params (8 u32), bindings, grid]
-    const passes = [];
-    for (const g of groups.values()) {
-      const lay = g.lay, [tg, tu, td] = lay.types, H = lay.hidden, F = lay.nFF;
+  // Each group's chain, as [pipeline, params (8 u32), bindings, grid]:
+  // act(x) -> gate|up -> act(silu(g) u) -> down x gate weight.
+  async chainPasses(plan, b) {
+    const passes = [], act = await this.actPipeline();
+    for (const g of plan.groups) {
+      const [tg, tu, td] = g.lay.types, H = g.lay.hidden, F = g.lay.nFF;
       const tok0 = g.jobs[0].tok, nrows = g.jobs.reduce((n, j) => n + j.n, 0);
       const maxTok = Math.max(...g.jobs.map((j) => j.n));
       const tb = maxTok >= 8 ? 8 : maxTok >= 4 ? 4 : maxTok >= 2 ? 2 : 1;
-      const tiles = Math.ceil(maxTok / tb);
-      const act = await this.actPipeline();
-      // Rows of X, GU, AQ, AM, OUT are the batch's token rows: a group's are tok0 ..
       const actPass = (src, stride, cols, mode, srcKind, nff) => {
         passes.push([act, [cols, cols / 32, mode, srcKind, nff, stride, tok0, 0],
-          [{ buffer: src }, { buffer: AQ }, { buffer: AM }], [Math.ceil(cols / 256), nrows, 1]]);
+          [{ buffer: src }, { buffer: b.AQ }, { buffer: b.AM }], [Math.ceil(cols / 256), nrows, 1]]);
       };
       const mvPass = async (t, which, nRows, cols, yBuf, yStride, yCol, useGate) => {
         const lpr = this.lanes(cols / 32);
         const p = await this.matvecPipeline(t, lpr, tb);
         passes.push([p, [nRows, cols / 32, rowBytes(t, cols), which, yStride, yCol, useGate ? 1 : 0, g.jobBase],
-          [{ buffer: g.arena.buffer }, { buffer: AQ }, { buffer: AM }, { buffer: JOBS }, { buffer: yBuf }, { buffer: GW }],
-          [Math.ceil(nRows / (64 / lpr)), g.jobs.length, tiles]]);
+          [{ buffer: g.arena.buffer }, { buffer: b.AQ }, { buffer: b.AM }, { buffer: b.JOBS }, { buffer: yBuf }, { buffer: b.GW }],
+          [Math.ceil(nRows / (64 / lpr)), g.jobs.length, Math.ceil(maxTok / tb)]]);
       };
-      actPass(X, H, H, GPU_TYPES[tg][1], 0, 0);
+      actPass(b.X, H, H, GPU_TYPES[tg][1], 0, 0);
       if (tg === tu) {
-        await mvPass(tg, 0, 2 * F, H, GU, 2 * F, 0, false);        // gate and up are one matrix of 2 F rows
+        await mvPass(tg, 0, 2 * F, H, b.GU, 2 * F, 0, false);        // gate and up are one matrix of 2 F rows
       } else {
-        await mvPass(tg, 0, F, H, GU, 2 * F, 0, false);
-        if (GPU_TYPES[tu][1] !== GPU_TYPES[tg][1]) actPass(X, H, H, GPU_TYPES[tu][1], 0, 0);
-        await mvPass(tu, 1, F, H, GU, 2 * F, F, false);
+        await mvPass(tg, 0, F, H, b.GU, 2 * F, 0, false);
+        if (GPU_TYPES[tu][1] !== GPU_TYPES[tg][1]) actPass(b.X, H, H, GPU_TYPES[tu][1], 0, 0);
+        await mvPass(tu, 1, F, H, b.GU, 2 * F, F, false);
       }
-      actPass(GU, 2 * F, F, GPU_TYPES[td][1], 1, F);
-      await mvPass(td, 2, H, F, OUT, H, 0, true);
+      actPass(b.GU, 2 * F, F, GPU_TYPES[td][1], 1, F);
+      await mvPass(td, 2, H, F, b.OUT, H, 0, true);
     }
-    const PARAMS = this.buffer('params', PARAM_SLOT * passes.length, S.UNIFORM | S.COPY_DST);
+    return passes;
+  }
+
+  // One compute pass, one submission, one read-back of OUT's first `bytes`.
+  async submitAndRead(passes, b, bytes) {
+    const dev = this.device;
+    const PARAMS = this.buffer('params', PARAM_SLOT * passes.length, GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST);
     const pw = new Uint32Array(passes.length * PARAM_SLOT / 4);
     passes.forEach((p, i) => pw.set(p[1], i * PARAM_SLOT / 4));
     dev.queue.writeBuffer(PARAMS, 0, pw);
-
     dev.pushErrorScope('validation');
     dev.pushErrorScope('out-of-memory');
     const enc = dev.createCommandEncoder();
@@ -346,18 +374,16 @@ class GpuExperts {
       cp.dispatchWorkgroups(grid[0], grid[1], grid[2]);
     });
     cp.end();
-    enc.copyBufferToBuffer(OUT, 0, READ, 0, 4 * rows * hidden);
+    enc.copyBufferToBuffer(b.OUT, 0, b.READ, 0, bytes);
     dev.queue.submit([enc.finish()]);
     const oom = await dev.popErrorScope();
     const verr = await dev.popErrorScope();
     if (oom || verr) throw new Error(`WebGPU: ${(oom || verr).message}`);
-    await READ.mapAsync(GPUMapMode.READ, 0, 4 * rows * hidden);
-    const all = new Float32Array(READ.getMappedRange(0, 4 * rows * hidden).slice(0));
-    READ.unmap();
+    await b.READ.mapAsync(GPUMapMode.READ, 0, bytes);
+    const all = new Float32Array(b.READ.getMappedRange(0, bytes).slice(0));
+    b.READ.unmap();
     if (this.lost) throw new Error(`WebGPU device lost (${this.lost})`);
-    const outs = [];
-    for (const g of groups.values()) for (const j of g.jobs) outs[items.indexOf(j.it)] = all.subarray(j.tok * hidden, (j.tok + j.n) * hidden);
-    return outs;
+    return all;
   }
 
   destroy() {
