@@ -1,0 +1,131 @@
+// The browser worker's kernels against float64 references on fresh random
+// inputs: every WGSL expert kernel (each weight type, several shapes, several
+// experts and tokens in one batch, with and without subgroups / packed dot
+// products) and the WASM CPU path (and its SIMD dot products against the
+// portable ones, which must agree bit for bit). Sets window.__result.
+'use strict';
+
+(async () => {
+  let passed = 0, failed = 0;
+  const check = (name, ok, detail = '') => {
+    console.log(`${ok ? 'ok  ' : 'FAIL'} ${name} ${detail}`);
+    if (ok) passed++; else failed++;
+  };
+  try {
+    const q = new URLSearchParams(location.search);
+    const seed = q.has('seed') ? +q.get('seed') : Math.floor(Math.random() * 1e9);
+    console.log(`seed ${seed} (repeat with ?seed=${seed})`);
+    const rng = makeRng(seed);
+    const M = await MoexWasm.load('/');
+    const wasm = new MoexWasm(M);
+    const T = MOEX.TYPE;
+    const name = Object.fromEntries(Object.entries(T).map(([k, v]) => [v, k]));
+    const ACT = { 0: 2, 1: 2, 30: 2, 2: 1, 6: 1, 8: 1, 12: 0, 13: 0, 14: 0 };   // act.wgsl mode per weight type
+    const gauss = (n, s = 1) => Float32Array.from({ length: n }, () => s * rng.gauss());
+
+    // ---- the WASM SIMD dot products are the portable ones, bit for bit ----
+    console.log(`wasm dot products: ${wasm.simdName()}`);
+    for (const t of [T.q4_0, T.q5_0, T.q8_0, T.q4_K, T.q5_K, T.q6_K, T.f16]) {
+      let same = true, worst = '';
+      for (const n of [256, 768, 2048]) {
+        for (let r = 0; r < 4; r++) {
+          const w = wasm.quantizeRow(t, gauss(n)), x = gauss(n, 3);
+          const a = wasm.vecDot(false, t, w, x), b = wasm.vecDot(true, t, w, x);
+          if (!Object.is(a, b)) { same = false; worst = `n ${n}: ${a} vs ${b}`; }
+        }
+      }
+      check(`wasm simd dot ${name[t]} equals the portable one`, same, worst);
+    }
+
+    // An expert with random weights of the given types, quantized by the
+    // project's quantizer; the reference takes the dequantized weights.
+    function makeExpert(types, hidden, nFF) {
+      const mats = [[types[0], nFF, hidden], [types[1], nFF, hidden], [types[2], hidden, nFF]];
+      const bytes = [], deq = [];
+      for (const [t, rows, cols] of mats) {
+        const b = wasm.quantizeRow(t, gauss(rows * cols, 1 / Math.sqrt(cols)));
+        bytes.push(b);
+        deq.push(wasm.dequantizeRow(t, b, rows * cols));
+      }
+      const all = new Uint8Array(bytes[0].length + bytes[1].length + bytes[2].length);
+      all.set(bytes[0]); all.set(bytes[1], bytes[0].length); all.set(bytes[2], bytes[0].length + bytes[1].length);
+      return {
+        types, hidden, nFF, bytes: all, gate: deq[0], up: deq[1], down: deq[2],
+        layout: { types, hidden, nFF, bytes: bytes.map((b) => b.length) },
+      };
+    }
+    function reference(ex, x, gates, exactActs) {
+      const out = new Float64Array(gates.length * ex.hidden);
+      const modes = exactActs ? null : ex.types.map((t) => ACT[t]);
+      for (let t = 0; t < gates.length; t++)
+        out.set(expertRef(ex, x.subarray(t * ex.hidden, (t + 1) * ex.hidden), gates[t], modes), t * ex.hidden);
+      return out;
+    }
+
+    const combos = [
+      [T.q4_K, T.q4_K, T.q6_K], [T.q4_K, T.q4_K, T.q4_K], [T.q5_K, T.q5_K, T.q5_K], [T.q6_K, T.q6_K, T.q6_K],
+      [T.q8_0, T.q8_0, T.q8_0], [T.q4_0, T.q4_0, T.q4_0], [T.q5_0, T.q5_0, T.q5_0],
+      [T.f16, T.f16, T.f16], [T.bf16, T.bf16, T.bf16], [T.f32, T.f32, T.f32],
+      [T.q5_K, T.q8_0, T.q4_0],            // gate and up of different types and activations
+      [T.q4_K, T.q5_K, T.q8_0],            // gate and up of different types, the same activations
+    ];
+    const shapes = [[256, 256, [1, 3]], [512, 768, [5, 1, 9]], [2048, 768, [1, 2]]];  // hidden, n_ff, tokens per expert
+    const flavours = [{}, { noSubgroups: true, noDot4: true }];
+    const tol = (types) => (types.every((t) => ACT[t] === 2) ? 1e-5 : 2e-3);
+
+    // ---- the CPU path (WASM) ----
+    for (const [hidden, nFF, toks] of shapes) {
+      for (const types of combos) {
+        if (hidden === 2048 && !(types[0] === T.q4_K || types[0] === T.q8_0)) continue;
+        const ex = makeExpert(types, hidden, nFF), n = toks[0];
+        const x = gauss(n * hidden), gates = Float32Array.from({ length: n }, () => 0.1 + rng.uniform());
+        const wp = wasm.stageWeights(ex.bytes);
+        const got = wasm.expertFFN(wp, types, hidden, nFF, x, gates);
+        M._moex_wasm_free(wp);
+        const e = relL2(got, reference(ex, x, gates, false));
+        check(`wasm cpu ${types.map((t) => name[t]).join('/')} ${hidden}x${nFF} ${n} tok`, e <= tol(types), `rel err ${e.toExponential(2)}`);
+      }
+    }
+
+    // ---- WebGPU ----
+    for (const fl of flavours) {
+      let gpu;
+      try {
+        gpu = await GpuExperts.create({ base: '/', ...fl });
+      } catch (e) {
+        check(`webgpu available (${JSON.stringify(fl)})`, false, String(e));
+        continue;
+      }
+      const caps = gpu.capabilities();
+      console.log(`webgpu ${JSON.stringify(fl)}: ${JSON.stringify(caps)}`);
+      const label = `${caps.subgroups ? 'subgroups' : 'shared'}+${caps.dot4 ? 'dot4' : 'soft-dot'}`;
+      gpu.configure(3 * 2048 * 768 * 4 + 256);
+      for (const [hidden, nFF, toks] of shapes) {
+        for (const types of combos) {
+          if (hidden === 2048 && !(types[0] === T.q4_K || types[0] === T.q8_0 || types[0] === T.f16)) continue;
+          if (fl.noSubgroups && !(types[2] === T.q6_K || types[0] === T.q5_0 || types[0] === T.f16 || types[1] === T.q8_0)) continue;
+          // one expert per token count, all in one batch (one layer's dispatches)
+          const experts = toks.map(() => makeExpert(types, hidden, nFF));
+          const items = [];
+          for (let i = 0; i < toks.length; i++) {
+            if (!(await gpu.hold(0, i, experts[i].bytes, experts[i].layout))) throw new Error('no GPU room');
+            items.push({ layer: 0, expert: i, x: gauss(toks[i] * hidden), gates: Float32Array.from({ length: toks[i] }, () => 0.1 + rng.uniform()) });
+          }
+          const outs = await gpu.run(items);
+          let worst = 0, worstExact = 0;
+          for (let i = 0; i < items.length; i++) {
+            worst = Math.max(worst, relL2(outs[i], reference(experts[i], items[i].x, items[i].gates, false)));
+            worstExact = Math.max(worstExact, relL2(outs[i], reference(experts[i], items[i].x, items[i].gates, true)));
+          }
+          const tag = `webgpu ${label} ${types.map((t) => name[t]).join('/')} ${hidden}x${nFF} tokens ${toks.join(',')}`;
+          check(tag, worst <= tol(types), `rel err ${worst.toExponential(2)} (vs exact f32 activations ${worstExact.toExponential(2)})`);
+          for (let i = 0; i < toks.length; i++) gpu.drop(0, i);
+        }
+      }
+      gpu.destroy();
+    }
+  } catch (e) {
+    check('kernel tests ran to the end', false, e.stack || String(e));
+  }
+  window.__result = { passed, failed };
+})();

@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""The browser worker end to end: a real moex-hub (generated qwen3moe model,
+--replicas 1 --min-workers 1) whose only worker is the worker page in
+headless Chromium (WebGPU on SwiftShader, or the WASM CPU path with
+?cpu=1), served by a test-only proxy that also forwards /ws and /v1/* to the
+hub (same origin, as when the hub serves the page). Scenarios:
+
+- webgpu / wasm_cpu / no_webgpu: the hub prints exactly the tokens of
+  `moex-hub --local` (greedy, --wire-dtype f16) and every expert ran on the
+  browser worker (dispatches > 0, no local fallback), with --verify on: on
+  WebGPU, on the WASM path chosen by the page (&cpu=1), and in a browser
+  without WebGPU;
+- beside_native: the page and a native moex-worker, every dispatch hedged to
+  both (--replicas 2 --hedge 2): the same tokens, no fallback;
+- tab_closed: closing the tab mid-generation loses no token (the hub
+  computes the experts itself once its only worker is gone).
+
+usage: test_e2e.py BIN_DIR VOCAB_DIR WORK_DIR WEB_DIR [scenario ...]
+"""
+import asyncio
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "hub"))
+import distlib  # noqa: E402
+import webtest  # noqa: E402
+from distlib import check, finish_script, gen_model, local_tokens, metric, scenario  # noqa: E402
+
+BIN, VOCAB, WORK, WEB = sys.argv[1:5]
+webtest.check_tools(WEB)
+os.makedirs(WORK, exist_ok=True)
+distlib.setup(BIN, VOCAB, WORK, sys.argv[5:])
+from proxy import Proxy  # noqa: E402  (needs websockets, as distlib's hostile clients do)
+
+N = 12
+N_LONG = 160
+MODEL = gen_model("qwen3moe", "q4_K_M", 31)
+REF = local_tokens(MODEL, N)
+
+
+def run_with_browser(n_tokens, query="", on_running=None, timeout=300, webgpu=True, native_workers=0, hub_args=None):
+    """A one-shot hub with the worker page as its only worker (or beside native_workers
+    moex-workers). on_running(session, target, cluster) runs once the page is connected.
+    Returns (rc, tokens, hub stderr, page status)."""
+    c = distlib.Cluster(MODEL, native_workers, n_tokens,
+                        hub_args=hub_args or ["--replicas", "1", "--verify", "0.25", "--wait-s", "120"],
+                        min_workers=native_workers + 1)
+    proxy = Proxy(WEB, c.port)
+    browser = webtest.Browser(webgpu=webgpu)
+    page_status = {}
+
+    async def drive():
+        s = await webtest.Session.connect(browser)
+        try:
+            target, sid = await s.open(f"http://127.0.0.1:{proxy.port}/worker?token={distlib.TOKEN}&name=tab{query}")
+            await s.wait_for(sid, "window.__moex && window.__moex.connects > 0", 60)
+            if on_running:
+                await on_running(s, target, sid, c)
+            deadline = time.time() + timeout
+            while c.hub.poll() is None and time.time() < deadline:
+                await asyncio.sleep(0.2)
+            if on_running is None:
+                await asyncio.sleep(1.2)   # the page's status refreshes every 0.5 s
+                page_status.update(await s.evaluate(sid, "window.__moex || null") or {})
+        finally:
+            await s.close()
+
+    try:
+        asyncio.run(drive())
+    finally:
+        rc, toks, err = c.finish(timeout=timeout)
+        browser.close()
+        proxy.close()
+    return rc, toks, err, page_status
+
+
+def summary(err):
+    return " ".join(l for l in err.splitlines() if "metrics" in l)[:600]
+
+
+def matches_local(label, query, webgpu=True):
+    rc, toks, err, st = run_with_browser(N, query, webgpu=webgpu)
+    check(f"{label}: the hub with the browser worker prints --local's tokens", rc == 0 and toks == REF,
+          f"rc={rc} got={toks[:8]} want={REF[:8]}" + ("" if rc == 0 else err[-1500:]))
+    d, fb = metric(err, "dispatches"), metric(err, "fallbacks")
+    check(f"{label}: every expert ran on the browser worker", (d or 0) > 0 and fb == 0,
+          f"dispatches={d} fallbacks={fb}; {summary(err)}")
+    check(f"{label}: the page served results with the expected backend",
+          st.get("results", 0) > 0 and st.get("backend", "").startswith(label.split("_")[0].replace("wasm", "cpu")),
+          f"backend={st.get('backend')} results={st.get('results')} errors={st.get('errors')} latency={st.get('latencyMs')}")
+
+
+@scenario
+def webgpu():
+    matches_local("webgpu", "")
+
+
+@scenario
+def wasm_cpu():
+    matches_local("wasm_cpu", "&cpu=1")
+
+
+@scenario
+def no_webgpu():
+    matches_local("wasm_no_webgpu", "", webgpu=False)
+
+
+@scenario
+def beside_native():
+    """The page and a native moex-worker, every expert on both (--replicas 2) and sent to both
+    (--hedge 2): the hub takes the first RESULT and cancels the other."""
+    rc, toks, err, st = run_with_browser(N, native_workers=1,
+                                         hub_args=["--replicas", "2", "--hedge", "2", "--verify", "0.25"])
+    check("beside a native worker, hedged: --local's tokens", rc == 0 and toks == REF,
+          f"rc={rc} got={toks[:8]} want={REF[:8]}" + ("" if rc == 0 else err[-1500:]))
+    d, fb = metric(err, "dispatches"), metric(err, "fallbacks")
+    check("beside a native worker: no fallback, the page answered or was cancelled",
+          (d or 0) > 0 and fb == 0 and st.get("results", 0) + st.get("cancels", 0) > 0,
+          f"dispatches={d} fallbacks={fb} page results={st.get('results')} cancels={st.get('cancels')}; {summary(err)}")
+
+
+@scenario
+def tab_closed():
+    ref_long = local_tokens(MODEL, N_LONG)
+
+    async def close_mid_way(s, target, sid, c):
+        deadline = time.time() + 120
+        while c.tokens_so_far() < 4 and time.time() < deadline and c.hub.poll() is None:
+            await asyncio.sleep(0.05)
+        check("tab_closed: the tab was closed mid-generation", c.tokens_so_far() < N_LONG,
+              f"{c.tokens_so_far()} of {N_LONG} tokens before closing")
+        await s.close_target(target)
+
+    rc, toks, err, _ = run_with_browser(N_LONG, "", on_running=close_mid_way)
+    check("tab_closed: no token lost", rc == 0 and toks == ref_long,
+          f"rc={rc} got {len(toks)} tokens, first difference at "
+          f"{next((i for i, (a, b) in enumerate(zip(toks, ref_long)) if a != b), min(len(toks), len(ref_long)))}")
+
+
+finish_script()
