@@ -5,6 +5,7 @@
 #   ./setup.sh --deps     install only
 set -euo pipefail
 cd "$(dirname "$0")"
+web/setup_web.sh   # emscripten, chromium, node: the browser worker and its tests
 
 PKGS=(build-essential cmake pkg-config git
       liblz4-dev libxxhash-dev libwebsockets-dev libcjson-dev

@@ -24,7 +24,7 @@ static moex_matrix random_matrix(moex_type t, int64_t rows, int64_t cols, uint64
     }
     const size_t rb = moex_row_bytes(t, cols);
     void *q = malloc(rb * (size_t)rows);
-    moex_quantize_row(t, f, q, rows * cols);
+    moex_quantize_row(t, f, q, rows * cols, NULL);
     free(f);
     return (moex_matrix){.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = q};
 }
@@ -34,10 +34,10 @@ static double median_ms(moex_pool *pool, const moex_expert_weights *w, const flo
     float gate = 0.5f, *out = malloc(H * sizeof *out);
     int32_t row = 0;
     const moex_expert_job job = {.w = w, .n_tokens = 1, .rows = &row, .gates = &gate, .out = out};
-    for (int i = 0; i < 50; i++) moex_experts_run(pool, &job, 1, x, H);
+    for (int i = 0; i < 50; i++) moex_experts_run(pool, &job, 1, x, H, NULL);
     for (int i = 0; i < RUNS; i++) {
         const double t0 = moex_time_s();
-        moex_experts_run(pool, &job, 1, x, H);
+        moex_experts_run(pool, &job, 1, x, H, NULL);
         t[i] = (moex_time_s() - t0) * 1e3;
     }
     free(out);

@@ -76,7 +76,7 @@ def dispatch(seq, layer, expert, ntok, hidden, dtype=F16, rng=np.random.default_
 
 
 def assign(gen, model_hash, n_layers, n_experts, experts):
-    body = struct.pack("<QIHHHHI", model_hash, 1, n_layers, n_experts, 1, 0, len(experts))
+    body = struct.pack("<QIHHHHIQ", model_hash, 1, n_layers, n_experts, 1, 0, len(experts), 0x5e55)
     body += b"".join(struct.pack("<HH", l, e) for l, e in experts)
     return header(ASSIGN, len(body), gen) + body
 
@@ -276,6 +276,8 @@ async def scripted_hub(conns, model, hub_port, proxy_requests, page_eval):
         closed = False
     check("ERROR 8 (refused): the page closes the connection, reconnects and JOINs again",
           closed and j is not None and j["type"] == JOIN, f"old connection closed: {closed}")
+    key = j is not None and j["type"] == JOIN and struct.unpack("<Q", j["payload"][28:36])[0]
+    check("  presenting the session key of the last ASSIGN", key == 0x5e55, f"key {key}")
     if c2 is None:
         return
     t0 = time.time()

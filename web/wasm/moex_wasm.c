@@ -50,6 +50,7 @@ struct moex_wasm {
     moex_wasm_msg msg;
     moex_error err;
     XXH3_state_t hash;
+    uint64_t session;                   /* the key of the hub's last ASSIGN: presented in the next JOIN */
 };
 
 API void *moex_wasm_malloc(size_t n) { return malloc(n ? n : 1); }
@@ -167,6 +168,7 @@ API int moex_wasm_decode(moex_wasm *w, const uint8_t *frame, uint32_t len) {
         o->replicas = m.u.assign.info.replicas;
         o->hash_lo = (uint32_t)m.u.assign.info.model_hash;
         o->hash_hi = (uint32_t)(m.u.assign.info.model_hash >> 32);
+        w->session = m.u.assign.info.session; /* a reconnect presents it: same worker, same experts */
         break;
     case MOEX_MSG_HEARTBEAT:
         o->ts_lo = (uint32_t)m.u.heartbeat.timestamp_us;
@@ -214,7 +216,8 @@ API int moex_wasm_encode_join(moex_wasm *w, int backend, int capacity_centi, dou
     const moex_proto_join j = {
         .proto_min = MOEX_PROTO_VERSION, .proto_max = MOEX_PROTO_VERSION, .backend = (uint8_t)backend,
         .capacity_centi = (uint16_t)(capacity_centi < 1 ? 1 : capacity_centi > 65535 ? 65535 : capacity_centi),
-        .memory_budget = (uint64_t)memory_budget, .model_hash = (uint64_t)hash_hi << 32 | hash_lo, .name = name,
+        .memory_budget = (uint64_t)memory_budget, .model_hash = (uint64_t)hash_hi << 32 | hash_lo,
+        .session = w->session, .name = name,
         .name_len = (uint8_t)(name_len > 255 ? 255 : name_len),
     };
     if (reserve_out(w, MOEX_PROTO_HEADER_BYTES + MOEX_PROTO_JOIN_FIXED_BYTES + 255)) return -1;
@@ -328,10 +331,10 @@ API void moex_wasm_hash_digest(moex_wasm *w, uint32_t out[2]) {
 
 API uint32_t moex_wasm_row_bytes(int type, int n) { return (uint32_t)moex_row_bytes((moex_type)type, n); }
 API int moex_wasm_quantize_row(int type, const float *src, void *dst, int n) {
-    return moex_quantize_row((moex_type)type, src, dst, n);
+    return moex_quantize_row((moex_type)type, src, dst, n, NULL);
 }
 API int moex_wasm_dequantize_row(int type, const void *src, float *dst, int n) {
-    return moex_dequantize_row((moex_type)type, src, dst, n);
+    return moex_dequantize_row((moex_type)type, src, dst, n, NULL);
 }
 API const char *moex_wasm_simd_name(void) { return moex_kernels_simd_name(); }
 
@@ -379,7 +382,7 @@ API int moex_wasm_expert_ffn(moex_wasm *w, const uint8_t *data, int gate_type, i
     if (!rows) return moex_fail(&w->err, "out of memory");
     for (int t = 0; t < n_tokens; t++) rows[t] = t;
     const moex_expert_job job = {.w = &ew, .n_tokens = n_tokens, .rows = rows, .gates = gates, .out = out};
-    const int rc = moex_experts_run(NULL, &job, 1, x, hidden);
+    const int rc = moex_experts_run(NULL, &job, 1, x, hidden, NULL);
     free(rows);
     return rc ? moex_fail(&w->err, "expert_ffn failed") : 0;
 }
