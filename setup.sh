@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 
 PKGS=(build-essential cmake pkg-config git
       liblz4-dev libxxhash-dev libwebsockets-dev libcjson-dev
-      libvulkan-dev libshaderc-dev glslc mesa-vulkan-drivers
+      libvulkan-dev glslc mesa-vulkan-drivers
       clang libclang-rt-14-dev python3 python3-numpy python3-websockets time bc)
 
 missing=()

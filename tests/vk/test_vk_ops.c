@@ -6,7 +6,7 @@
 #include "tests/vk/vk_test_util.h"
 
 #include "common/types.h"
-#include "kernels/vk/vk_internal.h"   /* VK_ATTN_COOP_MIN */
+#include "kernels/vk/vk_testing.h"   /* VK_ATTN_COOP_MIN, the split-K prompt attention, int8 activations off */
 
 static moex_vk *vk;
 static rng R;
@@ -227,9 +227,9 @@ static void test_attention_prompt(void) {
         for (int64_t i = used; i < sh.n_ctx * kvd; i++) kc[i] = vc[i] = NAN;
         attention_ref64(q, kc, vc, ref, n, pos0, H, HK, hd, sh.scale);
         for (int simple = 0; simple < 2; simple++) {
-            vk->tune.attn_simple = simple;   /* the split-K path MOEX_VK_ATTN_SIMPLE=1 selects */
+            moex_vk_testing_set_attn_simple(vk, simple);   /* the split-K path MOEX_VK_ATTN_SIMPLE=1 selects */
             prompt_attention_on(vk, &sh, q, kc, vc, n, pos0, simple ? got : tiled);
-            vk->tune.attn_simple = false;
+            moex_vk_testing_set_attn_simple(vk, false);
             const double e = rel_l2(simple ? got : tiled, ref, n * qd);
             CHECK(e <= 1e-5, "prompt attention (%s) n=%d pos0=%d heads %d/%d hd %d: rel err %.3g",
                   simple ? "split-K" : "tiled", n, pos0, H, HK, hd, e);
@@ -682,7 +682,7 @@ int main(int argc, char **argv) {
     /* The tiled expert products are held to f32 accuracy here; their f16
      * cooperative-matrix variant has its own test (test_vk_coop). */
     vk = test_vk_coop_mode(argc > 2 && !strcmp(argv[2], "--no-subgroup"), MOEX_VK_COOP_OFF);
-    vk->tune.idot = 0;   /* f32 activations: the int8 ones (vk_idot) are test_vk_matmul's and test_vk_experts_mv's */
+    moex_vk_testing_set_idot(vk, 0);   /* f32 activations: the int8 ones are test_vk_matmul's and test_vk_experts_mv's */
     if (!strcmp(argv[1], "norm")) test_norm();
     else if (!strcmp(argv[1], "rope")) test_rope();
     else if (!strcmp(argv[1], "attention")) test_attention(), test_attention_prompt();

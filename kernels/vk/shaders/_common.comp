@@ -1,5 +1,6 @@
-// Shared by every kernel (the runtime prepends it after #version and the
-// variant #defines). Buffers are reached through device addresses pushed as
+// Shared by every kernel, which includes it after vk_variants.h and the
+// #defines its variant derives from VARIANT (and USE_SUBGROUP, EMU, TYPE:
+// variants.cmake). Buffers are reached through device addresses pushed as
 // push constants, so no descriptor sets exist anywhere.
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_scalar_block_layout : enable
@@ -32,6 +33,8 @@ layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer CU3
 #define T_BF16 30
 
 #define NEG_BIG (-1.0e30)
+#define MAXE VK_MAX_EXPERTS
+#define NMAX VK_MV_NMAX
 
 float silu(float g) { return g / (1.0 + exp(-g)); }
 

@@ -1,7 +1,12 @@
 // GLSL views of the block layouts of common/types.h, read from a u32 view of
 // the same bytes (blocks are only 2-byte aligned: q4_0 is 18 bytes). dq8()
-// dequantizes 8 consecutive elements of a row; tests/test_vk_layout.c pins it
-// against the C dequantizer for every type.
+// dequantizes 8 consecutive elements of a row; tests/vk/test_vk_layout.c pins
+// it against the C dequantizer for every type.
+
+// Elements and bytes of a block of TYPE: common/types.c's, which the host
+// gives when it creates the pipeline (vk_pipeline.c).
+layout(constant_id = 14) const uint BLK = 1u;
+layout(constant_id = 15) const uint BLK_BYTES = 4u;
 
 // 32 bits at byte offset 4*i + sh/8 of words lo, hi (sh 0 or 16); the double shift keeps every shift below 32.
 uint funnel(uint lo, uint hi, uint sh) { return (lo >> sh) | ((hi << 1u) << (31u - sh)); }

@@ -1,3 +1,7 @@
+#version 450
+#include "vk_variants.h"
+#define MODE VARIANT
+#include "_common.comp"
 // Activation rounding, to match the CPU backend bit-closely: the CPU
 // quantizes a matrix product's input to the weight type's partner (Q8_0 /
 // Q8_1 for 32-element blocks, Q8_K for K-quants) before its dot products.

@@ -1,3 +1,7 @@
+#version 450
+#include "vk_variants.h"
+#define WG 512u
+#include "_common.comp"
 // Index of the largest value of each row (ties: lower index): the greedy
 // token without reading the logits back. grid (n_rows)
 layout(local_size_x = WG) in;

@@ -1,3 +1,7 @@
+#version 450
+#include "vk_variants.h"
+#define MODE VARIANT
+#include "_common.comp"
 // Causal GQA attention, split-K (flash-decoding): workgroup (head, token,
 // split) runs an online softmax over its slice of key positions and writes
 // (max, sum, acc[hd]) to part; attn_merge combines the splits. Decode has

@@ -1,3 +1,6 @@
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 // Combines the split-K partials of attn.comp: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 // grid (n_head, n_tokens)
 layout(local_size_x = 128) in;

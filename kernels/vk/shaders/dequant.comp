@@ -1,3 +1,7 @@
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
+#include "_quant.comp"
 // Rows of a weight matrix to f32: out[i] = row(rows ? ids[i] : i). Used for
 // the embedding gather (any weight type) and to pin the GLSL block views
 // against the C dequantizer. grid (ceil(cols/8/64), n)

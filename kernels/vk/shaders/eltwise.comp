@@ -1,3 +1,7 @@
+#version 450
+#include "vk_variants.h"
+#define OP VARIANT
+#include "_common.comp"
 // Elementwise ops over n floats. OP 0: y = a + b (residual add); OP 1: y = silu(a) * b (SwiGLU).
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {

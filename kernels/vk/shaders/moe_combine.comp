@@ -1,3 +1,6 @@
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 // y[t] = r[t] + sum_j po[t*k + j] (slot order), the k expert outputs of
 // each token folded into the residual stream. grid (ceil(d/256), n)
 layout(local_size_x = 256) in;

@@ -1,3 +1,6 @@
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 // Groups a batch's (token, slot) pairs by expert for the tiled expert
 // products: meta = counts[E], offsets[E], list[n*k] (pair indices, grouped by
 // expert; the order inside a group does not matter: every pair's result is

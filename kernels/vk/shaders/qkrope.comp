@@ -1,3 +1,6 @@
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 // Per token and head: optional QK-norm (RMSNorm over the head), RoPE at
 // position params[0] + t, and the KV append: q heads are rotated in place,
 // k heads go to the cache row of their position, v heads are copied there.

@@ -1,3 +1,6 @@
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w  (w when flags & 1). grid (n_rows)
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
