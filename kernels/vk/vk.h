@@ -63,6 +63,10 @@ const moex_vk_info *moex_vk_get_info(const moex_vk *vk);
  * next asks for it. */
 void moex_vk_warm_begin(moex_vk *vk);
 int moex_vk_warm_end(moex_vk *vk, moex_error *err);
+/* The batch sizes whose recordings, together, use every pipeline that any
+ * batch of 1 to n_batch tokens uses: the first size of each range of sizes
+ * that picks other kernels, and n_batch. Writes at most 8; returns how many. */
+int moex_vk_warm_batch_sizes(int64_t n_batch, int64_t sizes[8]);
 
 /* MOEX_VK_MEM_HOST: host-visible, cached where possible (read back by the
  * host). MOEX_VK_MEM_UPLOAD: host-visible, in device memory where the device

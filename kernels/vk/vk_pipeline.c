@@ -300,6 +300,21 @@ int moex_vk_warm_end(moex_vk *vk, moex_error *err) {
     return 0;
 }
 
+/* Where the ops switch kernels as the batch grows: one token (the fused
+ * decode kernels), a few (matrix-vector products), VK_EX_MANY (the expert
+ * FFN's batch shapes), past VK_MV_NMAX (the tiles), VK_ATTN_COOP_MIN
+ * (attention on the matrix unit) and past VK_COOP_BN (32-token coop tiles
+ * where a product has few row tiles; n_batch gives the 64-token ones where
+ * it has many). */
+int moex_vk_warm_batch_sizes(int64_t n_batch, int64_t sizes[8]) {
+    static const int64_t first[] = {1, 2, VK_EX_MANY, VK_MV_NMAX + 1, VK_ATTN_COOP_MIN, VK_COOP_BN + 1};
+    int n = 0;
+    for (size_t i = 0; i < sizeof first / sizeof first[0]; i++)
+        if (first[i] <= n_batch) sizes[n++] = first[i];
+    if (n > 0 && n_batch > sizes[n - 1]) sizes[n++] = n_batch;
+    return n;
+}
+
 /* ---- the pipeline cache on disk ---- */
 
 static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
