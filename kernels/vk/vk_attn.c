@@ -30,11 +30,9 @@ int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr
  * chain of keys (the splits fill the GPU), at most MAX_SPLITS. The context's
  * splits of CTX_KEYS size the scratch and the direct dispatch; a long context
  * (more than DIRECT_SPLITS of them) dispatches instead the splits of about
- * POS_KEYS the position needs. On an H200 (docs/PERF.md, sessions 5 and 6)
- * 48 keys a split measured best for that (64: -1.5 %, 32: -2 %, 16: -12 %;
- * with attn_dec.comp 96: -2 %, 192: -5 %), and a short context running all
- * its 64-key splits, the empty ones exiting at once, 2-6 % faster than fewer,
- * longer ones. attn_dec.comp's merge gets VK_ATTN_MAX_SPLITS as MAX_SPLITS. */
+ * POS_KEYS the position needs; a short context runs all its splits, the
+ * empty ones exiting at once (docs/PERF.md has the split sizes compared).
+ * attn_dec.comp's merge gets VK_ATTN_MAX_SPLITS as MAX_SPLITS. */
 enum { CTX_KEYS = 64, POS_KEYS = 48, MAX_SPLITS = VK_ATTN_MAX_SPLITS, DIRECT_SPLITS = 16 };
 
 /* The head_dim class of the f32 tiles and of attn_dec.comp: head_dim <= 64 << class. */

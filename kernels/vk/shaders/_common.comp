@@ -50,7 +50,7 @@ int sudot4(uint a, uint b) { return sudot4_op(a, b, 0); }
 // A power of two, not a / 127, so v / scale is exact and a reference rounds
 // bit for bit as the GPU does; ~half a bit coarser than a / 127, about the
 // CPU's Q8_K over 256 values. Exponents from the float's bits (frexp and
-// ldexp cost ~10 instructions a value on an H200).
+// ldexp take several instructions a value).
 float pow2(int k) { return uintBitsToFloat(uint(127 + k) << 23); }   // 2^k, -127 < k < 128
 float vmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }
 // The scale 2^(e-7) of values whose largest magnitude is a, and inv = 2^(7-e).

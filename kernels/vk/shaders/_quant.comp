@@ -12,7 +12,7 @@ layout(constant_id = 15) const uint BLK_BYTES = 4u;
 uint funnel(uint lo, uint hi, uint sh) { return (lo >> sh) | ((hi << 1u) << (31u - sh)); }
 float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 // Small integers to floats without int-to-float conversions (a quarter-rate
-// instruction on NVIDIA, which made the kernels ALU-bound): the field of bits
+// instruction on NVIDIA, enough to make the kernels ALU-bound): the field of bits
 // at position s (ending below bit 23) ORed into the float 2^(23-s) gives
 // exactly 2^(23-s) + field; one subtraction (of that plus an offset) leaves
 // field - offset. One LOP3 and one FADD per element.

@@ -15,9 +15,9 @@ void main() {
     const uint tid = gl_LocalInvocationID.x, r = gl_WorkGroupID.x;
     float bv = -3.4e38;
     uint bi = 0xffffffffu;
-    // Four loads in flight per thread (one workgroup streams the whole row:
-    // 38 µs for 151936 logits on an H200 with one load at a time). Each
-    // thread still visits its indices in increasing order, so ties keep the lowest.
+    // Four loads in flight per thread (one workgroup streams the whole row,
+    // latency-bound with one load at a time). Each thread still visits its
+    // indices in increasing order, so ties keep the lowest.
     const uint base = r * pc.stride;
     uint i = tid;
     for (; i + 3u * WG < pc.n; i += 4u * WG) {

@@ -49,8 +49,8 @@ const uint KVN = (2u * BC + BR) * LDH;
 const uint KVN = (2u * BC > BR ? 2u * BC : BR) * LDH;
 #endif
 // Between steps that touch only the warp's own rows (S, P, the row factors):
-// a subgroup barrier on the matrix unit (warp = subgroup of 32; on the H200
-// 20 % faster than workgroup barriers); the emulation's lanes are not a subgroup.
+// a subgroup barrier on the matrix unit (warp = subgroup of 32; cheaper than
+// a workgroup barrier); the emulation's lanes are not a subgroup.
 #if EMU
 #define WARP_SYNC() barrier()
 #else

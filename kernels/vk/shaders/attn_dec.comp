@@ -31,7 +31,7 @@ layout(push_constant) uniform PC {
 
 const uint HDM = 64u << MODE, H4M = HDM / 4u, EPT = (HDM + 127u) / 128u;   // EPT: head elements per thread
 const uint TPK = H4M / 8u, KP = 128u / TPK;      // scores: TPK threads a key, 8 vec4 each; KP keys a pass
-const uint PASSES = 2u, KB = PASSES * KP;       // keys a block (one pass: the same speed on an H200)
+const uint PASSES = 2u, KB = PASSES * KP;       // keys a block
 const uint G = 128u / H4M, VPT = KB / G;         // values: thread = vec4 column x key group; VPT keys each
 const float TWO_PI = 6.283185307179586;
 

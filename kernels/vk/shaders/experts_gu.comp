@@ -8,11 +8,10 @@
 // grid (ceil(n_ff / CH), k). Like experts_mv.comp's SIDE 0 each thread holds one
 // 32-column position of x in registers (as int8 where IDOT, _q4k_pos.comp) and
 // walks rows, but a workgroup covers CH rows with RL row lanes of NPOS
-// threads (WG = NPOS * RL; CH / RL rows a thread, host-defined), and each
-// thread issues the loads of RU of its rows together: on an H200
-// 768-thread workgroups of 48 rows (128 per token; RU 2) decode faster than
-// 1024 threads of 64 rows (96 per token), and those ~4 % faster than
-// experts_mv.comp's gate+up, whose workgroups hold one row lane.
+// threads (WG = NPOS * RL; CH / RL rows a thread, vk_shapes.c picks them),
+// and each thread issues the loads of RU of its rows together: more rows in
+// flight per workgroup than experts_mv.comp's gate+up, whose workgroups hold
+// one row lane (docs/PERF.md compares the shapes).
 // Row sums: a butterfly over each subgroup (NPOS a multiple of SG), then the
 // subgroups of a row lane from shared memory; without subgroups, shared memory.
 // The workgroup's shape (vk_internal.h vk_gu_shape: the device's, or

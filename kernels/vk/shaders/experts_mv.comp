@@ -13,8 +13,8 @@
 // (a stretch of PE columns of x, or of one slot's h) held in registers, and
 // walks the workgroup's RT rows, so x is read once and never re-read per row.
 // Lanes of a subgroup own consecutive positions, so every weight load of a
-// subgroup falls in one or two contiguous stretches of a block (coalesced;
-// the old per-unit layout scattered 4-byte loads over many cache lines).
+// subgroup falls in one or two contiguous stretches of a block (coalesced,
+// where units per thread would scatter 4-byte loads over many cache lines).
 // Loads of RU rows are issued before any of them is used, and the next RU
 // rows' loads are in flight while those are (software pipelining). The RT row sums
 // are reduced once at the end (subgroup adds, then shared memory, in a fixed

@@ -27,9 +27,9 @@
 // reads and the group scales its dots after the reduction: no staging, no
 // barriers, no extra pass. MODE 3 also writes the normalised row to r (the
 // experts' input). Saves the norm's dispatch and barrier. (One token with x
-// at most XMAX4 vec4s wide takes the staged modes below instead: there every
-// lane of a row group reading its own stretch of x from global memory made
-// the loads L1-bound, at 15-42 % of the streaming ceiling on an H200.)
+// at most XMAX4 vec4s wide takes the staged modes below instead: every lane
+// of a row group reading its own stretch of x from global memory makes the
+// loads L1-bound.)
 // MODE 0 (and 1), flags & 4 (one token): also the argmax of y (ties: lower
 // row) into ids[0]: workgroups loop over row blocks keeping their best output,
 // write it to counter[] (zeros on entry, left at zero), and the last one to
