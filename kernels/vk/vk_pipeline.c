@@ -181,7 +181,7 @@ static int create_pipe(moex_vk *vk, vk_pipe *p, moex_error *err) {
     VkComputePipelineCreateInfo pci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                  .module = mod, .pName = "main", .pSpecializationInfo = &si},
+                  .module = mod, .pName = "main", .pSpecializationInfo = sp.n ? &si : NULL},
         .layout = vk->layout};
     const VkResult r = vkCreateComputePipelines(vk->dev, vk->pcache, 1, &pci, NULL, &p->handle);
     vkDestroyShaderModule(vk->dev, mod, NULL);
@@ -354,7 +354,7 @@ static void *read_file(const char *path, size_t *n) {
 
 /* Best effort: a cache that cannot be written only costs the driver's compile time. */
 static void write_file(const char *path, const void *data, size_t n) {
-    char tmp[600];
+    char tmp[640];   /* path (at most 600) and ".<pid>.tmp" */
     snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
     FILE *f = fopen(tmp, "wb");
     if (!f) return;

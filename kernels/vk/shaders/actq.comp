@@ -1,7 +1,3 @@
-#version 450
-#include "vk_variants.h"
-#define MODE VARIANT
-#include "_common.comp"
 // Activation rounding, to match the CPU backend bit-closely: the CPU
 // quantizes a matrix product's input to the weight type's partner (Q8_0 /
 // Q8_1 for 32-element blocks, Q8_K for K-quants) before its dot products.
@@ -10,6 +6,10 @@
 // MODE 1: Q8_K (d = max/-127 with the signed extreme, round half to even)
 // MODE 2: Q8_1: as Q8_0, and the CPU's dot takes the block sum from the f16
 //         s = sum(q) * d; the difference is spread over the block's values.
+#version 450
+#include "vk_variants.h"
+#define MODE VARIANT
+#include "_common.comp"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
     F32 x; F32 y; U32 p2; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;

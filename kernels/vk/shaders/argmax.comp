@@ -1,9 +1,9 @@
+// Index of the largest value of each row (ties: lower index): the greedy
+// token without reading the logits back. grid (n_rows)
 #version 450
 #include "vk_variants.h"
 #define WG 512u
 #include "_common.comp"
-// Index of the largest value of each row (ties: lower index): the greedy
-// token without reading the logits back. grid (n_rows)
 layout(local_size_x = WG) in;
 layout(push_constant) uniform PC {
     F32 x; I32 out_; U32 p2; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;

@@ -1,7 +1,3 @@
-#version 450
-#include "vk_variants.h"
-#define HDMAX (64u << VARIANT)
-#include "_common.comp"
 // Prompt-batch (prefill) attention on cooperative matrices: flash attention,
 // causal, GQA. attn.comp's tiled modes with both products on the matrix unit
 // (16x16x16 f16 x f16 -> f32). A workgroup of WARPS warps owns BR = 16 * WARPS
@@ -20,6 +16,10 @@
 // fits the device's shared memory. EMU=1 stands a shared-memory model in for the matrix unit
 // (devices without cooperative matrices, lavapipe in CI); Q then keeps its own
 // shared region instead of living in registers.
+#version 450
+#include "vk_variants.h"
+#define HDMAX (64u << VARIANT)
+#include "_common.comp"
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : enable
 #if !EMU

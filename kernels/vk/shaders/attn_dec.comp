@@ -1,8 +1,3 @@
-#version 450
-#include "vk_variants.h"
-#define MODE VARIANT
-#define MAX_SPLITS VK_ATTN_MAX_SPLITS
-#include "_common.comp"
 // One decode token's attention step in one dispatch (flash-decoding), grid
 // (n_head, 1, splits): workgroup (h, split) QK-norms and rotates q head h,
 // runs an online softmax over its split's keys and writes (max, sum, acc) to
@@ -20,6 +15,11 @@
 // any of them is used, and reductions are subgroup operations plus one
 // shared-memory step. MODE is the head_dim class: HDM = 64 << MODE;
 // MAX_SPLITS is the most splits a head has.
+#version 450
+#include "vk_variants.h"
+#define MODE VARIANT
+#define MAX_SPLITS VK_ATTN_MAX_SPLITS
+#include "_common.comp"
 #extension GL_EXT_buffer_reference_uvec2 : require
 layout(local_size_x = 128) in;
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CV4 { vec4 v[]; };

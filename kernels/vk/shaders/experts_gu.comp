@@ -1,8 +1,3 @@
-#version 450
-#include "vk_variants.h"
-#define IDOT ((VARIANT & VK_GU_IDOT) != 0)
-#include "_common.comp"
-#include "_quant.comp"
 // The gate+up half of one decode token's expert FFN, Q4_K weights on 16-byte
 // aligned rows: h[j][r] = silu(Wg_e x . row r) * (Wu_e x . row r), e = ids[j],
 // grid (ceil(n_ff / CH), k). Like experts_mv.comp's SIDE 0 each thread holds one
@@ -16,6 +11,11 @@
 // subgroups of a row lane from shared memory; without subgroups, shared memory.
 // The workgroup's shape (vk_internal.h vk_gu_shape: the device's, or
 // MOEX_VK_GU_*'s) and the subgroup size SG, where subgroups reduce.
+#version 450
+#include "vk_variants.h"
+#define IDOT ((VARIANT & VK_GU_IDOT) != 0)
+#include "_common.comp"
+#include "_quant.comp"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 768u;
 layout(constant_id = 1) const uint NPOS = 64u;

@@ -1,10 +1,3 @@
-#version 450
-#include "vk_variants.h"
-#define SIDE (VARIANT & VK_EX_DOWN)
-#define FAST ((VARIANT & VK_EX_GENERIC) == 0)
-#define IDOT ((VARIANT & VK_EX_IDOT) != 0)
-#include "_common.comp"
-#include "_quant.comp"
 // The decode expert FFN (SwiGLU) over many experts in one dispatch per half:
 // SIDE 0, gate+up: h[p] = silu(Wg_e x[t]) * (Wu_e x[t]) for pair p = t*k + j,
 //         e = ids[p]; grid (ceil(n_ff / RT), n*k).
@@ -22,6 +15,13 @@
 // their input as int8 and take integer dot products (vk_internal.h vk_idot).
 // The workgroup's shape (vk_internal.h vk_ex_shape: the device's, or
 // MOEX_VK_EX_SHAPE's) and the input positions each thread holds.
+#version 450
+#include "vk_variants.h"
+#define SIDE (VARIANT & VK_EX_DOWN)
+#define FAST ((VARIANT & VK_EX_GENERIC) == 0)
+#define IDOT ((VARIANT & VK_EX_IDOT) != 0)
+#include "_common.comp"
+#include "_quant.comp"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64u;    // threads
 layout(constant_id = 1) const uint RT = 8u;     // output rows

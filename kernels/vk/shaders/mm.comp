@@ -1,3 +1,12 @@
+// Tiled matrix-matrix product for prompt batches: a workgroup computes a
+// BM x BN tile of outputs (rows x tokens), staging BK columns of dequantized
+// weights and activations in shared memory; each thread owns 4 x 4 outputs.
+// MODE 0: y[t] = W x[t] (+ r[t])                  grid (rows/BM, n/BN)
+// MODE 1: experts gate+up over the pair list of expert z (moe_sort):
+//         y[p] = silu(Wg_z x[p/k]) * (Wu_z x[p/k])  grid (rows/BM, n/BN, n_expert)
+// MODE 2: experts down: y[p] = gw[p] * Wd_z x[p]    grid as MODE 1
+// TILE (BM = BN, 64, or 32 with VK_MM_SMALL): 32 gives products with few
+// rows (the router's 128 experts) four times as many workgroups.
 #version 450
 #include "vk_variants.h"
 #define MODE (VARIANT & 3)
@@ -8,15 +17,6 @@
 #endif
 #include "_common.comp"
 #include "_quant.comp"
-// Tiled matrix-matrix product for prompt batches: a workgroup computes a
-// BM x BN tile of outputs (rows x tokens), staging BK columns of dequantized
-// weights and activations in shared memory; each thread owns 4 x 4 outputs.
-// MODE 0: y[t] = W x[t] (+ r[t])                  grid (rows/BM, n/BN)
-// MODE 1: experts gate+up over the pair list of expert z (moe_sort):
-//         y[p] = silu(Wg_z x[p/k]) * (Wu_z x[p/k])  grid (rows/BM, n/BN, n_expert)
-// MODE 2: experts down: y[p] = gw[p] * Wd_z x[p]    grid as MODE 1
-// TILE (BM = BN, 64, or 32 with VK_MM_SMALL): 32 gives products with few
-// rows (the router's 128 experts) four times as many workgroups.
 #define BM TILE
 #define BN TILE
 #define BK 32

@@ -1,9 +1,3 @@
-#version 450
-#include "vk_variants.h"
-#define MODE (VARIANT & 3)
-#define FASTQ ((VARIANT & VK_COOP_GENERIC) == 0)
-#include "_common.comp"
-#include "_quant.comp"
 // Prompt-batch products on cooperative matrices (tensor cores): mm.comp's
 // push constants and MODEs with a BM x BN tile (weight rows x tokens) per
 // workgroup of 4 warps of 32 invocations, BK columns per step.
@@ -24,6 +18,12 @@
 // EMU=1 (a variant of its own) stands a shared-memory model in for the matrix unit (same loads, layouts and
 // epilogue), so devices without cooperative matrices (lavapipe in CI) test
 // the rest of the kernel.
+#version 450
+#include "vk_variants.h"
+#define MODE (VARIANT & 3)
+#define FASTQ ((VARIANT & VK_COOP_GENERIC) == 0)
+#include "_common.comp"
+#include "_quant.comp"
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : enable
 #if !EMU

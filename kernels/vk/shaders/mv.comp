@@ -1,16 +1,3 @@
-#version 450
-#include "vk_variants.h"
-#define MODE (VARIANT & 3)
-#if (VARIANT & VK_MV_NORM) != 0
-#define NORM 1
-#endif
-#if (VARIANT & VK_MV_STAGE) != 0
-#define STAGE 1
-#endif
-#define IDOT ((VARIANT & VK_MV_IDOT) != 0)
-#define FAST ((VARIANT & VK_MV_GENERIC) == 0)
-#include "_common.comp"
-#include "_quant.comp"
 // Matrix-vector products for decode and small batches. A workgroup holds
 // GROUPS row groups of TPR threads (a subgroup each, where subgroups are
 // used); a row group owns NR weight rows, and each of its threads walks them
@@ -50,6 +37,19 @@
 // The device's numbers (vk_pipeline.c): TPR the subgroup size where
 // subgroups reduce; GROUPS and NR from the mode (and MOEX_VK_MV_GROUPS,
 // MOEX_VK_MV_RPT); WG = TPR * GROUPS.
+#version 450
+#include "vk_variants.h"
+#define MODE (VARIANT & 3)
+#if (VARIANT & VK_MV_NORM) != 0
+#define NORM 1
+#endif
+#if (VARIANT & VK_MV_STAGE) != 0
+#define STAGE 1
+#endif
+#define IDOT ((VARIANT & VK_MV_IDOT) != 0)
+#define FAST ((VARIANT & VK_MV_GENERIC) == 0)
+#include "_common.comp"
+#include "_quant.comp"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256u;
 layout(constant_id = 1) const uint TPR = 32u;

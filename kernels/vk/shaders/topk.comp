@@ -1,8 +1,8 @@
+// Router epilogue as its own dispatch (after an mm router product on big
+// batches): one workgroup per token. Same push constants as mv.comp.
 #version 450
 #include "vk_variants.h"
 #include "_common.comp"
-// Router epilogue as its own dispatch (after an mm router product on big
-// batches): one workgroup per token. Same push constants as mv.comp.
 #define WG 128u
 layout(local_size_x = WG) in;
 layout(constant_id = 0) const uint SG = 32u;   // the subgroup size, where subgroups route
