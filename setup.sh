@@ -9,7 +9,7 @@ web/setup_web.sh   # emscripten, chromium, node: the browser worker and its test
 
 PKGS=(build-essential cmake pkg-config git
       liblz4-dev libxxhash-dev libwebsockets-dev libcjson-dev
-      libvulkan-dev libshaderc-dev glslc mesa-vulkan-drivers
+      libvulkan-dev glslc mesa-vulkan-drivers
       clang libclang-rt-14-dev python3 python3-numpy python3-websockets time bc)
 
 missing=()

@@ -9,8 +9,7 @@
 #include <string.h>
 
 #include "engine/vk/engine_vk.h"
-#include "kernels/vk/vk_experts.h"
-#include "kernels/vk/vk_internal.h"
+#include "kernels/vk/vk_testing.h"
 #define BENCH_NAME "bench_vk"
 #include "bench_util.h"
 
@@ -166,7 +165,8 @@ typedef struct ex_ctx {
 static int rec_experts(moex_vk_cmd *c, void *p) {
     ex_ctx *e = p;
     const moex_vk_ptr ids = e->ids + (size_t)(e->i++ % e->sets) * EX_SET_BYTES, w = ids + 4096;
-    if (e->path) return vk_experts_mv_halves(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, e->path, &err);
+    if (e->path)
+        return moex_vk_testing_experts_halves(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, e->path, &err);
     return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, &err);
 }
 
@@ -237,8 +237,8 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
     const char *spec = getenv("MOEX_VK_EX_SWEEP");
     if (!spec || !*spec) {   /* --only-experts without a list: the current shapes (one token's) */
         if (!always) return;
-        const vk_ex_shape *g = &vk->ex_shape[0][0], *d = &vk->ex_shape[1][0];
-        snprintf(cur, sizeof cur, "%d.%d.%d/%d.%d.%d", g->wg, g->rt, g->ru, d->wg, d->rt, d->ru);
+        const moex_vk_ex_shape g = moex_vk_testing_ex_shape(vk, 0, false), d = moex_vk_testing_ex_shape(vk, 1, false);
+        snprintf(cur, sizeof cur, "%d.%d.%d/%d.%d.%d", g.wg, g.rt, g.ru, d.wg, d.rt, d.ru);
         spec = cur;
     }
     const moex_hparams *hp = &m->hp;
@@ -247,8 +247,9 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
     int layers[2] = {0, -1};
     for (int l = 1; l < hp->n_layer && layers[1] < 0; l++)
         if (m->layers[l].experts[0].down.type != m->layers[0].experts[0].down.type) layers[1] = l;
-    vk_ex_shape saved[2][2];
-    memcpy(saved, vk->ex_shape, sizeof saved);
+    moex_vk_ex_shape saved[2][2];
+    for (int h = 0; h < 2; h++)
+        for (int b = 0; b < 2; b++) saved[h][b] = moex_vk_testing_ex_shape(vk, h, b);
     int32_t ids[VK_MAX_EXPERTS];
     fill_spread_ids(ids, E, k);
     for (int li = 0; li < 2 && layers[li] >= 0; li++) {
@@ -263,16 +264,17 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
         printf("kernel_experts_sweep_layer%d_down_type %s\n", layers[li], moex_type_get(ex.e.down.type)->name);
         int i = 0;
         for (const char *p = spec; *p; i++) {
-            vk_ex_shape g, d;
+            moex_vk_ex_shape g, d;
             int used = 0;
             if (sscanf(p, "%d.%d.%d/%d.%d.%d%n", &g.wg, &g.rt, &g.ru, &d.wg, &d.rt, &d.ru, &used) != 6 ||
-                !vk_ex_shape_ok(vk, 0, g) || !vk_ex_shape_ok(vk, 1, d))
+                !moex_vk_testing_ex_shape_ok(vk, 0, g) || !moex_vk_testing_ex_shape_ok(vk, 1, d))
                 break;
             p += used + (p[used] == ',');
             printf("kernel_experts_s%d_shape gu=%d.%d.%d dn=%d.%d.%d\n", i, g.wg, g.rt, g.ru, d.wg, d.rt, d.ru);
-            vk->ex_shape[0][0] = vk->ex_shape[0][1] = g;
-            vk->ex_shape[1][0] = vk->ex_shape[1][1] = d;
-            vk_experts_forget(vk);
+            for (int b = 0; b < 2; b++) {
+                moex_vk_testing_set_ex_shape(vk, 0, b, g);
+                moex_vk_testing_set_ex_shape(vk, 1, b, d);
+            }
             char name[64];
             snprintf(name, sizeof name, "s%d_L%d_k8", i, layers[li]);
             bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, 1, 1, name, copy_bw);
@@ -283,8 +285,8 @@ static void bench_experts_sweep(const moex_model *m, moex_vk *vk, moex_vk_buffer
         }
         for (int j = 0; j < 3; j++) moex_vk_buffer_free(keep[j]);
     }
-    memcpy(vk->ex_shape, saved, sizeof saved);
-    vk_experts_forget(vk);
+    for (int h = 0; h < 2; h++)
+        for (int b = 0; b < 2; b++) moex_vk_testing_set_ex_shape(vk, h, b, saved[h][b]);
 }
 
 /* The bandwidth ceiling the kernels are measured against (GB/s): a shader

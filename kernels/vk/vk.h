@@ -18,7 +18,7 @@ typedef uint64_t moex_vk_ptr;   /* device address (0: none) */
 
 typedef struct moex_vk_options {
     int device;              /* index from moex_vk_list_devices, -1: best (discrete > integrated > virtual > CPU) */
-    const char *cache_dir;   /* SPIR-V and pipeline cache; NULL: $MOEX_VK_CACHE or ~/.cache/moex-vk; "" = off */
+    const char *cache_dir;   /* the pipeline cache; NULL: $MOEX_VK_CACHE or ~/.cache/moex-vk; "" = off */
     bool no_subgroup;        /* force the shared-memory reductions (tests both paths) */
     bool round_activations;  /* moex_vk_state_create: round product inputs as the CPU does (see below) */
     bool verbose;
@@ -52,6 +52,21 @@ int moex_vk_list_devices(char *buf, size_t cap, moex_error *err);
 moex_vk *moex_vk_create(const moex_vk_options *opt, moex_error *err);
 void moex_vk_free(moex_vk *vk);
 const moex_vk_info *moex_vk_get_info(const moex_vk *vk);
+
+/* Pipelines up front. The ops create each pipeline they use when they first
+ * record it (the driver compiles it then, unless its pipeline cache holds
+ * it); to keep that out of timed runs, record what will run between these
+ * two calls: meanwhile the ops only note the pipelines they would use (the
+ * recordings made then must be begun again before they run), and
+ * moex_vk_warm_end creates the missing ones on several threads and waits.
+ * A pipeline that fails there is created, or its error reported, when an op
+ * next asks for it. */
+void moex_vk_warm_begin(moex_vk *vk);
+int moex_vk_warm_end(moex_vk *vk, moex_error *err);
+/* The batch sizes whose recordings, together, use every pipeline that any
+ * batch of 1 to n_batch tokens uses: the first size of each range of sizes
+ * that picks other kernels, and n_batch. Writes at most 8; returns how many. */
+int moex_vk_warm_batch_sizes(int64_t n_batch, int64_t sizes[8]);
 
 /* MOEX_VK_MEM_HOST: host-visible, cached where possible (read back by the
  * host). MOEX_VK_MEM_UPLOAD: host-visible, in device memory where the device

@@ -17,7 +17,7 @@ int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr
                        moex_vk_ptr params, int64_t n, moex_error *err) {
     if (check_attn_shape(sh, err) || vk_check_grid(n, sh->n_head + sh->n_head_kv, 1, err)) return -1;
     if (sh->qk_norm && (!q_norm || !k_norm)) return moex_fail(err, "vulkan: QK-norm needs q_norm and k_norm weights");
-    VkPipeline p = vk_pipeline(c->vk, VK_K_QKROPE, 0, 0, err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_QKROPE, 0, 0, err);
     if (!p) return -1;
     vk_pc pc = {.p = {q, k, v, k_cache, v_cache, params, q_norm, k_norm},
                 .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)sh->rope_dim,
@@ -30,11 +30,9 @@ int moex_vk_op_qk_rope(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr
  * chain of keys (the splits fill the GPU), at most MAX_SPLITS. The context's
  * splits of CTX_KEYS size the scratch and the direct dispatch; a long context
  * (more than DIRECT_SPLITS of them) dispatches instead the splits of about
- * POS_KEYS the position needs. On an H200 (docs/PERF.md, sessions 5 and 6)
- * 48 keys a split measured best for that (64: -1.5 %, 32: -2 %, 16: -12 %;
- * with attn_dec.comp 96: -2 %, 192: -5 %), and a short context running all
- * its 64-key splits, the empty ones exiting at once, 2-6 % faster than fewer,
- * longer ones. attn_dec.comp's merge gets VK_ATTN_MAX_SPLITS as MAX_SPLITS. */
+ * POS_KEYS the position needs; a short context runs all its splits, the
+ * empty ones exiting at once (docs/PERF.md has the split sizes compared).
+ * attn_dec.comp's merge gets VK_ATTN_MAX_SPLITS as MAX_SPLITS. */
 enum { CTX_KEYS = 64, POS_KEYS = 48, MAX_SPLITS = VK_ATTN_MAX_SPLITS, DIRECT_SPLITS = 16 };
 
 /* The head_dim class of the f32 tiles and of attn_dec.comp: head_dim <= 64 << class. */
@@ -75,30 +73,6 @@ static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int6
     return 0;
 }
 
-/* attn_coop.comp's shared memory: the K and V tiles (f16, rows of HDMAX + 8
- * halfs; Q passes through them, or has its own rows under emulation), the
- * scores (f32) and P (f16) of every query row, and a factor per row. */
-static size_t attn_coop_shared(uint32_t hdmax, uint32_t warps, uint32_t bc, bool emu) {
-    const size_t br = 16 * warps, ldh = hdmax + 8, kv_rows = emu ? 2 * bc + br : (2 * bc > br ? 2 * bc : br);
-    return kv_rows * ldh * 2 + br * (bc + 4) * 4 + br * (bc + 8) * 2 + br * 4;
-}
-
-/* Tiles (warps, keys) in order of preference: 64 rows (8 tokens x 8 q heads
- * for GQA 8) and 32 keys where the memory allows (the H200's 48 KiB; 32 rows
- * measured 2x slower there), smaller ones for emulation on 32 KiB. */
-static const uint32_t coop_tiles[][2] = {{4, 32}, {2, 32}, {4, 16}, {2, 16}};
-
-int vk_attn_coop_config(const moex_vk *vk, int mode, uint32_t *warps, uint32_t *bc) {
-    for (int i = 0; i < 4; i++)
-        if (attn_coop_shared(64u << mode, coop_tiles[i][0], coop_tiles[i][1], vk->info.coop != 1) <=
-            vk->info.shared_mem) {
-            *warps = coop_tiles[i][0];
-            *bc = coop_tiles[i][1];
-            return 0;
-        }
-    return -1;
-}
-
 /* The prompt attention on cooperative matrices: its mode (the head_dim
  * class, 0: <= 64, 1: <= 128) and rows per workgroup, or -1 where it does not
  * apply: no cooperative matrices of 16 x 16 x 16, head_dim over 128, a V cache
@@ -128,8 +102,8 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
         const int coop = n >= VK_ATTN_COOP_MIN ? attn_coop_mode(c->vk, sh, v_cache, &rows) : -1;
         const int64_t gx = (n * (sh->n_head / sh->n_head_kv) + rows - 1) / rows;
         if (vk_check_grid(gx, sh->n_head_kv, 1, err)) return -1;
-        VkPipeline p = coop >= 0 ? vk_pipeline(c->vk, VK_K_ATTN_COOP, 0, coop, err)
-                                 : vk_pipeline(c->vk, VK_K_ATTN, 0, tiled, err);
+        const vk_pipe *p = coop >= 0 ? vk_pipeline(c->vk, VK_K_ATTN_COOP, 0, coop, err)
+                                     : vk_pipeline(c->vk, VK_K_ATTN, 0, tiled, err);
         if (!p) return -1;
         vk_pc pc = {.p = {q, k_cache, v_cache, out, params},
                     .u = {(uint32_t)sh->n_head, (uint32_t)sh->n_head_kv, (uint32_t)sh->head_dim, (uint32_t)n,
@@ -137,7 +111,7 @@ int moex_vk_op_attention(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_p
         vk_dispatch(c, p, &pc, (uint32_t)gx, (uint32_t)sh->n_head_kv, 1);
         return 0;
     }
-    VkPipeline pa = vk_pipeline(c->vk, VK_K_ATTN, 0, 0, err), pm = vk_pipeline(c->vk, VK_K_ATTN_MERGE, 0, 0, err);
+    const vk_pipe *pa = vk_pipeline(c->vk, VK_K_ATTN, 0, 0, err), *pm = vk_pipeline(c->vk, VK_K_ATTN_MERGE, 0, 0, err);
     if (!pa || !pm) return -1;
     if (n <= 0) return 0;
     vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params},
@@ -173,7 +147,7 @@ int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, mo
     if (v_cache % 16 || scratch % 16)
         return moex_fail(err, "vulkan: the V cache and the decode attention's scratch must be 16-byte aligned");
     const bool indirect = grid && ns > DIRECT_SPLITS;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_ATTN_DEC, 0, head_dim_class(sh), err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_ATTN_DEC, 0, head_dim_class(sh), err);
     if (!p) return -1;
     vk_pc pc = {.p = {q, k_cache, v_cache, scratch, params, k, v, counters},
                 .u = {(uint32_t)sh->n_head | (uint32_t)sh->n_head_kv << 16,

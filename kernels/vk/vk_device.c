@@ -1,11 +1,12 @@
-/* Vulkan device, queue, buffers and command buffers: everything the kernels
- * run on. One device, one compute queue, no descriptor sets (kernels take
- * device addresses as push constants). */
+/* The Vulkan device, its queue and memory: everything the kernels run on.
+ * One device, one compute queue, no descriptor sets (kernels take device
+ * addresses as push constants). The bottom layer (vk_internal.h): it calls
+ * no other file of the backend. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/vk/vk_experts.h"
+#include "kernels/vk/vk_internal.h"
 
 #define STAGING_BYTES ((size_t)64 << 20)
 
@@ -177,79 +178,13 @@ static uint32_t coop_pick_n(moex_vk *vk) {
     return best;
 }
 
-
-/* The environment is read here, once, when a device is created. */
-bool vk_env_on(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
-static int env_int(const char *name) {
-    const char *e = getenv(name);
-    return e ? atoi(e) : -1;
-}
-
-static void read_tuning(vk_tuning *t) {
-    t->attn_simple = vk_env_on("MOEX_VK_ATTN_SIMPLE");
-    t->attn_no_coop = vk_env_on("MOEX_VK_ATTN_NO_COOP");
-    t->coop_wide = env_int("MOEX_VK_COOP_NARROW") == 0;
-    t->coop_bk = env_int("MOEX_VK_COOP_BK") == 32 ? 32 : VK_COOP_BK;
-    t->coop_nbuf = env_int("MOEX_VK_COOP_NBUF") == 2 ? 2 : 1;
-    const int rpt = env_int("MOEX_VK_MV_RPT");
-    t->mv_rpt = rpt >= 1 && rpt <= 8 ? rpt : 0;
-    const int groups = env_int("MOEX_VK_MV_GROUPS");
-    t->mv_groups = groups >= 1 && groups <= 32 ? groups : 0;
-    t->gu_off = env_int("MOEX_VK_GU") == 0;
-    const int gwg = env_int("MOEX_VK_GU_WG"), gru = env_int("MOEX_VK_GU_RU");
-    t->gu_wg = gwg >= 64 && gwg <= 1024 ? gwg : 0;
-    t->gu_ru = gru >= 1 && gru <= 16 ? gru : 0;
-    const int gch = env_int("MOEX_VK_GU_CH");
-    t->gu_ch = gch >= 16 && gch <= 64 && gch % 16 == 0 ? gch : 0;
-    t->idot = env_int("MOEX_VK_IDOT");
-}
-
-/* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's
- * workgroups (gate+up, then down: threads, rows, rows loaded together), for
- * tuning on another GPU; six more numbers set the batches' (VK_EX_MANY
- * tokens or more) the same way. A shape that does not fit is refused with a
- * warning. */
-static void read_ex_shape(moex_vk *vk) {
-    const char *e = getenv("MOEX_VK_EX_SHAPE");
-    if (!e || !*e) return;
-    int v[12], n = 0;   /* six or twelve comma-separated integers, nothing after them */
-    const char *p = e;
-    while (n < 12) {
-        char *end;
-        v[n++] = (int)strtol(p, &end, 10);
-        if (end == p) break;   /* not a number: p stays on it, so the setting is refused */
-        p = end;
-        if (*p != ',') break;
-        p++;
-    }
-    vk_ex_shape s[4];
-    for (int i = 0; i < n / 3; i++) s[i] = (vk_ex_shape){v[3 * i], v[3 * i + 1], v[3 * i + 2]};
-    bool ok = (n == 6 || n == 12) && !*p;
-    for (int i = 0; ok && i < n / 3; i++) ok = vk_ex_shape_ok(vk, i % 2, s[i]);
-    if (!ok) {
-        moex_log(MOEX_LOG_WARN,
-                 "vulkan: MOEX_VK_EX_SHAPE=%s ignored: give six numbers GWG,GRT,GRU,DWG,DRT,DRU (one token), or "
-                 "twelve (one token, then batches), with RU <= RT <= WG <= 1024 and RU dividing RT (e.g. 64,8,2,192,4,2)",
-                 e);
-        return;
-    }
-    for (int i = 0; i < n / 3; i++) vk->ex_shape[i % 2][i / 2] = s[i];
-}
-
 /* Cooperative matrices for the prompt-batch products: the extension and its
  * feature for compute, the Vulkan memory model its SPIR-V declares, f16
- * arithmetic, 32-wide subgroups (mm_coop.comp's warps) and enough shared memory. */
+ * arithmetic, 32-wide subgroups (mm_coop.comp's warps) and enough shared
+ * memory; emulated (mode MOEX_VK_COOP_EMULATE) where the device has none. */
 static void read_coop(moex_vk *vk, const VkPhysicalDeviceVulkan12Features *f12, int mode) {
     moex_vk_info *in = &vk->info;
-    vk->coop_bm = env_int("MOEX_VK_COOP_BM") == 128 ? 128 : VK_COOP_BM;   /* tile rows, for comparisons: 64 or 128 */
-    if (mode == MOEX_VK_COOP_AUTO)   /* the environment, for comparisons from the command line */
-        mode = vk_env_on("MOEX_VK_NO_COOP") ? MOEX_VK_COOP_OFF : vk_env_on("MOEX_VK_COOP_EMULATE") ? MOEX_VK_COOP_EMULATE
-                                                                                            : MOEX_VK_COOP_AUTO;
-    if (mode == MOEX_VK_COOP_OFF || !f12->shaderFloat16 || in->shared_mem < coop_shared_bytes((uint32_t)vk->coop_bm))
+    if (mode == MOEX_VK_COOP_OFF || !f12->shaderFloat16 || in->shared_mem < coop_shared_bytes((uint32_t)vk->tune.coop_bm))
         return;
     if (f12->vulkanMemoryModel && in->subgroup_size == 32 && has_extension(vk->pd, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME)) {
         VkPhysicalDeviceCooperativeMatrixFeaturesNV cf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
@@ -284,7 +219,7 @@ static bool has_int_dot(VkPhysicalDevice pd) {
 }
 
 /* Capabilities that choose kernel variants. */
-static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
+static void read_caps(moex_vk *vk, const moex_vk_options *opt, int coop) {
     VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
     vkGetPhysicalDeviceProperties2(vk->pd, &p2);
@@ -315,7 +250,6 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
                             p2.properties.limits.timestampPeriod > 0;
     free(qp);
     vk->ts_period = p2.properties.limits.timestampPeriod;
-    vk->profile = vk_prof_wanted();
     if (vk->profile && !timestamps) {
         moex_log(MOEX_LOG_WARN, "vulkan profile: the queue has no timestamps, MOEX_VK_PROFILE ignored");
         vk->profile = false;
@@ -331,10 +265,7 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt) {
     const uint32_t s = sg.subgroupSize;
     vk->use_subgroup = !opt->no_subgroup && in->subgroup_arith && s >= 8 && s <= 64 && (s & (s - 1)) == 0;
     vk->tpr = vk->use_subgroup ? (int)s : 32;
-    memcpy(vk->ex_shape, vk_ex_default_shapes, sizeof vk->ex_shape);
-    read_tuning(&vk->tune);
-    read_ex_shape(vk);
-    read_coop(vk, &f12, opt->coop);
+    read_coop(vk, &f12, coop);
 }
 
 static int make_device(moex_vk *vk, moex_error *err) {
@@ -398,63 +329,28 @@ static int make_device(moex_vk *vk, moex_error *err) {
     return vk_check(vkCreateFence(vk->dev, &fci, NULL, &vk->xfer_fence), "vkCreateFence", err);
 }
 
-static void set_cache_dir(moex_vk *vk, const char *dir) {
-    const char *env = getenv("MOEX_VK_CACHE"), *home = getenv("HOME");
-    if (dir) snprintf(vk->cache_dir, sizeof vk->cache_dir, "%s", dir);
-    else if (env) snprintf(vk->cache_dir, sizeof vk->cache_dir, "%s", env);
-    else if (home) snprintf(vk->cache_dir, sizeof vk->cache_dir, "%s/.cache/moex-vk", home);
-}
 
-moex_vk *moex_vk_create(const moex_vk_options *opt, moex_error *err) {
-    const moex_vk_options def = {.device = -1};
-    if (!opt) opt = &def;
-    moex_vk *vk = calloc(1, sizeof *vk);
-    if (!vk) {
-        moex_fail(err, "out of memory");
-        return NULL;
-    }
-    vk->verbose = opt->verbose;
-    set_cache_dir(vk, opt->cache_dir);
+int vk_device_open(moex_vk *vk, const moex_vk_options *opt, int coop, moex_error *err) {
     if (vk_check(make_instance(&vk->inst), "vkCreateInstance (is a Vulkan loader installed?)", err) ||
-        pick_device(vk, opt->device, err)) {
-        moex_vk_free(vk);
-        return NULL;
-    }
-    read_caps(vk, opt);
-    if (make_device(vk, err)) {
-        moex_vk_free(vk);
-        return NULL;
-    }
-    vk_pipeline_cache_open(vk);
-    if (vk->verbose)
-        moex_log(MOEX_LOG_INFO, "vulkan: %s (%s), subgroup %u%s, f16 %d, int dot %d%s, shared %u KiB, %.1f GiB, "
-                 "coop %s %ux%ux%u", vk->info.name, vk->info.type, vk->info.subgroup_size,
-                 vk->use_subgroup ? " (reductions)" : "", vk->info.f16, vk->info.int_dot,
-                 vk->info.int_dot_fast ? " (hardware)" : "", vk->info.shared_mem >> 10,
-                 vk->info.device_mem / 1073741824.0,
-                 vk->info.coop == 1 ? "nv" : vk->info.coop == 2 ? "emulated" : "off", vk->info.coop_m,
-                 vk->info.coop_n, vk->info.coop_k);
-    return vk;
+        pick_device(vk, opt->device, err))
+        return -1;
+    read_caps(vk, opt, coop);
+    return make_device(vk, err);
 }
 
-void moex_vk_free(moex_vk *vk) {
-    if (!vk) return;
+void vk_device_close(moex_vk *vk) {
     if (vk->dev) {
         vkDeviceWaitIdle(vk->dev);
         moex_vk_buffer_free(vk->staging);
-        moex_vk_buffer_free(vk->actq);
-        vk_pipelines_free(vk);
-        if (vk->pcache) {
-            vk_pipeline_cache_save(vk);
-            vkDestroyPipelineCache(vk->dev, vk->pcache, NULL);
-        }
+        vk->staging = NULL;
         if (vk->xfer_fence) vkDestroyFence(vk->dev, vk->xfer_fence, NULL);
         if (vk->layout) vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
         if (vk->pool) vkDestroyCommandPool(vk->dev, vk->pool, NULL);
         vkDestroyDevice(vk->dev, NULL);
+        vk->dev = VK_NULL_HANDLE;
     }
     if (vk->inst) vkDestroyInstance(vk->inst, NULL);
-    free(vk);
+    vk->inst = VK_NULL_HANDLE;
 }
 
 const moex_vk_info *moex_vk_get_info(const moex_vk *vk) { return &vk->info; }
@@ -576,100 +472,4 @@ int moex_vk_upload(moex_vk *vk, moex_vk_buffer *b, size_t off, const void *src, 
 
 int moex_vk_download(moex_vk *vk, moex_vk_buffer *b, size_t off, void *dst, size_t n, moex_error *err) {
     return transfer(vk, b, off, dst, n, false, err);
-}
-
-/* ---- command buffers ---- */
-
-moex_vk_cmd *moex_vk_cmd_create(moex_vk *vk, moex_error *err) {
-    moex_vk_cmd *c = calloc(1, sizeof *c);
-    if (!c) {
-        moex_fail(err, "out of memory");
-        return NULL;
-    }
-    c->vk = vk;
-    c->prof = vk_prof_create(vk);
-    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = vk->pool,
-                                      .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
-    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    if (vk_check(vkAllocateCommandBuffers(vk->dev, &ai, &c->cb), "vkAllocateCommandBuffers", err) ||
-        vk_check(vkCreateFence(vk->dev, &fci, NULL, &c->fence), "vkCreateFence", err)) {
-        moex_vk_cmd_free(c);
-        return NULL;
-    }
-    return c;
-}
-
-void moex_vk_cmd_free(moex_vk_cmd *c) {
-    if (!c) return;
-    vk_prof_free(c);
-    if (c->fence) vkDestroyFence(c->vk->dev, c->fence, NULL);
-    if (c->cb) vkFreeCommandBuffers(c->vk->dev, c->vk->pool, 1, &c->cb);
-    free(c);
-}
-
-int moex_vk_cmd_begin(moex_vk_cmd *c, moex_error *err) {
-    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-    if (vk_check(vkBeginCommandBuffer(c->cb, &bi), "vkBeginCommandBuffer", err)) return -1;
-    c->recording = true;
-    c->bound = VK_NULL_HANDLE;
-    c->transfer_since_barrier = false;
-    if (c->prof) vk_prof_begin(c);
-    return 0;
-}
-
-int moex_vk_cmd_end(moex_vk_cmd *c, moex_error *err) {
-    /* Results become visible to the host once the fence signals. */
-    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
-    vkCmdPipelineBarrier(c->cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                         VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
-    c->recording = false;
-    return vk_check(vkEndCommandBuffer(c->cb), "vkEndCommandBuffer", err);
-}
-
-int moex_vk_cmd_run(moex_vk_cmd *c, moex_error *err) {
-    if (c->recording && moex_vk_cmd_end(c, err)) return -1;
-    if (!c->prof) return vk_submit_wait(c->vk, c->cb, c->fence, err);
-    vk_prof_submitted(c);
-    if (vk_submit_wait(c->vk, c->cb, c->fence, err)) return -1;
-    vk_prof_collect(c);
-    return 0;
-}
-
-void moex_vk_cmd_label(moex_vk_cmd *c, const char *label) { c->label = label; }
-
-static void barrier(moex_vk_cmd *c, VkPipelineStageFlags src, VkPipelineStageFlags dst) {
-    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-                          .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
-                                           VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
-    vkCmdPipelineBarrier(c->cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
-}
-
-/* Between kernels the barrier names the compute stage alone (a transfer stage
- * in it costs a heavier wait on some drivers); copies and fills order
- * themselves after earlier kernels, and the barrier after them covers them. */
-void moex_vk_barrier(moex_vk_cmd *c) {
-    const VkPipelineStageFlags cs = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, tr = VK_PIPELINE_STAGE_TRANSFER_BIT;
-    barrier(c, c->transfer_since_barrier ? cs | tr : cs, c->transfer_since_barrier ? cs | tr : cs);
-    c->transfer_since_barrier = false;
-}
-
-static void before_transfer(moex_vk_cmd *c) {
-    barrier(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT);
-    c->transfer_since_barrier = true;
-}
-
-void moex_vk_copy(moex_vk_cmd *c, moex_vk_buffer *dst, size_t doff, moex_vk_buffer *src, size_t soff, size_t n) {
-    VkBufferCopy r = {.srcOffset = soff, .dstOffset = doff, .size = n};
-    before_transfer(c);
-    vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &r);
-    if (c->prof) vk_prof_mark(c, VK_NULL_HANDLE);
-}
-
-void moex_vk_fill(moex_vk_cmd *c, moex_vk_buffer *b, size_t off, size_t n, uint32_t value) {
-    before_transfer(c);
-    vkCmdFillBuffer(c->cb, b->buf, off, n, value);
-    if (c->prof) vk_prof_mark(c, VK_NULL_HANDLE);
 }

@@ -1,17 +1,7 @@
 /* The expert FFN of MoE layers: many experts in one dispatch, indexed by the
  * router's expert ids. Decode (a few tokens) runs the matrix-vector kernels
  * here; prompt batches take the tiled path in vk_mm.c. */
-#include "kernels/vk/vk_experts.h"
 #include "kernels/vk/vk_internal.h"
-
-/* Scratch of the expert FFN: h (n*k x n_ff floats), then for batches on the
- * tiled path the per-pair outputs (n*k x d) and the grouping (2E + n*k ints). */
-size_t vk_experts_h_bytes(const moex_vk_experts *e, int64_t n, int k) {
-    return ((size_t)n * (size_t)k * (size_t)e->gate.rows * 4 + 255) & ~(size_t)255;
-}
-size_t vk_experts_po_bytes(const moex_vk_experts *e, int64_t n, int k) {
-    return ((size_t)n * (size_t)k * (size_t)e->down.rows * 4 + 255) & ~(size_t)255;
-}
 
 size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k) {
     size_t s = vk_experts_h_bytes(e, n, k);
@@ -37,11 +27,6 @@ static int64_t ex_pe(moex_type t, bool generic) {
     return t == MOEX_TYPE_Q4_K && !generic ? 32 : t == MOEX_TYPE_Q6_K ? 16 : 8;
 }
 
-bool vk_idot(const moex_vk *vk) {   /* vk_internal.h */
-    const int want = vk->tune.idot;
-    return vk->info.int_dot && (want > 0 || (want < 0 && vk->info.int_dot_fast)) && !vk->actq;
-}
-
 /* experts_mv.comp's mode bit for int8 activations: where its positions are Q4_K's or Q6_K's. */
 static int ex_idot(const moex_vk *vk, moex_type t, bool generic) {
     return vk_idot(vk) && ex_pe(t, generic) != 8 ? VK_EX_IDOT : 0;
@@ -53,37 +38,6 @@ static int ex_ppt(int64_t npos, int wg) {
     return p < 1 ? 1 : p > VK_EX_PPT_MAX ? VK_EX_PPT_MAX : (int)p;
 }
 
-/* One token: 8 rows per gate+up workgroup (half as many workgroups as 4)
- * and down workgroups of 192 threads instead of 96 (half the positions per
- * thread) decode 15 % faster in the whole model on an H200 (docs/PERF.md,
- * session 5), although alone, on weights in L2, the gate+up is 1 µs slower:
- * inside a token the workgroup count weighs more than the bytes. A batch
- * over many experts: 2 rows per workgroup (both loaded at once) stream 4 %
- * faster than 4 over 64 distinct experts (session 6; 1 row, or 8 and more,
- * slower). */
-const vk_ex_shape vk_ex_default_shapes[2][2] = {
-    {{64, 8, 2}, {64, 2, 2}},    /* gate+up: one token, a batch */
-    {{192, 4, 2}, {96, 2, 2}},   /* down */
-};
-
-bool vk_ex_shape_ok(const moex_vk *vk, int half, vk_ex_shape s) {
-    const int64_t nv = half == 0 ? 2 * s.rt : s.rt;   /* experts_mv.comp's red[NV * WG] */
-    return s.wg >= 1 && s.wg <= 1024 && s.ru >= 1 && s.rt >= s.ru && s.rt <= s.wg && s.rt % s.ru == 0 &&
-           nv * s.wg * 4 <= (int64_t)vk->info.shared_mem;
-}
-
-void vk_experts_forget(moex_vk *vk) {
-    vkDeviceWaitIdle(vk->dev);
-    for (int t = 0; t < VK_TYPE_SLOTS; t++)
-        for (int m = 0; m < VK_MODES; m++) {
-            for (int k = 0; k < 2; k++) {
-                VkPipeline *p = &vk->pipes[k ? VK_K_EXPERTS_GU : VK_K_EXPERTS_MV][t][m];
-                if (*p) vkDestroyPipeline(vk->dev, *p, NULL);
-                *p = VK_NULL_HANDLE;
-            }
-        }
-}
-
 /* ---- one token's Q4_K gate+up on experts_gu.comp ---- */
 
 /* log2 of v >= 1, rounded down. */
@@ -93,33 +47,6 @@ static int log2_floor(int64_t v) {
     return l;
 }
 
-/* 48 rows per workgroup in 12 row lanes (768 threads for d = 2048; 128
- * workgroups for Qwen3-30B-A3B's 8 x 768 rows, about one per SM of an H200),
- * each thread loading 2 of its 4 rows at a time: decode after 512 tokens
- * ~4 % faster than 64 rows in 16 lanes (96 workgroups; session 8), which were
- * ~4 % faster than experts_mv.comp's gate+up (64.8.2); there all 4 rows at
- * once was fastest alone but slower in the token, and 512 threads slower
- * still (docs/PERF.md, sessions 7 and 8). Rows per thread stay a power of two
- * where a row lane allows (the butterfly halves them); one row lane
- * otherwise, whose 2 ch sums outnumber any subgroup. */
-vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos) {
-    const int target = vk->tune.gu_wg ? vk->tune.gu_wg : 1024, ch = vk->tune.gu_ch ? vk->tune.gu_ch : 48;
-    int rl = target / npos < ch ? target / npos : ch;
-    while (rl > 1 && (ch % rl || ((ch / rl) & (ch / rl - 1)))) rl--;
-    if (rl < 1) rl = 1;
-    vk_gu_shape s = {.npos = npos, .rl = rl, .wg = npos * rl, .ch = ch, .ru = vk->tune.gu_ru ? vk->tune.gu_ru : 2};
-    if (s.ru > ch / rl) s.ru = ch / rl;
-    while ((ch / rl) % s.ru) s.ru--;
-    s.subgroup = vk->use_subgroup && npos % vk->tpr == 0;
-    return s;
-}
-
-/* Shared memory of experts_gu.comp's reduction (its red[] and sums[]). */
-static size_t gu_shared_bytes(const moex_vk *vk, vk_gu_shape s) {
-    const size_t nv = 2 * (size_t)s.ch / (size_t)s.rl, rv = nv < 4 ? nv : 4;
-    return 4 * (s.subgroup ? (size_t)(s.wg / vk->tpr) * nv : rv * (size_t)s.wg + 2 * (size_t)s.ch);
-}
-
 bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
     const moex_vk_matrix *g = &e->gate, *u = &e->up;
     const int64_t npos = g->cols / 32;
@@ -127,7 +54,7 @@ bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
         g->expert_stride % 16 || npos > 1024 || (npos & (npos - 1)))
         return false;
     /* wg <= 1024 follows: npos * rl stays within the target (<= 1024), or rl is 1 */
-    return gu_shared_bytes(vk, vk_gu_shape_of(vk, (int)npos)) <= vk->info.shared_mem;
+    return vk_gu_shared_bytes(vk, vk_gu_shape_of(vk, (int)npos)) <= vk->info.shared_mem;
 }
 
 static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int k, moex_vk_ptr ids, moex_vk_ptr h,
@@ -136,7 +63,7 @@ static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, 
     const int mode = lp | (vk_idot(c->vk) ? VK_GU_IDOT : 0);
     const uint32_t gx = vk_ceil_div(e->gate.rows, vk_gu_shape_of(c->vk, 1 << lp).ch);
     if (vk_check_grid(gx, k, 1, err)) return -1;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_EXPERTS_GU, e->gate.type, mode, err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_EXPERTS_GU, e->gate.type, mode, err);
     if (!p) return -1;
     vk_pc pc = {.p = {e->gate.data, e->up.data, x, h, ids},
                 .u = {(uint32_t)e->gate.rows, (uint32_t)e->gate.cols, (uint32_t)e->gate.expert_stride}};
@@ -163,11 +90,11 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
     const bool gu = (halves & 1) && vk_gu_applies(c->vk, e, n);   /* one token's gate+up on experts_gu.comp */
-    VkPipeline pg = gu ? VK_NULL_HANDLE
-                       : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type,
-                                     VK_EX_MODE(0, ggen, gppt, many) | ex_idot(c->vk, g->type, ggen), err),
-               pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type,
-                                VK_EX_MODE(1, dgen, dppt, many) | ex_idot(c->vk, d->type, dgen), err);
+    const vk_pipe *pg = gu ? NULL
+                           : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type,
+                                         VK_EX_MODE(0, ggen, gppt, many) | ex_idot(c->vk, g->type, ggen), err),
+                  *pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type,
+                                    VK_EX_MODE(1, dgen, dppt, many) | ex_idot(c->vk, d->type, dgen), err);
     if ((!gu && !pg) || !pd) return -1;
     if (gu) {
         if (dispatch_gu(c, e, x, k, ids, h, err)) return -1;

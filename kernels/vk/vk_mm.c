@@ -1,6 +1,6 @@
 /* Tiled matrix-matrix products for prompt batches (more than VK_MV_NMAX
  * tokens): dense products, the router's logits and the expert FFN grouped by
- * expert (mm_coop.comp or mm.comp). */
+ * expert (mm_coop.comp or mm.comp), with the expert FFN's scratch layout. */
 #include <stdlib.h>
 
 #include "kernels/vk/vk_internal.h"
@@ -25,7 +25,7 @@ typedef struct mm_kind {
 } mm_kind;
 
 static mm_kind mm_kind_of(const moex_vk *vk, moex_type t) {
-    if (use_coop(vk, t)) return (mm_kind){VK_K_MM_COOP, vk->coop_bm, VK_COOP_BN};
+    if (use_coop(vk, t)) return (mm_kind){VK_K_MM_COOP, vk->tune.coop_bm, VK_COOP_BN};
     return (mm_kind){VK_K_MM, MM_TILE, MM_TILE};
 }
 
@@ -36,10 +36,10 @@ static int coop_flags(moex_type t, moex_vk_ptr a, moex_vk_ptr b, size_t stride) 
 }
 
 /* The pipeline of mk (flags: mm_coop.comp's, ignored by the f32 tiles), or
- * (when the cooperative-matrix variant does not compile on this driver) the
- * f32 tiles from then on, with a warning. */
-static VkPipeline mm_pipeline(moex_vk *vk, mm_kind *mk, moex_type t, int mode, int flags, moex_error *err) {
-    VkPipeline p = vk_pipeline(vk, mk->k, t, mk->k == VK_K_MM_COOP ? mode | flags : mode, err);
+ * (when the driver refuses the cooperative-matrix pipeline) the f32 tiles
+ * from then on, with a warning. */
+static const vk_pipe *mm_pipeline(moex_vk *vk, mm_kind *mk, moex_type t, int mode, int flags, moex_error *err) {
+    const vk_pipe *p = vk_pipeline(vk, mk->k, t, mk->k == VK_K_MM_COOP ? mode | flags : mode, err);
     if (p || mk->k != VK_K_MM_COOP) return p;   /* (the fallback's mm_kind_of resets a narrow tile's bn) */
     moex_log(MOEX_LOG_WARN, "vulkan: %s; prompts use the f32 tiles (MOEX_VK_NO_COOP=1 skips this attempt)", err->msg);
     vk->info.coop = 0;
@@ -62,7 +62,7 @@ int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, in
         flags |= VK_COOP_NARROW;
         mk.bn = 32;
     }
-    VkPipeline p = mm_pipeline(c->vk, &mk, w->type, 0, flags, err);
+    const vk_pipe *p = mm_pipeline(c->vk, &mk, w->type, 0, flags, err);
     if (!p || vk_check_grid(vk_ceil_div(w->rows, mk.bm), vk_ceil_div(n, mk.bn), 1, err)) return -1;
     vk_dispatch(c, p, pc, vk_ceil_div(w->rows, mk.bm), vk_ceil_div(n, mk.bn), 1);
     return 0;
@@ -70,16 +70,23 @@ int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, in
 
 /* The router of a batch: its logits on the f32 tiles (expert choices as exact
  * as f32 makes them) in 32 x 32 tiles, then top-k per token. It has few rows
- * (128 experts): 64 x 64 tiles gave 16 workgroups for 512 tokens and ran at
- * 1.2 TFLOP/s on the H200. */
+ * (128 experts): 64 x 64 tiles would leave most of the GPU idle (16
+ * workgroups for 512 tokens; docs/PERF.md). */
 int vk_router_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err) {
     const uint32_t gx = vk_ceil_div(w->rows, MM_SMALL), gy = vk_ceil_div(n, MM_SMALL);
-    VkPipeline pm = vk_pipeline(c->vk, VK_K_MM, w->type, VK_MM_SMALL, err), pt = vk_pipeline(c->vk, VK_K_TOPK, 0, 0, err);
+    const vk_pipe *pm = vk_pipeline(c->vk, VK_K_MM, w->type, VK_MM_SMALL, err), *pt = vk_pipeline(c->vk, VK_K_TOPK, 0, 0, err);
     if (!pm || !pt || vk_check_grid(gx, gy, n, err)) return -1;
     vk_dispatch(c, pm, pc, gx, gy, 1);
     moex_vk_barrier(c);
     vk_dispatch(c, pt, pc, (uint32_t)n, 1, 1);
     return 0;
+}
+
+size_t vk_experts_h_bytes(const moex_vk_experts *e, int64_t n, int k) {
+    return ((size_t)n * (size_t)k * (size_t)e->gate.rows * 4 + 255) & ~(size_t)255;
+}
+size_t vk_experts_po_bytes(const moex_vk_experts *e, int64_t n, int k) {
+    return ((size_t)n * (size_t)k * (size_t)e->down.rows * 4 + 255) & ~(size_t)255;
 }
 
 /* Batches: group pairs by expert, tiled gate+up and down per expert, then fold the slots in order. */
@@ -91,9 +98,9 @@ int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, in
     mm_kind kg = mm_kind_of(c->vk, e->gate.type), kd = mm_kind_of(c->vk, e->down.type);
     const int fg = coop_flags(e->gate.type, e->gate.data, e->up.data, e->gate.expert_stride),
               fd = coop_flags(e->down.type, e->down.data, e->down.data, e->down.expert_stride);
-    VkPipeline ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), pg = mm_pipeline(c->vk, &kg, e->gate.type, 1, fg, err),
-               pd = pg ? mm_pipeline(c->vk, &kd, e->down.type, 2, fd, err) : VK_NULL_HANDLE,
-               pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
+    const vk_pipe *ps = vk_pipeline(c->vk, VK_K_MOE_SORT, 0, 0, err), *pg = mm_pipeline(c->vk, &kg, e->gate.type, 1, fg, err),
+                  *pd = pg ? mm_pipeline(c->vk, &kd, e->down.type, 2, fd, err) : NULL,
+                  *pc_ = vk_pipeline(c->vk, VK_K_MOE_COMBINE, 0, 0, err);
     if (!ps || !pg || !pd || !pc_ || vk_check_grid(vk_ceil_div(e->down.rows, kd.bm), vk_ceil_div(n, kd.bn), e->n_expert, err) ||
         vk_check_grid(vk_ceil_div(e->gate.rows, kg.bm), vk_ceil_div(n, kg.bn), e->n_expert, err))
         return -1;

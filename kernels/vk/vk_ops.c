@@ -1,51 +1,14 @@
-/* Recording the kernels: each op checks its arguments, picks the variant
- * (type, mode, matrix-vector or tiled) and dispatches it. The expert FFN is
- * in vk_experts.c, the tiled (prompt batch) products in vk_mm.c, attention in
- * vk_attn.c. */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
+/* The ops but attention and the expert FFN (vk_attn.c, vk_experts.c): each
+ * checks its arguments, picks the variant (type, mode, matrix-vector or
+ * tiled: vk_mm.c) and records its dispatch (vk_record.c). */
 
 #include "kernels/vk/vk_internal.h"
-
-uint32_t vk_fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-uint32_t vk_ceil_div(int64_t a, int64_t b) { return (uint32_t)((a + b - 1) / b); }
-
-/* mv.comp reads Q4_K and f32 rows through 16-byte loads; weights placed at
- * other offsets take the 8-element variant of the same mode. */
-int vk_mv_mode(int mode, const moex_vk_matrix *w) {
-    const bool wide = w->type == MOEX_TYPE_Q4_K || w->type == MOEX_TYPE_F32;
-    return wide && w->data % 16 ? mode | VK_MV_GENERIC : mode;
-}
 
 /* vk_mv_mode, and in the one-token staged modes (1, 2) Q4_K stages x as int8 where vk_idot. */
 static int mv_mode_of(const moex_vk *vk, int mode, const moex_vk_matrix *w) {
     const int m = vk_mv_mode(mode, w);
     const bool staged = mode == 1 || mode == 2;
     return staged && w->type == MOEX_TYPE_Q4_K && !(m & VK_MV_GENERIC) && vk_idot(vk) ? m | VK_MV_IDOT : m;
-}
-
-int vk_mv_rpt(const moex_vk *vk, int mode) {
-    if ((mode & 3) == 0) return 2;
-    if ((mode & 3) == 3) return 1;
-    return vk->tune.mv_rpt ? vk->tune.mv_rpt : VK_MV_RPT_STAGED;
-}
-
-int vk_mv_row_groups(const moex_vk *vk, int mode) {
-    if ((mode & 3) != 1 && (mode & 3) != 2) return VK_MV_GROUPS;
-    int g = vk->tune.mv_groups ? vk->tune.mv_groups : VK_MV_GROUPS_STAGED;
-    while (g > 1 && g * vk->tpr > 1024) g /= 2;   /* workgroups of at most 1024 threads (desktop GPUs, lavapipe) */
-    return g;
-}
-
-/* Workgroups of mv.comp along the rows. */
-uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode) {
-    return vk_ceil_div(rows, vk_mv_row_groups(vk, mode) * vk_mv_rpt(vk, mode));
 }
 
 /* The staged one-token variants (modes 1, 2, 3 | VK_MV_STAGE): x fits the
@@ -64,90 +27,12 @@ static uint32_t mv_grid(const moex_vk *vk, int64_t rows, int mode, bool staged) 
     return staged ? staged_groups(vk_mv_groups(vk, rows, mode)) : vk_mv_groups(vk, rows, mode);
 }
 
-static void bind_push(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc) {
-    if (c->bound != p) {
-        vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
-        c->bound = p;
-    }
-    vkCmdPushConstants(c->cb, c->vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *pc, pc);
-}
-
-void vk_dispatch(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, uint32_t gx, uint32_t gy, uint32_t gz) {
-    bind_push(c, p, pc);
-    vkCmdDispatch(c->cb, gx, gy, gz);
-    if (c->prof) vk_prof_mark(c, p);
-}
-
-void vk_dispatch_indirect(moex_vk_cmd *c, VkPipeline p, const vk_pc *pc, moex_vk_buffer *b, size_t off) {
-    bind_push(c, p, pc);
-    vkCmdDispatchIndirect(c->cb, b->buf, off);
-    if (c->prof) vk_prof_mark(c, p);
-}
-
-/* Dispatches must stay under the 65535 workgroups per dimension every device has. */
-int vk_check_grid(int64_t gx, int64_t gy, int64_t gz, moex_error *err) {
-    if (gx > 65535 || gy > 65535 || gz > 65535)
-        return moex_fail(err, "vulkan: dispatch of %lldx%lldx%lld workgroups is too large (split the batch)",
-                         (long long)gx, (long long)gy, (long long)gz);
-    return 0;
-}
-
-int vk_check_matrix(const moex_vk_matrix *w, moex_error *err) {
-    if (!moex_vk_type_supported(w->type)) {
-        const moex_type_traits *tt = moex_type_get(w->type);
-        return moex_fail(err, "vulkan: no GPU kernels for tensor type %s", tt ? tt->name : "?");
-    }
-    if (w->rows <= 0 || w->cols <= 0 || w->cols % 32)
-        return moex_fail(err, "vulkan: matrix %lldx%lld: columns must be a positive multiple of 32",
-                         (long long)w->rows, (long long)w->cols);
-    if (w->row_bytes != moex_row_bytes(w->type, w->cols) || w->rows * w->row_bytes > UINT32_MAX ||
-        (w->expert_stride && w->expert_stride % 4))
-        return moex_fail(err, "vulkan: matrix %lldx%lld has an inconsistent row size or is over 4 GiB",
-                         (long long)w->rows, (long long)w->cols);
-    if (!w->data || w->data % 4) return moex_fail(err, "vulkan: matrix data must be 4-byte aligned on the GPU");
-    return 0;
-}
-
-int moex_vk_set_activation_rounding(moex_vk *vk, size_t max_floats, moex_error *err) {
-    moex_vk_buffer_free(vk->actq);
-    vk->actq = NULL;
-    vk->actq_floats = 0;
-    if (max_floats == 0) return 0;
-    if (!(vk->actq = moex_vk_buffer_create(vk, 3 * max_floats * 4, MOEX_VK_MEM_DEVICE, err))) return -1;
-    vk->actq_floats = max_floats;
-    return 0;
-}
-
-/* The input a product of weight type t reads: x itself, or x rounded to the
- * partner type (when rounding is on) in its region of the rounding buffer.
- * Barriers on both sides: the region may still be read by the previous product. */
-int vk_round_input(moex_vk_cmd *c, moex_type t, moex_vk_ptr x, int64_t rows, int64_t cols, moex_vk_ptr *out,
-                       moex_error *err) {
-    moex_vk *vk = c->vk;
-    *out = x;
-    if (!vk->actq || t == MOEX_TYPE_F32 || t == MOEX_TYPE_F16 || t == MOEX_TYPE_BF16 || rows <= 0) return 0;
-    const int kq = t == MOEX_TYPE_Q4_K || t == MOEX_TYPE_Q5_K || t == MOEX_TYPE_Q6_K ? 1
-                   : t == MOEX_TYPE_Q4_1 || t == MOEX_TYPE_Q5_1                     ? 2 : 0;
-    if ((size_t)(rows * cols) > vk->actq_floats)
-        return moex_fail(err, "vulkan: activation rounding buffer holds %zu floats, a product needs %lld", vk->actq_floats,
-                         (long long)(rows * cols));
-    if (rows > 65535) return moex_fail(err, "vulkan: activation rounding of %lld rows", (long long)rows);
-    VkPipeline p = vk_pipeline(vk, VK_K_ACTQ, 0, kq, err);
-    if (!p) return -1;
-    *out = moex_vk_buffer_ptr(vk->actq) + (size_t)kq * vk->actq_floats * 4;
-    vk_pc pc = {.p = {x, *out}, .u = {(uint32_t)cols}};
-    moex_vk_barrier(c);
-    vk_dispatch(c, p, &pc, (uint32_t)((cols + 255) / 256), (uint32_t)rows, 1);
-    moex_vk_barrier(c);
-    return 0;
-}
-
 int moex_vk_op_dequant(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr ids, int64_t n, moex_vk_ptr out,
                        moex_error *err) {
     if (vk_check_matrix(w, err) || vk_check_grid(vk_ceil_div(w->cols / 8, 64), n, 1, err)) return -1;
     if (!ids && n > w->rows) return moex_fail(err, "vulkan: dequant of %lld rows of a %lld-row matrix", (long long)n,
                                               (long long)w->rows);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_DEQUANT, w->type, 0, err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_DEQUANT, w->type, 0, err);
     if (!p) return -1;
     vk_pc pc = {.p = {w->data, out, ids}, .u = {(uint32_t)w->cols, ids != 0}};
     if (n > 0) vk_dispatch(c, p, &pc, vk_ceil_div(w->cols / 8, 64), (uint32_t)n, 1);
@@ -157,25 +42,11 @@ int moex_vk_op_dequant(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr ids,
 int moex_vk_op_rmsnorm(moex_vk_cmd *c, moex_vk_ptr out, moex_vk_ptr x, moex_vk_ptr w, int64_t n_rows, int64_t dim,
                        float eps, moex_error *err) {
     if (dim <= 0 || vk_check_grid(n_rows, 1, 1, err)) return dim <= 0 ? moex_fail(err, "vulkan: rmsnorm of dim %lld", (long long)dim) : -1;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_RMSNORM, 0, 0, err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_RMSNORM, 0, 0, err);
     if (!p) return -1;
     vk_pc pc = {.p = {x, out, w}, .u = {(uint32_t)dim, w != 0, vk_fbits(eps)}};
     if (n_rows > 0) vk_dispatch(c, p, &pc, (uint32_t)n_rows, 1, 1);
     return 0;
-}
-
-/* mv.comp / mm.comp push constants: w w2 x y r ids gw counter | rows cols n xs ys flags k estride n_expert. */
-vk_pc vk_mat_pc(const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int64_t xs, moex_vk_ptr y, int64_t ys,
-                    moex_vk_ptr resid) {
-    vk_pc pc = {.p = {w->data, 0, x, y, resid}};
-    pc.u[0] = (uint32_t)w->rows;
-    pc.u[1] = (uint32_t)w->cols;
-    pc.u[2] = (uint32_t)n;
-    pc.u[3] = (uint32_t)xs;
-    pc.u[4] = (uint32_t)ys;
-    pc.u[5] = resid != 0;
-    pc.u[7] = (uint32_t)w->expert_stride;
-    return pc;
 }
 
 int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, moex_vk_ptr y,
@@ -185,13 +56,13 @@ int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     if (vk_round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);
     if (n == 1 && mv_stageable(c->vk, w, x)) {
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, 1, w), err);
+        const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, 1, w), err);
         if (!p) return -1;
         vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 1, true), 1, 1);
         return 0;
     }
     if (n <= VK_MV_NMAX) {
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w), err);
+        const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(0, w), err);
         const uint32_t groups = vk_mv_groups(c->vk, w->rows, 0);
         if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
         vk_dispatch(c, p, &pc, groups, 1, 1);
@@ -221,7 +92,7 @@ int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     if (check_norm_fused(c, w, x, nw, err)) return -1;
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
     const uint32_t groups = mv_grid(c->vk, w->rows, mode, mode == 1);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, mode, w) | VK_MV_NORM, err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, mode, w) | VK_MV_NORM, err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, resid);
     pc.p[1] = nw;
@@ -238,7 +109,7 @@ bool moex_vk_mv_shareable(const moex_vk_matrix *a, const moex_vk_matrix *b) {
 static int dispatch_shared(moex_vk_cmd *c, const moex_vk_matrix *const *w, const moex_vk_ptr *y, const int *idx, int n,
                            moex_vk_ptr x, moex_vk_ptr nw, float eps, moex_error *err) {
     const moex_vk_matrix *w0 = w[idx[0]];   /* x as given: the caller sends rounded inputs elsewhere */
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w0->type, mv_mode_of(c->vk, 2, w0) | (nw ? VK_MV_NORM : 0), err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w0->type, mv_mode_of(c->vk, 2, w0) | (nw ? VK_MV_NORM : 0), err);
     if (!p) return -1;
     vk_pc pc = vk_mat_pc(w0, x, 1, w0->cols, y[idx[0]], w0->rows, 0);
     pc.p[1] = nw;
@@ -303,7 +174,7 @@ int moex_vk_op_matmul_argmax(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_pt
     const int mode = mv_stageable(c->vk, w, x) ? 1 : 0;
     const uint32_t g0 = vk_mv_groups(c->vk, w->rows, 0),
                    groups = mode ? mv_grid(c->vk, w->rows, 1, true) : g0 < 2048 ? g0 : 2048;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, mode, w) | (nw ? VK_MV_NORM : 0), err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, mode, w) | (nw ? VK_MV_NORM : 0), err);
     if (!p || vk_check_grid(groups, 1, 1, err)) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, y, w->rows, 0);
     pc.p[1] = nw;
@@ -319,7 +190,7 @@ int moex_vk_op_eltwise(moex_vk_cmd *c, int op, moex_vk_ptr a, moex_vk_ptr b, moe
     if (op != 0 && op != 1) return moex_fail(err, "vulkan: unknown elementwise op %d", op);
     if (n <= 0) return 0;
     if (n > UINT32_MAX) return moex_fail(err, "vulkan: elementwise op over %lld floats", (long long)n);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_ELTWISE, 0, op, err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_ELTWISE, 0, op, err);
     if (!p) return -1;
     vk_pc pc = {.p = {a, b, y}, .u = {(uint32_t)n}};
     const uint32_t groups = vk_ceil_div(n, 256), gx = groups < 65535 ? groups : 65535;
@@ -331,7 +202,7 @@ int moex_vk_op_argmax(moex_vk_cmd *c, moex_vk_ptr x, int64_t n_rows, int64_t n, 
                       moex_error *err) {
     if (n <= 0 || stride < n || vk_check_grid(n_rows, 1, 1, err))
         return moex_fail(err, "vulkan: argmax over rows of %lld (stride %lld)", (long long)n, (long long)stride);
-    VkPipeline p = vk_pipeline(c->vk, VK_K_ARGMAX, 0, 0, err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_ARGMAX, 0, 0, err);
     if (!p) return -1;
     vk_pc pc = {.p = {x, out}, .u = {(uint32_t)n, (uint32_t)stride}};
     if (n_rows > 0) vk_dispatch(c, p, &pc, (uint32_t)n_rows, 1, 1);
@@ -354,7 +225,7 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     pc.u[6] = (uint32_t)k;
     if (n <= VK_MV_NMAX) {   /* one dispatch: the last workgroup routes */
         const int stage = n == 1 && mv_stageable(c->vk, w, x) ? VK_MV_STAGE : 0;
-        VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | stage, err);
+        const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | stage, err);
         if (!p) return -1;
         vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 3, stage != 0), 1, 1);
         return 0;
@@ -370,7 +241,7 @@ int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
         return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts; xn required)",
                          (long long)w->rows, k, VK_MAX_EXPERTS);
     const int stage = mv_stageable(c->vk, w, x) ? VK_MV_STAGE : 0;
-    VkPipeline p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | VK_MV_NORM | stage, err);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | VK_MV_NORM | stage, err);
     if (!p) return -1;
     vk_pc pc = vk_mat_pc(w, x, 1, w->cols, logits, w->rows, xn);
     pc.p[1] = nw;

@@ -1,10 +1,12 @@
-/* Compute pipelines: GLSL embedded in the binary, specialised with #defines
- * chosen from the device's capabilities, compiled by shaderc on first use,
- * with the SPIR-V cached on disk (keyed by a hash of the full source) and a
- * VkPipelineCache kept beside it. */
+/* Compute pipelines: the SPIR-V variants compiled at build time
+ * (shaders/variants.cmake) specialised for this device, one pipeline per
+ * (kernel, weight type, mode), created on first use or up front
+ * (moex_vk_warm_begin / moex_vk_warm_end, in parallel), with a
+ * VkPipelineCache kept on disk so that drivers can skip their own compile on
+ * the next run. */
 #include <errno.h>
-#include <shaderc/shaderc.h>
-#include <stdarg.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,19 +14,17 @@
 #include <unistd.h>
 
 #include "kernels/vk/vk_internal.h"
-#include "kernels/vk/vk_experts.h"
 
-static const char *const kernel_file[VK_K_COUNT] = {
-    [VK_K_DEQUANT] = "dequant.comp", [VK_K_MV] = "mv.comp", [VK_K_MM] = "mm.comp", [VK_K_TOPK] = "topk.comp",
-    [VK_K_RMSNORM] = "rmsnorm.comp", [VK_K_QKROPE] = "qkrope.comp", [VK_K_ATTN] = "attn.comp",
-    [VK_K_ATTN_MERGE] = "attn_merge.comp", [VK_K_MOE_SORT] = "moe_sort.comp",
-    [VK_K_MOE_COMBINE] = "moe_combine.comp", [VK_K_ELTWISE] = "eltwise.comp", [VK_K_ARGMAX] = "argmax.comp",
-    [VK_K_ACTQ] = "actq.comp", [VK_K_EXPERTS_MV] = "experts_mv.comp", [VK_K_MM_COOP] = "mm_coop.comp",
-    [VK_K_ATTN_COOP] = "attn_coop.comp", [VK_K_ATTN_DEC] = "attn_dec.comp",
-    [VK_K_EXPERTS_GU] = "experts_gu.comp",
+/* Kernel names in the profile table ("mv/t12/m41") and in errors. */
+static const char *const kernel_name[VK_K_COUNT] = {
+    [VK_K_DEQUANT] = "dequant", [VK_K_MV] = "mv", [VK_K_MM] = "mm", [VK_K_TOPK] = "topk",
+    [VK_K_RMSNORM] = "rmsnorm", [VK_K_QKROPE] = "qkrope", [VK_K_ATTN] = "attn", [VK_K_ATTN_MERGE] = "attn_merge",
+    [VK_K_MOE_SORT] = "moe_sort", [VK_K_MOE_COMBINE] = "moe_comb", [VK_K_ELTWISE] = "eltwise",
+    [VK_K_ARGMAX] = "argmax", [VK_K_ACTQ] = "actq", [VK_K_EXPERTS_MV] = "experts_mv", [VK_K_MM_COOP] = "mm_coop",
+    [VK_K_ATTN_COOP] = "attn_coop", [VK_K_ATTN_DEC] = "attn_dec", [VK_K_EXPERTS_GU] = "experts_gu",
 };
 
-/* Kernels specialised by weight type (TYPE, BLK, BLK_BYTES and _quant.comp). */
+/* Kernels with a variant per weight type (TYPE and _quant.comp). */
 static bool is_typed(vk_kernel k) {
     return k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM || k == VK_K_EXPERTS_MV || k == VK_K_MM_COOP ||
            k == VK_K_EXPERTS_GU;
@@ -42,153 +42,280 @@ int vk_type_slot(moex_type t) {
 
 bool moex_vk_type_supported(moex_type t) { return vk_type_slot(t) >= 0; }
 
-static const char *find_source(const char *name) {
-    for (int i = 0; i < moex_vk_shader_source_count; i++)
-        if (!strcmp(moex_vk_shader_sources[i].name, name)) return moex_vk_shader_sources[i].text;
+/* ---- which SPIR-V, specialised how ---- */
+
+/* The SPIR-V variant of a pipeline: the mode bits that change the shader's
+ * code (the others only specialise it), and its flags on this device. */
+static void variant_of(const moex_vk *vk, vk_kernel k, int mode, int *vmode, int *flags) {
+    *vmode = mode;
+    *flags = 0;
+    switch (k) {
+    case VK_K_MV: case VK_K_TOPK: case VK_K_ATTN_DEC:
+        *flags = vk->use_subgroup ? VK_SPIRV_SUBGROUP : 0;
+        break;
+    case VK_K_EXPERTS_MV: {
+        /* subgroup sums only over whole subgroups: a shape that is not a
+         * multiple of the subgroup size (96 threads on a 64-wide device)
+         * reduces through shared memory instead */
+        const vk_ex_shape *s = VK_EX_MODE_SHAPE(vk, mode);
+        *vmode = mode & (VK_EX_DOWN | VK_EX_GENERIC | VK_EX_IDOT);
+        *flags = vk->use_subgroup && s->wg % vk->tpr == 0 ? VK_SPIRV_SUBGROUP : 0;
+        break;
+    }
+    case VK_K_EXPERTS_GU:
+        *vmode = mode & VK_GU_IDOT;
+        *flags = vk_gu_shape_of(vk, 1 << (mode & (VK_GU_IDOT - 1))).subgroup ? VK_SPIRV_SUBGROUP : 0;
+        break;
+    case VK_K_MM_COOP:
+        *vmode = mode & (3 | VK_COOP_GENERIC);
+        *flags = vk->info.coop != 1 ? VK_SPIRV_EMU : 0;
+        break;
+    case VK_K_ATTN_COOP:
+        *flags = vk->info.coop != 1 ? VK_SPIRV_EMU : 0;
+        break;
+    default:
+        break;
+    }
+}
+
+static const vk_spirv *find_spirv(const moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
+    int vmode, flags;
+    variant_of(vk, k, mode, &vmode, &flags);
+    const int t = is_typed(k) ? (int)type : 0;
+    const vk_spirv_table *tab = vk_spirv_tables[k];
+    for (int i = 0; tab && i < tab->n; i++)
+        if (tab->rows[i].type == t && tab->rows[i].mode == vmode && tab->rows[i].flags == flags) return &tab->rows[i];
+    const moex_type_traits *tt = moex_type_get(type);
+    moex_fail(err, "vulkan: %s.comp has no SPIR-V for %s mode %d%s%s (kernels/vk/shaders/variants.cmake does not build it)",
+              kernel_name[k], is_typed(k) && tt ? tt->name : "-", vmode, flags & VK_SPIRV_SUBGROUP ? " with subgroups" : "",
+              flags & VK_SPIRV_EMU ? " emulated" : "");
     return NULL;
 }
 
-/* A growing string; on allocation failure it stays NULL and the caller reports it. */
-typedef struct strbuf {
-    char *s;
-    size_t len, cap;
-    bool oom;
-} strbuf;
+/* Specialization constants: (constant_id, value) pairs. */
+typedef struct vk_spec {
+    uint32_t id[16], value[16];
+    int n;
+} vk_spec;
 
-static void sb_add(strbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->len + n + 1) * 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
+static void spec(vk_spec *s, uint32_t id, uint32_t value) {
+    s->id[s->n] = id;
+    s->value[s->n++] = value;
+}
+
+/* The device's numbers for each kernel's constant_ids (see each shader). */
+static void specialize(const moex_vk *vk, vk_kernel k, moex_type type, int mode, vk_spec *s) {
+    s->n = 0;
+    switch (k) {
+    case VK_K_MV: {
+        const uint32_t groups = (uint32_t)vk_mv_row_groups(vk, mode);
+        spec(s, 0, (uint32_t)vk->tpr * groups);   /* WG */
+        spec(s, 1, (uint32_t)vk->tpr);            /* TPR */
+        spec(s, 2, groups);                       /* GROUPS */
+        spec(s, 3, (uint32_t)vk_mv_rpt(vk, mode));   /* NR */
+        break;
     }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
+    case VK_K_TOPK:
+        spec(s, 0, (uint32_t)vk->tpr);   /* SG */
+        break;
+    case VK_K_EXPERTS_MV: {
+        const vk_ex_shape *e = VK_EX_MODE_SHAPE(vk, mode);
+        spec(s, 0, (uint32_t)e->wg);
+        spec(s, 1, (uint32_t)e->rt);
+        spec(s, 2, (uint32_t)e->ru);
+        spec(s, 3, (uint32_t)((mode >> 2) & 3) + 1);   /* PPT */
+        break;
+    }
+    case VK_K_EXPERTS_GU: {   /* mode: log2 of a row's 32-column positions | VK_GU_IDOT */
+        const vk_gu_shape g = vk_gu_shape_of(vk, 1 << (mode & (VK_GU_IDOT - 1)));
+        spec(s, 0, (uint32_t)g.wg);
+        spec(s, 1, (uint32_t)g.npos);
+        spec(s, 2, (uint32_t)g.rl);
+        spec(s, 3, (uint32_t)g.ru);
+        spec(s, 4, (uint32_t)g.ch);
+        spec(s, 5, (uint32_t)vk->tpr);   /* SG */
+        break;
+    }
+    case VK_K_MM_COOP: {
+        const int bk = vk->tune.coop_bk, bn = mode & VK_COOP_NARROW ? 32 : VK_COOP_BN;
+        spec(s, 0, (uint32_t)vk->tune.coop_bm);   /* BM */
+        spec(s, 1, (uint32_t)bn);
+        spec(s, 2, (uint32_t)bk);
+        spec(s, 3, vk->info.coop_m);
+        spec(s, 4, vk->info.coop_n);
+        spec(s, 5, vk->info.coop_k);
+        spec(s, 6, (uint32_t)vk_coop_nbuf(vk, mode & 3, bk, bn));   /* NBUF */
+        break;
+    }
+    case VK_K_ATTN_COOP: {   /* mode: head_dim class (vk_attn.c attn_coop_mode) */
+        uint32_t warps = 4, bc = 32;
+        vk_attn_coop_config(vk, mode, &warps, &bc);
+        spec(s, 0, 32 * warps);   /* NT */
+        spec(s, 1, bc);
+        break;
+    }
+    default:
+        break;
+    }
+    if (is_typed(k)) {   /* _quant.comp's block of TYPE */
+        spec(s, 14, (uint32_t)moex_type_get(type)->block_elems);
+        spec(s, 15, (uint32_t)moex_type_get(type)->block_bytes);
+    }
 }
 
-static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(strbuf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0) sb_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-/* Appends a shader file, expanding its `#include "x"` lines (one level). */
-static int add_file(strbuf *b, const char *name, moex_error *err) {
-    const char *text = find_source(name);
-    if (!text) return moex_fail(err, "vulkan: shader %s is not embedded", name);
-    for (const char *line = text; *line;) {
-        const char *nl = strchr(line, '\n');
-        size_t n = nl ? (size_t)(nl - line + 1) : strlen(line);
-        char inc[64];
-        if (sscanf(line, "#include \"%63[^\"]\"", inc) == 1) {
-            const char *t = find_source(inc);
-            if (!t) return moex_fail(err, "vulkan: %s includes %s, which is not embedded", name, inc);
-            sb_add(b, t, strlen(t));
-        } else {
-            sb_add(b, line, n);
-        }
-        line += n;
+/* Creates p's VkPipeline. Reads vk only, so threads may create several at once. */
+static int create_pipe(moex_vk *vk, vk_pipe *p, moex_error *err) {
+    const vk_spirv *v = find_spirv(vk, p->kernel, p->type, p->mode, err);
+    if (!v) return -1;
+    VkShaderModuleCreateInfo mci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                    .codeSize = v->words * 4, .pCode = v->code};
+    VkShaderModule mod;
+    if (vk_check(vkCreateShaderModule(vk->dev, &mci, NULL, &mod), "vkCreateShaderModule", err)) return -1;
+    vk_spec sp;
+    specialize(vk, p->kernel, p->type, p->mode, &sp);
+    VkSpecializationMapEntry entries[16];
+    for (int i = 0; i < sp.n; i++)
+        entries[i] = (VkSpecializationMapEntry){.constantID = sp.id[i], .offset = (uint32_t)i * 4, .size = 4};
+    const VkSpecializationInfo si = {.mapEntryCount = (uint32_t)sp.n, .pMapEntries = entries,
+                                     .dataSize = (size_t)sp.n * 4, .pData = sp.value};
+    VkComputePipelineCreateInfo pci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = mod, .pName = "main", .pSpecializationInfo = sp.n ? &si : NULL},
+        .layout = vk->layout};
+    const VkResult r = vkCreateComputePipelines(vk->dev, vk->pcache, 1, &pci, NULL, &p->handle);
+    vkDestroyShaderModule(vk->dev, mod, NULL);
+    if (r != VK_SUCCESS) {
+        p->handle = VK_NULL_HANDLE;
+        return moex_fail(err, "vulkan: creating the pipeline %s failed (VkResult %d)", p->name, (int)r);
     }
     return 0;
 }
 
-static int block_elems(moex_type t) { return moex_type_get(t)->block_elems; }
-static int block_bytes(moex_type t) { return moex_type_get(t)->block_bytes; }
+/* ---- the table ---- */
 
-/* mm_coop.comp's shared tiles: single (two barriers per step) by default,
- * double-buffered (one barrier per step) with MOEX_VK_COOP_NBUF=2 (vk->tune) where the
- * device's shared memory holds two of each. On the H200 (48 KB) double buffers
- * made attn_q alone 11 % faster, but the experts' down 24 % slower (fewer
- * workgroups per SM), and the whole model's pp512 3 % slower even with them
- * on the dense products only (7673-7698 vs 7920-7936 tok/s, three
- * alternations in one run); gate+up (two weight tiles) never fits two. */
-static int coop_nbuf(const moex_vk *vk, int mode, int bk, int bn) {
-    const int want = vk->tune.coop_nbuf;
-    const uint32_t tile = (uint32_t)(bk / 8 + 1) * 16u;   /* one shared row, bytes */
-    const uint32_t rows = (uint32_t)vk->coop_bm * (mode == 1 ? 2u : 1u) + (uint32_t)bn;
-    const uint32_t rest = 4u * vk->info.coop_m * vk->info.coop_n * 4u + (uint32_t)bn * 4u;   /* staging, row map */
-    return want == 2 && 2u * rows * tile + rest <= vk->info.shared_mem ? 2 : 1;
-}
-
-/* Full GLSL text of one variant. */
-static char *assemble(const moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
-    strbuf b = {0};
+const vk_pipe *vk_pipeline(moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
     const bool typed = is_typed(k);
-    const int m = k == VK_K_MV || k == VK_K_MM_COOP || k == VK_K_MM ? mode & 3 : mode;
-    sb_printf(&b, "#version 450\n#define MAXE %d\n#define NMAX %d\n#define MODE %d\n#define OP %d\n",
-              VK_MAX_EXPERTS, VK_MV_NMAX, m, m);
-    /* Subgroup variants where the device has them: the row reductions of mv,
-     * the router's top-k, the decode attention's reductions. */
-    if (vk->use_subgroup && (k == VK_K_MV || k == VK_K_TOPK || k == VK_K_ATTN_DEC))
-        sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
-    if (k == VK_K_MV) {
-        sb_printf(&b, "#define TPR %du\n#define GROUPS %du\n#define WG (TPR * GROUPS)\n#define RPT %d\n#define FAST %d\n",
-                  vk->tpr, vk_mv_row_groups(vk, mode), vk_mv_rpt(vk, mode), !(mode & VK_MV_GENERIC));
-        if (mode & VK_MV_NORM) sb_printf(&b, "#define NORM 1\n");
-        sb_printf(&b, "#define IDOT %d\n", (mode & VK_MV_IDOT) != 0);
-        if (mode & VK_MV_STAGE) sb_printf(&b, "#define STAGE 1\n");
-        if (m == 1 || m == 2 || (mode & VK_MV_STAGE)) sb_printf(&b, "#define XMAX4 %du\n", VK_MV_XMAX / 4);
-    } else if (k == VK_K_MM) {
-        sb_printf(&b, "#define TILE %du\n", mode & VK_MM_SMALL ? 32 : 64);
-    } else if (k == VK_K_TOPK) {
-        sb_printf(&b, "#define WG 128u\n");
-    } else if (k == VK_K_ARGMAX) {
-        sb_printf(&b, "#define WG 512u\n");
-    } else if (k == VK_K_EXPERTS_MV) {
-        const bool down = mode & VK_EX_DOWN, generic = mode & VK_EX_GENERIC;
-        const vk_ex_shape *s = VK_EX_MODE_SHAPE(vk, mode);
-        sb_printf(&b, "#define SIDE %d\n#define WG %du\n#define RT %du\n#define RU %du\n#define PPT %du\n#define FAST %d\n",
-                  down, s->wg, s->rt, s->ru, ((mode >> 2) & 3) + 1,
-                  !generic && (type == MOEX_TYPE_Q4_K || type == MOEX_TYPE_Q6_K));
-        /* subgroup sums only over whole subgroups: a shape that is not a multiple
-         * of the subgroup size (96 threads on a 64-wide device) reduces through
-         * shared memory instead (a partial subgroup's sums came out wrong) */
-        if (vk->use_subgroup && s->wg % vk->tpr == 0) sb_printf(&b, "#define USE_SUBGROUP 1\n");
-        sb_printf(&b, "#define IDOT %d\n", (mode & VK_EX_IDOT) != 0);
-    } else if (k == VK_K_EXPERTS_GU) {   /* mode: log2 of a row's 32-column positions | VK_GU_IDOT */
-        const vk_gu_shape s = vk_gu_shape_of(vk, 1 << (mode & (VK_GU_IDOT - 1)));
-        sb_printf(&b, "#define WG %du\n#define NPOS %du\n#define RL %du\n#define RU %du\n#define CH %du\n#define IDOT %d\n",
-                  s.wg, s.npos, s.rl, s.ru, s.ch, (mode & VK_GU_IDOT) != 0);
-        if (s.subgroup) sb_printf(&b, "#define USE_SUBGROUP 1\n#define SG %du\n", vk->tpr);
-    } else if (k == VK_K_ATTN_DEC) {
-        sb_printf(&b, "#define MAX_SPLITS %du\n", VK_ATTN_MAX_SPLITS);
-    } else if (k == VK_K_ATTN_COOP) {   /* mode: head_dim class (vk_attn.c attn_coop_mode) */
-        uint32_t warps = 4, bc = 32;
-        vk_attn_coop_config(vk, mode, &warps, &bc);
-        sb_printf(&b, "#define HDMAX %du\n#define BC %uu\n#define WARPS %uu\n#define EMU %d\n", 64 << mode, bc, warps,
-                  vk->info.coop != 1);
-    } else if (k == VK_K_MM_COOP) {
-        const int bk = vk->tune.coop_bk, bn = mode & VK_COOP_NARROW ? 32 : VK_COOP_BN;
-        sb_printf(&b, "#define BM %du\n#define BN %du\n#define BK %du\n#define CM %uu\n#define CN %uu\n#define CK %uu\n"
-                  "#define EMU %d\n#define NBUF %d\n#define FASTQ %d\n", vk->coop_bm, bn, bk,
-                  vk->info.coop_m, vk->info.coop_n, vk->info.coop_k, vk->info.coop != 1, coop_nbuf(vk, m, bk, bn),
-                  !(mode & VK_COOP_GENERIC) && (type == MOEX_TYPE_Q4_K || type == MOEX_TYPE_Q6_K));
-    }
-    if (typed)
-        sb_printf(&b, "#define TYPE %d\n#define BLK %du\n#define BLK_BYTES %du\n", (int)type, block_elems(type),
-                  block_bytes(type));
-    if (add_file(&b, "_common.comp", err) || (typed && add_file(&b, "_quant.comp", err)) ||
-        add_file(&b, kernel_file[k], err)) {
-        free(b.s);
+    const int slot = typed ? vk_type_slot(type) : 0;
+    if (slot < 0) {
+        const moex_type_traits *tt = moex_type_get(type);
+        moex_fail(err, "vulkan: no GPU kernels for tensor type %s", tt ? tt->name : "?");
         return NULL;
     }
-    if (b.oom) {
-        free(b.s);
+    vk_pipe *p = vk->pipes[k][slot][mode];
+    if (p && (p->handle || vk->warming)) return p;
+    if (p) {   /* noted by a moex_vk_warm_begin whose moex_vk_warm_end never came: create it now */
+        if (create_pipe(vk, p, err)) return NULL;
+        return p;
+    }
+    if (!(p = calloc(1, sizeof *p))) {
         moex_fail(err, "out of memory");
         return NULL;
     }
-    return b.s;
+    *p = (vk_pipe){.kernel = k, .type = typed ? type : MOEX_TYPE_F32, .mode = mode};
+    snprintf(p->name, sizeof p->name, "%s/t%d/m%d", kernel_name[k], slot, mode);
+    /* warming: only noted, but its SPIR-V must exist */
+    if (vk->warming ? !find_spirv(vk, k, p->type, mode, err) : create_pipe(vk, p, err) != 0) {
+        free(p);
+        return NULL;
+    }
+    vk->pipes[k][slot][mode] = p;
+    return p;
 }
+
+static void drop(moex_vk *vk, vk_pipe **slot) {
+    if (!*slot) return;
+    if ((*slot)->handle) vkDestroyPipeline(vk->dev, (*slot)->handle, NULL);
+    free(*slot);
+    *slot = NULL;
+}
+
+void vk_pipelines_forget(moex_vk *vk, vk_kernel k) {
+    vkDeviceWaitIdle(vk->dev);
+    for (int t = 0; t < VK_TYPE_SLOTS; t++)
+        for (int m = 0; m < VK_MODES; m++) drop(vk, &vk->pipes[k][t][m]);
+}
+
+void vk_pipelines_free(moex_vk *vk) {
+    for (int k = 0; k < VK_K_COUNT; k++)
+        for (int t = 0; t < VK_TYPE_SLOTS; t++)
+            for (int m = 0; m < VK_MODES; m++) drop(vk, &vk->pipes[k][t][m]);
+}
+
+/* ---- up front, in parallel ---- */
+
+void moex_vk_warm_begin(moex_vk *vk) { vk->warming = true; }
+
+typedef struct warm_work {
+    moex_vk *vk;
+    vk_pipe **todo;
+    int n;
+    atomic_int next;
+} warm_work;
+
+static void *warm_worker(void *arg) {
+    warm_work *w = arg;
+    for (int i; (i = atomic_fetch_add(&w->next, 1)) < w->n;) {
+        moex_error e = {{0}};
+        if (create_pipe(w->vk, w->todo[i], &e)) {
+            w->todo[i]->failed = true;
+            moex_log(MOEX_LOG_WARN, "%s (tried again when first used)", e.msg);
+        }
+    }
+    return NULL;
+}
+
+/* Threads for n pipelines: the machine's cores, at most 16, the caller one of them. */
+static int warm_threads(int n) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int t = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
+    return t < n ? t : n;
+}
+
+int moex_vk_warm_end(moex_vk *vk, moex_error *err) {
+    vk->warming = false;
+    int n = 0;
+    for (int k = 0; k < VK_K_COUNT; k++)
+        for (int t = 0; t < VK_TYPE_SLOTS; t++)
+            for (int m = 0; m < VK_MODES; m++) n += vk->pipes[k][t][m] && !vk->pipes[k][t][m]->handle;
+    if (n == 0) return 0;
+    warm_work w = {.vk = vk, .todo = calloc((size_t)n, sizeof *w.todo)};
+    if (!w.todo) return moex_fail(err, "out of memory");
+    for (int k = 0; k < VK_K_COUNT; k++)
+        for (int t = 0; t < VK_TYPE_SLOTS; t++)
+            for (int m = 0; m < VK_MODES; m++)
+                if (vk->pipes[k][t][m] && !vk->pipes[k][t][m]->handle) w.todo[w.n++] = vk->pipes[k][t][m];
+    atomic_init(&w.next, 0);
+    pthread_t th[16];
+    int started = 0;
+    for (int i = 1; i < warm_threads(n); i++) started += pthread_create(&th[started], NULL, warm_worker, &w) == 0;
+    warm_worker(&w);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    free(w.todo);
+    for (int k = 0; k < VK_K_COUNT; k++)   /* the failed ones: created (or reported) when first used */
+        for (int t = 0; t < VK_TYPE_SLOTS; t++)
+            for (int m = 0; m < VK_MODES; m++)
+                if (vk->pipes[k][t][m] && vk->pipes[k][t][m]->failed) drop(vk, &vk->pipes[k][t][m]);
+    if (vk->verbose) moex_log(MOEX_LOG_INFO, "vulkan: %d pipelines created up front", n);
+    return 0;
+}
+
+/* Where the ops switch kernels as the batch grows: one token (the fused
+ * decode kernels), a few (matrix-vector products), VK_EX_MANY (the expert
+ * FFN's batch shapes), past VK_MV_NMAX (the tiles), VK_ATTN_COOP_MIN
+ * (attention on the matrix unit) and past VK_COOP_BN (32-token coop tiles
+ * where a product has few row tiles; n_batch gives the 64-token ones where
+ * it has many). */
+int moex_vk_warm_batch_sizes(int64_t n_batch, int64_t sizes[8]) {
+    static const int64_t first[] = {1, 2, VK_EX_MANY, VK_MV_NMAX + 1, VK_ATTN_COOP_MIN, VK_COOP_BN + 1};
+    int n = 0;
+    for (size_t i = 0; i < sizeof first / sizeof first[0]; i++)
+        if (first[i] <= n_batch) sizes[n++] = first[i];
+    if (n > 0 && n_batch > sizes[n - 1]) sizes[n++] = n_batch;
+    return n;
+}
+
+/* ---- the pipeline cache on disk ---- */
 
 static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
     const unsigned char *s = p;
@@ -225,97 +352,15 @@ static void *read_file(const char *path, size_t *n) {
     return buf;
 }
 
-/* Best effort: a cache that cannot be written only costs compile time. */
+/* Best effort: a cache that cannot be written only costs the driver's compile time. */
 static void write_file(const char *path, const void *data, size_t n) {
-    char tmp[600];
+    char tmp[640];   /* path (at most 600) and ".<pid>.tmp" */
     snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
     FILE *f = fopen(tmp, "wb");
     if (!f) return;
     bool ok = fwrite(data, 1, n, f) == n;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path)) remove(tmp);
-}
-
-static uint32_t *compile_glsl(moex_vk *vk, const char *src, const char *name, size_t *n_bytes, moex_error *err) {
-    if (!vk->shaderc && !(vk->shaderc = shaderc_compiler_initialize())) {
-        moex_fail(err, "vulkan: shaderc_compiler_initialize failed");
-        return NULL;
-    }
-    shaderc_compile_options_t o = shaderc_compile_options_initialize();
-    shaderc_compile_options_set_target_env(o, shaderc_target_env_vulkan, shaderc_env_version_vulkan_1_2);
-    shaderc_compile_options_set_optimization_level(o, shaderc_optimization_level_performance);
-    shaderc_compilation_result_t r =
-        shaderc_compile_into_spv(vk->shaderc, src, strlen(src), shaderc_compute_shader, name, "main", o);
-    shaderc_compile_options_release(o);
-    uint32_t *spv = NULL;
-    if (shaderc_result_get_compilation_status(r) != shaderc_compilation_status_success) {
-        moex_fail(err, "vulkan: compiling %s failed: %.400s", name, shaderc_result_get_error_message(r));
-    } else {
-        *n_bytes = shaderc_result_get_length(r);
-        if ((spv = malloc(*n_bytes))) memcpy(spv, shaderc_result_get_bytes(r), *n_bytes);
-        else moex_fail(err, "out of memory");
-    }
-    shaderc_result_release(r);
-    return spv;
-}
-
-/* SPIR-V of a variant: from the disk cache, else compiled (and cached). */
-static uint32_t *get_spirv(moex_vk *vk, const char *src, const char *name, size_t *n, moex_error *err) {
-    char path[600] = "";
-    if (vk->cache_dir[0]) {
-        uint64_t h = fnv1a(src, strlen(src), 0xcbf29ce484222325ULL);
-        snprintf(path, sizeof path, "%s/%016llx.spv", vk->cache_dir, (unsigned long long)h);
-        uint32_t *spv = read_file(path, n);
-        if (spv && *n >= 20 && *n % 4 == 0 && spv[0] == 0x07230203u) return spv;
-        free(spv);
-    }
-    uint32_t *spv = compile_glsl(vk, src, name, n, err);
-    if (spv && path[0] && mkdirs(vk->cache_dir) == 0) write_file(path, spv, *n);
-    return spv;
-}
-
-VkPipeline vk_pipeline(moex_vk *vk, vk_kernel k, moex_type type, int mode, moex_error *err) {
-    const bool typed = is_typed(k);
-    const int slot = typed ? vk_type_slot(type) : 0;
-    if (slot < 0) {
-        const moex_type_traits *tt = moex_type_get(type);
-        moex_fail(err, "vulkan: no GPU kernels for tensor type %s", tt ? tt->name : "?");
-        return VK_NULL_HANDLE;
-    }
-    if (vk->pipes[k][slot][mode]) return vk->pipes[k][slot][mode];
-    char *src = assemble(vk, k, type, mode, err);
-    if (!src) return VK_NULL_HANDLE;
-    char name[96];
-    snprintf(name, sizeof name, "%s[type %d mode %d]", kernel_file[k], (int)type, mode);
-    size_t n = 0;
-    uint32_t *spv = get_spirv(vk, src, name, &n, err);
-    free(src);
-    if (!spv) return VK_NULL_HANDLE;
-    VkShaderModuleCreateInfo mci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = n, .pCode = spv};
-    VkShaderModule mod;
-    VkResult r = vkCreateShaderModule(vk->dev, &mci, NULL, &mod);
-    free(spv);
-    if (vk_check(r, "vkCreateShaderModule", err)) return VK_NULL_HANDLE;
-    VkComputePipelineCreateInfo pci = {
-        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                  .module = mod, .pName = "main"},
-        .layout = vk->layout};
-    VkPipeline p = VK_NULL_HANDLE;
-    r = vkCreateComputePipelines(vk->dev, vk->pcache, 1, &pci, NULL, &p);
-    vkDestroyShaderModule(vk->dev, mod, NULL);
-    if (vk_check(r, "vkCreateComputePipelines", err)) return VK_NULL_HANDLE;
-    vk->pipes[k][slot][mode] = p;
-    return p;
-}
-
-void vk_pipelines_free(moex_vk *vk) {
-    for (int k = 0; k < VK_K_COUNT; k++)
-        for (int t = 0; t < VK_TYPE_SLOTS; t++)
-            for (int m = 0; m < VK_MODES; m++)
-                if (vk->pipes[k][t][m]) vkDestroyPipeline(vk->dev, vk->pipes[k][t][m], NULL);
-    if (vk->shaderc) shaderc_compiler_release(vk->shaderc);
-    vk->shaderc = NULL;
 }
 
 static void pcache_path(const moex_vk *vk, char *path, size_t cap) {
@@ -325,7 +370,8 @@ static void pcache_path(const moex_vk *vk, char *path, size_t cap) {
     snprintf(path, cap, "%s/pipelines-%016llx.bin", vk->cache_dir, (unsigned long long)h);
 }
 
-int vk_pipeline_cache_open(moex_vk *vk) {
+/* Without a cache (none on disk, stale data, or a driver that refuses one) pipelines are only slower to create. */
+void vk_pipeline_cache_open(moex_vk *vk) {
     size_t n = 0;
     void *data = NULL;
     char path[600];
@@ -343,18 +389,20 @@ int vk_pipeline_cache_open(moex_vk *vk) {
     }
     free(data);
     if (r != VK_SUCCESS) vk->pcache = VK_NULL_HANDLE;
-    return r == VK_SUCCESS ? 0 : -1;
 }
 
-void vk_pipeline_cache_save(moex_vk *vk) {
-    if (!vk->cache_dir[0] || !vk->pcache) return;
+void vk_pipeline_cache_close(moex_vk *vk) {
+    if (!vk->pcache) return;
     size_t n = 0;
-    if (vkGetPipelineCacheData(vk->dev, vk->pcache, &n, NULL) != VK_SUCCESS || n == 0) return;
-    void *data = malloc(n);
-    if (data && vkGetPipelineCacheData(vk->dev, vk->pcache, &n, data) == VK_SUCCESS && mkdirs(vk->cache_dir) == 0) {
-        char path[600];
-        pcache_path(vk, path, sizeof path);
-        write_file(path, data, n);
+    if (vk->cache_dir[0] && vkGetPipelineCacheData(vk->dev, vk->pcache, &n, NULL) == VK_SUCCESS && n > 0) {
+        void *data = malloc(n);
+        if (data && vkGetPipelineCacheData(vk->dev, vk->pcache, &n, data) == VK_SUCCESS && mkdirs(vk->cache_dir) == 0) {
+            char path[600];
+            pcache_path(vk, path, sizeof path);
+            write_file(path, data, n);
+        }
+        free(data);
     }
-    free(data);
+    vkDestroyPipelineCache(vk->dev, vk->pcache, NULL);
+    vk->pcache = VK_NULL_HANDLE;
 }

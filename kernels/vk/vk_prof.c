@@ -18,11 +18,13 @@
 typedef struct prof_mark {
     const char *label;
     VkPipeline pipe;        /* VK_NULL_HANDLE for copies and fills */
+    const char *kernel;     /* the pipeline's name, valid until the recording is flushed */
 } prof_mark;
 
 typedef struct prof_row {
     const char *label;
     VkPipeline pipe;
+    char kernel[32];
     double ns;
     long ops;
 } prof_row;
@@ -38,10 +40,6 @@ struct vk_prof {
     struct timespec t0;
 };
 
-bool vk_prof_wanted(void) {
-    return vk_env_on("MOEX_VK_PROFILE");
-}
-
 vk_prof *vk_prof_create(moex_vk *vk) {
     if (!vk->profile) return NULL;
     vk_prof *p = calloc(1, sizeof *p);
@@ -55,10 +53,10 @@ vk_prof *vk_prof_create(moex_vk *vk) {
     return p;
 }
 
-static void put_timestamp(moex_vk_cmd *c, const char *label, VkPipeline pipe) {
+static void put_timestamp(moex_vk_cmd *c, const char *label, VkPipeline pipe, const char *kernel) {
     vk_prof *p = c->prof;
     if (p->n >= PROF_QUERIES) return;
-    p->marks[p->n] = (prof_mark){label, pipe};
+    p->marks[p->n] = (prof_mark){label, pipe, kernel};
     vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->pool, p->n++);
 }
 
@@ -69,17 +67,21 @@ void vk_prof_begin(moex_vk_cmd *c) {
     flush(c);
     vkCmdResetQueryPool(c->cb, c->prof->pool, 0, PROF_QUERIES);
     c->prof->n = 0;
-    put_timestamp(c, "start", VK_NULL_HANDLE);
+    put_timestamp(c, "start", VK_NULL_HANDLE, "");
 }
 
-void vk_prof_mark(moex_vk_cmd *c, VkPipeline pipe) { put_timestamp(c, c->label ? c->label : "unlabelled", pipe); }
+void vk_prof_mark(moex_vk_cmd *c, VkPipeline pipe, const char *kernel) {
+    put_timestamp(c, c->label ? c->label : "unlabelled", pipe, kernel);
+}
 
-static prof_row *row_for(vk_prof *p, const char *label, VkPipeline pipe) {
+static prof_row *row_for(vk_prof *p, const prof_mark *m) {
     for (int i = 0; i < p->n_rows; i++)
-        if (p->rows[i].pipe == pipe && strcmp(p->rows[i].label, label) == 0) return &p->rows[i];
+        if (p->rows[i].pipe == m->pipe && strcmp(p->rows[i].label, m->label) == 0) return &p->rows[i];
     if (p->n_rows == PROF_ROWS) return &p->rows[PROF_ROWS - 1];   /* overflow lands in the last row */
-    p->rows[p->n_rows] = (prof_row){.label = label, .pipe = pipe};
-    return &p->rows[p->n_rows++];
+    prof_row *r = &p->rows[p->n_rows++];
+    *r = (prof_row){.label = m->label, .pipe = m->pipe};
+    snprintf(r->kernel, sizeof r->kernel, "%s", m->kernel);
+    return r;
 }
 
 static double since_ns(const struct timespec *t0) {
@@ -101,30 +103,13 @@ void vk_prof_collect(moex_vk_cmd *c) {
         return;
     const double period = c->vk->ts_period;
     for (uint32_t i = 1; i < p->n; i++) {
-        prof_row *r = row_for(p, p->marks[i].label, p->marks[i].pipe);
+        prof_row *r = row_for(p, &p->marks[i]);
         r->ns += (double)(ts[i] - ts[i - 1]) * period;
         r->ops++;
     }
     p->gpu_ns += (double)(ts[p->n - 1] - ts[0]) * period;
     p->host_ns += host;
     p->runs++;
-}
-
-/* "mv/t12/m9" for a pipeline of the table, "copy/fill" for transfers. */
-static void kernel_name(const moex_vk *vk, VkPipeline pipe, char *buf, size_t cap) {
-    static const char *names[VK_K_COUNT] = {"dequant", "mv",        "mm",      "topk",    "rmsnorm", "qkrope", "attn",
-                                            "attn_merge", "moe_sort", "moe_comb", "eltwise", "argmax", "actq", "experts_mv",
-                                            "mm_coop", [VK_K_ATTN_COOP] = "attn_coop", [VK_K_ATTN_DEC] = "attn_dec",
-                                            [VK_K_EXPERTS_GU] = "experts_gu"};
-    snprintf(buf, cap, "copy/fill");
-    if (!pipe) return;
-    for (int k = 0; k < VK_K_COUNT; k++)
-        for (int t = 0; t < VK_TYPE_SLOTS; t++)
-            for (int m = 0; m < VK_MODES; m++)
-                if (vk->pipes[k][t][m] == pipe) {
-                    snprintf(buf, cap, "%s/t%d/m%d", names[k], t, m);
-                    return;
-                }
 }
 
 static void print_table(const moex_vk_cmd *c) {
@@ -136,9 +121,7 @@ static void print_table(const moex_vk_cmd *c) {
     fprintf(stderr, "vkprof %-16s %-18s %8s %10s %8s %6s\n", "label", "kernel", "ops/run", "us/run", "us/op", "share");
     for (int i = 0; i < p->n_rows; i++) {
         const prof_row *r = &p->rows[i];
-        char kn[48];
-        kernel_name(c->vk, r->pipe, kn, sizeof kn);
-        fprintf(stderr, "vkprof %-16s %-18s %8.1f %10.1f %8.2f %5.1f%%\n", r->label, kn, (double)r->ops / runs,
+        fprintf(stderr, "vkprof %-16s %-18s %8.1f %10.1f %8.2f %5.1f%%\n", r->label, r->kernel, (double)r->ops / runs,
                 r->ns / runs / 1e3, r->ns / (double)r->ops / 1e3, 100.0 * r->ns / (p->gpu_ns > 0 ? p->gpu_ns : 1));
     }
 }

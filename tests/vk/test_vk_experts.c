@@ -3,16 +3,16 @@
  * types (Q4_K gate/up with Q6_K down), Q8_0, Q5_K, F16, Q4_K weights that are
  * not 16-byte aligned (the generic positions), one and several tokens,
  * repeated experts, and shapes that need the outer loop over positions; then
- * the same with other workgroup shapes (the device's ex_shape: threads not a power of
- * two or larger, more rows) than the defaults. One token's Q4_K gate+up runs on
+ * the same with other workgroup shapes (threads not a power of two or larger,
+ * more rows) than the defaults. One token's Q4_K gate+up runs on
  * experts_gu.comp where it applies: it is checked to apply, and its cases run
  * in other shapes and with it switched off (experts_mv.comp, MOEX_VK_GU=0).
  * Where the device has integer dot products Q4_K and Q6_K positions take
- * int8 activations (vk_idot): each half is then checked against float64 on
+ * int8 activations: each half is then checked against float64 on
  * its own input rounded exactly as the GPU rounds it (h read back from the
  * scratch for the down half), and the f32 path of those cases runs too.
  * usage: test_vk_experts_mv [--no-subgroup] */
-#include "kernels/vk/vk_experts.h"
+#include "kernels/vk/vk_testing.h"   /* int8 activations, the experts' workgroup shapes, experts_gu.comp */
 #include "tests/vk/vk_test_util.h"
 
 static moex_vk *vk;
@@ -57,11 +57,11 @@ static moex_vk_buffer *upload_experts(test_matrix *m, int E, size_t misalign, mo
     return b;
 }
 
-/* ---- the int8 activation path (vk_idot): its rounding, exactly ---- */
+/* ---- the int8 activation path: its rounding, exactly ---- */
 
 /* Whether a half with weights of type t takes int8 activations. */
 static bool idot_half(moex_type t, size_t misalign) {
-    return vk_idot(vk) && (t == MOEX_TYPE_Q6_K || (t == MOEX_TYPE_Q4_K && misalign % 16 == 0));
+    return moex_vk_testing_idot(vk) && (t == MOEX_TYPE_Q6_K || (t == MOEX_TYPE_Q4_K && misalign % 16 == 0));
 }
 
 /* A row of cols values (a multiple of 256) rounded position by position:
@@ -205,16 +205,11 @@ static void check_gu(void) {
     /* target threads, rows loaded together, rows per workgroup; off */
     const struct { int wg, ru, ch; bool off; } shapes[] = {{0, 0, 0, false},   {64, 1, 0, false}, {256, 2, 64, false},
                                                           {128, 16, 64, false}, {1024, 4, 16, false}, {0, 0, 0, true}};
-    const vk_tuning saved = vk->tune;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        vk->tune.gu_wg = shapes[s].wg;
-        vk->tune.gu_ru = shapes[s].ru;
-        vk->tune.gu_ch = shapes[s].ch;
-        vk->tune.gu_off = shapes[s].off;
-        vk_experts_forget(vk);
+        moex_vk_testing_set_gu(vk, shapes[s].wg, shapes[s].ru, shapes[s].ch, shapes[s].off);
         if (shapes[s].off) printf("  gate+up on experts_mv.comp (MOEX_VK_GU=0)\n");
         else {
-            const vk_gu_shape g = vk_gu_shape_of(vk, 2048 / 32);
+            const moex_vk_gu_shape g = moex_vk_testing_gu_shape(vk, 2048 / 32);
             printf("  experts_gu.comp, d 2048: %d rows, %d threads, %d row lanes, %d rows loaded together%s\n", g.ch, g.wg,
                    g.rl, g.ru, g.subgroup ? ", subgroups" : "");
         }
@@ -223,16 +218,15 @@ static void check_gu(void) {
             moex_vk_experts ex = {.n_expert = t->E};
             const size_t rb = moex_row_bytes(t->tg, t->d);
             ex.gate = ex.up = (moex_vk_matrix){t->tg, t->f, t->d, rb, 4096, rb * (size_t)t->f};   /* only looked at */
-            CHECK(vk_gu_applies(vk, &ex, 1) == !shapes[s].off, "experts_gu.comp %s for d=%lld",
+            CHECK(moex_vk_testing_gu_applies(vk, &ex, 1) == !shapes[s].off, "experts_gu.comp %s for d=%lld",
                   shapes[s].off ? "not switched off" : "not taken", (long long)t->d);
-            CHECK(!vk_gu_applies(vk, &ex, 2), "experts_gu.comp taken for two tokens");
+            CHECK(!moex_vk_testing_gu_applies(vk, &ex, 2), "experts_gu.comp taken for two tokens");
             ex.gate.data += 4;
-            CHECK(!vk_gu_applies(vk, &ex, 1), "experts_gu.comp taken for gate weights off 16 bytes");
+            CHECK(!moex_vk_testing_gu_applies(vk, &ex, 1), "experts_gu.comp taken for gate weights off 16 bytes");
             run_case(t);
         }
     }
-    vk->tune = saved;
-    vk_experts_forget(vk);
+    moex_vk_testing_set_gu(vk, 0, 0, 0, false);
 }
 
 /* MOEX_VK_EX_SHAPE, read when a device is created: six numbers set the
@@ -240,7 +234,7 @@ static void check_gu(void) {
  * kernel cannot run, a wrong count, trailing text) leaves the defaults. */
 static void check_shape_env(void) {
     /* n: how many shapes the setting gives (gate+up, down; then the batches'), 0: refused */
-    static const struct { const char *env; int n; vk_ex_shape s[4]; } cs[] = {
+    static const struct { const char *env; int n; moex_vk_ex_shape s[4]; } cs[] = {
         {"64,4,2,96,8,4", 2, {{64, 4, 2}, {96, 8, 4}}},
         {"32,8,4,192,2,2,128,8,2,64,4,4", 4, {{32, 8, 4}, {192, 2, 2}, {128, 8, 2}, {64, 4, 4}}},
         {"64,8,3,192,4,2", 0, {{0}}},   /* 3 does not divide 8 */
@@ -255,7 +249,8 @@ static void check_shape_env(void) {
         moex_vk *d = test_vk(false);
         for (int k = 0; k < 4; k++) {
             const int h = k % 2, b = k / 2;
-            const vk_ex_shape g = d->ex_shape[h][b], w = k < cs[i].n ? cs[i].s[k] : vk_ex_default_shapes[h][b];
+            const moex_vk_ex_shape g = moex_vk_testing_ex_shape(d, h, b),
+                                   w = k < cs[i].n ? cs[i].s[k] : moex_vk_testing_ex_default(h, b);
             CHECK(g.wg == w.wg && g.rt == w.rt && g.ru == w.ru, "MOEX_VK_EX_SHAPE=%s: shape [%d][%d] %d.%d.%d",
                   cs[i].env, h, b, g.wg, g.rt, g.ru);
         }
@@ -269,7 +264,7 @@ int main(int argc, char **argv) {
     const bool no_sg = argc > 1 && !strcmp(argv[1], "--no-subgroup");
     R = test_rng("test_vk_experts");
     vk = test_vk(no_sg);
-    vk->tune.idot = 1;   /* int8 activations wherever the device has integer dot products (lavapipe emulates them) */
+    moex_vk_testing_set_idot(vk, 1);   /* int8 activations wherever the device has integer dot products (lavapipe emulates them) */
     const moex_type Q4K = MOEX_TYPE_Q4_K, Q6K = MOEX_TYPE_Q6_K, Q8 = MOEX_TYPE_Q8_0, Q5K = MOEX_TYPE_Q5_K,
                     F16 = MOEX_TYPE_F16;
     const ex_case cases[] = {
@@ -287,25 +282,24 @@ int main(int argc, char **argv) {
         {Q6K, Q6K, 256, 256, 2, 6, 3, 0, false},     /* Q6_K gate/up */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
-    if (vk_idot(vk)) {   /* the f32 path of the cases that took int8 activations */
+    if (moex_vk_testing_idot(vk)) {   /* the f32 path of the cases that took int8 activations */
         printf("  f32 activations (MOEX_VK_IDOT=0)\n");
-        vk->tune.idot = 0;
-        vk_experts_forget(vk);
+        moex_vk_testing_set_idot(vk, 0);
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
             if (i == 0 || i == 1 || i >= 10) run_case(&cases[i]);   /* one token, a batch, Q4_K down, Q6_K gate/up */
-        vk->tune.idot = 1;
-        vk_experts_forget(vk);
+        moex_vk_testing_set_idot(vk, 1);
     }
     /* the defaults fit this device; shapes the kernel cannot run are refused (MOEX_VK_EX_SHAPE's check) */
     for (int h = 0; h < 2; h++)
         for (int b = 0; b < 2; b++)
-            CHECK(vk_ex_shape_ok(vk, h, vk_ex_default_shapes[h][b]), "default expert shape [%d][%d] refused", h, b);
-    const vk_ex_shape bad[] = {{64, 8, 3}, {16, 32, 2}, {2048, 4, 2}, {64, 0, 0}, {0, 1, 1}};
+            CHECK(moex_vk_testing_ex_shape_ok(vk, h, moex_vk_testing_ex_default(h, b)), "default expert shape [%d][%d] refused",
+                  h, b);
+    const moex_vk_ex_shape bad[] = {{64, 8, 3}, {16, 32, 2}, {2048, 4, 2}, {64, 0, 0}, {0, 1, 1}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        CHECK(!vk_ex_shape_ok(vk, (int)(i % 2), bad[i]), "expert shape %d.%d.%d accepted", bad[i].wg, bad[i].rt,
+        CHECK(!moex_vk_testing_ex_shape_ok(vk, (int)(i % 2), bad[i]), "expert shape %d.%d.%d accepted", bad[i].wg, bad[i].rt,
               bad[i].ru);
     /* other shapes: each replaces both token counts' shapes of its half */
-    const vk_ex_shape other[][2] = {
+    const moex_vk_ex_shape other[][2] = {
         {{32, 8, 4}, {256, 2, 2}},   /* the shapes before the H200 sweep (docs/PERF.md), down and gate+up wider */
         {{64, 16, 2}, {384, 8, 4}},
         {{20, 4, 2}, {36, 4, 4}},    /* not multiples of any subgroup size: the shared-memory reductions */
@@ -313,8 +307,10 @@ int main(int argc, char **argv) {
     for (size_t s = 0; s < sizeof other / sizeof *other; s++) {
         printf("  shapes: gate+up %d.%d.%d, down %d.%d.%d\n", other[s][0].wg, other[s][0].rt, other[s][0].ru,
                other[s][1].wg, other[s][1].rt, other[s][1].ru);
-        for (int h = 0; h < 2; h++) vk->ex_shape[h][0] = vk->ex_shape[h][1] = other[s][h];
-        vk_experts_forget(vk);
+        for (int h = 0; h < 2; h++) {
+            moex_vk_testing_set_ex_shape(vk, h, false, other[s][h]);
+            moex_vk_testing_set_ex_shape(vk, h, true, other[s][h]);
+        }
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
             if (i == 0 || i == 7 || (s < 2 && (i < 3 || i == 8 || i == 10)))
                 run_case(&cases[i]);   /* hot mix, outer loop (, unaligned, Q4_K down) */

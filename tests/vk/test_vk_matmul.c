@@ -3,15 +3,15 @@
  * (1..8 tokens, with and without the residual add; subgroup and
  * shared-memory reductions; weights 16-byte aligned or not) and the tiled
  * kernel (ragged tiles); one token's Q4_K products with x staged as int8
- * (vk_idot, where the device has integer dot products), against float64 on x
+ * (where the device has integer dot products), against float64 on x
  * rounded exactly as the GPU rounds it; then with activation rounding, against
  * the CPU backend (inputs without rounding ties) and the reference quantizer (ties). */
 #include "tests/vk/vk_test_util.h"
-#include "kernels/vk/vk_internal.h"   /* VK_MV_XMAX, VK_MV_PERSIST: the staged kernel's edges; vk_idot */
+#include "kernels/vk/vk_testing.h"   /* VK_MV_XMAX, VK_MV_PERSIST: the staged kernel's edges; int8 activations */
 
-/* Whether one token's product on m stages x as int8 (mv.comp modes 1 and 2 on Q4_K where vk_idot). */
+/* Whether one token's product on m stages x as int8 (mv.comp modes 1 and 2 on Q4_K, with int8 activations on). */
 static bool staged_i8(moex_vk *vk, const test_matrix *m, int64_t n) {
-    return n == 1 && m->type == MOEX_TYPE_Q4_K && m->cols <= VK_MV_XMAX && vk_idot(vk);
+    return n == 1 && m->type == MOEX_TYPE_Q4_K && m->cols <= VK_MV_XMAX && moex_vk_testing_idot(vk);
 }
 
 /* The reference row dots of m with one token's staged x (xs: x, or x * nw in f32 as the kernel stages it), each
@@ -240,7 +240,7 @@ int main(int argc, char **argv) {
     rng r = test_rng("test_vk_matmul");
     /* The f32 tiles (mm.comp) at f32 precision on every device; test_vk_coop covers the f16 tensor-core tiles. */
     moex_vk *vk = test_vk_coop_mode(no_subgroup, MOEX_VK_COOP_OFF);
-    vk->tune.idot = 0;   /* f32 activations; the int8 staging of Q4_K: below */
+    moex_vk_testing_set_idot(vk, 0);   /* f32 activations; the int8 staging of Q4_K: below */
     for (int i = 0; i < N_ALL_TYPES; i++) {
         const moex_type t = k_all_types[i];
         const double e1 = check_product(vk, &r, t, 37, 512, 1, false);
@@ -272,8 +272,8 @@ int main(int argc, char **argv) {
                e1, e2, e3, e4);
         CHECK(e1 < 2e-6 && e2 < 2e-6 && e3 < 2e-6 && e4 < 2e-6, "shared-x products: relative L2 error too large");
     }
-    if (vk->info.int_dot) {   /* one token's Q4_K products staging x as int8, where the device can */
-        vk->tune.idot = 1;
+    if (moex_vk_get_info(vk)->int_dot) {   /* one token's Q4_K products staging x as int8, where the device can */
+        moex_vk_testing_set_idot(vk, 1);
         const moex_type all_q4[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K},
                         v_q6[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K};
         const int64_t rows[3] = {133, 35, 19};
@@ -284,7 +284,7 @@ int main(int argc, char **argv) {
         printf("  q4_K staged as int8: n=1+res %.2g, as wide as the stage %.2g, q,k,v + norm %.2g, with a q6_K v %.2g, "
                "no norm %.2g\n", e1, e2, e3, e4, e5);
         CHECK(e1 < 2e-6 && e2 < 2e-6 && e3 < 2e-6 && e4 < 2e-6 && e5 < 2e-6, "int8-staged products: relative L2 error too large");
-        vk->tune.idot = 0;
+        moex_vk_testing_set_idot(vk, 0);
     }
     MUST(moex_vk_set_activation_rounding(vk, 70 * 512, &g_err));
     check_rounding_ties(vk, &r);

@@ -1,12 +1,12 @@
 /* The Vulkan forward-pass kernels other than the matrix products, each
  * against the CPU backend or a float64 reference on fresh random inputs.
  * One subtest per argument: norm, rope, attention, router, experts, fused,
- * decode (the fused decode attention and head); --no-subgroup after it runs
- * the shared-memory reductions. */
+ * decode (the fused decode attention and head), warm (pipelines created up
+ * front); --no-subgroup after it runs the shared-memory reductions. */
 #include "tests/vk/vk_test_util.h"
 
 #include "common/types.h"
-#include "kernels/vk/vk_internal.h"   /* VK_ATTN_COOP_MIN */
+#include "kernels/vk/vk_testing.h"   /* VK_ATTN_COOP_MIN, the split-K prompt attention, int8 activations off */
 
 static moex_vk *vk;
 static rng R;
@@ -227,9 +227,9 @@ static void test_attention_prompt(void) {
         for (int64_t i = used; i < sh.n_ctx * kvd; i++) kc[i] = vc[i] = NAN;
         attention_ref64(q, kc, vc, ref, n, pos0, H, HK, hd, sh.scale);
         for (int simple = 0; simple < 2; simple++) {
-            vk->tune.attn_simple = simple;   /* the split-K path MOEX_VK_ATTN_SIMPLE=1 selects */
+            moex_vk_testing_set_attn_simple(vk, simple);   /* the split-K path MOEX_VK_ATTN_SIMPLE=1 selects */
             prompt_attention_on(vk, &sh, q, kc, vc, n, pos0, simple ? got : tiled);
-            vk->tune.attn_simple = false;
+            moex_vk_testing_set_attn_simple(vk, false);
             const double e = rel_l2(simple ? got : tiled, ref, n * qd);
             CHECK(e <= 1e-5, "prompt attention (%s) n=%d pos0=%d heads %d/%d hd %d: rel err %.3g",
                   simple ? "split-K" : "tiled", n, pos0, H, HK, hd, e);
@@ -673,6 +673,118 @@ static void test_head_argmax(void) {
     }
 }
 
+/* A model's ops for a batch of n tokens: norm, a small and a tall product
+ * (the tall one's tiles change from 32 to 64 tokens as n grows), the router,
+ * the expert FFN and attention (the fused decode step for one token). */
+typedef struct warm_model {
+    moex_vk_matrix wq, wt, router;
+    moex_vk_experts ex;
+    moex_vk_attn_shape sh;
+    moex_vk_buffer *w, *act;
+} warm_model;
+
+static void record_ops(moex_vk_cmd *c, const warm_model *m, int64_t n) {
+    /* x, y (up to n x 4096 floats), q, the caches, scratch, then small words */
+    const moex_vk_ptr a = P(m->act), x = a, y = a + (4 << 20), q = a + (12 << 20), kc = a + (14 << 20),
+                      vc = a + (15 << 20), s = a + (16 << 20), sync = a + (28 << 20), ids = sync + 4096,
+                      gw = ids + 65536, params = gw + 65536;
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    MUST(moex_vk_op_rmsnorm(c, x, x, 0, n, 256, 1e-6f, &g_err));
+    MUST(moex_vk_op_matmul(c, &m->wq, x, n, y, 0, &g_err));
+    MUST(moex_vk_op_matmul(c, &m->wt, x, n, y, 0, &g_err));
+    MUST(moex_vk_op_router(c, &m->router, x, n, 2, true, y, sync, ids, gw, &g_err));
+    MUST(moex_vk_op_experts(c, &m->ex, x, n, 2, ids, gw, y, y, s, &g_err));
+    if (n == 1)
+        MUST(moex_vk_op_attention_decode(c, &m->sh, q, q + 8192, q + 16384, kc, vc, 0, 0, s, sync, params, NULL, 0,
+                                         &g_err));
+    else
+        MUST(moex_vk_op_attention(c, &m->sh, q, kc, vc, y, s, params, n, &g_err));
+    MUST(moex_vk_cmd_end(c, &g_err));
+}
+
+/* moex_vk_warm_begin / moex_vk_warm_end: recording the sizes of
+ * moex_vk_warm_batch_sizes in between creates every pipeline that any batch
+ * up to n_batch tokens then records (none is created later), and the
+ * products then run right; the recordings in between hold no dispatches. On
+ * the cooperative-matrix paths too (emulated where the device has none). */
+static void test_warm(bool no_subgroup) {
+    moex_vk *d = test_vk_coop_mode(no_subgroup, MOEX_VK_COOP_EMULATE);
+    const int64_t n_batch = 300, dim = 256, ff = 64, tall = 4096;
+    test_matrix mq = make_matrix(&R, MOEX_TYPE_Q4_K, 96, dim), mt = make_matrix(&R, MOEX_TYPE_Q6_K, tall, dim);
+    const size_t oq = 0, ot = oq + mq.rows * mq.row_bytes, orr = ot + mt.rows * mt.row_bytes, eg = orr + 8 * dim * 4,
+                 egs = moex_row_bytes(MOEX_TYPE_Q4_K, dim) * ff, eds = moex_row_bytes(MOEX_TYPE_Q6_K, ff) * dim,
+                 ed = eg + 2 * 8 * egs;
+    warm_model m = {.w = gpu_from(d, NULL, ed + 8 * eds), .act = gpu_from(d, NULL, (size_t)32 << 20)};
+    MUST(moex_vk_upload(d, m.w, oq, mq.data, mq.rows * mq.row_bytes, &g_err));
+    m.wq = vk_matrix_of(&mq, m.w);
+    m.wt = vk_matrix_of(&mt, m.w);
+    m.wt.data += ot;
+    m.router = (moex_vk_matrix){MOEX_TYPE_F32, 8, dim, dim * 4, P(m.w) + orr, 0};
+    m.ex = (moex_vk_experts){.gate = {MOEX_TYPE_Q4_K, ff, dim, moex_row_bytes(MOEX_TYPE_Q4_K, dim), P(m.w) + eg, egs},
+                             .up = {MOEX_TYPE_Q4_K, ff, dim, moex_row_bytes(MOEX_TYPE_Q4_K, dim), P(m.w) + eg + 8 * egs, egs},
+                             .down = {MOEX_TYPE_Q6_K, dim, ff, moex_row_bytes(MOEX_TYPE_Q6_K, ff), P(m.w) + ed, eds},
+                             .n_expert = 8};
+    m.sh = (moex_vk_attn_shape){.n_head = 4, .n_head_kv = 2, .head_dim = 64, .rope_dim = 64, .rope_base = 1e4f,
+                                .rms_eps = 1e-6f, .scale = 0.125f, .n_ctx = 512};
+    CHECK(moex_vk_attention_scratch(&m.sh, n_batch) * 4 <= ((size_t)12 << 20) &&
+              moex_vk_experts_scratch(&m.ex, n_batch, 2) <= ((size_t)12 << 20), "warm: scratch too small");
+
+    int64_t sizes[8];
+    const int ns = moex_vk_warm_batch_sizes(n_batch, sizes);
+    CHECK(ns >= 2 && sizes[0] == 1 && sizes[ns - 1] == n_batch, "warm: batch sizes for %lld", (long long)n_batch);
+    for (int i = 1; i < ns; i++) CHECK(sizes[i] > sizes[i - 1], "warm: batch sizes not increasing");
+    int64_t one[8];
+    CHECK(moex_vk_warm_batch_sizes(1, one) == 1 && one[0] == 1, "warm: batch sizes for one token");
+
+    /* y's first row marked: the recording made while warming must not write it */
+    float mark[256];
+    for (int i = 0; i < 256; i++) mark[i] = 7.0f;
+    MUST(moex_vk_upload(d, m.act, 4 << 20, mark, sizeof mark, &g_err));
+    moex_vk_cmd *c = moex_vk_cmd_create(d, &g_err);
+    MUST(!c);
+    const int before = moex_vk_testing_pipelines(d);
+    moex_vk_warm_begin(d);
+    for (int i = 0; i < ns; i++) record_ops(c, &m, sizes[i]);
+    CHECK(moex_vk_testing_pipelines(d) == before, "warm: pipelines created before moex_vk_warm_end");
+    MUST(moex_vk_cmd_run(c, &g_err));   /* the last warm recording: barriers only */
+    MUST(moex_vk_warm_end(d, &g_err));
+    const int warmed = moex_vk_testing_pipelines(d);
+    float *got = malloc(n_batch * tall * 4);
+    MUST(moex_vk_download(d, m.act, 4 << 20, got, sizeof mark, &g_err));
+    CHECK(!memcmp(got, mark, sizeof mark), "warm: a recording made while warming wrote y");
+    for (int64_t n = 1; n <= n_batch; n++) record_ops(c, &m, n);
+    CHECK(moex_vk_testing_pipelines(d) == warmed, "warm: %d pipelines up front, %d after recording every batch size",
+          warmed, moex_vk_testing_pipelines(d));
+    printf("  warm: %d pipelines up front for batches of 1..%lld (%d sizes recorded)\n", warmed, (long long)n_batch, ns);
+
+    /* the warmed pipelines compute: y = W x for 20 tokens on the tall product's 64-token coop tiles */
+    const int64_t n = 20;
+    float *x = malloc(n * dim * 4);
+    double *ref = malloc(n * tall * 8);
+    fill_gauss(&R, x, n * dim, 1.0f);
+    MUST(moex_vk_upload(d, m.w, ot, mt.data, mt.rows * mt.row_bytes, &g_err));
+    MUST(moex_vk_upload(d, m.act, 0, x, n * dim * 4, &g_err));
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < tall; r++) {
+            double acc = 0;
+            for (int64_t k = 0; k < dim; k++) acc += (double)mt.deq[r * dim + k] * x[t * dim + k];
+            ref[t * tall + r] = acc;
+        }
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    MUST(moex_vk_op_matmul(c, &m.wt, P(m.act), n, P(m.act) + (4 << 20), 0, &g_err));
+    MUST(moex_vk_cmd_run(c, &g_err));
+    MUST(moex_vk_download(d, m.act, 4 << 20, got, n * tall * 4, &g_err));
+    const double e = rel_l2(got, ref, n * tall);
+    CHECK(e < 3e-3, "warm: product after warming: rel err %.3g", e);   /* f16 inputs on the coop tiles */
+    CHECK(moex_vk_testing_pipelines(d) == warmed, "warm: the product created a pipeline");
+    moex_vk_cmd_free(c);
+    moex_vk_buffer_free(m.w);
+    moex_vk_buffer_free(m.act);
+    free_matrix(&mq), free_matrix(&mt);
+    free(got), free(x), free(ref);
+    moex_vk_free(d);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_vk_ops norm|rope|attention|router|experts|fused|decode [--no-subgroup]\n");
@@ -682,7 +794,7 @@ int main(int argc, char **argv) {
     /* The tiled expert products are held to f32 accuracy here; their f16
      * cooperative-matrix variant has its own test (test_vk_coop). */
     vk = test_vk_coop_mode(argc > 2 && !strcmp(argv[2], "--no-subgroup"), MOEX_VK_COOP_OFF);
-    vk->tune.idot = 0;   /* f32 activations: the int8 ones (vk_idot) are test_vk_matmul's and test_vk_experts_mv's */
+    moex_vk_testing_set_idot(vk, 0);   /* f32 activations: the int8 ones are test_vk_matmul's and test_vk_experts_mv's */
     if (!strcmp(argv[1], "norm")) test_norm();
     else if (!strcmp(argv[1], "rope")) test_rope();
     else if (!strcmp(argv[1], "attention")) test_attention(), test_attention_prompt();
@@ -690,6 +802,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "experts")) test_experts();
     else if (!strcmp(argv[1], "fused")) test_fused_norm();
     else if (!strcmp(argv[1], "decode")) test_attention_decode(), test_head_argmax();
+    else if (!strcmp(argv[1], "warm")) test_warm(argc > 2 && !strcmp(argv[2], "--no-subgroup"));
     else {
         fprintf(stderr, "unknown subtest %s\n", argv[1]);
         return 2;

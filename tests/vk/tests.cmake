@@ -22,7 +22,7 @@ moex_vk_rerun(test_vk_matmul_shared 120 COMMAND test_vk_matmul --no-subgroup)
 add_executable(test_vk_ops ${CMAKE_CURRENT_LIST_DIR}/test_vk_ops.c)
 target_link_libraries(test_vk_ops PRIVATE moex_vk Threads::Threads ${MATH_LIB})
 set_target_properties(test_vk_ops PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
-foreach(sub norm rope attention router experts fused decode)
+foreach(sub norm rope attention router experts fused decode warm)
   moex_vk_rerun(test_vk_${sub} 120 COMMAND test_vk_ops ${sub})
 endforeach()
 # Fused decode kernels (attention step, head + argmax, norm-fused products,
@@ -30,6 +30,8 @@ endforeach()
 moex_vk_rerun(test_vk_decode_shared 120 COMMAND test_vk_ops decode --no-subgroup)
 moex_vk_rerun(test_vk_fused_shared 120 COMMAND test_vk_ops fused --no-subgroup)
 moex_vk_rerun(test_vk_router_shared 120 COMMAND test_vk_ops router --no-subgroup)
+# Pipelines created up front (moex_vk_warm_*), with the shared-memory variants.
+moex_vk_rerun(test_vk_warm_shared 120 COMMAND test_vk_ops warm --no-subgroup)
 
 # The decode expert FFN (experts_mv.comp, experts_gu.comp) against float64.
 # ~100-250 s under ASan on CI's 2 cores (each shape compiles its own pipelines

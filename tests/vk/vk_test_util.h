@@ -125,7 +125,7 @@ static inline void ref_experts(const test_matrix *g, const test_matrix *u, const
     free(h);
 }
 
-/* The int8 activation path (kernels/vk_internal.h vk_idot): v's values
+/* The int8 activation path (moex_vk_testing_idot): v's values
  * idx[0..n) rounded as _common.comp's i8_scale / pack_i8 do: q 2^(e-7),
  * e the exponent (frexp) of their largest magnitude times 1 + 2^-7, q to the
  * nearest (ties to even). Powers of two: exact in float, so bit for bit the GPU's. */

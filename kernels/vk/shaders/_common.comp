@@ -1,5 +1,6 @@
-// Shared by every kernel (the runtime prepends it after #version and the
-// variant #defines). Buffers are reached through device addresses pushed as
+// Shared by every kernel, which includes it after vk_variants.h and the
+// #defines its variant derives from VARIANT (and USE_SUBGROUP, EMU, TYPE:
+// variants.cmake). Buffers are reached through device addresses pushed as
 // push constants, so no descriptor sets exist anywhere.
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_scalar_block_layout : enable
@@ -32,6 +33,8 @@ layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer CU3
 #define T_BF16 30
 
 #define NEG_BIG (-1.0e30)
+#define MAXE VK_MAX_EXPERTS
+#define NMAX VK_MV_NMAX
 
 float silu(float g) { return g / (1.0 + exp(-g)); }
 
@@ -47,7 +50,7 @@ int sudot4(uint a, uint b) { return sudot4_op(a, b, 0); }
 // A power of two, not a / 127, so v / scale is exact and a reference rounds
 // bit for bit as the GPU does; ~half a bit coarser than a / 127, about the
 // CPU's Q8_K over 256 values. Exponents from the float's bits (frexp and
-// ldexp cost ~10 instructions a value on an H200).
+// ldexp take several instructions a value).
 float pow2(int k) { return uintBitsToFloat(uint(127 + k) << 23); }   // 2^k, -127 < k < 128
 float vmax(vec4 v) { return max(max(v.x, v.y), max(v.z, v.w)); }
 // The scale 2^(e-7) of values whose largest magnitude is a, and inv = 2^(7-e).

@@ -1,13 +1,18 @@
 // GLSL views of the block layouts of common/types.h, read from a u32 view of
 // the same bytes (blocks are only 2-byte aligned: q4_0 is 18 bytes). dq8()
-// dequantizes 8 consecutive elements of a row; tests/test_vk_layout.c pins it
-// against the C dequantizer for every type.
+// dequantizes 8 consecutive elements of a row; tests/vk/test_vk_layout.c pins
+// it against the C dequantizer for every type.
+
+// Elements and bytes of a block of TYPE: common/types.c's, which the host
+// gives when it creates the pipeline (vk_pipeline.c).
+layout(constant_id = 14) const uint BLK = 1u;
+layout(constant_id = 15) const uint BLK_BYTES = 4u;
 
 // 32 bits at byte offset 4*i + sh/8 of words lo, hi (sh 0 or 16); the double shift keeps every shift below 32.
 uint funnel(uint lo, uint hi, uint sh) { return (lo >> sh) | ((hi << 1u) << (31u - sh)); }
 float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 // Small integers to floats without int-to-float conversions (a quarter-rate
-// instruction on NVIDIA, which made the kernels ALU-bound): the field of bits
+// instruction on NVIDIA, enough to make the kernels ALU-bound): the field of bits
 // at position s (ending below bit 23) ORed into the float 2^(23-s) gives
 // exactly 2^(23-s) + field; one subtraction (of that plus an offset) leaves
 // field - offset. One LOP3 and one FADD per element.

@@ -1,7 +1,7 @@
 // Router epilogue for token t: softmax over the pc.rows expert logits in
 // pc.y row t, keep the pc.k largest (ties: lower id), renormalise them when
 // flags & 2 (as engine/forward.c route_token does). Whole workgroup; needs
-// shared float rk_p[MAXE] and the workgroup size WG.
+// the workgroup size WG and, with subgroups, their size SG.
 shared float rk_p[MAXE];
 shared float rk_v[WG];
 shared uint rk_i[WG];
@@ -26,7 +26,7 @@ void argmax_reduce(float v, uint i) {
 // One subgroup routes the token: each lane keeps MAXE/SG probabilities in
 // registers; max, sum and the k argmax picks are subgroup operations (no
 // workgroup barriers). Other subgroups return at once.
-#define NPL (MAXE / SG)
+const uint NPL = MAXE / SG;
 void route_token(uint t) {
     const uint lane = gl_LocalInvocationID.x, E = pc.rows;
     if (lane >= gl_SubgroupSize) return;

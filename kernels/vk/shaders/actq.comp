@@ -6,6 +6,10 @@
 // MODE 1: Q8_K (d = max/-127 with the signed extreme, round half to even)
 // MODE 2: Q8_1: as Q8_0, and the CPU's dot takes the block sum from the f16
 //         s = sum(q) * d; the difference is spread over the block's values.
+#version 450
+#include "vk_variants.h"
+#define MODE VARIANT
+#include "_common.comp"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
     F32 x; F32 y; U32 p2; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;

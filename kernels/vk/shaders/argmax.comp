@@ -1,5 +1,9 @@
 // Index of the largest value of each row (ties: lower index): the greedy
 // token without reading the logits back. grid (n_rows)
+#version 450
+#include "vk_variants.h"
+#define WG 512u
+#include "_common.comp"
 layout(local_size_x = WG) in;
 layout(push_constant) uniform PC {
     F32 x; I32 out_; U32 p2; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;
@@ -11,9 +15,9 @@ void main() {
     const uint tid = gl_LocalInvocationID.x, r = gl_WorkGroupID.x;
     float bv = -3.4e38;
     uint bi = 0xffffffffu;
-    // Four loads in flight per thread (one workgroup streams the whole row:
-    // 38 µs for 151936 logits on an H200 with one load at a time). Each
-    // thread still visits its indices in increasing order, so ties keep the lowest.
+    // Four loads in flight per thread (one workgroup streams the whole row,
+    // latency-bound with one load at a time). Each thread still visits its
+    // indices in increasing order, so ties keep the lowest.
     const uint base = r * pc.stride;
     uint i = tid;
     for (; i + 3u * WG < pc.n; i += 4u * WG) {

@@ -15,6 +15,10 @@
 // head_dim class HDMAX = 64 << ((MODE - 2) % 4); R * HDMAX = 4096 keeps the
 // shared memory (Q, one K/V tile, P) under 40 KiB and the accumulators at
 // 8 vec4; MODE 6..9 halve R for devices with 32 KiB (4 vec4 accumulators).
+#version 450
+#include "vk_variants.h"
+#define MODE VARIANT
+#include "_common.comp"
 #if MODE >= 2
 layout(local_size_x = 128) in;
 layout(push_constant) uniform PC {

@@ -11,10 +11,15 @@
 // prefetch), converted to f16 when stored. Tiles past the block's last query
 // are never loaded; keys past each row's position get p = 0. Rows past the
 // batch compute on zeros and are not written. grid (row blocks, n_head_kv).
-// The host defines HDMAX (64 or 128: head_dim <= HDMAX, padded with zeros),
-// BC, WARPS and EMU. EMU=1 stands a shared-memory model in for the matrix unit
+// VARIANT is the head_dim class: HDMAX = 64 << VARIANT (head_dim <= HDMAX,
+// padded with zeros); the host picks the tile (NT threads, BC keys) that
+// fits the device's shared memory. EMU=1 stands a shared-memory model in for the matrix unit
 // (devices without cooperative matrices, lavapipe in CI); Q then keeps its own
 // shared region instead of living in registers.
+#version 450
+#include "vk_variants.h"
+#define HDMAX (64u << VARIANT)
+#include "_common.comp"
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : enable
 #if !EMU
@@ -23,32 +28,34 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 
-#define BR (16u * WARPS)           // query rows per workgroup
-#define NT (32u * WARPS)           // invocations: 2 per row in the softmax
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint NT = 128u;   // invocations: 32 a warp, 2 per row in the softmax
+layout(constant_id = 1) const uint BC = 32u;    // keys per tile
+const uint WARPS = NT / 32u;
+const uint BR = 16u * WARPS;                    // query rows per workgroup
 #define H4 (HDMAX / 4u)
-#define LDH (HDMAX + 8u)           // Q/K/V row stride in halfs: 16-byte aligned, conflict-free fragment loads
-#define LDS (BC + 4u)              // S row stride in floats
-#define LDP (BC + 8u)              // P row stride in halfs
-#define FD (HDMAX / 16u)           // fragments along the head dimension
-#define FC (BC / 16u)              // along the keys
-#define NKV ((BC * H4 + NT - 1u) / NT)   // vec4 of K (and of V) each invocation loads per tile
-#define VOFF (BC * LDH)            // the V tile after the K tile
+#define LDH (HDMAX + 8u)                        // Q/K/V row stride in halfs: 16-byte aligned, conflict-free fragment loads
+const uint LDS = BC + 4u;                       // S row stride in floats
+const uint LDP = BC + 8u;                       // P row stride in halfs
+#define FD (HDMAX / 16u)                        // fragments along the head dimension
+const uint FC = BC / 16u;                       // along the keys
+const uint NKV = (BC * H4 + NT - 1u) / NT;      // vec4 of K (and of V) each invocation loads per tile
+const uint VOFF = BC * LDH;                     // the V tile after the K tile
 #if EMU
-#define QOFF (2u * BC * LDH)       // Q after the K/V tiles
-#define KVN ((2u * BC + BR) * LDH)
+const uint QOFF = 2u * BC * LDH;                // Q after the K/V tiles
+const uint KVN = (2u * BC + BR) * LDH;
 #else
-#define QOFF 0u                    // Q passes through the K/V area into registers before the first tile
-#define KVN (max(2u * BC, BR) * LDH)
+#define QOFF 0u                                 // Q passes through the K/V area into registers before the first tile
+const uint KVN = (2u * BC > BR ? 2u * BC : BR) * LDH;
 #endif
 // Between steps that touch only the warp's own rows (S, P, the row factors):
-// a subgroup barrier on the matrix unit (warp = subgroup of 32; on the H200
-// 20 % faster than workgroup barriers); the emulation's lanes are not a subgroup.
+// a subgroup barrier on the matrix unit (warp = subgroup of 32; cheaper than
+// a workgroup barrier); the emulation's lanes are not a subgroup.
 #if EMU
 #define WARP_SYNC() barrier()
 #else
 #define WARP_SYNC() subgroupBarrier()
 #endif
-layout(local_size_x = NT) in;
 
 layout(push_constant) uniform PC {
     F32 q; V4 kc; V4 vc; F32 o; I32 params; U32 p5; U32 p6; U32 p7;

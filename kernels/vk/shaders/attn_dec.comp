@@ -13,8 +13,13 @@
 // keys every thread issues all its K loads (8 vec4 of one key per pass, TPK
 // threads per key) and all its V loads (one vec4 column of VPT keys) before
 // any of them is used, and reductions are subgroup operations plus one
-// shared-memory step. MODE is the head_dim class: HDM = 64 << MODE; the host
-// defines MAX_SPLITS, the most splits a head has.
+// shared-memory step. MODE is the head_dim class: HDM = 64 << MODE;
+// MAX_SPLITS is the most splits a head has.
+#version 450
+#include "vk_variants.h"
+#define MODE VARIANT
+#define MAX_SPLITS VK_ATTN_MAX_SPLITS
+#include "_common.comp"
 #extension GL_EXT_buffer_reference_uvec2 : require
 layout(local_size_x = 128) in;
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CV4 { vec4 v[]; };
@@ -26,7 +31,7 @@ layout(push_constant) uniform PC {
 
 const uint HDM = 64u << MODE, H4M = HDM / 4u, EPT = (HDM + 127u) / 128u;   // EPT: head elements per thread
 const uint TPK = H4M / 8u, KP = 128u / TPK;      // scores: TPK threads a key, 8 vec4 each; KP keys a pass
-const uint PASSES = 2u, KB = PASSES * KP;       // keys a block (one pass: the same speed on an H200)
+const uint PASSES = 2u, KB = PASSES * KP;       // keys a block
 const uint G = 128u / H4M, VPT = KB / G;         // values: thread = vec4 column x key group; VPT keys each
 const float TWO_PI = 6.283185307179586;
 

@@ -1,5 +1,8 @@
 // Combines the split-K partials of attn.comp: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 // grid (n_head, n_tokens)
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 layout(local_size_x = 128) in;
 layout(push_constant) uniform PC {
     F32 part; F32 out_; U32 p2; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;

@@ -1,6 +1,10 @@
 // Rows of a weight matrix to f32: out[i] = row(rows ? ids[i] : i). Used for
 // the embedding gather (any weight type) and to pin the GLSL block views
 // against the C dequantizer. grid (ceil(cols/8/64), n)
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
+#include "_quant.comp"
 layout(local_size_x = 64) in;
 layout(push_constant) uniform PC {
     U32 w; F32 out_; I32 ids; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;

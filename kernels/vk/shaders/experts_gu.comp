@@ -3,14 +3,26 @@
 // grid (ceil(n_ff / CH), k). Like experts_mv.comp's SIDE 0 each thread holds one
 // 32-column position of x in registers (as int8 where IDOT, _q4k_pos.comp) and
 // walks rows, but a workgroup covers CH rows with RL row lanes of NPOS
-// threads (WG = NPOS * RL; CH / RL rows a thread, host-defined), and each
-// thread issues the loads of RU of its rows together: on an H200
-// 768-thread workgroups of 48 rows (128 per token; RU 2) decode faster than
-// 1024 threads of 64 rows (96 per token), and those ~4 % faster than
-// experts_mv.comp's gate+up, whose workgroups hold one row lane.
+// threads (WG = NPOS * RL; CH / RL rows a thread, vk_shapes.c picks them),
+// and each thread issues the loads of RU of its rows together: more rows in
+// flight per workgroup than experts_mv.comp's gate+up, whose workgroups hold
+// one row lane (docs/PERF.md compares the shapes).
 // Row sums: a butterfly over each subgroup (NPOS a multiple of SG), then the
 // subgroups of a row lane from shared memory; without subgroups, shared memory.
-layout(local_size_x = WG) in;
+// The workgroup's shape (vk_internal.h vk_gu_shape: the device's, or
+// MOEX_VK_GU_*'s) and the subgroup size SG, where subgroups reduce.
+#version 450
+#include "vk_variants.h"
+#define IDOT ((VARIANT & VK_GU_IDOT) != 0)
+#include "_common.comp"
+#include "_quant.comp"
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 768u;
+layout(constant_id = 1) const uint NPOS = 64u;
+layout(constant_id = 2) const uint RL = 12u;
+layout(constant_id = 3) const uint RU = 2u;
+layout(constant_id = 4) const uint CH = 48u;
+layout(constant_id = 5) const uint SG = 32u;
 
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer UV4 { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV4 { vec4 v[]; };
@@ -108,10 +120,11 @@ void main() {
             acc[2u * (i + r)] += pdot(g[r], px, pos);
             acc[2u * (i + r) + 1u] += pdot(u[r], px, pos);
         }
-        if (i + RU < NR) {
-            g = ng;
-            u = nu;
-        }
+        if (i + RU < NR)
+            for (uint r = 0u; r < RU; r++) {
+                g[r] = ng[r];
+                u[r] = nu[r];
+            }
     }
     write_h(acc, c, slot);
 }

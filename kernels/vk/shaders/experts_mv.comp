@@ -6,14 +6,28 @@
 // (a stretch of PE columns of x, or of one slot's h) held in registers, and
 // walks the workgroup's RT rows, so x is read once and never re-read per row.
 // Lanes of a subgroup own consecutive positions, so every weight load of a
-// subgroup falls in one or two contiguous stretches of a block (coalesced;
-// the old per-unit layout scattered 4-byte loads over many cache lines).
+// subgroup falls in one or two contiguous stretches of a block (coalesced,
+// where units per thread would scatter 4-byte loads over many cache lines).
 // Loads of RU rows are issued before any of them is used, and the next RU
 // rows' loads are in flight while those are (software pipelining). The RT row sums
 // are reduced once at the end (subgroup adds, then shared memory, in a fixed
 // order: results do not depend on timing). IDOT: Q4_K and Q6_K positions hold
 // their input as int8 and take integer dot products (vk_internal.h vk_idot).
-layout(local_size_x = WG) in;
+// The workgroup's shape (vk_internal.h vk_ex_shape: the device's, or
+// MOEX_VK_EX_SHAPE's) and the input positions each thread holds.
+#version 450
+#include "vk_variants.h"
+#define SIDE (VARIANT & VK_EX_DOWN)
+#define FAST ((VARIANT & VK_EX_GENERIC) == 0)
+#define IDOT ((VARIANT & VK_EX_IDOT) != 0)
+#include "_common.comp"
+#include "_quant.comp"
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 64u;    // threads
+layout(constant_id = 1) const uint RT = 8u;     // output rows
+layout(constant_id = 2) const uint RU = 2u;     // rows whose loads are issued together
+layout(constant_id = 3) const uint PPT = 1u;    // input positions a thread holds in registers
+const uint RP = RU * PPT;                       // weights a thread loads per step
 
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer UV4 { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV4 { vec4 v[]; };
@@ -129,9 +143,9 @@ float pdot(PW w, PX x, uint pos) { return dot(w.a, x.lo) + dot(w.b, x.hi); }
 
 // ---- the workgroup reduction of NV sums per thread ----
 #if SIDE == 0
-#define NV (2u * RT)   // gate and up of each row
+const uint NV = 2u * RT;   // gate and up of each row
 #else
-#define NV RT
+const uint NV = RT;
 #endif
 shared float red[NV * WG];
 
@@ -170,7 +184,7 @@ void reduce(float acc[NV]) {
 
 #if SIDE == 0
 // Gate and up weights of rows r0 .. r0 + RU - 1 of expert eb at this thread's positions.
-void gu_load(out PW wg[RU * PPT], out PW wu[RU * PPT], uint eb, uint r0, uint row_bytes, uint pp[PPT]) {
+void gu_load(out PW wg[RP], out PW wu[RP], uint eb, uint r0, uint row_bytes, uint pp[PPT]) {
     for (uint rr = 0u; rr < RU; rr++) {
         const uint rb = eb + min(r0 + rr, pc.rows - 1u) * row_bytes;   // rows past the end: the last one, dropped
         for (uint i = 0u; i < PPT; i++) {
@@ -181,7 +195,7 @@ void gu_load(out PW wg[RU * PPT], out PW wu[RU * PPT], uint eb, uint r0, uint ro
 }
 #else
 // Down weights of rows r0 .. r0 + RU - 1 at this thread's positions (each its slot's expert eb).
-void dn_load(out PW wd[RU * PPT], uint r0, uint row_bytes, uint eb[PPT], uint pp[PPT]) {
+void dn_load(out PW wd[RP], uint r0, uint row_bytes, uint eb[PPT], uint pp[PPT]) {
     for (uint rr = 0u; rr < RU; rr++) {
         const uint rb = min(r0 + rr, pc.rows - 1u) * row_bytes;   // rows past the end: the last one, dropped
         for (uint i = 0u; i < PPT; i++) wd[rr * PPT + i] = pload(pc.w, eb[i] + rb, pp[i]);
@@ -204,10 +218,10 @@ void main() {
             px[i] = pxload(pc.x, tok * xs4, pp[i]);
         }
         // Software pipelined: the next RU rows' loads are in flight while these are used.
-        PW wgt[RU * PPT], wup[RU * PPT];
+        PW wgt[RP], wup[RP];
         gu_load(wgt, wup, eb, row0, row_bytes, pp);
         for (uint r = 0u; r < RT; r += RU) {
-            PW ngt[RU * PPT], nup[RU * PPT];
+            PW ngt[RP], nup[RP];
             if (r + RU < RT) gu_load(ngt, nup, eb, row0 + r + RU, row_bytes, pp);
             for (uint rr = 0u; rr < RU; rr++)
                 for (uint i = 0u; i < PPT; i++)
@@ -215,10 +229,11 @@ void main() {
                         acc[2u * (r + rr)] += pdot(wgt[rr * PPT + i], px[i], pp[i]);
                         acc[2u * (r + rr) + 1u] += pdot(wup[rr * PPT + i], px[i], pp[i]);
                     }
-            if (r + RU < RT) {
-                wgt = ngt;
-                wup = nup;
-            }
+            if (r + RU < RT)
+                for (uint i = 0u; i < RP; i++) {
+                    wgt[i] = ngt[i];
+                    wup[i] = nup[i];
+                }
         }
     }
     reduce(acc);
@@ -238,14 +253,15 @@ void main() {
             g[i] = c0 + tid + i * WG < total ? pc.gw.v[slot] : 0.0;   // clamped repeats count 0
             px[i] = pxload(pc.x, slot * xs4, pp[i]);
         }
-        PW wd[RU * PPT];
+        PW wd[RP];
         dn_load(wd, row0, row_bytes, eb, pp);
         for (uint r = 0u; r < RT; r += RU) {
-            PW nd[RU * PPT];
+            PW nd[RP];
             if (r + RU < RT) dn_load(nd, row0 + r + RU, row_bytes, eb, pp);
             for (uint rr = 0u; rr < RU; rr++)
                 for (uint i = 0u; i < PPT; i++) acc[r + rr] += g[i] * pdot(wd[rr * PPT + i], px[i], pp[i]);
-            if (r + RU < RT) wd = nd;
+            if (r + RU < RT)
+                for (uint i = 0u; i < RP; i++) wd[i] = nd[i];
         }
     }
     reduce(acc);

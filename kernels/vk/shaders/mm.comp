@@ -5,8 +5,18 @@
 // MODE 1: experts gate+up over the pair list of expert z (moe_sort):
 //         y[p] = silu(Wg_z x[p/k]) * (Wu_z x[p/k])  grid (rows/BM, n/BN, n_expert)
 // MODE 2: experts down: y[p] = gw[p] * Wd_z x[p]    grid as MODE 1
-// TILE (BM = BN, 64 or 32; the runtime defines it): 32 gives products with few
+// TILE (BM = BN, 64, or 32 with VK_MM_SMALL): 32 gives products with few
 // rows (the router's 128 experts) four times as many workgroups.
+#version 450
+#include "vk_variants.h"
+#define MODE (VARIANT & 3)
+#if (VARIANT & VK_MM_SMALL) != 0
+#define TILE 32u
+#else
+#define TILE 64u
+#endif
+#include "_common.comp"
+#include "_quant.comp"
 #define BM TILE
 #define BN TILE
 #define BK 32

@@ -15,10 +15,15 @@
 // Shared tiles are uvec4 arrays (8 halfs each) so every store is 16 bytes.
 // Warp w owns tile rows w*WR .. w*WR+WR-1 and all BN columns: FM x FN
 // accumulators of CM x CN; fragments past an expert's last pair are skipped.
-// The host defines BM BN BK NBUF CM CN CK FASTQ and EMU. EMU=1 stands a
-// shared-memory model in for the matrix unit (same loads, layouts and
+// EMU=1 (a variant of its own) stands a shared-memory model in for the matrix unit (same loads, layouts and
 // epilogue), so devices without cooperative matrices (lavapipe in CI) test
 // the rest of the kernel.
+#version 450
+#include "vk_variants.h"
+#define MODE (VARIANT & 3)
+#define FASTQ ((VARIANT & VK_COOP_GENERIC) == 0)
+#include "_common.comp"
+#include "_quant.comp"
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : enable
 #if !EMU
@@ -26,19 +31,35 @@
 #extension GL_KHR_memory_scope_semantics : require
 #endif
 
+// The tile (vk_pipeline.c: BM from VK_COOP_BM or MOEX_VK_COOP_BM, BN 32
+// for VK_COOP_NARROW, BK from VK_COOP_BK or MOEX_VK_COOP_BK), the matrix
+// unit's shape and the shared buffers (NBUF, from MOEX_VK_COOP_NBUF where
+// the device's shared memory holds two).
+layout(constant_id = 0) const uint BM = 64u;
+layout(constant_id = 1) const uint BN = 64u;
+layout(constant_id = 2) const uint BK = 64u;
+#if EMU
+const uint CM = 16u, CN = 16u, CK = 16u;   // the stand-in's shape (vk_device.c read_coop)
+#else
+layout(constant_id = 3) const uint CM = 16u;
+layout(constant_id = 4) const uint CN = 16u;
+layout(constant_id = 5) const uint CK = 16u;
+#endif
+layout(constant_id = 6) const uint NBUF = 1u;
 #define WARPS 4u
-#define WR (BM / WARPS)            // tile rows per warp
-#define FM (WR / CM)               // accumulators along the rows
-#define FN (BN / CN)               // along the tokens
-#define LDV (BK / 8u + 1u)         // shared row stride in uvec4: one of padding keeps fragment loads conflict-free
-#define NE (CM * CN / 32u)         // accumulator elements per invocation in the epilogue
-#define UPR (BK / 16u)             // weight units per tile row
-#define NU (BM * UPR / 128u)       // weight units each invocation loads per step
-#define XPR (BK / 8u)              // 8-activation pieces per token per step
-#define NX (BN * XPR / 128u)       // pieces each invocation converts per step
-#define TPP (128u / XPR)           // tokens per pass of the workgroup over the pieces
-#define WTILE (BM * LDV)           // one buffer of a weight tile, in uvec4
-#define XTILE (BN * LDV)
+const uint WR = BM / WARPS;           // tile rows per warp
+const uint FM = WR / CM;              // accumulators along the rows
+const uint FN = BN / CN;              // along the tokens
+const uint NACC = FM * FN;
+const uint LDV = BK / 8u + 1u;        // shared row stride in uvec4: one of padding keeps fragment loads conflict-free
+const uint NE = CM * CN / 32u;        // accumulator elements per invocation in the epilogue
+const uint UPR = BK / 16u;            // weight units per tile row
+const uint NU = BM * UPR / 128u;      // weight units each invocation loads per step
+const uint XPR = BK / 8u;             // 8-activation pieces per token per step
+const uint NX = BN * XPR / 128u;      // pieces each invocation converts per step
+const uint TPP = 128u / XPR;          // tokens per pass of the workgroup over the pieces
+const uint WTILE = BM * LDV;          // one buffer of a weight tile, in uvec4
+const uint XTILE = BN * LDV;
 layout(local_size_x = 128) in;
 
 layout(push_constant) uniform PC {
@@ -304,11 +325,11 @@ void main() {
     }
     const uint nf = min(FN, (cnt - col0 + CN - 1u) / CN);   // accumulators with a live token
     const uint rowbytes = (pc.cols / BLK) * BLK_BYTES, steps = (pc.cols + BK - 1u) / BK;
-    ACC acc[FM * FN];
+    ACC acc[NACC];
 #if MODE == 1
-    ACC accu[FM * FN];
+    ACC accu[NACC];
 #endif
-    UNROLL for (uint i = 0u; i < FM * FN; i++) {
+    UNROLL for (uint i = 0u; i < NACC; i++) {
         acc[i] = acc_zero();
 #if MODE == 1
         accu[i] = acc_zero();
@@ -344,9 +365,7 @@ void main() {
                 }
             }
         }
-#if NBUF == 1
-        barrier();   // every warp is done with the tiles before they are overwritten
-#endif
+        if (NBUF == 1u) barrier();   // every warp is done with the tiles before they are overwritten
         if (s + 1u < steps) stash(k1, (s + 1u) % NBUF, estart, rowbytes);
         barrier();
     }

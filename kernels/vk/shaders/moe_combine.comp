@@ -1,5 +1,8 @@
 // y[t] = r[t] + sum_j po[t*k + j] (slot order), the k expert outputs of
 // each token folded into the residual stream. grid (ceil(d/256), n)
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
     F32 po; F32 r; F32 y; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;

@@ -2,6 +2,9 @@
 // products: meta = counts[E], offsets[E], list[n*k] (pair indices, grouped by
 // expert; the order inside a group does not matter: every pair's result is
 // written to its own row). One workgroup.
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
     I32 ids; I32 meta; U32 p2; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;

@@ -14,9 +14,9 @@
 // reads and the group scales its dots after the reduction: no staging, no
 // barriers, no extra pass. MODE 3 also writes the normalised row to r (the
 // experts' input). Saves the norm's dispatch and barrier. (One token with x
-// at most XMAX4 vec4s wide takes the staged modes below instead: there every
-// lane of a row group reading its own stretch of x from global memory made
-// the loads L1-bound, at 15-42 % of the streaming ceiling on an H200.)
+// at most XMAX4 vec4s wide takes the staged modes below instead: every lane
+// of a row group reading its own stretch of x from global memory makes the
+// loads L1-bound.)
 // MODE 0 (and 1), flags & 4 (one token): also the argmax of y (ties: lower
 // row) into ids[0]: workgroups loop over row blocks keeping their best output,
 // write it to counter[] (zeros on entry, left at zero), and the last one to
@@ -34,9 +34,29 @@
 // values (_mvunit.comp), each thread rounding 8 of them (4 lanes share a
 // group's scale through shuffles; without subgroups a thread rounds a unit's
 // 64), and the rows' dots taken as 4-byte integer dot products.
-layout(local_size_x = WG) in;
-
-#define NR RPT
+// The device's numbers (vk_pipeline.c): TPR the subgroup size where
+// subgroups reduce; GROUPS and NR from the mode (and MOEX_VK_MV_GROUPS,
+// MOEX_VK_MV_RPT); WG = TPR * GROUPS.
+#version 450
+#include "vk_variants.h"
+#define MODE (VARIANT & 3)
+#if (VARIANT & VK_MV_NORM) != 0
+#define NORM 1
+#endif
+#if (VARIANT & VK_MV_STAGE) != 0
+#define STAGE 1
+#endif
+#define IDOT ((VARIANT & VK_MV_IDOT) != 0)
+#define FAST ((VARIANT & VK_MV_GENERIC) == 0)
+#include "_common.comp"
+#include "_quant.comp"
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256u;
+layout(constant_id = 1) const uint TPR = 32u;
+layout(constant_id = 2) const uint GROUPS = 8u;
+layout(constant_id = 3) const uint NR = 1u;   // weight rows per row group
+#define SG TPR
+#define XMAX4 (VK_MV_XMAX / 4)
 #if MODE == 1 || MODE == 2 || defined(STAGE)
 #define XSTAGE 1
 #elif defined(NORM)
@@ -60,7 +80,7 @@ layout(push_constant) uniform PC {
 #endif
 } pc;
 
-#define NACC (NMAX * NR)
+const uint NACC = NMAX * NR;
 
 shared float red[WG];
 shared bool last_group;

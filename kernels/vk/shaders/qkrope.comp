@@ -2,6 +2,9 @@
 // position params[0] + t, and the KV append: q heads are rotated in place,
 // k heads go to the cache row of their position, v heads are copied there.
 // grid (n_tokens, n_head + n_head_kv)
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 layout(local_size_x = 128) in;
 layout(push_constant) uniform PC {
     F32 q; F32 k; F32 v; F32 kc; F32 vc; I32 params; F32 qnw; F32 knw;

@@ -1,4 +1,7 @@
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w  (w when flags & 1). grid (n_rows)
+#version 450
+#include "vk_variants.h"
+#include "_common.comp"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
     F32 x; F32 out_; F32 w; U32 p3; U32 p4; U32 p5; U32 p6; U32 p7;

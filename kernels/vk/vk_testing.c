@@ -1,0 +1,53 @@
+/* The hooks of vk_testing.h: the switches and shapes tests and benchmarks
+ * set on a device, and the pipelines each change invalidates. */
+#include "kernels/vk/vk_internal.h"
+
+int moex_vk_testing_pipelines(const moex_vk *vk) {
+    int n = 0;
+    for (int k = 0; k < VK_K_COUNT; k++)
+        for (int t = 0; t < VK_TYPE_SLOTS; t++)
+            for (int m = 0; m < VK_MODES; m++) n += vk->pipes[k][t][m] && vk->pipes[k][t][m]->handle;
+    return n;
+}
+
+bool moex_vk_testing_idot(const moex_vk *vk) { return vk_idot(vk); }
+
+/* The int8 path is a mode bit of each kernel that has one: no pipeline changes. */
+void moex_vk_testing_set_idot(moex_vk *vk, int idot) { vk->tune.idot = idot; }
+
+void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on) { vk->tune.attn_simple = on; }
+
+moex_vk_ex_shape moex_vk_testing_ex_default(int half, bool many) { return vk_ex_default_shapes[half != 0][many]; }
+
+moex_vk_ex_shape moex_vk_testing_ex_shape(const moex_vk *vk, int half, bool many) {
+    return vk->ex_shape[half != 0][many];
+}
+
+bool moex_vk_testing_ex_shape_ok(const moex_vk *vk, int half, moex_vk_ex_shape s) {
+    return vk_ex_shape_ok(vk, half != 0, s);
+}
+
+void moex_vk_testing_set_ex_shape(moex_vk *vk, int half, bool many, moex_vk_ex_shape s) {
+    vk->ex_shape[half != 0][many] = s;
+    vk_pipelines_forget(vk, VK_K_EXPERTS_MV);
+}
+
+moex_vk_gu_shape moex_vk_testing_gu_shape(const moex_vk *vk, int npos) { return vk_gu_shape_of(vk, npos); }
+
+bool moex_vk_testing_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
+    return vk_gu_applies(vk, e, n);
+}
+
+void moex_vk_testing_set_gu(moex_vk *vk, int wg, int ru, int ch, bool off) {
+    vk->tune.gu_wg = wg;
+    vk->tune.gu_ru = ru;
+    vk->tune.gu_ch = ch;
+    vk->tune.gu_off = off;
+    vk_pipelines_forget(vk, VK_K_EXPERTS_GU);
+}
+
+int moex_vk_testing_experts_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k,
+                                   moex_vk_ptr ids, moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y,
+                                   moex_vk_ptr scratch, int halves, moex_error *err) {
+    return vk_experts_mv_halves(c, e, x, n, k, ids, weights, resid, y, scratch, halves, err);
+}

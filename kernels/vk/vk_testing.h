@@ -1,0 +1,66 @@
+/* Hooks into the Vulkan backend's choices of kernel and workgroup shape, for
+ * its tests (tests/vk) and benchmarks (bench/), not for the engine: the edges
+ * the tests probe, the switches the environment sets when a device is
+ * created (here per device, at any time), and the expert FFN's workgroup
+ * shapes. A setter drops the pipelines its setting changes (after waiting
+ * for the device), so the next recording creates them anew. */
+#ifndef MOEX_VK_TESTING_H
+#define MOEX_VK_TESTING_H
+
+#include "kernels/vk/vk.h"
+#include "kernels/vk/vk_variants.h"   /* VK_MV_NMAX, VK_MV_XMAX, VK_MAX_EXPERTS */
+
+/* mv.comp's staged one-token modes run at most this many workgroups, each looping over row blocks. */
+#define VK_MV_PERSIST 1024
+/* Prompts of fewer tokens keep their attention on the f32 tiles: their
+ * attention costs little, and f16 Q, K, V and P move the logits off the CPU
+ * backend's by as much as its 8-bit activation rounding (test_vk_forward's
+ * 20-token prompt: relative error 0.013 against 0.007 with the f32 tiles). */
+#define VK_ATTN_COOP_MIN 32
+
+/* Pipelines of vk that exist (created; those only noted between
+ * moex_vk_warm_begin and moex_vk_warm_end not counted). */
+int moex_vk_testing_pipelines(const moex_vk *vk);
+
+/* The decode products' int8 activations (vk_internal.h vk_idot): whether they
+ * are taken now, and their switch (MOEX_VK_IDOT): 1 wherever the device has
+ * integer dot products, 0 never, -1 where it has them in hardware. */
+bool moex_vk_testing_idot(const moex_vk *vk);
+void moex_vk_testing_set_idot(moex_vk *vk, int idot);
+/* Prompt attention on the split-K path instead of the tiles (MOEX_VK_ATTN_SIMPLE=1). */
+void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on);
+
+/* experts_mv.comp's workgroup for one half: wg threads, rt output rows, ru
+ * rows whose weight loads are issued together. Each half has one for a token
+ * and one for batches (many: at least 4 tokens); MOEX_VK_EX_SHAPE sets them. */
+typedef struct moex_vk_ex_shape {
+    int wg, rt, ru;
+} moex_vk_ex_shape;
+moex_vk_ex_shape moex_vk_testing_ex_default(int half, bool many);   /* half: 0 gate+up, 1 down */
+moex_vk_ex_shape moex_vk_testing_ex_shape(const moex_vk *vk, int half, bool many);
+/* s fits experts_mv.comp on vk: rows divide into load groups, no more rows
+ * than threads, the reduction in shared memory. */
+bool moex_vk_testing_ex_shape_ok(const moex_vk *vk, int half, moex_vk_ex_shape s);
+void moex_vk_testing_set_ex_shape(moex_vk *vk, int half, bool many, moex_vk_ex_shape s);
+
+/* experts_gu.comp's workgroup for rows of npos 32-column positions: ch rows in
+ * rl row lanes of npos threads (wg = npos * rl), ru rows a thread loads
+ * together, subgroup sums where a subgroup lies within a row lane. */
+typedef struct moex_vk_gu_shape {
+    int npos, rl, wg, ru, ch;
+    bool subgroup;
+} moex_vk_gu_shape;
+moex_vk_gu_shape moex_vk_testing_gu_shape(const moex_vk *vk, int npos);
+/* Whether experts_gu.comp takes e's gate+up for n tokens (one token of 16-byte aligned Q4_K). */
+bool moex_vk_testing_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n);
+/* Its tuning (MOEX_VK_GU_WG, MOEX_VK_GU_RU, MOEX_VK_GU_CH; 0: the default) and
+ * off (MOEX_VK_GU=0: the gate+up on experts_mv.comp). */
+void moex_vk_testing_set_gu(moex_vk *vk, int wg, int ru, int ch, bool off);
+
+/* The decode path of moex_vk_op_experts (n <= VK_MV_NMAX) with only some of
+ * its halves, to time each alone: 1 gate+up, 2 down, 3 both. */
+int moex_vk_testing_experts_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k,
+                                   moex_vk_ptr ids, moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y,
+                                   moex_vk_ptr scratch, int halves, moex_error *err);
+
+#endif
