@@ -162,6 +162,22 @@ static moex_vk_cmd **get_segments(const moex_model *m, moex_vk_state *s, int64_t
     return seg;
 }
 
+/* As vk_local_warm, for the segments (the head's with and without the logits copy). */
+int vk_dist_warm(const moex_model *m, moex_vk_state *s, moex_error *err) {
+    vk_dist *d = s->dist;
+    int64_t sizes[8];
+    const int n = moex_vk_warm_batch_sizes(s->n_batch, sizes);
+    moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
+    if (!c) return -1;
+    moex_vk_warm_begin(s->vk);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        for (int il = 0; il < d->n_seg && !rc; il++) rc = record_segment(m, s, c, il, sizes[i], false, true, err);
+    moex_vk_cmd_free(c);
+    const int rc_end = moex_vk_warm_end(s->vk, rc ? NULL : err);
+    return rc || rc_end ? -1 : 0;
+}
+
 /* ---- running ---- */
 
 /* exec.run on layer il's readback, the sum into the result buffer. */

@@ -130,6 +130,8 @@ void vk_record_logits_copy(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c
 int vk_local_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                      bool all_logits, float *logits, moex_error *err);
 void vk_local_invalidate(moex_vk_state *s);   /* the logit buffers moved: record again */
+/* Creates every pipeline the local path's recordings use, before anything is timed. */
+int vk_local_warm(const moex_model *m, moex_vk_state *s, moex_error *err);
 void vk_local_free(moex_vk_state *s);
 
 /* ---- forward_vk_dist.c: the forward pass as layer segments with the experts run by s->dist's executor ---- */
@@ -138,6 +140,8 @@ bool vk_dist_active(const moex_vk_state *s);
 int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                     bool all_logits, float *logits, moex_error *err);
 void vk_dist_invalidate(moex_vk_state *s);   /* the logit buffers moved: record the head segments again */
+/* The same for the segments (after an executor is set). */
+int vk_dist_warm(const moex_model *m, moex_vk_state *s, moex_error *err);
 void vk_dist_free(moex_vk_state *s);
 /* moex_vk_state_set_executor and moex_vk_state_dist_stats (engine_vk.h) live there too. */
 

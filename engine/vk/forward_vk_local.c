@@ -44,3 +44,19 @@ void vk_local_invalidate(moex_vk_state *s) { vk_rec_invalidate(&s->rec_lru); }
 void vk_local_free(moex_vk_state *s) {
     for (int i = 0; i < N_RECORDINGS; i++) moex_vk_cmd_free(s->rec[i]);
 }
+
+/* Every pipeline any batch of 1..n_batch tokens uses, created now (in
+ * parallel) rather than when a timed token first records it: the recordings
+ * of the sizes where the ops switch kernels are made and thrown away. */
+int vk_local_warm(const moex_model *m, moex_vk_state *s, moex_error *err) {
+    int64_t sizes[8];
+    const int n = moex_vk_warm_batch_sizes(s->n_batch, sizes);
+    moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
+    if (!c) return -1;
+    moex_vk_warm_begin(s->vk);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) rc = record_forward(m, s, c, sizes[i], false, true, err);
+    moex_vk_cmd_free(c);
+    const int rc_end = moex_vk_warm_end(s->vk, rc ? NULL : err);
+    return rc || rc_end ? -1 : 0;
+}

@@ -51,7 +51,7 @@ static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n
                                  .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = hp->rope_neox,
                                  .qk_norm = hp->qk_norm, .n_ctx = n_ctx};
     if (!(s->vk = moex_vk_create(opt, err)) || vk_memory_create(m, s, err) ||
-        (opt && opt->round_activations && set_rounding(m, s, err))) {
+        (opt && opt->round_activations && set_rounding(m, s, err)) || (!s->experts_remote && vk_local_warm(m, s, err))) {
         moex_vk_state_free(s);
         return NULL;
     }
@@ -70,7 +70,7 @@ moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, i
         return NULL;
     }
     moex_vk_state *s = create_state(m, n_ctx, n_batch, opt, true, err);
-    if (s && moex_vk_state_set_executor(m, s, exec, err)) {
+    if (s && (moex_vk_state_set_executor(m, s, exec, err) || (vk_dist_active(s) && vk_dist_warm(m, s, err)))) {
         moex_vk_state_free(s);
         return NULL;
     }

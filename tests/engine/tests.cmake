@@ -78,14 +78,14 @@ if(MOEX_VULKAN)
     set_tests_properties(vk_gen_${arch}_${wtype} PROPERTIES FIXTURES_SETUP vk_models LABELS vulkan TIMEOUT 120)
     add_test(NAME test_vk_forward_${arch}_${wtype} COMMAND test_vk_forward ${model} ${extra})
     set_tests_properties(test_vk_forward_${arch}_${wtype} PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
-                         LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+                         LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
   endforeach()
 
   # GPU timestamps per op (MOEX_VK_PROFILE=1): same model test, tables checked.
   add_test(NAME test_vk_profile COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/vk/check_vkprof.py
            $<TARGET_FILE:test_vk_forward> ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
   set_tests_properties(test_vk_profile PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77 LABELS vulkan
-                       TIMEOUT 180 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+                       TIMEOUT 180 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 
   # The whole model: prompt batch on the coop kernels vs the f32 tiles. Cold, a
   # CPU driver compiles the emulated variants in ~20 s (~140 s under ASan, whose
@@ -93,7 +93,7 @@ if(MOEX_VULKAN)
   moex_c_test(test_vk_coop_forward SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop_forward.c LIBS moex_engine_vk
     ARGS ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
   set_tests_properties(test_vk_coop_forward PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
-                       LABELS "engine;vulkan" TIMEOUT 400 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+                       LABELS "engine;vulkan" TIMEOUT 400 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 
   # The distributed hub's GPU half (engine/vk/forward_vk_dist.c), in process:
   # against moex_vk_forward and the CPU engine, failing executors, the error path.
@@ -108,5 +108,5 @@ if(MOEX_VULKAN)
   moex_c_test(test_vk_dist SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_dist.c LIBS moex_engine_vk
     ARGS ${moex_distvk_model})
   set_tests_properties(test_vk_dist PROPERTIES FIXTURES_REQUIRED distvk_models SKIP_RETURN_CODE 77
-                       LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+                       LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 endif()

@@ -25,14 +25,14 @@ if(MOEX_VULKAN)
     COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_worker_vk.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
             ${CMAKE_BINARY_DIR}/dist-vk-work)
   set_tests_properties(dist_worker_vk PROPERTIES TIMEOUT 300 LABELS "hub;dist;vulkan" RUN_SERIAL TRUE
-    SKIP_RETURN_CODE 77 ENVIRONMENT "MOEX_LOG=warn;MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+    SKIP_RETURN_CODE 77 ENVIRONMENT "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
   file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/dist-vk-work)
 
   add_test(NAME dist_hub_vk
     COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_dist_vk.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
             ${CMAKE_BINARY_DIR}/distvk-work)
   set_tests_properties(dist_hub_vk PROPERTIES TIMEOUT 400 LABELS "hub;dist;vulkan" RUN_SERIAL TRUE
-    SKIP_RETURN_CODE 77 ENVIRONMENT "MOEX_LOG=warn;MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+    SKIP_RETURN_CODE 77 ENVIRONMENT "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
   file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/distvk-work)
 endif()
 

@@ -4,14 +4,14 @@
 function(moex_vk_test name)
   moex_c_test(${name} ${ARGN})
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 LABELS vulkan
-                       ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+                       ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 endfunction()
 # A second run of a test binary with other arguments or environment.
 function(moex_vk_rerun name timeout)
   cmake_parse_arguments(R "" "" "COMMAND" ${ARGN})
   add_test(NAME ${name} COMMAND ${R_COMMAND})
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 LABELS vulkan TIMEOUT ${timeout}
-                       ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+                       ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 endfunction()
 
 # The block layouts' GLSL views (shaders/_quant.comp) against common/types.h.
@@ -48,4 +48,4 @@ moex_vk_test(test_vk_coop SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop.c LIBS 
 # columns two buffers need more shared memory than lavapipe's 32 KB).
 moex_vk_rerun(test_vk_coop_bk32 180 COMMAND test_vk_coop)
 set_tests_properties(test_vk_coop_bk32 PROPERTIES
-                     ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE};MOEX_VK_COOP_BK=32;MOEX_VK_COOP_NBUF=2")
+                     ENVIRONMENT "${MOEX_VK_TEST_ENV};MOEX_VK_COOP_BK=32;MOEX_VK_COOP_NBUF=2")

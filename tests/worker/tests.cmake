@@ -37,7 +37,7 @@ add_test(NAME worker_session
           $<TARGET_FILE:worker_ref> $<TARGET_FILE:moex-hub> ${moex_worker_fixture} ${moex_worker_fixture2}
           ${CMAKE_BINARY_DIR}/worker-session-work ${moex_worker_session_vk})
 set_tests_properties(worker_session PROPERTIES FIXTURES_REQUIRED worker_model TIMEOUT 180 LABELS worker RUN_SERIAL TRUE
-  ENVIRONMENT "MOEX_LOG=info;MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+  ENVIRONMENT "MOEX_LOG=info;${MOEX_VK_TEST_ENV}")
 
 if(MOEX_VULKAN)
   set(moex_worker_vk_dir ${CMAKE_BINARY_DIR}/worker-vk-fixtures)
@@ -54,5 +54,5 @@ if(MOEX_VULKAN)
   moex_c_test(test_worker_vk SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker_vk.c LIBS moex_worker
     ARGS ${moex_worker_vk_models} TIMEOUT 120)
   set_tests_properties(test_worker_vk PROPERTIES FIXTURES_REQUIRED worker_vk_models SKIP_RETURN_CODE 77
-    LABELS "worker;vulkan" ENVIRONMENT "MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
+    LABELS "worker;vulkan" ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 endif()
