@@ -23,3 +23,9 @@ add_test(NAME gen_prng
          COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_gen_prng.py $<TARGET_FILE:moex-gguf>
                  ${moex_vocab}/ggml-vocab-llama-spm.gguf ${CMAKE_BINARY_DIR}/tests/gen_prng)
 set_tests_properties(gen_prng PROPERTIES TIMEOUT 60 LABELS "tools;gen")
+# `quantize`: types per llama.cpp's rule, values within each type's error
+# (read back by tests/ref's NumPy decoders), metadata copied, bad usage.
+add_test(NAME gguf_quantize
+         COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_quantize.py $<TARGET_FILE:moex-gguf>
+                 ${moex_vocab}/ggml-vocab-llama-spm.gguf ${CMAKE_BINARY_DIR}/tests/gguf_quantize)
+set_tests_properties(gguf_quantize PROPERTIES TIMEOUT 300 LABELS "tools;quantize")
