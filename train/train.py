@@ -15,7 +15,8 @@ tokens is kept back for validation; the weights with the best validation loss
 are the ones saved. The held-out 5 % of documents (train/data/heldout.bin) is
 scored only at the end, the llama.cpp way (second half of each window).
 
-Writes to --out: weights-NN.pt (float16 shards of at most 15 MB, for
+Writes to --out: weights-NN.pt (float16 shards of at most 15 MB, a bigger
+tensor alone in its shard; for
 train/export_gguf.py), run.json (model and training config, corpus split,
 results), log.csv and loss.svg (the loss curve).
 """
@@ -45,8 +46,8 @@ PRESETS = {
     # The model that ships: ~19 M parameters (8.2 M of them the tied embedding), ~20 MB in Q8_0.
     "full": dict(model=dict(n_layer=6, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=32,
                             n_expert_used=4, n_ff_exp=64, n_ctx=512),
-                 train=dict(batch=32, lr=3e-3, warmup=200, dropout=0.1, weight_decay=0.1, aux_coef=0.01,
-                            time_budget=330, max_steps=100000, eval_every=200, eval_windows=64,
+                 train=dict(batch=32, lr=3e-3, warmup=200, dropout=0.2, weight_decay=0.1, aux_coef=0.01,
+                            time_budget=330, max_steps=3000, eval_every=200, eval_windows=64,
                             dense_experts=True)),
     # A stand-in for CPUs: the same architecture, fewer layers and experts.
     "tiny": dict(model=dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=8,
@@ -159,7 +160,7 @@ def parse_args(argv):
     ap.add_argument("--data", default=os.path.join(HERE, "data"))
     ap.add_argument("--device", default="auto", help="auto (cuda when present), cuda or cpu")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: 1 on CPU, torch's default on CUDA)")
     for k in PRESETS["full"]["train"]:
         if k != "dense_experts":
             ap.add_argument("--" + k.replace("_", "-"), type=type(PRESETS["full"]["train"][k]), default=None)
@@ -180,7 +181,7 @@ def main(argv):
                           ("cpu" if a.device == "auto" else a.device))
     if device.type == "cpu":
         use_openblas()
-        torch.set_num_threads(a.threads or os.cpu_count())
+        torch.set_num_threads(a.threads or 1)   # OpenBLAS threads the products; more torch threads contend with it
     elif a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
