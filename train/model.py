@@ -124,7 +124,8 @@ class MoE(nn.Module):
 
     def route(self, h):
         """h: (N, d) -> router logits (N, E) in float32, ids (N, k), weights (N, k)."""
-        logits = F.linear(h.float(), self.router.weight.float())
+        with torch.autocast(h.device.type, enabled=False):   # the router in float32, as inference runs it
+            logits = F.linear(h.float(), self.router.weight.float())
         probs = logits.softmax(-1)
         w, ids = probs.topk(self.c.n_expert_used, dim=-1)
         return logits, ids, w / w.sum(-1, keepdim=True)
