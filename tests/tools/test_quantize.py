@@ -140,8 +140,8 @@ def main(argv):
     os.makedirs(work, exist_ok=True)
     models = [  # (name, gen flags, layers, experts, tied)
         ("moe8", ["--layers", "2"], 2, 8, False),
-        ("moe16_tied", ["--layers", "8", "--experts", "16", "--experts-used", "2", "--expert-ff", "64", "--tied"],
-         8, 16, True),
+        ("moe16_tied", ["--layers", "4", "--experts", "16", "--experts-used", "2", "--expert-ff", "64", "--tied"],
+         4, 16, True),
     ]
     for name, flags, n_layer, n_expert, tied in models:
         src = os.path.join(work, f"{name}-f32.gguf")
