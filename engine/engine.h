@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/common.h"
 #include "kernels/kernels.h"
@@ -131,5 +132,56 @@ moex_engine moex_engine_cpu(moex_state *s);
 
 int moex_generate(const moex_model *m, const moex_engine *eng, moex_sampler *smp, const int32_t *prompt,
                   int64_t n_prompt, const moex_gen_params *gp, moex_gen_stats *stats, moex_error *err);
+
+/* ---- perplexity (engine/perplexity.c): llama.cpp's definition ---- */
+
+typedef struct moex_ppl_params {
+    int64_t n_ctx;        /* window length; the second half of each window is scored */
+    int64_t n_chunks;     /* windows to score; <= 0: every whole window of the text */
+    int32_t bos;          /* replaces the first token of each window; < 0 keeps it */
+    /* Optional: the argmax id at every scored position, n_chunks x
+     * moex_perplexity_scored_per_chunk(n_ctx), for teacher-forced comparisons. */
+    int32_t *top1;
+    /* Called after each window with the running PPL; nonzero stops. */
+    int (*on_chunk)(void *ctx, int64_t chunk, double ppl_so_far);
+    void *cb_ctx;
+} moex_ppl_params;
+
+typedef struct moex_ppl_result {
+    int64_t n_chunks, n_scored;
+    double nll;           /* mean negative log-likelihood (nats) */
+    double ppl, ppl_err;  /* exp(nll) and llama.cpp's +/- (standard error of the NLL times PPL) */
+} moex_ppl_result;
+
+/* Scores tokens[0..n_tokens) in windows of p->n_ctx (positions 0.. each) on
+ * eng; needs n_tokens >= 2 n_ctx, as llama.cpp does. */
+int moex_perplexity(const moex_engine *eng, int64_t n_vocab, const int32_t *tokens, int64_t n_tokens,
+                    const moex_ppl_params *p, moex_ppl_result *r, moex_error *err);
+/* Scored positions per window: n_ctx/2 .. n_ctx-2. */
+int64_t moex_perplexity_scored_per_chunk(int64_t n_ctx);
+
+typedef struct moex_ppl_file_params {
+    const char *path;       /* UTF-8 text, tokenized by the model's tokenizer (BOS first, no special tokens) */
+    int64_t n_ctx, n_chunks;
+    const char *top1_path;  /* optional: one line of top-1 ids per window */
+} moex_ppl_file_params;
+
+/* moex-hub --perplexity: reads, tokenizes and scores a text file, printing
+ * llama.cpp's running estimate "[1]x,[2]y,..." and "Final estimate: PPL = ...". */
+int moex_perplexity_file(const moex_model *m, const moex_engine *eng, const moex_ppl_file_params *fp, FILE *out,
+                         moex_error *err);
+
+/* ---- routing traces (engine/route_trace.c) ---- */
+
+/* An executor that records the experts chosen for every token and layer and
+ * passes each request on to `inner`. NULL for a dense model or out of memory. */
+typedef struct moex_route_recorder moex_route_recorder;
+moex_route_recorder *moex_route_recorder_create(moex_expert_executor inner, const moex_hparams *hp);
+void moex_route_recorder_free(moex_route_recorder *r);
+moex_expert_executor moex_route_recorder_iface(moex_route_recorder *r);
+int64_t moex_route_recorder_tokens(const moex_route_recorder *r);
+/* Text: a header line "layers L experts E k K tokens T", then per token L
+ * groups of K ids separated by " | " (moex-sim token --route-trace reads it). */
+int moex_route_recorder_write(const moex_route_recorder *r, const char *path, moex_error *err);
 
 #endif

@@ -17,6 +17,8 @@
 
 typedef struct options {
     const char *model, *prompt, *prompt_tokens, *dump_logits;
+    const char *perplexity, *ppl_top1, *routing_trace;  /* --perplexity FILE and its companions */
+    int64_t ppl_chunks;
     int64_t n_predict, n_ctx, n_batch;
     int threads;
     bool local, print_tokens, ignore_eos, parse_special;
@@ -53,6 +55,11 @@ static void usage(FILE *f) {
             "  --ignore-eos            keep generating past end-of-generation tokens\n"
             "  --print-tokens          print generated token ids instead of text\n"
             "  --dump-logits FILE      write float32 logits [positions][vocab] of every evaluated position\n"
+            "  --perplexity FILE       score FILE instead of generating: windows of --ctx tokens (default 512),\n"
+            "                          the second half of each scored, as llama.cpp's perplexity does\n"
+            "  --ppl-chunks N          score only the first N windows   --ppl-top1 FILE  write each window's\n"
+            "                          top-1 ids at the scored positions (one line per window)\n"
+            "  --routing-trace FILE    write the experts chosen for every evaluated token and layer (CPU backend)\n"
             "  --wire-dtype T          expert inputs/outputs as f16 (default), bf16, int8, f32, or exact (--local only);\n"
             "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"
             "  --local                 run the whole model in this process\n"
@@ -150,6 +157,18 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--prompt-tokens")) {
             NEED_VALUE();
             o->prompt_tokens = v;
+        } else if (!strcmp(a, "--perplexity")) {
+            NEED_VALUE();
+            o->perplexity = v;
+        } else if (!strcmp(a, "--ppl-top1")) {
+            NEED_VALUE();
+            o->ppl_top1 = v;
+        } else if (!strcmp(a, "--ppl-chunks")) {
+            NEED_VALUE();
+            if (parse_i64(a, v, 1, 1 << 24, &o->ppl_chunks)) return -1;
+        } else if (!strcmp(a, "--routing-trace")) {
+            NEED_VALUE();
+            o->routing_trace = v;
         } else if (!strcmp(a, "--dump-logits")) {
             NEED_VALUE();
             o->dump_logits = v;
@@ -265,8 +284,16 @@ static int parse_args(int argc, char **argv, options *o) {
         fprintf(stderr, "moex-hub: give only one of -p TEXT or --prompt-tokens A,B,C\n");
         return -1;
     }
-    if (o->local && !o->prompt && !o->prompt_tokens) {
-        fprintf(stderr, "moex-hub: --local needs a prompt: -p TEXT or --prompt-tokens A,B,C\n");
+    if (o->perplexity && (o->prompt || o->prompt_tokens)) {
+        fprintf(stderr, "moex-hub: --perplexity scores a file; give it without -p or --prompt-tokens\n");
+        return -1;
+    }
+    if (o->routing_trace && o->vulkan) {
+        fprintf(stderr, "moex-hub: --routing-trace records on the CPU backend; drop --backend vulkan\n");
+        return -1;
+    }
+    if (o->local && !o->prompt && !o->prompt_tokens && !o->perplexity) {
+        fprintf(stderr, "moex-hub: --local needs a prompt: -p TEXT or --prompt-tokens A,B,C (or --perplexity FILE)\n");
         return -1;
     }
     if (!o->local && o->wire_dtype == MOEX_WIRE_EXACT) {
@@ -390,6 +417,20 @@ static int on_logits(void *ctx, const float *logits, int64_t n_rows) {
     return fwrite(logits, sizeof(float), n, oc->logits) == n ? 0 : -1;
 }
 
+/* --perplexity FILE: scores the file on the engine (engine/perplexity.c), then writes the routing trace. */
+static int run_perplexity(const options *o, const moex_model *m, const moex_engine *eng, int64_t n_ctx,
+                          const moex_route_recorder *routes) {
+    moex_error err = {0};
+    moex_ppl_file_params fp = {.path = o->perplexity, .n_ctx = n_ctx, .n_chunks = o->ppl_chunks,
+                               .top1_path = o->ppl_top1};
+    if (moex_perplexity_file(m, eng, &fp, stdout, &err) ||
+        (routes && moex_route_recorder_write(routes, o->routing_trace, &err))) {
+        fprintf(stderr, "\nmoex-hub: perplexity: %s\n", err.msg);
+        return 1;
+    }
+    return interrupted ? 130 : 0;
+}
+
 static int run(const options *o) {
     moex_error err = {0};
     double t0 = moex_time_s();
@@ -409,6 +450,7 @@ static int run(const options *o) {
     moex_local_executor *le = NULL;
     moex_hub *hub = NULL;
     moex_state *s = NULL;
+    moex_route_recorder *routes = NULL;
 #if MOEX_HAVE_VULKAN
     vk_engine vk = {.m = m};
 #endif
@@ -423,7 +465,7 @@ static int run(const options *o) {
         fprintf(stderr, "moex-hub: %s\n", err.msg);
         goto done;
     }
-    if (hub && !o->prompt && !o->prompt_tokens) {
+    if (hub && !o->prompt && !o->prompt_tokens && !o->perplexity) {
         moex_log(MOEX_LOG_INFO, "serving workers on port %d; Ctrl-C stops", moex_hub_port(hub));
         while (!interrupted) {
             struct timespec ts = {0, 200 * 1000 * 1000};
@@ -432,13 +474,13 @@ static int run(const options *o) {
         rc = 0;
         goto done;
     }
-    int64_t n_prompt = tokenize_prompt(m, o, &prompt);
+    int64_t n_prompt = o->perplexity ? 0 : tokenize_prompt(m, o, &prompt);
     if (n_prompt < 0) goto done;
-    if (n_prompt == 0) {
+    if (n_prompt == 0 && !o->perplexity) {
         fprintf(stderr, "moex-hub: the prompt has no tokens\n");
         goto done;
     }
-    int64_t n_ctx = o->n_ctx ? o->n_ctx : n_prompt + o->n_predict;
+    int64_t n_ctx = o->n_ctx ? o->n_ctx : o->perplexity ? 512 : n_prompt + o->n_predict;
     if (!(le = moex_local_executor_create(m, pool, o->wire_dtype)) || !(smp = moex_sampler_create(&o->sp, m->hp.n_vocab))) {
         fprintf(stderr, "moex-hub: out of memory\n");
         goto done;
@@ -459,11 +501,22 @@ static int run(const options *o) {
 #endif
     } else {
         moex_expert_executor exec = hub ? moex_hub_executor(hub) : moex_local_executor_iface(le);
+        if (o->routing_trace) {
+            if (!(routes = moex_route_recorder_create(exec, &m->hp))) {
+                fprintf(stderr, "moex-hub: --routing-trace needs a MoE model (or memory)\n");
+                goto done;
+            }
+            exec = moex_route_recorder_iface(routes);
+        }
         if (!(s = moex_state_create(m, n_ctx, o->n_batch, pool, exec, &err))) {
             fprintf(stderr, "moex-hub: %s\n", err.msg);
             goto done;
         }
         eng = moex_engine_cpu(s);
+    }
+    if (o->perplexity) {
+        rc = run_perplexity(o, m, &eng, n_ctx, routes);
+        goto done;
     }
     if (o->dump_logits && !(oc.logits = fopen(o->dump_logits, "wb"))) {
         fprintf(stderr, "moex-hub: cannot write %s: %s\n", o->dump_logits, strerror(errno));
@@ -479,6 +532,10 @@ static int run(const options *o) {
     }
     printf("\n");
     fflush(stdout);
+    if (routes && moex_route_recorder_write(routes, o->routing_trace, &err)) {
+        fprintf(stderr, "moex-hub: %s\n", err.msg);
+        goto done;
+    }
     fprintf(stderr, "moex-hub: load %.2f s | prompt %lld tokens %.1f tok/s | decode %lld tokens %.1f tok/s | threads %d | %s%s\n",
             load_s, (long long)st.n_prompt, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0,
             (long long)st.n_generated, st.decode_s > 0 ? st.n_decode_evals / st.decode_s : 0.0, moex_pool_size(pool),
@@ -499,6 +556,7 @@ done:
     moex_vk_state_free(vk.vs);
 #endif
     moex_local_executor_free(le);
+    moex_route_recorder_free(routes);
     moex_pool_destroy(pool);
     free(prompt);
     moex_model_free(m);

@@ -79,6 +79,10 @@ int moex_token_config_check(const moex_token_config *c, moex_error *err) {
             if (c->placement[i] < 0 || c->placement[i] >= c->workers)
                 return moex_fail(err, "placement entry %zu names worker %d, but there are %d workers", i, c->placement[i], c->workers);
     }
+    if (c->routes && c->route_tokens < 1) return moex_fail(err, "the routing trace is empty");
+    for (size_t i = 0; c->routes && i < (size_t)c->route_tokens * c->layers * c->k; i++)
+        if (c->routes[i] < 0 || c->routes[i] >= c->experts)
+            return moex_fail(err, "routing trace entry %zu names expert %d, but there are %d", i, c->routes[i], c->experts);
     if (c->tokens < 1) return moex_fail(err, "tokens must be >= 1 (got %d)", c->tokens);
     return 0;
 }
@@ -313,6 +317,12 @@ static void adapt_h(sim *s) {
 
 static void pick_experts(sim *s) {
     int E = s->c->experts;
+    if (s->c->routes) { /* replay the measured choice of this token and layer */
+        const moex_token_config *c = s->c;
+        const int *ids = c->routes + ((size_t)(s->r->tokens_done % c->route_tokens) * c->layers + s->layer) * c->k;
+        memcpy(s->expert_perm, ids, (size_t)c->k * sizeof *ids);
+        return;
+    }
     for (int i = 0; i < s->c->k; i++) {
         int j = i + (int)moex_rng_below(&s->rng, (uint32_t)(E - i));
         int t = s->expert_perm[i];

@@ -2,6 +2,8 @@
 #ifndef MOEX_SIM_MAIN_H
 #define MOEX_SIM_MAIN_H
 
+#include <stdbool.h>
+
 #include "sim/sim.h"
 
 #define MOEX_SIM_MAX_LIST 64
@@ -32,6 +34,16 @@ int args_format(args *a, int *format, moex_error *err);
 int sim_cmd_hedging(int argc, char **argv);
 int sim_cmd_token(int argc, char **argv);
 int sim_cmd_placement(int argc, char **argv);
+
+/* A measured routing trace (main_routes.c): ids [tokens][layers][k]. */
+typedef struct sim_routes {
+    int layers, experts, k, tokens;
+    int *ids;
+} sim_routes;
+int sim_read_routes(const char *path, sim_routes *r, moex_error *err);
+void sim_routes_free(sim_routes *r);
+/* Replica table [layers][experts][replicas] balancing the trace's loads per layer. */
+int sim_place_by_load(const sim_routes *r, int workers, int replicas, int **table, moex_error *err);
 
 /* Prints "moex-sim <cmd>: msg" and a usage hint; returns exit status 2. */
 int sim_usage_error(const char *cmd, const moex_error *err);

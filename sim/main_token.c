@@ -32,6 +32,9 @@ static const char *HELP =
     "  --select P          random (default) or fastest replicas first\n"
     "  --ring              place experts with the consistent-hash ring (placement module)\n"
     "                      instead of r distinct random workers per expert\n"
+    "  --route-trace FILE  replay measured routing (moex-hub --routing-trace) instead of k uniform\n"
+    "                      experts per layer; sets --layers, --experts and --k from the trace\n"
+    "  --place-by-load     with --route-trace: spread replicas by the trace's expert loads\n"
     "  --tokens N (200)    --seed X (1)    --format table|csv    --svg FILE\n"
     "  --table3            the paper's Table 3 grid: RTT 0.5,2,10,50 x h 1,2,3 (R=3)\n"
     "eq12_ms = L * (hub + rtt + E[max_k min_h FFN]) from eq. 18; exact without queueing,\n"
@@ -43,7 +46,9 @@ typedef struct token_opts {
     int n_h;
     double rtt[MOEX_SIM_MAX_LIST];
     int n_rtt;
-    int format, table3, h_max_set, replicas_set, ring;
+    int format, table3, h_max_set, replicas_set, ring, place_by_load;
+    const char *routes_path;
+    sim_routes routes;
     int *placement;
     const char *svg, *trace_path;
     double *trace, *speed;
@@ -180,6 +185,8 @@ static int parse_flag(args *a, const char *f, token_opts *o, int *help, moex_err
     else if (!strcmp(f, "svg")) return args_value(a, f, &o->svg, err);
     else if (!strcmp(f, "table3")) o->table3 = 1;
     else if (!strcmp(f, "ring")) o->ring = 1;
+    else if (!strcmp(f, "route-trace")) return args_value(a, f, &o->routes_path, err);
+    else if (!strcmp(f, "place-by-load")) o->place_by_load = 1;
     else return moex_fail(err, "unknown flag --%s", f);
     return 0;
 }
@@ -232,6 +239,17 @@ static int parse(int argc, char **argv, token_opts *o, int *help, moex_error *er
     if (o->trace_path && read_trace(o->trace_path, &o->trace, &o->c.trace_len, err)) return -1;
     o->c.trace = o->trace;
     if (apply_speed(o, err)) return -1;
+    if (o->place_by_load && (!o->routes_path || o->ring))
+        return moex_fail(err, "--place-by-load needs --route-trace (and replaces --ring)");
+    if (o->routes_path) {
+        if (sim_read_routes(o->routes_path, &o->routes, err)) return -1;
+        o->c.layers = o->routes.layers, o->c.experts = o->routes.experts, o->c.k = o->routes.k;
+        o->c.routes = o->routes.ids, o->c.route_tokens = o->routes.tokens;
+        if (o->place_by_load) {
+            if (sim_place_by_load(&o->routes, o->c.workers, o->c.replicas, &o->placement, err)) return -1;
+            o->c.placement = o->placement;
+        }
+    }
     return o->ring ? ring_placement(o, err) : 0;
 }
 
@@ -279,11 +297,12 @@ static void print_rows(const token_opts *o, const token_row *rows, int n) {
         return;
     }
     printf("L=%d E=%d k=%d W=%d R=%d hub=%g ms FFN=%s%g ms sigma %g, queueing %s, select %s, timeout %g ms, "
-           "tokens=%d seed=%llu%s\n",
+           "tokens=%d seed=%llu%s%s%s\n",
            c->layers, c->experts, c->k, c->workers, c->replicas, c->hub_ms, c->trace ? "trace x" : "", 
            c->trace ? 1.0 : c->ffn_median, c->ffn_sigma, c->queueing ? "on" : "off",
            c->select == MOEX_SELECT_FASTEST ? "fastest" : "random", c->timeout_ms, c->tokens,
-           (unsigned long long)c->seed, c->adaptive ? ", adaptive h" : "");
+           (unsigned long long)c->seed, c->adaptive ? ", adaptive h" : "", c->routes ? ", routing from trace" : "",
+           o->place_by_load ? ", placed by load" : "");
     printf("%-12s %7s %3s %10s %10s %10s %8s %10s %6s %8s %8s %6s %6s\n", "scenario", "rtt_ms", "h", "mean_ms",
            "p50_ms", "p99_ms", "tok/s", "eq12_ms", "mean_h", "wait_ms", "cancel", "tmout", "lost");
     for (int i = 0; i < n; i++) {
@@ -358,5 +377,6 @@ int sim_cmd_token(int argc, char **argv) {
     free(o.trace);
     free(o.speed);
     free(o.placement);
+    sim_routes_free(&o.routes);
     return rc;
 }

@@ -102,6 +102,11 @@ typedef struct moex_token_config {
     /* Optional replica table [layers][experts][replicas] of worker ids; NULL
      * draws a random placement (r distinct workers per expert) from the seed. */
     const int *placement;
+    /* Optional measured routing [route_tokens][layers][k] (moex-hub
+     * --routing-trace): token t replays row t % route_tokens instead of k
+     * experts drawn uniformly. */
+    const int *routes;
+    int route_tokens;
     int tokens;
     uint64_t seed;
 } moex_token_config;

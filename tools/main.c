@@ -12,7 +12,9 @@ static void usage(FILE *f) {
             "  tokenize VOCAB.gguf [TEXT]     token ids of TEXT (stdin when absent); --special parses special tokens\n"
             "  detokenize VOCAB.gguf [IDS]    text of space/comma-separated ids (stdin when absent)\n"
             "  gen --arch A --preset P --vocab VOCAB.gguf --type T --seed S -o OUT.gguf\n"
-            "                                 write a random-weight model (see gen --help)\n");
+            "                                 write a random-weight model (see gen --help)\n"
+            "  quantize IN.gguf OUT.gguf --type T\n"
+            "                                 rewrite a model's weights in type T or the q4_K_M mix\n");
 }
 
 int main(int argc, char **argv) {
@@ -25,6 +27,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return moex_tool_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return moex_tool_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return moex_tool_gen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return moex_tool_quantize(argc - 1, argv + 1);
     fprintf(stderr, "moex-gguf: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

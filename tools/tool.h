@@ -7,5 +7,6 @@ int moex_tool_info(int argc, char **argv);
 int moex_tool_tokenize(int argc, char **argv);
 int moex_tool_detokenize(int argc, char **argv);
 int moex_tool_gen(int argc, char **argv);
+int moex_tool_quantize(int argc, char **argv);
 
 #endif

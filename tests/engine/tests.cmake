@@ -110,3 +110,28 @@ if(MOEX_VULKAN)
   set_tests_properties(test_vk_dist PROPERTIES FIXTURES_REQUIRED distvk_models SKIP_RETURN_CODE 77
                        LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 endif()
+
+# The default model (train/model/brown-moe-q8_0.gguf, trained on the Brown
+# Corpus by train/) on held-out text (train/brown-heldout.txt): perplexity of
+# moex --local against llama.cpp's perplexity on the same GGUF, Q8_0 as shipped
+# and Q4_K_M quantized from it (within 1 %, top-1 ids >= 98 %); Vulkan and hub
+# + 2 workers against --local (within 1 %). Windows of 128 tokens, 12 of them.
+set(moex_default_model ${CMAKE_SOURCE_DIR}/train/model/brown-moe-q8_0.gguf)
+set(moex_heldout ${CMAKE_SOURCE_DIR}/train/brown-heldout.txt)
+foreach(case peer:q8_0 peer:q4_K_M vulkan:q8_0 dist:q8_0)
+  string(REPLACE ":" ";" parts ${case})
+  list(GET parts 0 mode)
+  list(GET parts 1 wtype)
+  if(mode STREQUAL "vulkan" AND NOT MOEX_VULKAN)
+    continue()
+  endif()
+  add_test(NAME ppl_${mode}_${wtype}
+           COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_perplexity.py --bin ${CMAKE_BINARY_DIR}/bin
+                   --model ${moex_default_model} --text ${moex_heldout} --mode ${mode} --type ${wtype}
+                   --peer ${CMAKE_SOURCE_DIR}/.peer/bin/llama_peer
+                   --workdir ${CMAKE_CURRENT_BINARY_DIR}/ppl/${mode}_${wtype})
+  set_tests_properties(ppl_${mode}_${wtype} PROPERTIES TIMEOUT 300 LABELS "ppl" SKIP_RETURN_CODE 77)
+  if(mode STREQUAL "peer")
+    set_tests_properties(ppl_${mode}_${wtype} PROPERTIES LABELS "ppl;peer" RESOURCE_LOCK moex_peer DEPENDS peer_setup)
+  endif()
+endforeach()

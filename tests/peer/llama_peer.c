@@ -13,8 +13,16 @@
  *       llama-bench's pp/tg tests: prompt tok/s for one batch of -p tokens,
  *       decode tok/s for -n single tokens from an empty context; CPU only,
  *       one warm-up, median of -r repetitions. Prints "key value" lines.
+ *   llama_peer perplexity MODEL TEXT --ctx N [--chunks C] [--top1 OUT] [--threads T]
+ *       llama.cpp's perplexity (tools/perplexity, its default mode): TEXT
+ *       tokenized by llama.cpp (BOS first when the vocab adds it), windows of
+ *       N tokens from position 0 with the first token replaced by BOS, the
+ *       second half scored. Prints the running estimate "[1]x,[2]y,..." and
+ *       "Final estimate: PPL = P +/- E"; --top1 writes each window's argmax
+ *       ids at the scored positions, one line per window. KV cache in f32.
  *   llama_peer info MODEL      loads the model and prints what llama.cpp sees. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +30,7 @@
 
 #include "ggml-backend.h"
 #include "llama.h"
-#include "../bench_util.h"
+#include "../../bench/bench_util.h"
 
 #ifndef PEER_BACKEND_DIR
 #define PEER_BACKEND_DIR "."
@@ -159,6 +167,100 @@ static int cmd_logits(struct llama_model *m, const char *csv, int n_gen, const c
     return rc ? 1 : 0;
 }
 
+static char *read_text(const char *path, int *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "llama_peer: cannot open %s\n", path);
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (!buf) {
+        fprintf(stderr, "llama_peer: cannot read %s\n", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = (int)n;
+    return buf;
+}
+
+/* log p(tok), as perplexity.cpp's log_softmax computes it. */
+static double log_softmax_at(const float *logits, int n_vocab, int tok) {
+    float max = logits[0];
+    for (int i = 1; i < n_vocab; i++) max = logits[i] > max ? logits[i] : max;
+    double sum = 0.0;
+    for (int i = 0; i < n_vocab; i++) sum += expf(logits[i] - max);
+    return (double)(logits[tok] - max) - log(sum);
+}
+
+static int cmd_perplexity(struct llama_model *m, const char *path, int n_ctx, int n_chunks, const char *top1_path,
+                          int threads) {
+    const struct llama_vocab *vocab = llama_model_get_vocab(m);
+    int len;
+    char *text = read_text(path, &len);
+    if (!text) return 1;
+    llama_token *toks = malloc(((size_t)len + 8) * sizeof *toks);
+    int n = toks ? llama_tokenize(vocab, text, len, toks, len + 8, true, false) : -1;
+    free(text);
+    if (n < 2 * n_ctx) {
+        fprintf(stderr, "llama_peer: %d tokens; a context of %d needs at least %d\n", n, n_ctx, 2 * n_ctx);
+        free(toks);
+        return 1;
+    }
+    int max_chunks = n / n_ctx;
+    if (n_chunks <= 0 || n_chunks > max_chunks) n_chunks = max_chunks;
+    const int n_vocab = llama_vocab_n_tokens(vocab), first = n_ctx / 2, add_bos = llama_vocab_get_add_bos(vocab);
+    struct llama_context *ctx = new_context(m, n_ctx, n_ctx, threads, 1);
+    FILE *top1 = top1_path ? fopen(top1_path, "w") : NULL;
+    int rc = !ctx || (top1_path && !top1);
+    struct llama_batch b = llama_batch_init(n_ctx, 0, 1);
+    double nll = 0, nll2 = 0;
+    long count = 0;
+    printf("perplexity: %d tokens, windows of %d, scoring the second half of each\n", n, n_ctx);
+    for (int c = 0; !rc && c < n_chunks; c++) {
+        llama_memory_clear(llama_get_memory(ctx), 1);
+        for (int k = 0; k < n_ctx; k++) {
+            b.token[k] = k == 0 && add_bos ? llama_vocab_bos(vocab) : toks[c * n_ctx + k];
+            b.pos[k] = k;
+            b.n_seq_id[k] = 1;
+            b.seq_id[k][0] = 0;
+            b.logits[k] = (int8_t)(k >= first);
+        }
+        b.n_tokens = n_ctx;
+        if (llama_decode(ctx, b)) {
+            fprintf(stderr, "llama_peer: llama_decode failed\n");
+            rc = 1;
+            break;
+        }
+        for (int k = first; k < n_ctx - 1; k++) {
+            const float *row = llama_get_logits_ith(ctx, k);
+            double v = -log_softmax_at(row, n_vocab, toks[c * n_ctx + k + 1]);
+            nll += v;
+            nll2 += v * v;
+            count++;
+            if (top1) fprintf(top1, k + 2 < n_ctx ? "%d " : "%d\n", argmax(row, n_vocab));
+        }
+        printf("[%d]%.4f,", c + 1, exp(nll / count));
+        fflush(stdout);
+    }
+    if (!rc) {
+        double mean = nll / count, var = nll2 / count - mean * mean, ppl = exp(mean);
+        printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl, var > 0 ? sqrt(var / (count - 1)) * ppl : 0.0);
+    }
+    if (top1 && fclose(top1)) rc = 1;
+    llama_batch_free(b);
+    if (ctx) llama_free(ctx);
+    free(toks);
+    return rc;
+}
+
 static int cmd_bench(struct llama_model *m, int threads, int n_p, int n_g, int reps) {
     int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
     int n_batch = n_p > 1 ? n_p : 1;
@@ -221,6 +323,7 @@ static int cmd_info(struct llama_model *m) {
 static void usage(void) {
     fprintf(stderr, "usage: llama_peer logits MODEL TOKENS_CSV N_GEN OUT.f32 [--threads T]\n"
                     "       llama_peer bench MODEL [--threads T] [-p 512] [-n 128] [-r 3]\n"
+                    "       llama_peer perplexity MODEL TEXT --ctx N [--chunks C] [--top1 OUT] [--threads T]\n"
                     "       llama_peer info MODEL\n");
 }
 
@@ -230,8 +333,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *mode = argv[1], *model = argv[2];
-    int threads = 2, n_p = 512, n_g = 128, reps = 3, n_pos = 0;
-    const char *pos[3] = {0};
+    int threads = 2, n_p = 512, n_g = 128, reps = 3, n_pos = 0, n_ctx = 512, n_chunks = 0;
+    const char *pos[3] = {0}, *top1 = NULL;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -239,13 +342,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-p") && has) n_p = atoi(argv[++i]);
         else if (!strcmp(a, "-n") && has) n_g = atoi(argv[++i]);
         else if (!strcmp(a, "-r") && has) reps = atoi(argv[++i]);
+        else if (!strcmp(a, "--ctx") && has) n_ctx = atoi(argv[++i]);
+        else if (!strcmp(a, "--chunks") && has) n_chunks = atoi(argv[++i]);
+        else if (!strcmp(a, "--top1") && has) top1 = argv[++i];
         else if (n_pos < 3) pos[n_pos++] = a;
         else {
             usage();
             return 2;
         }
     }
-    if (threads < 1 || reps < 1 || n_p < 0 || n_g < 0) {
+    if (threads < 1 || reps < 1 || n_p < 0 || n_g < 0 || n_ctx < 4) {
         usage();
         return 2;
     }
@@ -261,6 +367,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "logits") && n_pos == 3) rc = cmd_logits(m, pos[0], atoi(pos[1]), pos[2], threads);
     else if (!strcmp(mode, "bench") && n_pos == 0) rc = cmd_bench(m, threads, n_p, n_g, reps);
     else if (!strcmp(mode, "info") && n_pos == 0) rc = cmd_info(m);
+    else if (!strcmp(mode, "perplexity") && n_pos == 1) rc = cmd_perplexity(m, pos[0], n_ctx, n_chunks, top1, threads);
     else {
         usage();
         rc = 2;

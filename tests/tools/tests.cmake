@@ -23,3 +23,14 @@ add_test(NAME gen_prng
          COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_gen_prng.py $<TARGET_FILE:moex-gguf>
                  ${moex_vocab}/ggml-vocab-llama-spm.gguf ${CMAKE_BINARY_DIR}/tests/gen_prng)
 set_tests_properties(gen_prng PROPERTIES TIMEOUT 60 LABELS "tools;gen")
+# `quantize`: types per llama.cpp's rule, values within each type's error
+# (read back by tests/ref's NumPy decoders), metadata copied, bad usage.
+add_test(NAME gguf_quantize
+         COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_quantize.py $<TARGET_FILE:moex-gguf>
+                 ${moex_vocab}/ggml-vocab-llama-spm.gguf ${CMAKE_BINARY_DIR}/tests/gguf_quantize)
+set_tests_properties(gguf_quantize PROPERTIES TIMEOUT 300 LABELS "tools;quantize")
+# train/: two training steps, the GGUF export checked against PyTorch's logits,
+# quantized and run (skipped without PyTorch).
+add_test(NAME train_export COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_train_export.sh ${CMAKE_SOURCE_DIR}
+         ${CMAKE_BINARY_DIR}/bin ${CMAKE_BINARY_DIR}/tests/train_export)
+set_tests_properties(train_export PROPERTIES TIMEOUT 300 LABELS "tools;train" SKIP_RETURN_CODE 77)
