@@ -208,12 +208,9 @@ static int convert_tensor(const moex_gguf_tensor *t, moex_type to, uint8_t *buf,
     }
     const size_t in_rb = moex_row_bytes(t->type, cols), out_rb = moex_row_bytes(to, cols);
     for (int64_t r = 0; r < rows; r++) {
-        if (moex_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * in_rb, row, cols))
-            return moex_fail(err, "%.*s: cannot read type %s", (int)t->name.len, t->name.data,
-                             moex_type_get(t->type)->name);
-        if (moex_quantize_row(to, row, buf + (size_t)r * out_rb, cols))
-            return moex_fail(err, "%.*s: cannot write type %s", (int)t->name.len, t->name.data,
-                             moex_type_get(to)->name);
+        if (moex_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * in_rb, row, cols, err) ||
+            moex_quantize_row(to, row, buf + (size_t)r * out_rb, cols, err))
+            return moex_error_prefix(err, "%.*s row %lld", (int)t->name.len, t->name.data, (long long)r);
     }
     return 0;
 }
