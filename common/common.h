@@ -1,6 +1,6 @@
 /* The common module: what hub, worker and tools share — errors and logging,
  * the thread pool, tensor types and block layouts, GGUF files, model
- * architectures, the tokenizer and the sampler. */
+ * architectures, the tokenizer, the sampler and chat templates. */
 #ifndef MOEX_COMMON_H
 #define MOEX_COMMON_H
 
@@ -11,5 +11,6 @@
 #include "common/arch.h"
 #include "common/tokenizer.h"
 #include "common/sampler.h"
+#include "common/chat.h"
 
 #endif
