@@ -35,3 +35,13 @@ if(MOEX_VULKAN)
     SKIP_RETURN_CODE 77 ENVIRONMENT "MOEX_LOG=warn;MOEX_VK_CACHE=${MOEX_VK_TEST_CACHE}")
   file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/distvk-work)
 endif()
+
+# moex-hub serve through the official openai npm client (tests/hub/api/setup.sh
+# installs it, and chromium): --local and with workers, concurrency, bad
+# input, a killed client, /metrics, the status page in headless Chromium.
+add_test(NAME hub_api
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_api.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/api-work)
+set_tests_properties(hub_api PROPERTIES TIMEOUT 600 LABELS "hub;api" RUN_SERIAL TRUE SKIP_RETURN_CODE 77
+  ENVIRONMENT "MOEX_LOG=warn")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/api-work)
