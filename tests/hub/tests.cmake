@@ -45,3 +45,7 @@ add_test(NAME hub_api
 set_tests_properties(hub_api PROPERTIES TIMEOUT 600 LABELS "hub;api" RUN_SERIAL TRUE SKIP_RETURN_CODE 77
   ENVIRONMENT "MOEX_LOG=warn")
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/api-work)
+
+# The scheduler's batching, text and limits over a scripted engine (no model).
+moex_c_test(test_scheduler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler.c LIBS moex_hub
+            ARGS ${moex_vocab}/ggml-vocab-qwen2.gguf TIMEOUT 120 LABELS "hub;api")
