@@ -58,7 +58,6 @@ typedef struct api_req {
     route route;
     char *body;
     size_t body_len;
-    bool too_big;
     /* the response: status decided, head written, bytes waiting (after LWS_PRE), the end queued */
     unsigned status;
     const char *ctype;
@@ -443,7 +442,14 @@ static int on_request(hub_api *a, struct lws *wsi, api_req *r) {
             r->close_after = true;
             return respond_error(r, &e);
         }
-        if (!known || n > 0) return 0; /* the body follows */
+        if (!known) { /* libwebsockets does not decode chunked request bodies: ask for a length */
+            hub_api_error e;
+            hub_api_fail(&e, 411, "invalid_request_error", "length_required", NULL,
+                         "send the body with a Content-Length (chunked request bodies are not supported)");
+            r->close_after = true;
+            return respond_error(r, &e);
+        }
+        if (n > 0) return 0; /* the body follows */
     }
     if (routes[r->route].auth && !hub_auth_ok(wsi, a->cfg.api_key)) return refuse(r);
     if (r->route == R_MODEL) return model_by_id(r, path);
@@ -451,13 +457,18 @@ static int on_request(hub_api *a, struct lws *wsi, api_req *r) {
     return respond_static(r);
 }
 
+/* A body that grows past its Content-Length's check (it cannot: lws stops
+ * at the length) or the limit is answered at once and the connection closed. */
 static int on_body(hub_api *a, api_req *r, const void *in, size_t len) {
-    if (r->status || r->too_big) return 0; /* answered already (413): the rest is dropped */
+    if (r->status) return 0; /* answered already (413): the rest is dropped */
     if (r->body_len + len > a->cfg.max_body) {
-        r->too_big = true;
         free(r->body);
         r->body = NULL;
-        return 0;
+        hub_api_error e;
+        hub_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                     "the request body is over %zu bytes, this server's limit", a->cfg.max_body);
+        r->close_after = true;
+        return respond_error(r, &e);
     }
     char *grown = realloc(r->body, r->body_len + len + 1);
     if (!grown) return -1;
@@ -470,12 +481,6 @@ static int on_body(hub_api *a, api_req *r, const void *in, size_t len) {
 
 static int on_body_done(hub_api *a, api_req *r) {
     if (r->status) return 0;
-    if (r->too_big) {
-        hub_api_error e;
-        hub_api_fail(&e, 413, "invalid_request_error", "request_too_large",
-                     NULL, "the request body is over %zu bytes, this server's limit", a->cfg.max_body);
-        return respond_error(r, &e);
-    }
     if (!hub_auth_ok(r->wsi, a->cfg.api_key)) return refuse(r);
     return start_generation(r);
 }
@@ -494,7 +499,7 @@ static int callback(void *ctx, struct lws *wsi, enum lws_callback_reasons reason
         a->ctx = lws_get_context(wsi);
         pthread_mutex_unlock(&a->mu);
         return on_request(a, wsi, r) ? -1 : 0;
-    case LWS_CALLBACK_HTTP_BODY: return r ? on_body(a, r, in, len) : 0;
+    case LWS_CALLBACK_HTTP_BODY: return r && on_body(a, r, in, len) ? -1 : 0;
     case LWS_CALLBACK_HTTP_BODY_COMPLETION: return r && on_body_done(a, r) ? -1 : 0;
     case LWS_CALLBACK_HTTP_WRITEABLE: return r ? on_writeable(r, state) : 0;
     case LWS_CALLBACK_CLOSED_HTTP:

@@ -13,7 +13,7 @@
 
 static const char *const endpoint_names[HUB_EP_COUNT] = {"chat", "completions", "models", "metrics", "status",
                                                          "other"};
-static const unsigned code_values[HUB_CODE_COUNT] = {200, 400, 401, 404, 405, 413, 500, 503, 0};
+static const unsigned code_values[HUB_CODE_COUNT] = {200, 400, 401, 404, 405, 411, 413, 500, 503, 0};
 
 void hub_api_count(hub_api_counters *c, int endpoint, unsigned status) {
     int k = HUB_CODE_OTHER;

@@ -15,8 +15,8 @@
 /* Requests answered, by endpoint and status (written by the API on the
  * network thread, read by anyone). */
 enum { HUB_EP_CHAT, HUB_EP_COMPLETIONS, HUB_EP_MODELS, HUB_EP_METRICS, HUB_EP_STATUS, HUB_EP_OTHER, HUB_EP_COUNT };
-enum { HUB_CODE_200, HUB_CODE_400, HUB_CODE_401, HUB_CODE_404, HUB_CODE_405, HUB_CODE_413, HUB_CODE_500,
-       HUB_CODE_503, HUB_CODE_OTHER, HUB_CODE_COUNT };
+enum { HUB_CODE_200, HUB_CODE_400, HUB_CODE_401, HUB_CODE_404, HUB_CODE_405, HUB_CODE_411, HUB_CODE_413,
+       HUB_CODE_500, HUB_CODE_503, HUB_CODE_OTHER, HUB_CODE_COUNT };
 typedef struct hub_api_counters {
     atomic_uint_fast64_t requests[HUB_EP_COUNT][HUB_CODE_COUNT];
     atomic_uint_fast64_t disconnects;   /* clients gone before their response ended */

@@ -112,7 +112,7 @@ def request(port, method, path, body=None, key=None, headers=None, timeout=60):
     if isinstance(body, (dict, list)):
         body = json.dumps(body).encode()
         h.setdefault("Content-Type", "application/json")
-    c.request(method, path, body=body, headers=h)
+    c.request(method, path, body=body, headers=h, encode_chunked=h.get("Transfer-Encoding") == "chunked")
     r = c.getresponse()
     data = r.read()
     c.close()

@@ -71,6 +71,11 @@ def raw_bad_input(srv):
     st, _, body = request(srv.port, "POST", "/v1/completions", big, key=KEY, headers={"Content-Type": "application/json"})
     e = error_of(body)
     check("an oversized body: 413", st == 413 and e and e["code"] == "request_too_large", f"{st} {body[:200]}")
+    st, _, body = request(srv.port, "POST", "/v1/completions", iter([b'{"prompt": [1, 2], ', b'"max_tokens": 1}']),
+                          key=KEY, headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    e = error_of(body)
+    check("a chunked body: 411 (a length is needed)", st == 411 and e and e["code"] == "length_required",
+          f"{st} {body[:200]}")
     st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
     e = error_of(body)
     check("no API key: 401 invalid_api_key", st == 401 and e and e["code"] == "invalid_api_key", f"{st} {body[:200]}")
