@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 ./setup.sh --deps
+# node, the openai npm package and chromium for the API tests (hub_api skips without them)
+sh tests/hub/api/setup.sh || echo "test.sh: tests/hub/api/setup.sh failed: the API tests will be skipped"
 J=$(nproc)
 
 echo "== release build + tests"
