@@ -41,7 +41,7 @@ struct hub_worker {
     float lat_ewma_ms;           /* < 0: unknown */
     double last_sample_s;
     float rtt_ms;                /* from heartbeats */
-    uint64_t bytes_in, n_dispatched, n_won, n_timeouts;
+    uint64_t bytes_in, n_dispatched, n_won, n_lost, n_timeouts;
 };
 
 struct hub_registry {
@@ -568,6 +568,8 @@ void hub_registry_record(hub_registry *r, uint32_t id, float ms, hub_outcome o) 
         if (o == HUB_WON) {
             w->n_won++;
             w->consecutive_timeouts = 0;
+        } else if (o == HUB_LOST) {
+            w->n_lost++;
         } else if (o == HUB_TIMEOUT) {
             w->n_timeouts++;
             if (++w->consecutive_timeouts >= 3 && !w->unhealthy) {
@@ -746,7 +748,7 @@ int hub_registry_workers(hub_registry *r, hub_worker_info *out, int max) {
             hub_worker_info *o = &out[n];
             *o = (hub_worker_info){.id = w->id, .state = state_of(w), .backend = w->backend, .capacity = w->capacity,
                                    .lat_ewma_ms = w->lat_ewma_ms, .rtt_ms = w->rtt_ms, .dispatched = w->n_dispatched,
-                                   .won = w->n_won, .timeouts = w->n_timeouts, .bytes_in = w->bytes_in};
+                                   .won = w->n_won, .lost = w->n_lost, .timeouts = w->n_timeouts, .bytes_in = w->bytes_in};
             snprintf(o->name, sizeof o->name, "%s", w->name);
             snprintf(o->peer, sizeof o->peer, "%s", w->conn ? hub_conn_peer(w->conn) : "");
             o->experts_assigned = w->assigned ? count_bits(w->assigned, r->bitmap_bytes) : 0;

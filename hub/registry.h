@@ -106,6 +106,7 @@ typedef struct hub_worker_info {
     uint32_t experts_assigned, experts_ready;
     float lat_p50_ms, lat_p95_ms, lat_p99_ms, lat_ewma_ms, rtt_ms;  /* < 0: no sample yet */
     uint64_t dispatched, won, timeouts, bytes_in;
+    uint64_t lost;               /* tasks another replica (a hedge) answered first */
 } hub_worker_info;
 
 /* The workers that joined (departed ones included, as the metrics print

@@ -177,6 +177,7 @@ static void worker_samples(text *t, const char *name, const char *type, const ch
         case 4: put(t, "\"} %llu\n", (unsigned long long)w[i].won); break;
         case 5: put(t, "\"} %llu\n", (unsigned long long)w[i].timeouts); break;
         case 6: put(t, "\"} %.17g\n", w[i].rtt_ms >= 0 ? w[i].rtt_ms / 1000.0 : 0.0); break;
+        case 7: put(t, "\"} %llu\n", (unsigned long long)w[i].lost); break;
         }
     }
 }
@@ -210,6 +211,8 @@ static void worker_metrics(text *t, hub_registry *reg) {
     worker_samples(t, "moex_worker_dispatches_total", "counter", "Expert tasks sent to the worker.", w, n, 3);
     worker_samples(t, "moex_worker_won_total", "counter", "Its results that were used.", w, n, 4);
     worker_samples(t, "moex_worker_timeouts_total", "counter", "Its tasks past their deadline.", w, n, 5);
+    worker_samples(t, "moex_worker_lost_total", "counter", "Its tasks another replica (a hedge) answered first.", w,
+                   n, 7);
     worker_samples(t, "moex_worker_rtt_seconds", "gauge", "Heartbeat round trip.", w, n, 6);
     worker_latency(t, w, n);
     free(w);
@@ -258,6 +261,7 @@ static void add_worker(cJSON *arr, const hub_worker_info *w) {
     cJSON_AddNumberToObject(o, "dispatched", (double)w->dispatched);
     cJSON_AddNumberToObject(o, "won", (double)w->won);
     cJSON_AddNumberToObject(o, "timeouts", (double)w->timeouts);
+    cJSON_AddNumberToObject(o, "lost", (double)w->lost);
     cJSON_AddItemToArray(arr, o);
 }
 

@@ -154,7 +154,7 @@ def metrics_text(srv, distributed):
     if distributed:
         want += ["moex_hub_dispatches_total", "moex_hub_hedges_sent_total", "moex_hub_timeouts_total",
                  "moex_hub_evictions_total", "moex_worker_state", "moex_worker_dispatches_total",
-                 "moex_worker_latency_seconds", "moex_expert_coverage_ratio"]
+                 "moex_worker_latency_seconds", "moex_worker_lost_total", "moex_expert_coverage_ratio"]
     missing = [w for w in want if w not in fams]
     check("  it has the serving (and hub) families", not missing, str(missing))
     if fams:
