@@ -255,6 +255,35 @@ def distributed():
     check("the distributed server stops cleanly", rc == 0, f"rc={rc} {srv.text()[-1500:] if rc else ''}")
 
 
+def has_vulkan():
+    p = subprocess.run([f"{distlib.BIN}/moex-hub", "--list-devices"], capture_output=True, text=True)
+    return p.returncode == 0 and p.stdout.strip() != ""
+
+
+@scenario
+def vulkan_one_slot():
+    """--backend vulkan (one slot until the Vulkan engine batches): its answers are the Vulkan CLI's."""
+    if not has_vulkan():
+        print("     (no Vulkan build or device: skipped)")
+        return
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local", "--backend", "vulkan", "--parallel", "4",
+                                                                "--ctx", str(CTX)], key=KEY, timeout=300)
+    try:
+        check("vulkan: --parallel becomes 1, said at start", sample(srv.metrics(), "moex_slots") == 1 and
+              "one sequence at a time" in srv.text())
+        for p in PROMPTS[:2]:
+            want = subprocess.run([f"{distlib.BIN}/moex-hub", "--local", "--backend", "vulkan", "-m", MODEL,
+                                   "--prompt-tokens", ",".join(map(str, p)), "-n", "12", "--temp", "0", "--ignore-eos"],
+                                  check=True, capture_output=True).stdout[:-1].decode("utf-8", errors="replace")
+            st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": p, "max_tokens": 12, "temperature": 0,
+                                                                       "ignore_eos": True}, key=KEY)
+            got = json.loads(body)["choices"][0]["text"] if st == 200 else body
+            check("vulkan: the API's greedy text is the Vulkan CLI's", got == want, f"{got!r} vs {want!r}")
+    finally:
+        rc = srv.stop()
+    check("vulkan: stops cleanly", rc == 0, f"rc={rc}")
+
+
 @scenario
 def templates():
     """A template the server does not recognise stops it at start with a way out; --chat-template is one."""
