@@ -141,6 +141,8 @@ static void hub_counters(text *t, hub_metrics *m) {
     } c[] = {
         {"moex_hub_dispatches_total", "Expert tasks sent to workers (hedges and re-dispatches included).",
          offsetof(hub_metrics, dispatches)},
+        {"moex_hub_messages_out_total", "Messages sent to workers.",
+         offsetof(hub_metrics, messages_out)},
         {"moex_hub_hedges_sent_total", "Extra replicas a task was sent to.", offsetof(hub_metrics, hedges_sent)},
         {"moex_hub_hedges_won_total", "Tasks a hedge answered first.", offsetof(hub_metrics, hedges_won)},
         {"moex_hub_cancels_total", "CANCELs sent to losing replicas.", offsetof(hub_metrics, cancels)},
