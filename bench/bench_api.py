@@ -33,6 +33,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -45,11 +46,16 @@ def free_port():
     return p
 
 
-def wait_health(port, proc, timeout):
+def wait_health(port, proc, timeout, err_tail, workers):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"bench_api: the hub exited with {proc.returncode}")
+            time.sleep(0.2)
+            sys.exit(f"bench_api: the hub exited with {proc.returncode}:\n{''.join(err_tail[-20:])}")
+        gone = [w for w in workers if w.poll() is not None]
+        if gone:
+            gone[0].log.seek(0)
+            sys.exit(f"bench_api: a worker exited with {gone[0].returncode}: {gone[0].log.read()[-1500:]}")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             c.request("GET", "/health")
@@ -154,9 +160,11 @@ def main():
     try:
         time.sleep(0.5)
         for w in a.worker:
-            workers.append(subprocess.Popen(shlex.split(w.replace("{port}", str(port))), stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL))
-        wait_health(port, hub, a.start_timeout)
+            log = tempfile.TemporaryFile("w+")
+            workers.append(subprocess.Popen(shlex.split(w.replace("{port}", str(port))), stdout=log,
+                                            stderr=subprocess.STDOUT, text=True))
+            workers[-1].log = log
+        wait_health(port, hub, a.start_timeout, err_tail, workers)
         run_level(port, a.key, 1, min(8, a.tokens), a.prompt, 99_000)  # warm-up
         rows = []
         for n in levels:
