@@ -28,7 +28,6 @@ struct hub_job {
     void *user;                  /* network thread only */
     hub_job *next;               /* the scheduler's queue */
     /* scheduler thread only */
-    bool tokenized;
     int32_t *prompt;
     int64_t n_prompt, n_fed;     /* prompt tokens, how many are in the KV slot */
     int64_t n_past;              /* positions filled */
@@ -388,7 +387,6 @@ static int64_t tokenize(const moex_model *m, const hub_job *j, int32_t **out, mo
 static bool prepare(hub_sched *s, hub_job *j) {
     moex_error err = {0};
     char msg[sizeof err.msg + 128];
-    j->tokenized = true;
     j->n_prompt = tokenize(s->m, j, &j->prompt, &err);
     if (j->n_prompt < 0) {
         fail_job(s, j, 400, "invalid_prompt", err.msg);
