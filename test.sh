@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 ./setup.sh --deps
+# node, the openai npm package and chromium for the API tests (hub_api skips without them)
+sh tests/hub/api/setup.sh || { echo "test.sh: tests/hub/api/setup.sh failed: the API tests will be skipped"; \
+    [ "${MOEX_REQUIRE_API_TOOLS:-0}" != 1 ] || exit 1; }
 J=$(nproc)
 
 echo "== release build + tests"

@@ -1,7 +1,7 @@
 /* The common module: what hub, worker and tools share — errors and logging,
  * the thread pool, tensor types and block layouts, GGUF files, model
- * architectures, the tokenizer, the sampler, the splitmix64 generator and a
- * binary heap. */
+ * architectures, the tokenizer, the sampler, chat templates, the splitmix64 generator
+ * and a binary heap. */
 #ifndef MOEX_COMMON_H
 #define MOEX_COMMON_H
 
@@ -14,5 +14,6 @@
 #include "common/sampler.h"
 #include "common/rng.h"
 #include "common/heap.h"
+#include "common/chat.h"
 
 #endif

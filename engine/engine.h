@@ -84,6 +84,9 @@ typedef struct moex_state moex_state;
 /* n_ctx: positions the KV cache holds; n_batch: most tokens per forward call. */
 moex_state *moex_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, moex_pool *pool,
                               moex_expert_executor exec, moex_error *err);
+/* n_seq KV slots of n_ctx positions each (moex_forward_batch); moex_state_create is n_seq = 1. */
+moex_state *moex_state_create_multi(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq, moex_pool *pool,
+                                    moex_expert_executor exec, moex_error *err);
 void moex_state_free(moex_state *s);
 int64_t moex_state_n_ctx(const moex_state *s);
 int64_t moex_state_n_batch(const moex_state *s);
@@ -98,6 +101,22 @@ int moex_forward_check(const moex_model *m, int64_t n_batch, int64_t n_ctx, cons
  * Tokens are validated (0 <= id < n_vocab) before anything changes. */
 int moex_forward(const moex_model *m, moex_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                  bool all_logits, float *logits, moex_error *err);
+
+/* Tokens of several sequences in one forward: each token names its KV slot
+ * and its position there; a slot's tokens come in position order. Writing a
+ * slot from position 0 again simply overwrites it. Batching never changes a
+ * sequence's tokens: each token's arithmetic is independent of the batch. */
+typedef struct moex_batch {
+    int64_t n;                 /* tokens in this forward */
+    const int32_t *tokens;     /* [n] */
+    const int32_t *seq;        /* [n] KV slot of each token, 0 .. n_seq-1 */
+    const int32_t *pos;        /* [n] its position in that sequence */
+    const bool *want_logits;   /* [n] whether its logits row is wanted */
+} moex_batch;
+
+/* logits: one n_vocab row per wanted token, in batch order. Everything is
+ * validated (sizes, slots, positions, token ids) before anything changes. */
+int moex_forward_batch(const moex_model *m, moex_state *s, const moex_batch *b, float *logits, moex_error *err);
 
 /* ---- generation ---- */
 
@@ -124,7 +143,10 @@ typedef struct moex_engine {
     void *ctx;
     int (*forward)(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
                    moex_error *err);
-    int64_t n_ctx, n_batch;
+    int64_t n_ctx, n_batch;    /* n_ctx: positions per slot */
+    int n_seq;                 /* KV slots (forward uses slot 0) */
+    /* moex_forward_batch's contract; NULL where the engine has one slot only */
+    int (*forward_batch)(void *ctx, const moex_batch *b, float *logits, moex_error *err);
 } moex_engine;
 
 /* The CPU engine over a state (moex_forward with the state's model). */

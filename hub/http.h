@@ -17,6 +17,19 @@ typedef struct hub_http {
     hub_log_limit refusals;   /* network thread only */
 } hub_http;
 
+/* Another HTTP service on the same port (the OpenAI API and status page,
+ * hub/api.c): the server offers it each request first; the requests it
+ * claims (by method and path) are its own to the end, the rest go to the
+ * expert-weights handler below. Everything runs on the network thread. */
+typedef struct hub_http_handler {
+    void *ctx;
+    bool (*claims)(void *ctx, struct lws *wsi);
+    /* As hub_http_callback, for the requests it claimed. */
+    int (*callback)(void *ctx, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in, size_t len);
+    /* Each time another thread woke the network thread (lws_cancel_service). */
+    void (*service)(void *ctx);
+} hub_http_handler;
+
 /* The HTTP callbacks of one connection; *state is per-request, owned here. */
 int hub_http_callback(hub_http *h, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
                       size_t len);

@@ -43,7 +43,7 @@ static moex_proto_limits worker_limits(const moex_model *m, const moex_hub_confi
 }
 
 moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_config *cfg, moex_error *err) {
-    if (!moex_hparams_is_moe(&m->hp)) {
+    if (!cfg->no_workers && !moex_hparams_is_moe(&m->hp)) {
         moex_fail(err, "%s is a dense model: nothing to distribute (use --local)", m->hp.arch_name);
         return NULL;
     }
@@ -69,18 +69,21 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
                               .max_batch = cfg->max_batch, .seed = cfg->seed};
     hub->http = (hub_http){.m = m, .model_hash = model_hash, .token = cfg->token, .metrics = &hub->metrics};
     hub_server_config sc = {.host = cfg->host, .port = cfg->port, .token = cfg->token, .heartbeat_ms = cfg->heartbeat_ms,
-                            .limits = lim, .max_message = max_message, .max_queued = 2 * max_message + (1u << 20)};
+                            .limits = lim, .max_message = max_message, .max_queued = 2 * max_message + (1u << 20),
+                            .handler = cfg->http_handler, .refuse_workers = cfg->no_workers};
     if (!(hub->net = hub_net_create()) || !(hub->inbox = hub_inbox_create(4096)) ||
         !(hub->reg = hub_registry_create(&rc, hub->net, hub->inbox, &hub->metrics, err)) ||
-        !(hub->exec = hub_executor_create(m, pool, &xc, hub->reg, hub->inbox, hub->net, &hub->metrics, &lim, err)) ||
+        (!cfg->no_workers &&
+         !(hub->exec = hub_executor_create(m, pool, &xc, hub->reg, hub->inbox, hub->net, &hub->metrics, &lim, err))) ||
         !(hub->server = hub_server_start(&sc, hub->reg, hub->inbox, hub->net, &hub->http, &hub->metrics, err))) {
         if (!err || !err->msg[0]) moex_fail(err, "out of memory");
         moex_hub_stop(hub);
         return NULL;
     }
-    moex_log(MOEX_LOG_INFO, "hub listening on ws://%s:%d/ws (model %016llx, r=%d, hedge %s%d, timeout %d ms)", cfg->host,
-             hub_server_port(hub->server), (unsigned long long)model_hash, cfg->replicas, cfg->hedge ? "" : "auto, max ",
-             cfg->hedge ? cfg->hedge : cfg->replicas, cfg->timeout_ms);
+    if (!cfg->no_workers)
+        moex_log(MOEX_LOG_INFO, "hub listening on ws://%s:%d/ws (model %016llx, r=%d, hedge %s%d, timeout %d ms)",
+                 cfg->host, hub_server_port(hub->server), (unsigned long long)model_hash, cfg->replicas,
+                 cfg->hedge ? "" : "auto, max ", cfg->hedge ? cfg->hedge : cfg->replicas, cfg->timeout_ms);
     return hub;
 }
 
@@ -94,6 +97,9 @@ int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, moex_error *err)
 
 moex_expert_executor moex_hub_executor(moex_hub *hub) { return hub_executor_iface(hub->exec); }
 
+hub_registry *moex_hub_registry(moex_hub *hub) { return hub->reg; }
+hub_metrics *moex_hub_counters(moex_hub *hub) { return &hub->metrics; }
+
 void moex_hub_metrics_print(moex_hub *hub, FILE *f) {
     const hub_metrics *mt = &hub->metrics;
     fprintf(f, "hub metrics: dispatches %llu | messages %llu | hedges sent %llu won %llu | cancels %llu | "
@@ -103,7 +109,7 @@ void moex_hub_metrics_print(moex_hub *hub, FILE *f) {
             HUB_GET(mt, cancels), HUB_GET(mt, timeouts), HUB_GET(mt, redispatches), HUB_GET(mt, fallbacks),
             HUB_GET(mt, verified), HUB_GET(mt, verify_mismatches), HUB_GET(mt, evictions), HUB_GET(mt, refused),
             HUB_GET(mt, bad_frames), HUB_GET(mt, bad_results), HUB_GET(mt, bytes_in), HUB_GET(mt, bytes_out));
-    hub_executor_print_timing(hub->exec, f);
+    if (hub->exec) hub_executor_print_timing(hub->exec, f);
     hub_registry_print(hub->reg, f);
 }
 

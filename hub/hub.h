@@ -25,6 +25,10 @@ typedef struct moex_hub_config {
     int dead_after_ms;         /* a silent worker is removed after this */
     uint64_t seed;             /* for verification sampling */
     int64_t max_batch;         /* most tokens per forward: bounds frame sizes */
+    /* moex-hub serve: the API's HTTP handler, offered every request first;
+     * no_workers: the model runs in this process (--local), /ws is refused */
+    const struct hub_http_handler *http_handler;
+    bool no_workers;
 } moex_hub_config;
 
 void moex_hub_config_default(moex_hub_config *cfg);
@@ -42,5 +46,10 @@ moex_expert_executor moex_hub_executor(moex_hub *hub);
  * fallbacks, evictions, bytes; one place, printed at exit. */
 void moex_hub_metrics_print(moex_hub *hub, FILE *f);
 void moex_hub_stop(moex_hub *hub);
+
+/* For the hub's own status page and /metrics (hub/status.c): its worker
+ * registry and counters, read-only. */
+struct hub_registry *moex_hub_registry(moex_hub *hub);
+struct hub_metrics *moex_hub_counters(moex_hub *hub);
 
 #endif

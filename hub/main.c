@@ -40,6 +40,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: moex-hub --local -m MODEL.gguf (-p TEXT | --prompt-tokens A,B,C) [options]\n"
             "       moex-hub -m MODEL.gguf [--backend vulkan] --port P --token T [-p TEXT] [options]  (distributed)\n"
+            "       moex-hub serve -m MODEL.gguf ...  the OpenAI-compatible API server (moex-hub serve --help)\n"
             "  -m, --model FILE        GGUF model\n"
             "  -p, --prompt TEXT       prompt text (special tokens like <|im_start|> are parsed; --no-special to spell them)\n"
             "  --prompt-tokens LIST    prompt as comma-separated token ids (bypasses the tokenizer)\n"
@@ -572,7 +573,10 @@ static void install_signal_handlers(void) {
     signal(SIGPIPE, SIG_IGN);
 }
 
+int moex_hub_serve(int argc, char **argv); /* main_serve.c */
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "serve")) return moex_hub_serve(argc - 1, argv + 1);
     options o;
     int r = parse_args(argc, argv, &o);
     if (r) return r > 0 ? 0 : 2;

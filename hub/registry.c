@@ -41,7 +41,7 @@ struct hub_worker {
     float lat_ewma_ms;           /* < 0: unknown */
     double last_sample_s;
     float rtt_ms;                /* from heartbeats */
-    uint64_t bytes_in, n_dispatched, n_won, n_timeouts;
+    uint64_t bytes_in, n_dispatched, n_won, n_lost, n_timeouts;
 };
 
 struct hub_registry {
@@ -569,6 +569,8 @@ void hub_registry_record(hub_registry *r, uint32_t id, float ms, hub_outcome o) 
         if (o == HUB_WON) {
             w->n_won++;
             w->consecutive_timeouts = 0;
+        } else if (o == HUB_LOST) {
+            w->n_lost++;
         } else if (o == HUB_TIMEOUT) {
             w->n_timeouts++;
             if (++w->consecutive_timeouts >= 3 && !w->unhealthy) {
@@ -706,6 +708,70 @@ void hub_registry_print(hub_registry *r, FILE *f) {
         fprintf(f, " %10llu %5llu %8llu  %s\n", (unsigned long long)w->n_dispatched, (unsigned long long)w->n_won,
                 (unsigned long long)w->n_timeouts,
                 w->evicted ? "evicted" : !w->conn ? "gone" : w->unhealthy ? "unhealthy" : "ready");
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- read-only views ---- */
+
+static const char *state_of(const hub_worker *w) {
+    if (w->evicted) return "evicted";
+    if (!w->conn || w->closing) return "gone";
+    if (w->unhealthy) return "unhealthy";
+    return ready(w) ? "ready" : "loading";
+}
+
+static uint32_t count_bits(const uint8_t *bits, size_t n_bytes) {
+    uint32_t n = 0;
+    for (size_t i = 0; i < n_bytes; i++) n += (uint32_t)__builtin_popcount(bits[i]);
+    return n;
+}
+
+static void percentiles(const hub_worker *w, hub_worker_info *o) {
+    const uint32_t n = w->lat_n < LAT_SAMPLES ? w->lat_n : LAT_SAMPLES;
+    o->lat_p50_ms = o->lat_p95_ms = o->lat_p99_ms = -1;
+    if (!n) return;
+    float s[LAT_SAMPLES];
+    memcpy(s, w->lat_ms, n * sizeof *s);
+    qsort(s, n, sizeof *s, cmp_float);
+    o->lat_p50_ms = s[n / 2];
+    o->lat_p95_ms = s[(n * 95) / 100 < n ? (n * 95) / 100 : n - 1];
+    o->lat_p99_ms = s[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+}
+
+int hub_registry_workers(hub_registry *r, hub_worker_info *out, int max) {
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n; i++) {
+        const hub_worker *w = r->w[i];
+        if (!w->joined) continue;
+        if (n < max) {
+            hub_worker_info *o = &out[n];
+            *o = (hub_worker_info){.id = w->id, .state = state_of(w), .backend = w->backend, .capacity = w->capacity,
+                                   .lat_ewma_ms = w->lat_ewma_ms, .rtt_ms = w->rtt_ms, .dispatched = w->n_dispatched,
+                                   .won = w->n_won, .lost = w->n_lost, .timeouts = w->n_timeouts, .bytes_in = w->bytes_in};
+            snprintf(o->name, sizeof o->name, "%s", w->name);
+            snprintf(o->peer, sizeof o->peer, "%s", w->conn ? hub_conn_peer(w->conn) : "");
+            o->experts_assigned = w->assigned ? count_bits(w->assigned, r->bitmap_bytes) : 0;
+            o->experts_ready = w->usable ? count_bits(w->usable, r->bitmap_bytes) : 0;
+            percentiles(w, o);
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+void hub_registry_coverage(hub_registry *r, hub_coverage *c) {
+    const size_t n_bits = (size_t)r->cfg.n_layers * (size_t)r->cfg.n_experts;
+    *c = (hub_coverage){.experts = n_bits, .replicas = r->cfg.replicas};
+    pthread_mutex_lock(&r->mu);
+    for (size_t b = 0; b < n_bits; b++) {
+        int held = 0;
+        for (int i = 0; i < r->n; i++)
+            if (r->w[i]->usable && is_member(r->w[i]) && bit_get(r->w[i]->usable, b)) held++;
+        c->covered += held > 0;
+        c->replicas_ready += (uint64_t)held;
     }
     pthread_mutex_unlock(&r->mu);
 }

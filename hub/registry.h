@@ -96,4 +96,30 @@ void hub_registry_stop(hub_registry *r);
 /* Per-worker table: latency percentiles, dispatches, wins, timeouts, state. */
 void hub_registry_print(hub_registry *r, FILE *f);
 
+/* ---- read-only views for the status page and /metrics ---- */
+
+typedef struct hub_worker_info {
+    uint32_t id;
+    char name[64], peer[64];
+    const char *state;           /* "ready", "loading", "unhealthy", "evicted" or "gone" */
+    uint8_t backend;
+    float capacity;
+    uint32_t experts_assigned, experts_ready;
+    float lat_p50_ms, lat_p95_ms, lat_p99_ms, lat_ewma_ms, rtt_ms;  /* < 0: no sample yet */
+    uint64_t dispatched, won, timeouts, bytes_in;
+    uint64_t lost;               /* tasks another replica (a hedge) answered first */
+} hub_worker_info;
+
+/* The workers that joined (departed ones included, as the metrics print
+ * shows them): fills out[0..max) and returns how many there are. */
+int hub_registry_workers(hub_registry *r, hub_worker_info *out, int max);
+
+typedef struct hub_coverage {
+    uint64_t experts;            /* layers x experts */
+    uint64_t covered;            /* with at least one ready replica */
+    uint64_t replicas_ready;     /* ready (worker, expert) pairs */
+    int replicas;                /* r, as configured */
+} hub_coverage;
+void hub_registry_coverage(hub_registry *r, hub_coverage *c);
+
 #endif

@@ -34,6 +34,8 @@ typedef struct conn_data {
     hub_worker *w;
     moex_proto_reasm rx;
     void *http;                   /* an HTTP request: owned by http_weights.c */
+    void *handler_req;            /* one owned by the handler (cfg.handler) */
+    bool by_handler;              /* the current request is the handler's */
 } conn_data;
 
 static hub_server *server_of(struct lws *wsi) { return lws_context_user(lws_get_context(wsi)); }
@@ -59,6 +61,10 @@ static int filter(hub_server *s, struct lws *wsi) {
     lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI);
     if (strcmp(uri, "/ws") != 0) {
         log_refusal(s, wsi, "WebSocket path is not /ws");
+        return 1;
+    }
+    if (s->cfg.refuse_workers) {
+        log_refusal(s, wsi, "this hub runs the whole model itself (--local): no workers");
         return 1;
     }
     if (!hub_auth_ok(wsi, s->cfg.token)) {
@@ -168,13 +174,22 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         cd->w = NULL;
         cd->conn = NULL;
         return 0;
-    case LWS_CALLBACK_EVENT_WAIT_CANCELLED: hub_net_service(s->net); return 0;
+    case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
+        hub_net_service(s->net);
+        if (s->cfg.handler) s->cfg.handler->service(s->cfg.handler->ctx);
+        return 0;
     case LWS_CALLBACK_HTTP:
+        if (cd && s->cfg.handler) cd->by_handler = s->cfg.handler->claims(s->cfg.handler->ctx, wsi);
+        /* fall through */
     case LWS_CALLBACK_HTTP_WRITEABLE:
     case LWS_CALLBACK_HTTP_BODY:
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+        if (cd && cd->by_handler)
+            return s->cfg.handler->callback(s->cfg.handler->ctx, wsi, reason, &cd->handler_req, in, len);
+        return hub_http_callback(s->http, wsi, reason, cd ? &cd->http : NULL, in, len);
     case LWS_CALLBACK_CLOSED_HTTP:
-    case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
+    case LWS_CALLBACK_HTTP_DROP_PROTOCOL: /* both may hold a request of this connection */
+        if (cd && cd->handler_req) s->cfg.handler->callback(s->cfg.handler->ctx, wsi, reason, &cd->handler_req, in, len);
         return hub_http_callback(s->http, wsi, reason, cd ? &cd->http : NULL, in, len);
     default: return 0;
     }

@@ -19,6 +19,8 @@ typedef struct hub_server_config {
     moex_proto_limits limits;      /* what a worker's frames may be */
     size_t max_message;            /* a worker's message (all its frames) at most */
     size_t max_queued;             /* bytes queued for one connection at most */
+    const hub_http_handler *handler;   /* claims HTTP requests first (NULL: none) */
+    bool refuse_workers;           /* no /ws: the model runs in this process */
 } hub_server_config;
 
 typedef struct hub_server hub_server;

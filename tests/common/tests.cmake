@@ -1,5 +1,5 @@
 # common/: the GGUF reader and writer (and, in a MOEX_FUZZ tree, a short fuzz
-# run), the thread pool, splitmix64, the heap, the sampler and the tokenizer (llama.cpp's vectors).
+# run), the thread pool, splitmix64, the heap, the sampler, the tokenizer (llama.cpp's vectors) and chat templates.
 moex_c_test(test_gguf SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gguf.c LIBS moex_common
   ARGS ${moex_vocab}/ggml-vocab-qwen2.gguf ${moex_vocab}/ggml-vocab-llama-bpe.gguf
        ${moex_vocab}/ggml-vocab-llama-spm.gguf ${CMAKE_CURRENT_BINARY_DIR}
@@ -14,6 +14,8 @@ moex_c_test(test_heap SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_heap.c LIBS moex_co
 moex_c_test(test_sampler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sampler.c LIBS moex_common TIMEOUT 120 LABELS common)
 moex_c_test(test_tokenizer SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer.c LIBS moex_common
             ARGS ${moex_vocab} TIMEOUT 120 LABELS "common;tokenizer")
+moex_c_test(test_chat SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_chat.c LIBS moex_common
+            ARGS ${moex_vocab}/ggml-vocab-qwen2.gguf ${moex_vocab}/ggml-vocab-llama-spm.gguf TIMEOUT 60 LABELS common)
 
 # Fuzz tree only (CC=clang -DMOEX_FUZZ=ON): seeds from the writer, then a 30 s fuzz run.
 if(MOEX_FUZZ)

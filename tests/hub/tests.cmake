@@ -42,3 +42,18 @@ add_test(NAME dist_relay
           ${CMAKE_BINARY_DIR}/relay-work)
 set_tests_properties(dist_relay PROPERTIES TIMEOUT 300 LABELS "hub;dist" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/relay-work)
+
+# moex-hub serve through the official openai npm client (tests/hub/api/setup.sh
+# installs it, and chromium): --local and with workers, concurrency, bad
+# input, a killed client, /metrics, the status page in headless Chromium;
+# in Vulkan builds with a device, --backend vulkan (one slot) against the Vulkan CLI.
+add_test(NAME hub_api
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_api.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/api-work)
+set_tests_properties(hub_api PROPERTIES TIMEOUT 600 LABELS "hub;api" RUN_SERIAL TRUE SKIP_RETURN_CODE 77
+  ENVIRONMENT "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/api-work)
+
+# The scheduler's batching, text and limits over a scripted engine (no model).
+moex_c_test(test_scheduler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler.c LIBS moex_hub
+            ARGS ${moex_vocab}/ggml-vocab-qwen2.gguf TIMEOUT 120 LABELS "hub;api")

@@ -18,7 +18,12 @@ version=${NODE_LLAMA_CPP_VERSION:-3.22.1}
 bin=$peer/bin/llama_peer
 src=$here/llama_peer.c
 
-skip() { echo "setup_peer: $*; llama.cpp peer unavailable" >&2; exit 77; }
+# MOEX_REQUIRE_PEER=1 (CI) makes an unavailable peer a failure, not a skip.
+skip() {
+    echo "setup_peer: $*; llama.cpp peer unavailable" >&2
+    [ "${MOEX_REQUIRE_PEER:-0}" = 1 ] && exit 1
+    exit 77
+}
 
 if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ -f "$peer/VERSION" ]; then
     exit 0

@@ -1,0 +1,540 @@
+/* The API's HTTP side (api.h), on the network thread: routes, the API key,
+ * request bodies (bounded), and responses written one piece per
+ * HTTP_WRITEABLE: whole JSON/HTML/text bodies, or an SSE stream (a
+ * text/event-stream response without a length, closed at its end) fed
+ * by the job's text as the scheduler produces it.
+ *
+ * The scheduler's thread tells us of new text through notify: the job goes
+ * on a ready list and the network thread is woken (lws_cancel_service);
+ * service() then asks for a writeable callback on each ready job's
+ * connection. A client that disconnects cancels its job (its KV slot is
+ * freed at the next step); one that reads nothing for client_timeout_s
+ * while text waits is dropped the same way. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hub/api.h"
+
+typedef enum route {
+    R_PAGE, R_HEALTH, R_METRICS, R_STATUS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_COUNT
+} route;
+
+static const struct {
+    const char *path;
+    int method;          /* LWSHUMETH_GET or _POST */
+    bool auth;
+    int endpoint;        /* hub_api_counters */
+} routes[R_COUNT] = {
+    [R_PAGE] = {"/", LWSHUMETH_GET, false, HUB_EP_STATUS},
+    [R_HEALTH] = {"/health", LWSHUMETH_GET, false, HUB_EP_OTHER},
+    [R_METRICS] = {"/metrics", LWSHUMETH_GET, true, HUB_EP_METRICS},
+    [R_STATUS] = {"/status.json", LWSHUMETH_GET, true, HUB_EP_STATUS},
+    [R_MODELS] = {"/v1/models", LWSHUMETH_GET, true, HUB_EP_MODELS},
+    [R_MODEL] = {"/v1/models/", LWSHUMETH_GET, true, HUB_EP_MODELS}, /* a prefix: /v1/models/<id> */
+    [R_CHAT] = {"/v1/chat/completions", LWSHUMETH_POST, true, HUB_EP_CHAT},
+    [R_COMPLETIONS] = {"/v1/completions", LWSHUMETH_POST, true, HUB_EP_COMPLETIONS},
+};
+
+struct hub_api {
+    hub_api_config cfg;
+    _Atomic(hub_sched *) sched;  /* NULL while the server starts */
+    hub_status_src *status;
+    hub_http_handler handler;
+    uint64_t n_requests;         /* network thread: numbers ids and default seeds */
+    hub_log_limit refusals;      /* network thread */
+    pthread_mutex_t mu;          /* ctx and the ready list */
+    struct lws_context *ctx;
+    hub_job **ready;
+    int n_ready, cap_ready;
+};
+
+/* One request and its response. */
+typedef struct api_req {
+    hub_api *a;
+    struct lws *wsi;
+    route route;
+    char *body;
+    size_t body_len;
+    /* the response: status decided, head written, bytes waiting (after LWS_PRE), the end queued */
+    unsigned status;
+    const char *ctype;
+    int64_t length;              /* -1: none (SSE: the connection closes at the end) */
+    bool head_sent, final;
+    bool close_after;            /* answered before its body was read: the connection cannot go on */
+    uint8_t *out;
+    size_t out_len, out_cap;
+    double waiting_since;        /* a writeable callback asked for and not yet had (0: none) */
+    /* a generation */
+    hub_job *job;
+    bool chat, stream, include_usage, role_sent, ended;
+    char id[48];
+    long long created;
+    char *text;                  /* a whole response's text so far */
+    size_t text_len, text_cap;
+} api_req;
+
+/* ---- writing ---- */
+
+static int append(uint8_t **buf, size_t *len, size_t *cap, size_t headroom, const char *s, size_t n) {
+    if (headroom + *len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 1024;
+        while (c < headroom + *len + n + 1) c *= 2;
+        uint8_t *grown = realloc(*buf, c);
+        if (!grown) return -1;
+        *buf = grown;
+        *cap = c;
+    }
+    memcpy(*buf + headroom + *len, s, n);
+    *len += n;
+    (*buf)[headroom + *len] = 0;
+    return 0;
+}
+
+static int out_add(api_req *r, const char *s, size_t n) { return append(&r->out, &r->out_len, &r->out_cap, LWS_PRE, s, n); }
+
+static void want_writeable(api_req *r) {
+    if (!r->waiting_since) r->waiting_since = moex_time_s();
+    lws_callback_on_writable(r->wsi);
+}
+
+/* A whole response: status, type and body (copied). */
+static int respond(api_req *r, unsigned status, const char *ctype, const char *body, size_t len) {
+    r->status = status;
+    r->ctype = ctype;
+    r->length = (int64_t)len;
+    r->final = true;
+    r->out_len = 0;
+    hub_api_count(&r->a->status->api, routes[r->route].endpoint, status);
+    if (out_add(r, body, len)) return -1;
+    want_writeable(r);
+    return 0;
+}
+
+static int respond_json(api_req *r, unsigned status, char *json) {
+    if (!json) return respond(r, 500, "text/plain", "out of memory\n", 14);
+    const int rc = respond(r, status, "application/json", json, strlen(json));
+    free(json);
+    return rc;
+}
+
+static int respond_error(api_req *r, const hub_api_error *e) {
+    char peer[64] = "?";
+    lws_get_peer_simple(r->wsi, peer, sizeof peer);
+    moex_log(e->status >= 500 ? MOEX_LOG_WARN : MOEX_LOG_INFO, "api: %s %s -> %u: %s", peer, routes[r->route].path,
+             e->status, e->message);
+    return respond_json(r, e->status, hub_openai_error_json(e));
+}
+
+static int add_header(struct lws *wsi, const char *name, const char *value, uint8_t **p, uint8_t *end) {
+    return lws_add_http_header_by_name(wsi, (const unsigned char *)name, (const unsigned char *)value,
+                                       (int)strlen(value), p, end);
+}
+
+static int send_head(api_req *r) {
+    uint8_t buf[LWS_PRE + 1024], *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
+    const lws_filepos_t len = r->length < 0 ? LWS_ILLEGAL_HTTP_CONTENT_LEN : (lws_filepos_t)r->length;
+    if (lws_add_http_common_headers(r->wsi, r->status, r->ctype, len, &p, end) ||
+        add_header(r->wsi, "access-control-allow-origin:", "*", &p, end))
+        return -1;
+    if (r->length < 0 && (add_header(r->wsi, "cache-control:", "no-cache", &p, end) ||
+                          add_header(r->wsi, "x-accel-buffering:", "no", &p, end)))
+        return -1;
+    if (r->status == HTTP_STATUS_NO_CONTENT &&
+        (add_header(r->wsi, "access-control-allow-methods:", "GET, POST, OPTIONS", &p, end) ||
+         add_header(r->wsi, "access-control-allow-headers:", "authorization, content-type, *", &p, end) ||
+         add_header(r->wsi, "access-control-max-age:", "86400", &p, end)))
+        return -1;
+    return lws_finalize_write_http_header(r->wsi, start, &p, end);
+}
+
+/* ---- the job's progress into the response ---- */
+
+static int sse_event(api_req *r, char *json) {
+    if (!json) return -1;
+    const int rc = out_add(r, "data: ", 6) || out_add(r, json, strlen(json)) || out_add(r, "\n\n", 2);
+    free(json);
+    return rc;
+}
+
+static int stream_progress(api_req *r, const char *text, const hub_job_state *st) {
+    hub_api *a = r->a;
+    const char *model = a->cfg.openai.model_id;
+    if (r->chat && !r->role_sent) {
+        r->role_sent = true;
+        if (sse_event(r, hub_openai_chunk_json(true, r->id, r->created, model, NULL, true, HUB_FINISH_NONE))) return -1;
+    }
+    if (text && sse_event(r, hub_openai_chunk_json(r->chat, r->id, r->created, model, text, false, HUB_FINISH_NONE)))
+        return -1;
+    if (!st->done) return 0;
+    r->ended = true;
+    if (st->finish == HUB_FINISH_ERROR) {
+        hub_api_error e;
+        hub_api_fail(&e, st->http_status, "server_error", st->error_code, NULL, "%s", st->error);
+        if (sse_event(r, hub_openai_error_json(&e))) return -1;
+    } else {
+        if (sse_event(r, hub_openai_chunk_json(r->chat, r->id, r->created, model, NULL, false, st->finish))) return -1;
+        if (r->include_usage &&
+            sse_event(r, hub_openai_usage_chunk_json(r->chat, r->id, r->created, model, st->n_prompt, st->n_completion)))
+            return -1;
+    }
+    r->final = true;
+    return out_add(r, "data: [DONE]\n\n", 14);
+}
+
+static int whole_progress(api_req *r, const char *text, size_t n, const hub_job_state *st) {
+    if (n && append((uint8_t **)&r->text, &r->text_len, &r->text_cap, 0, text, n)) return -1;
+    if (!st->done) return 0;
+    r->ended = true;
+    return respond_json(r, 200, hub_openai_completion_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id,
+                                                          r->text ? r->text : "", st->finish, st->n_prompt,
+                                                          st->n_completion));
+}
+
+/* Takes the job's new text into the response. */
+static int pull_job(api_req *r) {
+    char *text;
+    hub_job_state st;
+    const size_t n = hub_job_take(r->job, &text, &st);
+    int rc = 0;
+    if (!r->status && st.done && st.finish == HUB_FINISH_ERROR) { /* before any byte went out: a plain error */
+        hub_api_error e;
+        hub_api_fail(&e, st.http_status, st.http_status < 500 ? "invalid_request_error" : "server_error",
+                     st.error_code, st.http_status == 400 ? (r->chat ? "messages" : "prompt") : NULL, "%s", st.error);
+        r->ended = true;
+        rc = respond_error(r, &e);
+    } else if (!r->stream) {
+        rc = whole_progress(r, text, n, &st);
+    } else if (r->status || st.accepted) {
+        if (!r->status) {
+            r->status = 200;
+            r->ctype = "text/event-stream";
+            r->length = -1;
+            hub_api_count(&r->a->status->api, routes[r->route].endpoint, 200);
+        }
+        rc = stream_progress(r, text, &st);
+    }
+    free(text);
+    return rc;
+}
+
+/* ---- requests ---- */
+
+static void req_free(api_req *r) {
+    if (!r) return;
+    if (r->job) {
+        hub_job_set_user(r->job, NULL);
+        if (!r->ended) {
+            hub_job_cancel(r->job);
+            atomic_fetch_add(&r->a->status->api.disconnects, 1);
+            moex_log(MOEX_LOG_INFO, "api: %s: the client left before the end: its slot is freed", r->id);
+        }
+        hub_job_unref(r->job);
+    }
+    free(r->body);
+    free(r->out);
+    free(r->text);
+    free(r);
+}
+
+static int on_writeable(api_req *r, void **state) {
+    r->waiting_since = 0;
+    if (r->job && !r->ended && pull_job(r)) return -1;
+    if (!r->status) return 0; /* nothing to say yet */
+    if (!r->head_sent) {
+        if (send_head(r)) return -1;
+        r->head_sent = true;
+        if (r->out_len || r->final) want_writeable(r);
+        return 0;
+    }
+    if (r->out_len) {
+        const size_t n = r->out_len;
+        r->out_len = 0;
+        if (lws_write(r->wsi, r->out + LWS_PRE, n, r->final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < (int)n)
+            return -1;
+    }
+    if (!r->final) return 0;
+    /* the response is out: the next request on this connection starts afresh */
+    struct lws *wsi = r->wsi;
+    const bool close = r->close_after;
+    req_free(r);
+    *state = NULL;
+    return close || lws_http_transaction_completed(wsi) ? -1 : 0;
+}
+
+static void notify(void *ctx, hub_job *j) {
+    hub_api *a = ctx;
+    pthread_mutex_lock(&a->mu);
+    bool listed = false;
+    for (int i = 0; i < a->n_ready && !listed; i++) listed = a->ready[i] == j;
+    if (!listed && a->n_ready == a->cap_ready) {
+        const int cap = a->cap_ready ? 2 * a->cap_ready : 16;
+        hub_job **grown = realloc(a->ready, (size_t)cap * sizeof *grown);
+        if (grown) a->ready = grown, a->cap_ready = cap;
+    }
+    if (!listed && a->n_ready < a->cap_ready) {
+        hub_job_ref(j);
+        a->ready[a->n_ready++] = j;
+    }
+    struct lws_context *lc = a->ctx;
+    pthread_mutex_unlock(&a->mu);
+    if (lc) lws_cancel_service(lc);
+}
+
+/* Network thread, after a wake-up: the ready jobs' connections get a
+ * writeable callback; a client that has not been writeable for too long is
+ * not reading, and is dropped. */
+static void service(void *ctx) {
+    hub_api *a = ctx;
+    pthread_mutex_lock(&a->mu);
+    hub_job **ready = a->ready;
+    const int n = a->n_ready;
+    a->ready = NULL;
+    a->n_ready = a->cap_ready = 0;
+    pthread_mutex_unlock(&a->mu);
+    const double now = moex_time_s();
+    for (int i = 0; i < n; i++) {
+        api_req *r = hub_job_user(ready[i]);
+        if (r && r->waiting_since && now - r->waiting_since > a->cfg.client_timeout_s) {
+            moex_log(MOEX_LOG_INFO, "api: %s: the client read nothing for %.0f s: dropped", r->id,
+                     now - r->waiting_since);
+            hub_job_cancel(r->job);
+            lws_set_timeout(r->wsi, PENDING_TIMEOUT_HTTP_CONTENT, LWS_TO_KILL_ASYNC);
+        } else if (r) {
+            want_writeable(r);
+        }
+        hub_job_unref(ready[i]);
+    }
+    free(ready);
+}
+
+static int bad_method(api_req *r) {
+    hub_api_error e;
+    hub_api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s takes %s", routes[r->route].path,
+                 routes[r->route].method == LWSHUMETH_POST ? "POST" : "GET");
+    return respond_error(r, &e);
+}
+
+static int refuse(api_req *r) {
+    uint32_t suppressed = 0;
+    if (hub_log_limit_take(&r->a->refusals, moex_time_s(), &suppressed)) {
+        char peer[64] = "?";
+        lws_get_peer_simple(r->wsi, peer, sizeof peer);
+        moex_log(MOEX_LOG_WARN, "api: %s %s -> 401: wrong or missing API key%s", peer, routes[r->route].path,
+                 suppressed ? " (and more refusals not logged)" : "");
+    }
+    hub_api_error e;
+    hub_api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                 "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'");
+    return respond_json(r, 401, hub_openai_error_json(&e));
+}
+
+static int start_generation(api_req *r) {
+    hub_api *a = r->a;
+    const bool chat = r->route == R_CHAT;
+    hub_api_request req;
+    hub_api_error e;
+    const uint64_t no = ++a->n_requests;
+    if (hub_openai_parse(&a->cfg.openai, chat, r->body ? r->body : "", r->body_len, no, &req, &e))
+        return respond_error(r, &e);
+    r->chat = chat;
+    r->stream = req.stream;
+    r->include_usage = req.include_usage;
+    r->created = (long long)time(NULL);
+    snprintf(r->id, sizeof r->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", r->created, (unsigned long long)no);
+    hub_job *job = hub_job_create(&req.job, notify, a);
+    moex_error err = {0};
+    if (!job) return respond_error(r, (hub_api_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), &e));
+    hub_job_set_user(job, r);
+    hub_sched *sched = atomic_load(&a->sched);
+    if (!sched) moex_fail(&err, "the server is starting (waiting for workers): try again shortly");
+    if (!sched || hub_sched_submit(sched, job, &err)) {
+        hub_job_set_user(job, NULL);
+        hub_job_unref(job);
+        hub_api_fail(&e, 503, "server_error", "server_busy", NULL, "%s", err.msg);
+        return respond_error(r, &e);
+    }
+    r->job = job;
+    return 0;
+}
+
+static int respond_static(api_req *r) {
+    hub_status_src *st = r->a->status;
+    char *s;
+    size_t n;
+    switch (r->route) {
+    case R_PAGE: {
+        const char *page = hub_status_page(&n);
+        return respond(r, 200, "text/html; charset=utf-8", page, n);
+    }
+    case R_HEALTH:
+        if (!atomic_load(&r->a->sched)) return respond(r, 503, "application/json", "{\"status\":\"loading\"}", 20);
+        return respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    case R_METRICS: {
+        if (!(s = hub_status_metrics(st, &n))) return respond(r, 500, "text/plain", "out of memory\n", 14);
+        const int rc = respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", s, n);
+        free(s);
+        return rc;
+    }
+    case R_STATUS: return respond_json(r, 200, hub_status_json(st));
+    case R_MODELS:
+        return respond_json(r, 200, hub_openai_models_json(r->a->cfg.openai.model_id, (long long)time(NULL), false));
+    default: return -1;
+    }
+}
+
+static int model_by_id(api_req *r, const char *uri) {
+    const char *id = uri + strlen(routes[R_MODEL].path);
+    if (strcmp(id, r->a->cfg.openai.model_id)) {
+        hub_api_error e;
+        hub_api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
+                     "The model '%.200s' does not exist; this server serves '%.200s'", id, r->a->cfg.openai.model_id);
+        return respond_error(r, &e);
+    }
+    return respond_json(r, 200, hub_openai_models_json(id, (long long)time(NULL), true));
+}
+
+/* The path of a request and its method (LWSHUMETH_*), or -1. */
+static int method_and_path(struct lws *wsi, char *path, size_t cap) {
+    char *uri;
+    int len;
+    const int m = lws_http_get_uri_and_method(wsi, &uri, &len);
+    if (m < 0 || len <= 0 || (size_t)len >= cap) return -1;
+    memcpy(path, uri, (size_t)len);
+    path[len] = '\0';
+    return m;
+}
+
+static int route_of(const char *path) {
+    for (int i = 0; i < R_COUNT; i++)
+        if (i == R_MODEL ? !strncmp(path, routes[i].path, strlen(routes[i].path)) && path[strlen(routes[i].path)]
+                         : !strcmp(path, routes[i].path))
+            return i;
+    return -1;
+}
+
+static bool claims(void *ctx, struct lws *wsi) {
+    char path[512];
+    return method_and_path(wsi, path, sizeof path) >= 0 && route_of(path) >= 0;
+}
+
+static size_t content_length(struct lws *wsi, bool *known) {
+    char v[32];
+    *known = lws_hdr_copy(wsi, v, sizeof v, WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0;
+    return *known ? (size_t)strtoull(v, NULL, 10) : 0;
+}
+
+static int on_request(hub_api *a, struct lws *wsi, api_req *r) {
+    char path[512];
+    const int method = method_and_path(wsi, path, sizeof path);
+    r->route = (route)route_of(path);
+    if (method == LWSHUMETH_OPTIONS) return respond(r, HTTP_STATUS_NO_CONTENT, "text/plain", "", 0);
+    if (method != routes[r->route].method) return bad_method(r);
+    if (method == LWSHUMETH_POST) {
+        bool known;
+        const size_t n = content_length(wsi, &known);
+        if (n > a->cfg.max_body) {
+            hub_api_error e;
+            hub_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                         "the request body is %zu bytes; this server takes at most %zu", n, a->cfg.max_body);
+            r->close_after = true;
+            return respond_error(r, &e);
+        }
+        if (!known) { /* libwebsockets does not decode chunked request bodies: ask for a length */
+            hub_api_error e;
+            hub_api_fail(&e, 411, "invalid_request_error", "length_required", NULL,
+                         "send the body with a Content-Length (chunked request bodies are not supported)");
+            r->close_after = true;
+            return respond_error(r, &e);
+        }
+        if (n > 0) return 0; /* the body follows */
+    }
+    if (routes[r->route].auth && !hub_auth_ok(wsi, a->cfg.api_key)) return refuse(r);
+    if (r->route == R_MODEL) return model_by_id(r, path);
+    if (method == LWSHUMETH_POST) return start_generation(r);
+    return respond_static(r);
+}
+
+/* A body that grows past its Content-Length's check (it cannot: lws stops
+ * at the length) or the limit is answered at once and the connection closed. */
+static int on_body(hub_api *a, api_req *r, const void *in, size_t len) {
+    if (r->status) return 0; /* answered already (413): the rest is dropped */
+    if (r->body_len + len > a->cfg.max_body) {
+        free(r->body);
+        r->body = NULL;
+        hub_api_error e;
+        hub_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                     "the request body is over %zu bytes, this server's limit", a->cfg.max_body);
+        r->close_after = true;
+        return respond_error(r, &e);
+    }
+    char *grown = realloc(r->body, r->body_len + len + 1);
+    if (!grown) return -1;
+    memcpy(grown + r->body_len, in, len);
+    r->body = grown;
+    r->body_len += len;
+    r->body[r->body_len] = '\0';
+    return 0;
+}
+
+static int on_body_done(hub_api *a, api_req *r) {
+    if (r->status) return 0;
+    if (!hub_auth_ok(r->wsi, a->cfg.api_key)) return refuse(r);
+    return start_generation(r);
+}
+
+static int callback(void *ctx, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
+                    size_t len) {
+    hub_api *a = ctx;
+    api_req *r = *state;
+    switch (reason) {
+    case LWS_CALLBACK_HTTP:
+        req_free(r); /* a keep-alive connection's previous request, if it never ended */
+        if (!(r = *state = calloc(1, sizeof *r))) return -1;
+        r->a = a;
+        r->wsi = wsi;
+        pthread_mutex_lock(&a->mu);
+        a->ctx = lws_get_context(wsi);
+        pthread_mutex_unlock(&a->mu);
+        return on_request(a, wsi, r) ? -1 : 0;
+    case LWS_CALLBACK_HTTP_BODY: return r && on_body(a, r, in, len) ? -1 : 0;
+    case LWS_CALLBACK_HTTP_BODY_COMPLETION: return r && on_body_done(a, r) ? -1 : 0;
+    case LWS_CALLBACK_HTTP_WRITEABLE: return r ? on_writeable(r, state) : 0;
+    case LWS_CALLBACK_CLOSED_HTTP:
+    case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
+        req_free(r);
+        *state = NULL;
+        return 0;
+    default: return 0;
+    }
+}
+
+hub_api *hub_api_create(const hub_api_config *cfg, hub_status_src *status, moex_error *err) {
+    hub_api *a = calloc(1, sizeof *a);
+    if (!a) {
+        moex_fail(err, "out of memory");
+        return NULL;
+    }
+    a->cfg = *cfg;
+    if (a->cfg.api_key && !*a->cfg.api_key) a->cfg.api_key = NULL;
+    if (a->cfg.client_timeout_s <= 0) a->cfg.client_timeout_s = 30;
+    atomic_init(&a->sched, NULL);
+    a->status = status;
+    pthread_mutex_init(&a->mu, NULL);
+    a->handler = (hub_http_handler){.ctx = a, .claims = claims, .callback = callback, .service = service};
+    return a;
+}
+
+const hub_http_handler *hub_api_handler(hub_api *a) { return &a->handler; }
+
+void hub_api_set_scheduler(hub_api *a, hub_sched *sched) { atomic_store(&a->sched, sched); }
+
+void hub_api_free(hub_api *a) {
+    if (!a) return;
+    for (int i = 0; i < a->n_ready; i++) hub_job_unref(a->ready[i]);
+    free(a->ready);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}

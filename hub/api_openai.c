@@ -1,0 +1,414 @@
+/* OpenAI's request and response JSON (api.h), through cJSON. A request's
+ * fields become a job: the prompt (chat messages rendered with the model's
+ * chat template, or a completion prompt as text or token ids), sampling,
+ * stop sequences and the token limit. Fields this server does not know are
+ * ignored (clients send many); known ones are checked for type and range. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "hub/api.h"
+
+#define MAX_MESSAGES 4096
+#define MAX_PROMPT_TOKENS (1 << 22)
+
+int hub_api_fail(hub_api_error *e, unsigned status, const char *type, const char *code, const char *param,
+                 const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    e->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+#define BAD(e, param, ...) hub_api_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
+
+void hub_api_request_free(hub_api_request *r) {
+    free(r->job.prompt_text);
+    free(r->job.prompt_tokens);
+    for (int i = 0; i < r->job.n_stop; i++) free(r->job.stop[i]);
+    memset(&r->job, 0, sizeof r->job);
+}
+
+/* ---- field checks: absent and null leave the default ---- */
+
+static const cJSON *field(const cJSON *root, const char *name) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, name);
+    return f && !cJSON_IsNull(f) ? f : NULL;
+}
+
+static int get_number(const cJSON *root, const char *name, double lo, double hi, float *out, hub_api_error *e) {
+    const cJSON *f = field(root, name);
+    if (!f) return 0;
+    if (!cJSON_IsNumber(f)) return BAD(e, name, "'%s' must be a number", name);
+    if (!(f->valuedouble >= lo && f->valuedouble <= hi))
+        return BAD(e, name, "'%s' is %g; it must be between %g and %g", name, f->valuedouble, lo, hi);
+    *out = (float)f->valuedouble;
+    return 0;
+}
+
+static bool is_integer(const cJSON *f) {
+    return cJSON_IsNumber(f) && f->valuedouble == floor(f->valuedouble) && fabs(f->valuedouble) < 9007199254740992.0;
+}
+
+static int get_integer(const cJSON *root, const char *name, double lo, double hi, int64_t *out, hub_api_error *e) {
+    const cJSON *f = field(root, name);
+    if (!f) return 0;
+    if (!is_integer(f)) return BAD(e, name, "'%s' must be an integer", name);
+    if (f->valuedouble < lo || f->valuedouble > hi)
+        return BAD(e, name, "'%s' is %.0f; it must be between %.0f and %.0f", name, f->valuedouble, lo, hi);
+    *out = (int64_t)f->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *root, const char *name, bool *out, hub_api_error *e) {
+    const cJSON *f = field(root, name);
+    if (!f) return 0;
+    if (!cJSON_IsBool(f)) return BAD(e, name, "'%s' must be true or false", name);
+    *out = cJSON_IsTrue(f);
+    return 0;
+}
+
+/* ---- the prompt ---- */
+
+/* A message's content: a string, or an array of {"type": "text", "text": ...}
+ * parts (joined). *owned is set when the text had to be joined. */
+static int message_content(const cJSON *msg, int i, const char **text, char **owned, hub_api_error *e) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    *owned = NULL;
+    if (!c || cJSON_IsNull(c)) {
+        *text = "";
+        return 0;
+    }
+    if (cJSON_IsString(c)) {
+        *text = c->valuestring;
+        return 0;
+    }
+    if (!cJSON_IsArray(c)) return BAD(e, "messages", "messages[%d].content must be a string or an array of parts", i);
+    size_t total = 1;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(t))
+            return BAD(e, "messages", "messages[%d].content: only text parts ({\"type\": \"text\", \"text\": ...}) "
+                       "are supported", i);
+        total += strlen(t->valuestring);
+    }
+    if (!(*owned = malloc(total))) return hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t at = 0;
+    cJSON_ArrayForEach(part, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        const size_t n = strlen(t);
+        memcpy(*owned + at, t, n);
+        at += n;
+    }
+    (*owned)[at] = '\0';
+    *text = *owned;
+    return 0;
+}
+
+/* "developer" is OpenAI's newer name for "system". */
+static const char *message_role(const cJSON *msg) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(msg, "role");
+    if (!cJSON_IsString(r)) return NULL;
+    if (!strcmp(r->valuestring, "developer")) return "system";
+    if (!strcmp(r->valuestring, "system") || !strcmp(r->valuestring, "user") || !strcmp(r->valuestring, "assistant"))
+        return r->valuestring;
+    return NULL;
+}
+
+static int render_messages(const hub_openai_ctx *ctx, const cJSON *messages, hub_job_params *job, hub_api_error *e) {
+    if (!cJSON_IsArray(messages)) return BAD(e, "messages", "'messages' must be an array of {role, content}");
+    const int n = cJSON_GetArraySize(messages);
+    if (n < 1) return BAD(e, "messages", "'messages' is empty: nothing to answer");
+    if (n > MAX_MESSAGES) return BAD(e, "messages", "%d messages; at most %d", n, MAX_MESSAGES);
+    moex_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
+    char **owned = calloc((size_t)n, sizeof *owned);
+    int rc = msgs && owned ? 0 : hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, messages) {
+        if (rc) break;
+        if (!cJSON_IsObject(m)) {
+            rc = BAD(e, "messages", "messages[%d] must be an object {role, content}", i);
+            break;
+        }
+        if (!(msgs[i].role = message_role(m))) {
+            rc = BAD(e, "messages", "messages[%d].role must be \"system\", \"developer\", \"user\" or \"assistant\"", i);
+            break;
+        }
+        rc = message_content(m, i, &msgs[i].content, &owned[i], e);
+        i++;
+    }
+    if (!rc) {
+        moex_error err = {0};
+        const int64_t len = moex_chat_apply(ctx->chat, msgs, n, true, NULL, 0, &err);
+        if (len < 0) rc = hub_api_fail(e, 500, "server_error", NULL, NULL, "chat template: %s", err.msg);
+        else if (!(job->prompt_text = malloc((size_t)len + 1)))
+            rc = hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        else {
+            moex_chat_apply(ctx->chat, msgs, n, true, job->prompt_text, len + 1, &err);
+            job->prompt_len = (size_t)len;
+        }
+    }
+    for (int k = 0; owned && k < n; k++) free(owned[k]);
+    free(owned);
+    free(msgs);
+    return rc;
+}
+
+/* A string, an array of token ids, or an array holding one string. */
+static int completion_prompt(const cJSON *root, hub_job_params *job, hub_api_error *e) {
+    const cJSON *p = field(root, "prompt");
+    if (!p) return BAD(e, "prompt", "'prompt' is required");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
+        p = cJSON_GetArrayItem(p, 0);
+    if (cJSON_IsString(p)) {
+        job->prompt_len = strlen(p->valuestring);
+        if (!(job->prompt_text = strdup(p->valuestring)))
+            return hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return 0;
+    }
+    if (!cJSON_IsArray(p)) return BAD(e, "prompt", "'prompt' must be a string or an array of token ids");
+    const int n = cJSON_GetArraySize(p);
+    if (n < 1) return BAD(e, "prompt", "'prompt' is empty: nothing to continue from");
+    if (n > MAX_PROMPT_TOKENS) return BAD(e, "prompt", "%d prompt tokens; at most %d", n, MAX_PROMPT_TOKENS);
+    if (!(job->prompt_tokens = malloc((size_t)n * sizeof *job->prompt_tokens)))
+        return hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, p) {
+        if (!is_integer(t) || t->valuedouble < 0 || t->valuedouble > INT32_MAX)
+            return BAD(e, "prompt", "'prompt' must be a string or an array of token ids (several prompts in one "
+                       "request are not supported)");
+        job->prompt_tokens[i++] = (int32_t)t->valuedouble;
+    }
+    job->n_prompt_tokens = n;
+    return 0;
+}
+
+static int add_stop(hub_job_params *job, const cJSON *s, hub_api_error *e) {
+    if (!cJSON_IsString(s)) return BAD(e, "stop", "'stop' must be a string or an array of strings");
+    const size_t n = strlen(s->valuestring);
+    if (n == 0) return 0; /* an empty stop sequence stops nothing */
+    if (n > HUB_STOP_MAX_BYTES) return BAD(e, "stop", "a stop sequence of %zu bytes; at most %d", n, HUB_STOP_MAX_BYTES);
+    if (job->n_stop == HUB_MAX_STOPS) return BAD(e, "stop", "at most %d stop sequences", HUB_MAX_STOPS);
+    if (!(job->stop[job->n_stop] = strdup(s->valuestring)))
+        return hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    job->n_stop++;
+    return 0;
+}
+
+static int stops(const cJSON *root, hub_job_params *job, hub_api_error *e) {
+    const cJSON *s = field(root, "stop");
+    if (!s) return 0;
+    if (!cJSON_IsArray(s)) return add_stop(job, s, e);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, s) if (add_stop(job, x, e)) return -1;
+    return 0;
+}
+
+/* What is asked for that this server does not do: refused rather than ignored. */
+static int unsupported(const cJSON *root, bool chat, hub_api_error *e) {
+    int64_t n = 1;
+    if (get_integer(root, "n", 1, 128, &n, e)) return -1;
+    if (n != 1) return BAD(e, "n", "'n' is %lld: this server returns one choice per request", (long long)n);
+    const cJSON *lp = field(root, "logprobs");
+    if (lp && !(cJSON_IsFalse(lp) || (!chat && is_integer(lp) && lp->valuedouble == 0)))
+        return BAD(e, "logprobs", "log probabilities are not supported");
+    bool echo = false;
+    if (get_bool(root, "echo", &echo, e)) return -1;
+    if (echo) return BAD(e, "echo", "'echo' is not supported");
+    int64_t best_of = 1;
+    if (get_integer(root, "best_of", 1, 128, &best_of, e)) return -1;
+    if (best_of != 1) return BAD(e, "best_of", "'best_of' is not supported");
+    return 0;
+}
+
+static int sampling(const hub_openai_ctx *ctx, const cJSON *root, uint64_t request_no, moex_sampler_params *sp,
+                    hub_api_error *e) {
+    *sp = ctx->defaults;
+    sp->seed = ctx->seed + request_no;
+    int64_t top_k = sp->top_k, seed;
+    float penalty = 0;
+    if (get_number(root, "temperature", 0, 2, &sp->temp, e) || get_number(root, "top_p", 0, 1, &sp->top_p, e) ||
+        get_number(root, "min_p", 0, 1, &sp->min_p, e) || get_integer(root, "top_k", 0, 1 << 24, &top_k, e) ||
+        /* accepted, not applied (docs/API.md) */
+        get_number(root, "presence_penalty", -2, 2, &penalty, e) ||
+        get_number(root, "frequency_penalty", -2, 2, &penalty, e))
+        return -1;
+    sp->top_k = (int)top_k;
+    const cJSON *s = field(root, "seed");
+    if (s) {
+        if (!is_integer(s)) return BAD(e, "seed", "'seed' must be an integer");
+        seed = (int64_t)s->valuedouble;
+        sp->seed = (uint64_t)seed;
+    }
+    return 0;
+}
+
+static int check_model(const hub_openai_ctx *ctx, const cJSON *root, hub_api_error *e) {
+    const cJSON *m = field(root, "model");
+    if (!m) return 0; /* OpenAI requires it; one model here, so it may be left out */
+    if (!cJSON_IsString(m)) return BAD(e, "model", "'model' must be a string");
+    if (strcmp(m->valuestring, ctx->model_id))
+        return hub_api_fail(e, 404, "invalid_request_error", "model_not_found", "model",
+                            "The model '%.200s' does not exist; this server serves '%.200s' (GET /v1/models)",
+                            m->valuestring, ctx->model_id);
+    return 0;
+}
+
+static int parse_root(const hub_openai_ctx *ctx, bool chat, const cJSON *root, uint64_t request_no,
+                      hub_api_request *out, hub_api_error *e) {
+    if (!cJSON_IsObject(root)) return BAD(e, NULL, "the request body must be a JSON object");
+    if (check_model(ctx, root, e) || unsupported(root, chat, e)) return -1;
+    if (get_bool(root, "stream", &out->stream, e)) return -1;
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) return BAD(e, "stream_options", "'stream_options' must be an object");
+        if (get_bool(so, "include_usage", &out->include_usage, e)) return -1;
+    }
+    int64_t max_tokens = chat ? 0 : 16; /* OpenAI's defaults: chat until done, completions 16 */
+    if (get_integer(root, "max_tokens", 1, 1 << 24, &max_tokens, e) ||
+        (chat && get_integer(root, "max_completion_tokens", 1, 1 << 24, &max_tokens, e)))
+        return -1;
+    out->job.max_tokens = max_tokens;
+    if (get_bool(root, "ignore_eos", &out->job.ignore_eos, e)) return -1; /* llama-server's extension */
+    if (sampling(ctx, root, request_no, &out->job.sp, e) || stops(root, &out->job, e)) return -1;
+    if (chat) {
+        const cJSON *msgs = field(root, "messages");
+        if (!msgs) return BAD(e, "messages", "'messages' is required");
+        return render_messages(ctx, msgs, &out->job, e);
+    }
+    return completion_prompt(root, &out->job, e);
+}
+
+int hub_openai_parse(const hub_openai_ctx *ctx, bool chat, const char *body, size_t len, uint64_t request_no,
+                     hub_api_request *out, hub_api_error *e) {
+    memset(out, 0, sizeof *out);
+    out->chat = chat;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        const long off = at && at >= body && at <= body + len ? (long)(at - body) : -1;
+        return BAD(e, NULL, "the request body is not valid JSON (at byte %ld)", off);
+    }
+    const int rc = parse_root(ctx, chat, root, request_no, out, e);
+    cJSON_Delete(root);
+    if (rc) hub_api_request_free(out);
+    return rc;
+}
+
+/* ---- responses ---- */
+
+static char *print_and_free(cJSON *root) {
+    char *s = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return s;
+}
+
+static void add_string_or_null(cJSON *o, const char *name, const char *v) {
+    if (v) cJSON_AddStringToObject(o, name, v);
+    else cJSON_AddNullToObject(o, name);
+}
+
+char *hub_openai_error_json(const hub_api_error *e) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
+    add_string_or_null(err, "param", e->param);
+    add_string_or_null(err, "code", e->code);
+    return print_and_free(root);
+}
+
+const char *hub_openai_finish_name(hub_finish f) {
+    switch (f) {
+    case HUB_FINISH_STOP: return "stop";
+    case HUB_FINISH_LENGTH: return "length";
+    default: return NULL;
+    }
+}
+
+static cJSON *envelope(bool chat, bool chunk, const char *id, long long created, const char *model) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", id);
+    cJSON_AddStringToObject(root, "object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                 : "text_completion");
+    cJSON_AddNumberToObject(root, "created", (double)created);
+    cJSON_AddStringToObject(root, "model", model);
+    return root;
+}
+
+static void add_usage(cJSON *root, int64_t n_prompt, int64_t n_completion) {
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)n_completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(n_prompt + n_completion));
+}
+
+char *hub_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
+                                 hub_finish finish, int64_t n_prompt, int64_t n_completion) {
+    cJSON *root = envelope(chat, false, id, created, model);
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(choice, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", text);
+    } else {
+        cJSON_AddStringToObject(choice, "text", text);
+    }
+    cJSON_AddNullToObject(choice, "logprobs");
+    add_string_or_null(choice, "finish_reason", hub_openai_finish_name(finish));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    add_usage(root, n_prompt, n_completion);
+    return print_and_free(root);
+}
+
+char *hub_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
+                            bool role, hub_finish finish) {
+    cJSON *root = envelope(chat, true, id, created, model);
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (chat) {
+        cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
+        if (role) cJSON_AddStringToObject(delta, "role", "assistant");
+        if (text || role) cJSON_AddStringToObject(delta, "content", text ? text : "");
+    } else {
+        cJSON_AddStringToObject(choice, "text", text ? text : "");
+    }
+    cJSON_AddNullToObject(choice, "logprobs");
+    add_string_or_null(choice, "finish_reason", hub_openai_finish_name(finish));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    return print_and_free(root);
+}
+
+char *hub_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model, int64_t n_prompt,
+                                  int64_t n_completion) {
+    cJSON *root = envelope(chat, true, id, created, model);
+    cJSON_AddArrayToObject(root, "choices");
+    add_usage(root, n_prompt, n_completion);
+    return print_and_free(root);
+}
+
+char *hub_openai_models_json(const char *model, long long created, bool one) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "moex");
+    if (one) return print_and_free(m);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    return print_and_free(root);
+}

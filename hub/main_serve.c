@@ -1,0 +1,437 @@
+/* moex-hub serve: one long-running process on one port that serves the
+ * OpenAI-compatible API (hub/api.h), a status page and /metrics, and (unless
+ * --local) accepts workers as the one-shot hub does. Its pieces:
+ *
+ *   network thread (hub server)  workers on /ws, the API and the page over HTTP
+ *   scheduler thread             continuous batching: one forward per step over every active request
+ *   the engine                   CPU state with --parallel KV slots (or Vulkan), experts here (--local)
+ *                                or on the workers through the hub's executor
+ *   this thread                  starts them, waits for Ctrl-C, stops them in order */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hub/api.h"
+#include "hub/hub.h"
+#include "proto/proto.h"
+#if MOEX_HAVE_VULKAN
+#include "engine/vk/engine_vk.h"
+#endif
+
+typedef struct serve_options {
+    const char *model, *api_key, *chat_template, *alias;
+    bool local, vulkan;
+    int device, threads, parallel, max_queue;
+    int64_t n_ctx, n_batch, prompt_chunk, min_workers, max_body;
+    double wait_s, client_timeout_s;
+    int wire_dtype;
+    moex_sampler_params sp;
+    moex_hub_config hub;
+} serve_options;
+
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig) { interrupted = sig; }
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: moex-hub serve -m MODEL.gguf [--local | worker options] [--backend vulkan] --port P [--api-key K]\n"
+            "One process serving the OpenAI-compatible API (POST /v1/chat/completions, /v1/completions,\n"
+            "GET /v1/models, /health, /metrics) and a status page at /, workers on /ws of the same port.\n"
+            "  -m, --model FILE        GGUF model\n"
+            "  --local                 run the whole model in this process (no workers)\n"
+            "  --backend cpu|vulkan    where the hub's part runs (default cpu); --device N picks the GPU\n"
+            "  --host ADDR             listen address (default 127.0.0.1)\n"
+            "  --port N                listen port (default 8080)\n"
+            "  --api-key K             clients must send Authorization: Bearer K (default: none needed)\n"
+            "  --alias NAME            the model's name in the API (default: the file name without .gguf)\n"
+            "  --chat-template NAME    override the model's template: chatml, llama3, llama2, llama2-sys,\n"
+            "                          llama2-sys-bos, llama2-sys-strip, mistral-v1, mistral-v3,\n"
+            "                          mistral-v3-tekken, mistral-v7\n"
+            "  --parallel N            requests decoding together, each in its own KV slot (default 4)\n"
+            "  --ctx N                 positions per slot: prompt + completion (default min(4096, the model's))\n"
+            "  --batch N               tokens per forward pass at most (default 512)\n"
+            "  --prompt-chunk N        prompt tokens per forward while others decode (default 128)\n"
+            "  --max-queue N           requests waiting for a slot at most; more get 503 (default 64)\n"
+            "  --max-body BYTES        request bodies at most; more get 413 (default 1048576)\n"
+            "  --client-timeout S      drop a client that reads nothing this long (default 30)\n"
+            "  --temp T, --top-k K, --top-p P, --min-p P   sampling for requests that leave them out\n"
+            "                          (defaults 0.8, 40, 0.95, 0.05)\n"
+            "  --seed S                seeds of requests without one: S + the request's number (default: clock)\n"
+            "  -t, --threads N         CPU threads (default: all cores)\n"
+            "  --wire-dtype T          f16 (default), bf16, int8, f32, or exact (--local only)\n"
+            "workers (without --local): as the one-shot hub (see moex-hub --help)\n"
+            "  --token T               workers must present it (separate from --api-key)\n"
+            "  --replicas R, --hedge N|auto, --timeout-ms MS, --verify P, --no-local-fallback\n"
+            "  --min-workers N         wait for N ready workers before serving requests (default 0)\n"
+            "  --wait-s S              how long to wait for them (default 600)\n");
+}
+
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "moex-hub serve: %s expects an integer in [%lld, %lld], got '%s'\n", flag, (long long)lo,
+                (long long)hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_f64(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "moex-hub serve: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_wire(const char *v, int *out) {
+    static const struct {
+        const char *name;
+        int dtype;
+    } t[] = {{"exact", MOEX_WIRE_EXACT}, {"f16", MOEX_DT_F16}, {"bf16", MOEX_DT_BF16},
+             {"int8", MOEX_DT_INT8},     {"f32", MOEX_DT_F32}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(v, t[i].name)) return *out = t[i].dtype, 0;
+    fprintf(stderr, "moex-hub serve: --wire-dtype expects f16, bf16, int8, f32 or exact, got '%s'\n", v);
+    return -1;
+}
+
+/* Flags that take a value: one place for each, in the order of --help. */
+static int parse_value(serve_options *o, const char *a, const char *v) {
+    int64_t n;
+    double d;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
+    else if (!strcmp(a, "--api-key")) o->api_key = v;
+    else if (!strcmp(a, "--alias")) o->alias = v;
+    else if (!strcmp(a, "--chat-template")) o->chat_template = v;
+    else if (!strcmp(a, "--host")) o->hub.host = v;
+    else if (!strcmp(a, "--token")) o->hub.token = v;
+    else if (!strcmp(a, "--backend")) {
+        if (strcmp(v, "cpu") && strcmp(v, "vulkan")) {
+            fprintf(stderr, "moex-hub serve: --backend expects cpu or vulkan, got '%s'\n", v);
+            return -1;
+        }
+        o->vulkan = !strcmp(v, "vulkan");
+#if !MOEX_HAVE_VULKAN
+        if (o->vulkan) {
+            fprintf(stderr, "moex-hub serve: --backend vulkan: this moex-hub was built without Vulkan "
+                            "(-DMOEX_VULKAN=OFF); rebuild with -DMOEX_VULKAN=ON\n");
+            return -1;
+        }
+#endif
+    } else if (!strcmp(a, "--device")) {
+        if (parse_i64(a, v, 0, 64, &n)) return -1;
+        o->device = (int)n;
+    } else if (!strcmp(a, "--port")) {
+        if (parse_i64(a, v, 0, 65535, &n)) return -1;
+        o->hub.port = (int)n;
+    } else if (!strcmp(a, "--parallel")) {
+        if (parse_i64(a, v, 1, 256, &n)) return -1;
+        o->parallel = (int)n;
+    } else if (!strcmp(a, "--ctx")) {
+        if (parse_i64(a, v, 2, 1 << 24, &o->n_ctx)) return -1;
+    } else if (!strcmp(a, "--batch")) {
+        if (parse_i64(a, v, 1, 1 << 16, &o->n_batch)) return -1;
+    } else if (!strcmp(a, "--prompt-chunk")) {
+        if (parse_i64(a, v, 1, 1 << 16, &o->prompt_chunk)) return -1;
+    } else if (!strcmp(a, "--max-queue")) {
+        if (parse_i64(a, v, 0, 1 << 20, &n)) return -1;
+        o->max_queue = (int)n;
+    } else if (!strcmp(a, "--max-body")) {
+        if (parse_i64(a, v, 1024, (int64_t)1 << 30, &o->max_body)) return -1;
+    } else if (!strcmp(a, "--client-timeout")) {
+        if (parse_f64(a, v, 0.1, 86400, &o->client_timeout_s)) return -1;
+    } else if (!strcmp(a, "--temp")) {
+        if (parse_f64(a, v, 0, 100, &d)) return -1;
+        o->sp.temp = (float)d;
+    } else if (!strcmp(a, "--top-k")) {
+        if (parse_i64(a, v, 0, 1 << 24, &n)) return -1;
+        o->sp.top_k = (int)n;
+    } else if (!strcmp(a, "--top-p")) {
+        if (parse_f64(a, v, 0, 1, &d)) return -1;
+        o->sp.top_p = (float)d;
+    } else if (!strcmp(a, "--min-p")) {
+        if (parse_f64(a, v, 0, 1, &d)) return -1;
+        o->sp.min_p = (float)d;
+    } else if (!strcmp(a, "--seed")) {
+        if (parse_i64(a, v, 0, INT64_MAX, &n)) return -1;
+        o->sp.seed = (uint64_t)n;
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        if (parse_i64(a, v, 1, 1024, &n)) return -1;
+        o->threads = (int)n;
+    } else if (!strcmp(a, "--wire-dtype")) {
+        if (parse_wire(v, &o->wire_dtype)) return -1;
+    } else if (!strcmp(a, "--replicas")) {
+        if (parse_i64(a, v, 1, 16, &n)) return -1;
+        o->hub.replicas = (int)n;
+    } else if (!strcmp(a, "--hedge")) {
+        if (!strcmp(v, "auto")) o->hub.hedge = 0;
+        else if (parse_i64(a, v, 1, 8, &n)) return -1;
+        else o->hub.hedge = (int)n;
+    } else if (!strcmp(a, "--timeout-ms")) {
+        if (parse_i64(a, v, 1, 600000, &n)) return -1;
+        o->hub.timeout_ms = (int)n;
+    } else if (!strcmp(a, "--verify")) {
+        if (parse_f64(a, v, 0, 1, &d)) return -1;
+        o->hub.verify_p = d;
+    } else if (!strcmp(a, "--min-workers")) {
+        if (parse_i64(a, v, 0, 256, &o->min_workers)) return -1;
+    } else if (!strcmp(a, "--wait-s")) {
+        if (parse_f64(a, v, 0, 86400, &o->wait_s)) return -1;
+    } else {
+        return 1; /* not a flag with a value */
+    }
+    return 0;
+}
+
+/* 0 to run, 1 when help was printed, -1 on a bad flag. */
+static int parse_args(int argc, char **argv, serve_options *o) {
+    *o = (serve_options){.device = -1, .parallel = 4, .max_queue = 64, .n_batch = 512, .prompt_chunk = 128,
+                         .max_body = 1 << 20, .wait_s = 600, .client_timeout_s = 30,
+                         .wire_dtype = MOEX_WIRE_DEFAULT,
+                         .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = (uint64_t)time(NULL)}};
+    moex_hub_config_default(&o->hub);
+    o->hub.port = 8080;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--local")) {
+            o->local = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-local-fallback")) {
+            o->hub.local_fallback = false;
+            continue;
+        }
+        if (i + 1 == argc) {
+            fprintf(stderr, "moex-hub serve: '%s' is not an option or needs a value (see moex-hub serve --help)\n", a);
+            return -1;
+        }
+        const int rc = parse_value(o, a, argv[i + 1]);
+        if (rc > 0) fprintf(stderr, "moex-hub serve: unknown option '%s' (see moex-hub serve --help)\n", a);
+        if (rc) return -1;
+        i++;
+    }
+    if (!o->model) {
+        fprintf(stderr, "moex-hub serve: no model given: use -m MODEL.gguf\n");
+        return -1;
+    }
+    if (!o->local && o->wire_dtype == MOEX_WIRE_EXACT) {
+        fprintf(stderr, "moex-hub serve: --wire-dtype exact exists only with --local; workers need a wire dtype\n");
+        return -1;
+    }
+    if (o->n_batch < o->parallel) {
+        fprintf(stderr, "moex-hub serve: --batch %lld is below --parallel %d (each step feeds one token per slot)\n",
+                (long long)o->n_batch, o->parallel);
+        return -1;
+    }
+    if (o->api_key && strlen(o->api_key) > HUB_TOKEN_MAX) {
+        fprintf(stderr, "moex-hub serve: the API key is %zu bytes; at most %d\n", strlen(o->api_key), HUB_TOKEN_MAX);
+        return -1;
+    }
+    o->hub.wire_dtype = o->wire_dtype;
+    o->hub.max_batch = o->n_batch;
+    o->hub.no_workers = o->local;
+    return 0;
+}
+
+/* The API's name for the model: --alias, else the file name without .gguf. */
+static void model_id_of(const serve_options *o, char *out, size_t cap) {
+    if (o->alias) {
+        snprintf(out, cap, "%s", o->alias);
+        return;
+    }
+    const char *base = strrchr(o->model, '/');
+    base = base ? base + 1 : o->model;
+    size_t n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".gguf")) n -= 5;
+    snprintf(out, cap, "%.*s", (int)n, base);
+}
+
+#if MOEX_HAVE_VULKAN
+/* --backend vulkan: the Vulkan state behind the engine interface (one slot). */
+typedef struct vk_engine {
+    const moex_model *m;
+    moex_vk_state *vs;
+} vk_engine;
+
+static int vk_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+                      moex_error *err) {
+    vk_engine *v = ctx;
+    return moex_vk_forward(v->m, v->vs, tokens, n, pos, all_logits, logits, err);
+}
+#endif
+
+/* Everything serve starts, in the order it starts them. */
+typedef struct serving {
+    moex_model *m;
+    moex_pool *pool;
+    hub_status_src status;
+    hub_sched_stats stats;
+    hub_api *api;
+    moex_hub *hub;
+    moex_local_executor *le;
+    moex_state *s;
+#if MOEX_HAVE_VULKAN
+    vk_engine vk;
+#endif
+    moex_engine eng;
+    hub_sched *sched;
+    char model_id[256], backend[64];
+} serving;
+
+static int start_engine(const serve_options *o, serving *sv, int64_t n_ctx, moex_error *err) {
+    if (o->vulkan) {
+#if MOEX_HAVE_VULKAN
+        moex_vk_options vo = {.device = o->device, .round_activations = sv->hub != NULL && !o->local};
+        sv->vk.m = sv->m;
+        sv->vk.vs = o->local ? moex_vk_state_create(sv->m, n_ctx, o->n_batch, &vo, err)
+                             : moex_vk_state_create_remote(sv->m, n_ctx, o->n_batch, &vo, moex_hub_executor(sv->hub), err);
+        if (!sv->vk.vs) return -1;
+        sv->eng = (moex_engine){.ctx = &sv->vk, .forward = vk_forward, .n_ctx = moex_vk_state_n_ctx(sv->vk.vs),
+                                .n_batch = moex_vk_state_n_batch(sv->vk.vs), .n_seq = 1};
+        snprintf(sv->backend, sizeof sv->backend, "vulkan");
+        return 0;
+#endif
+    }
+    moex_expert_executor exec;
+    if (o->local) {
+        if (!(sv->le = moex_local_executor_create(sv->m, sv->pool, o->wire_dtype))) return moex_fail(err, "out of memory");
+        exec = moex_local_executor_iface(sv->le);
+    } else {
+        exec = moex_hub_executor(sv->hub);
+    }
+    if (!(sv->s = moex_state_create_multi(sv->m, n_ctx, o->n_batch, o->parallel, sv->pool, exec, err))) return -1;
+    sv->eng = moex_engine_cpu(sv->s);
+    snprintf(sv->backend, sizeof sv->backend, "cpu (%s)", moex_kernels_simd_name());
+    return 0;
+}
+
+static int start(const serve_options *o, serving *sv) {
+    moex_error err = {0};
+    if (!(sv->m = moex_model_load(o->model, &err))) {
+        fprintf(stderr, "moex-hub serve: cannot load %s: %s\n", o->model, err.msg);
+        return -1;
+    }
+    char desc[512];
+    moex_model_describe(sv->m, desc, sizeof desc);
+    moex_log(MOEX_LOG_INFO, "%s", desc);
+    moex_chat_template chat;
+    if (moex_chat_template_of(sv->m->gguf, o->chat_template, &chat, &err)) {
+        fprintf(stderr, "moex-hub serve: %s\n", err.msg);
+        return -1;
+    }
+    if (!(sv->pool = moex_pool_create(o->threads))) {
+        fprintf(stderr, "moex-hub serve: cannot start %d threads\n", o->threads);
+        return -1;
+    }
+    int64_t n_ctx = o->n_ctx;
+    if (!n_ctx) n_ctx = sv->m->hp.n_ctx_train > 0 && sv->m->hp.n_ctx_train < 4096 ? sv->m->hp.n_ctx_train : 4096;
+    model_id_of(o, sv->model_id, sizeof sv->model_id);
+    sv->status = (hub_status_src){.m = sv->m, .model_id = sv->model_id, .backend = sv->backend,
+                                  .chat_template = moex_chat_name(chat), .distributed = !o->local,
+                                  .sched = &sv->stats, .t_start = moex_time_s()};
+    hub_api_config ac = {.api_key = o->api_key, .max_body = (size_t)o->max_body,
+                         .client_timeout_s = o->client_timeout_s,
+                         .openai = {.model_id = sv->model_id, .chat = chat, .defaults = o->sp, .seed = o->sp.seed}};
+    if (!(sv->api = hub_api_create(&ac, &sv->status, &err))) {
+        fprintf(stderr, "moex-hub serve: %s\n", err.msg);
+        return -1;
+    }
+    moex_hub_config hc = o->hub;
+    hc.http_handler = hub_api_handler(sv->api);
+    if (!(sv->hub = moex_hub_start(sv->m, sv->pool, &hc, &err))) {
+        fprintf(stderr, "moex-hub serve: %s\n", err.msg);
+        return -1;
+    }
+    sv->status.hub = sv->hub;
+    if (!o->local && o->min_workers > 0) {
+        moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->min_workers);
+        if (moex_hub_wait_ready(sv->hub, (int)o->min_workers, o->wait_s, &err)) {
+            fprintf(stderr, "moex-hub serve: %s\n", err.msg);
+            return -1;
+        }
+    }
+    if (start_engine(o, sv, n_ctx, &err)) {
+        fprintf(stderr, "moex-hub serve: %s\n", err.msg);
+        return -1;
+    }
+    const int parallel = sv->eng.forward_batch ? o->parallel : 1;
+    if (parallel != o->parallel)
+        moex_log(MOEX_LOG_WARN, "this backend decodes one sequence at a time: --parallel %d becomes 1", o->parallel);
+    sv->status.sched_cfg = (hub_sched_config){.n_slots = parallel, .n_ctx = sv->eng.n_ctx, .n_batch = sv->eng.n_batch,
+                                              .prompt_chunk = o->prompt_chunk, .max_queue = o->max_queue};
+    if (!(sv->sched = hub_sched_start(sv->m, &sv->eng, &sv->status.sched_cfg, &sv->stats, &err))) {
+        fprintf(stderr, "moex-hub serve: %s\n", err.msg);
+        return -1;
+    }
+    hub_api_set_scheduler(sv->api, sv->sched);
+    moex_log(MOEX_LOG_INFO, "serving '%s' on http://%s:%d/ (OpenAI API under /v1, %d slots of %lld positions, %s, "
+             "chat template %s%s)", sv->model_id, o->hub.host, moex_hub_port(sv->hub), parallel,
+             (long long)sv->eng.n_ctx, sv->backend, moex_chat_name(chat), o->api_key ? ", API key required" : "");
+    if (!o->local)
+        moex_log(MOEX_LOG_INFO, "workers: moex-worker --hub ws://%s:%d/ws%s", o->hub.host, moex_hub_port(sv->hub),
+                 o->hub.token ? " --token T" : "");
+    return 0;
+}
+
+/* Requests fail (503) first, then the network stops, then the engine goes. */
+static void stop(serving *sv) {
+    hub_sched_stop(sv->sched);
+    if (sv->hub && sv->status.distributed) moex_hub_metrics_print(sv->hub, stderr);
+    moex_hub_stop(sv->hub);
+    hub_sched_free(sv->sched);
+    hub_api_free(sv->api);
+    moex_state_free(sv->s);
+#if MOEX_HAVE_VULKAN
+    moex_vk_state_free(sv->vk.vs);
+#endif
+    moex_local_executor_free(sv->le);
+    moex_pool_destroy(sv->pool);
+    moex_model_free(sv->m);
+}
+
+static void install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+int moex_hub_serve(int argc, char **argv);
+
+/* argv[0] is "serve". */
+int moex_hub_serve(int argc, char **argv) {
+    serve_options o;
+    const int r = parse_args(argc, argv, &o);
+    if (r) return r > 0 ? 0 : 2;
+    install_signal_handlers();
+    serving sv = {0};
+    int rc = 1;
+    if (start(&o, &sv) == 0) {
+        while (!interrupted) {
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        moex_log(MOEX_LOG_INFO, "stopping (signal %d)", (int)interrupted);
+        rc = 0;
+    }
+    stop(&sv);
+    return rc;
+}

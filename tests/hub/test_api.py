@@ -1,0 +1,335 @@
+#!/usr/bin/python3
+"""moex-hub serve end to end: the official openai npm client (tests/hub/api,
+installed by tests/hub/api/setup.sh) against a real server on loopback,
+--local and with real moex-worker processes. Greedy answers equal what the
+CLI prints for the same tokens, concurrent requests equal the same requests
+run alone, bad input gets OpenAI's error JSON with the right status, a
+client killed mid-stream frees its slot (the metrics show it), /metrics is
+strict Prometheus text, and headless Chromium's DOM of the status page lists
+the workers and the model.
+
+usage: test_api.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
+Exits 77 when node with the openai package or chromium is missing, unless
+MOEX_REQUIRE_API_TOOLS=1.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from apilib import (Serve, chromium_eval_when, error_of, find_chromium, have_node_client, need,  # noqa: E402
+                    parse_prometheus, request, run_node_client, sample)
+from distlib import check, finish_script, free_port, gen_model, scenario, setup  # noqa: E402
+
+need(have_node_client(), "node or the openai package is missing (run tests/hub/api/setup.sh)")
+need(find_chromium() is not None, "chromium is not installed (run tests/hub/api/setup.sh)")
+setup(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
+import distlib  # noqa: E402  (setup filled in its BIN and WORK)
+
+KEY = "test-api-key"
+CTX = 256
+MODEL = gen_model("qwen3moe", "q8_0", 11, vocab="ggml-vocab-qwen2.gguf")   # ChatML template from the vocab
+MODEL_ID = os.path.basename(MODEL)[:-len(".gguf")]
+PROMPTS = [[1, 15, 27, 300, 4000, 5, 6, 77, 8, 900], [9, 8, 7, 6, 5, 4, 3, 2, 1], [42, 4242, 14, 1414, 100]]
+
+
+def cli_text(prompt, n):
+    """What `moex-hub --local` prints greedily for token ids, decoded as clients decode it."""
+    out = subprocess.run([f"{distlib.BIN}/moex-hub", "--local", "-m", MODEL, "--prompt-tokens",
+                          ",".join(map(str, prompt)), "-n", str(n), "--temp", "0", "--ignore-eos", "--threads", "1"],
+                         check=True, capture_output=True).stdout
+    return out[:-1].decode("utf-8", errors="replace")  # the CLI ends with a newline
+
+
+REFS = [{"prompt": p, "n": 24, "text": cli_text(p, 24)} for p in PROMPTS]
+
+
+def client_checks(srv, name, only=None):
+    cfg = {"base": srv.base, "key": KEY, "model": MODEL_ID, "n_ctx": CTX, "refs": REFS, "parallel": 8}
+    if only:
+        cfg["only"] = only
+    rc, lines = run_node_client(distlib.WORK, cfg, name)
+    for line in lines:
+        if line.startswith("ok"):
+            check(f"[{name}] {line[5:]}", True)
+        elif line.startswith("FAIL"):
+            check(f"[{name}] {line[5:]}", False)
+        else:
+            print(line)
+    check(f"[{name}] the node client ran to the end", rc == 0 or any(l.startswith("FAIL") for l in lines), f"rc={rc}")
+
+
+def raw_chunked_post(port, path, chunks, key):
+    """A POST with a chunked body, written in one go (the server may answer and
+    close before a client that sends chunk by chunk is done): (status, body)."""
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head + body)
+        data = b""
+        while True:
+            part = sock.recv(65536)
+            if not part:
+                break
+            data += part
+    status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+    return status, data.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in data else b""
+
+
+def raw_bad_input(srv):
+    """What the openai client cannot send: broken JSON, an oversized body, no key, other methods."""
+    st, _, body = request(srv.port, "POST", "/v1/chat/completions", b'{"messages": [', key=KEY,
+                          headers={"Content-Type": "application/json"})
+    check("malformed JSON: 400 with OpenAI's error JSON", st == 400 and error_of(body) is not None, f"{st} {body[:200]}")
+    big = b'{"prompt": "' + b"a" * (70 * 1024) + b'"}'
+    st, _, body = request(srv.port, "POST", "/v1/completions", big, key=KEY, headers={"Content-Type": "application/json"})
+    e = error_of(body)
+    check("an oversized body: 413", st == 413 and e and e["code"] == "request_too_large", f"{st} {body[:200]}")
+    st, body = raw_chunked_post(srv.port, "/v1/completions", [b'{"prompt": [1, 2], ', b'"max_tokens": 1}'], KEY)
+    e = error_of(body)
+    check("a chunked body: 411 (a length is needed)", st == 411 and e and e["code"] == "length_required",
+          f"{st} {body[:200]}")
+    st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    e = error_of(body)
+    check("no API key: 401 invalid_api_key", st == 401 and e and e["code"] == "invalid_api_key", f"{st} {body[:200]}")
+    st, _, body = request(srv.port, "GET", "/metrics")
+    check("/metrics needs the key", st == 401, str(st))
+    st, _, body = request(srv.port, "GET", "/health")
+    check("/health needs no key", st == 200 and json.loads(body)["status"] == "ok", f"{st} {body}")
+    st, h, body = request(srv.port, "GET", "/")
+    check("the status page needs no key, and is HTML without external assets",
+          st == 200 and h["content-type"].startswith("text/html") and b"<script" in body and b"src=" not in body
+          and b"http://" not in body and b"https://" not in body, f"{st} {h.get('content-type')}")
+    st, _, body = request(srv.port, "GET", "/v1/chat/completions", key=KEY)
+    check("GET on a POST endpoint: 405", st == 405 and error_of(body) is not None, f"{st} {body[:200]}")
+    st, h, _ = request(srv.port, "OPTIONS", "/v1/chat/completions")
+    check("CORS preflight: 204", st == 204 and h.get("access-control-allow-origin") == "*", str(st))
+    st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": "yes"},
+                          key=KEY)
+    e = error_of(body)
+    check("a wrong type: 400 naming the field", st == 400 and e and e["param"] == "stream", f"{st} {body[:200]}")
+    # keep-alive: two requests on one connection, the second after a whole response
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    hdr = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    ok = True
+    for _ in range(3):
+        c.request("POST", "/v1/completions", json.dumps({"prompt": [1, 2, 3], "max_tokens": 2}), hdr)
+        r = c.getresponse()
+        ok = ok and r.status == 200 and json.loads(r.read())["usage"]["completion_tokens"] == 2
+    c.close()
+    check("three requests on one keep-alive connection", ok)
+
+
+def killed_mid_stream(srv):
+    """A client process SIGKILLed while its answer streams: its slot is free at once (metrics)."""
+    before = srv.metrics()
+    code = ("import http.client,json,sys\n"
+            f"c=http.client.HTTPConnection('127.0.0.1',{srv.port})\n"
+            "c.request('POST','/v1/completions',json.dumps({'prompt':[1,2,3],'max_tokens':100000,'ignore_eos':True,"
+            f"'stream':True,'temperature':0}}),{{'Authorization':'Bearer {KEY}','Content-Type':'application/json'}})\n"
+            "r=c.getresponse()\n"
+            "while True:\n  l=r.fp.readline()\n  sys.stdout.write(l.decode()); sys.stdout.flush()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    got = [p.stdout.readline() for _ in range(6)]
+    during = srv.metrics()
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    after, deadline = None, time.time() + 10
+    while time.time() < deadline:
+        after = srv.metrics()
+        if sample(after, "moex_slots_active") == 0:
+            break
+        time.sleep(0.05)
+    check("the killed client was streaming", sum(l.startswith("data: ") for l in got) >= 2, repr(got[:3]))
+    check("  its slot was busy", sample(during, "moex_slots_active") == 1, str(sample(during, "moex_slots_active")))
+    check("  and is free after the kill", sample(after, "moex_slots_active") == 0)
+    cancelled = lambda f: sample(f, "moex_completions_total", reason="cancelled")  # noqa: E731
+    check("  counted as cancelled and as a disconnect", cancelled(after) == cancelled(before) + 1 and
+          sample(after, "moex_client_disconnects_total") == sample(before, "moex_client_disconnects_total") + 1,
+          f"{cancelled(before)} -> {cancelled(after)}")
+    st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": [1, 2], "max_tokens": 3}, key=KEY)
+    check("  the server goes on", st == 200, f"{st} {body[:200]}")
+
+
+def metrics_text(srv, distributed):
+    st, h, body = request(srv.port, "GET", "/metrics", key=KEY)
+    try:
+        fams = parse_prometheus(body.decode())
+        err = ""
+    except ValueError as e:
+        fams, err = {}, str(e)
+    check("/metrics parses as strict Prometheus text", st == 200 and fams and not err and
+          h["content-type"].startswith("text/plain; version=0.0.4"), err or h.get("content-type", ""))
+    want = ["moex_requests_total", "moex_prompt_tokens_total", "moex_generated_tokens_total",
+            "moex_time_to_first_token_seconds", "moex_time_per_output_token_seconds", "moex_slots_active",
+            "moex_queue_length", "moex_completions_total"]
+    if distributed:
+        want += ["moex_hub_dispatches_total", "moex_hub_hedges_sent_total", "moex_hub_timeouts_total",
+                 "moex_hub_evictions_total", "moex_worker_state", "moex_worker_dispatches_total",
+                 "moex_worker_latency_seconds", "moex_worker_lost_total", "moex_expert_coverage_ratio"]
+    missing = [w for w in want if w not in fams]
+    check("  it has the serving (and hub) families", not missing, str(missing))
+    if fams:
+        gen = sample(fams, "moex_generated_tokens_total")
+        ttft = sample(fams, "moex_time_to_first_token_seconds", "moex_time_to_first_token_seconds_count")
+        check("  tokens and first-token times were counted", gen and gen > 0 and ttft and ttft > 0, f"{gen} {ttft}")
+        ok200 = sample(fams, "moex_requests_total", endpoint="chat", code="200")
+        check("  chat requests were counted by status", ok200 and ok200 > 0, str(ok200))
+    return fams
+
+
+@scenario
+def local():
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local", "--parallel", "8", "--ctx", str(CTX),
+                                                                "--max-body", "65536"], key=KEY)
+    try:
+        client_checks(srv, "local")
+        raw_bad_input(srv)
+        killed_mid_stream(srv)
+        metrics_text(srv, False)
+    finally:
+        rc = srv.stop()
+    check("--local server stops cleanly on SIGTERM", rc == 0, f"rc={rc} {srv.text()[-1500:] if rc else ''}")
+
+
+@scenario
+def fewer_slots_than_requests():
+    """8 concurrent requests through 3 slots: the rest queue, all equal their runs alone."""
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local", "--parallel", "3", "--ctx", str(CTX),
+                                                                "--prompt-chunk", "4"], key=KEY)
+    try:
+        client_checks(srv, "3 slots", only=["concurrent"])
+        fams = srv.metrics()
+        check("  never more than 3 slots", sample(fams, "moex_slots") == 3)
+    finally:
+        srv.stop()
+
+
+def status_page(srv):
+    """Headless Chromium's DOM of / (the key in the URL's fragment) lists the model and both workers."""
+    expr = ("(() => { const rows = [...document.querySelectorAll('#workers tbody tr')];"
+            " const id = document.getElementById('model-id').textContent;"
+            " if (rows.length < 2 || id !== %s) return null;"
+            " return {id, workers: rows.map(r => [r.dataset.worker, r.children[1].textContent]),"
+            " slots: document.getElementById('slots').textContent,"
+            " link: document.getElementById('worker-link').getAttribute('href')}; })()" % json.dumps(MODEL_ID))
+    try:
+        got = chromium_eval_when(f"{srv.base}/#key={KEY}", expr, timeout=30)
+    except Exception as e:  # a browser that does not start is a failure here: the tools were found
+        got = None
+        print(f"     chromium: {e}")
+    check("Chromium: the status page's DOM names the model", got and got["id"] == MODEL_ID, str(got))
+    check("  and lists both workers as ready", got and sorted(got["workers"]) == [["w0", "ready"], ["w1", "ready"]],
+          str(got))
+    check("  with the slots and the worker page's link", got and got["slots"].endswith("/ 8") and
+          got["link"] == "/worker", str(got))
+
+
+@scenario
+def distributed():
+    port = free_port()
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, port, ["--token", distlib.TOKEN, "--replicas", "2",
+                                                         "--min-workers", "2", "--parallel", "8", "--ctx", str(CTX)],
+                key=KEY, wait_health=False)
+    workers = []
+    try:
+        time.sleep(0.3)
+        for i in range(2):
+            log = open(os.path.join(distlib.WORK, f"api-worker-{port}-{i}.log"), "w")
+            workers.append(subprocess.Popen([f"{distlib.BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{port}/ws",
+                                             "--token", distlib.TOKEN, "--model", MODEL, "--threads", "1",
+                                             "--name", f"w{i}"], stdout=log, stderr=subprocess.STDOUT))
+        srv.wait_health(120)
+        before = srv.metrics()
+        client_checks(srv, "distributed", only=["models", "matchesCli", "chats", "stops", "concurrent"])
+        fams = metrics_text(srv, True)
+        d0, d1 = sample(before, "moex_hub_dispatches_total"), sample(fams, "moex_hub_dispatches_total")
+        check("the workers computed the experts (no fallback)", d1 > d0 and sample(fams, "moex_hub_fallbacks_total") == 0,
+              f"dispatches {d0} -> {d1}, fallbacks {sample(fams, 'moex_hub_fallbacks_total')}")
+        steps = sample(fams, "moex_forward_steps_total") - sample(before, "moex_forward_steps_total")
+        toks = sample(fams, "moex_forward_tokens_total") - sample(before, "moex_forward_tokens_total")
+        check("forwards carried several sequences' tokens (batched)", toks > 1.5 * steps, f"{toks} tokens in {steps}")
+        names = sorted(l["worker"] for _, l, _ in fams["moex_worker_state"]["samples"])
+        check("the metrics list both workers, ready", names == ["w0", "w1"] and all(
+            l["state"] == "ready" for _, l, _ in fams["moex_worker_state"]["samples"]), str(fams["moex_worker_state"]))
+        check("every expert has a ready replica", sample(fams, "moex_expert_coverage_ratio") == 1.0)
+        status_page(srv)
+    finally:
+        rc = srv.stop()
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+    check("the distributed server stops cleanly", rc == 0, f"rc={rc} {srv.text()[-1500:] if rc else ''}")
+
+
+def has_vulkan():
+    p = subprocess.run([f"{distlib.BIN}/moex-hub", "--list-devices"], capture_output=True, text=True)
+    return p.returncode == 0 and p.stdout.strip() != ""
+
+
+@scenario
+def vulkan_one_slot():
+    """--backend vulkan (one slot until the Vulkan engine batches): its answers are the Vulkan CLI's."""
+    if not has_vulkan():
+        print("     (no Vulkan build or device: skipped)")
+        return
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local", "--backend", "vulkan", "--parallel", "4",
+                                                                "--ctx", str(CTX)], key=KEY, timeout=300)
+    try:
+        check("vulkan: --parallel becomes 1, said at start", sample(srv.metrics(), "moex_slots") == 1 and
+              "one sequence at a time" in srv.text())
+        for p in PROMPTS[:2]:
+            want = subprocess.run([f"{distlib.BIN}/moex-hub", "--local", "--backend", "vulkan", "-m", MODEL,
+                                   "--prompt-tokens", ",".join(map(str, p)), "-n", "12", "--temp", "0", "--ignore-eos"],
+                                  check=True, capture_output=True).stdout[:-1].decode("utf-8", errors="replace")
+            st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": p, "max_tokens": 12, "temperature": 0,
+                                                                       "ignore_eos": True}, key=KEY)
+            got = json.loads(body)["choices"][0]["text"] if st == 200 else body
+            check("vulkan: the API's greedy text is the Vulkan CLI's", got == want, f"{got!r} vs {want!r}")
+    finally:
+        rc = srv.stop()
+    check("vulkan: stops cleanly", rc == 0, f"rc={rc}")
+
+
+@scenario
+def templates():
+    """A template the server does not recognise stops it at start with a way out; --chat-template is one."""
+    with open(os.path.join(distlib.VOCAB, "ggml-vocab-qwen2.gguf"), "rb") as f:
+        data = f.read()
+    odd_vocab = os.path.join(distlib.WORK, "vocab-odd-template.gguf")
+    with open(odd_vocab, "wb") as f:  # same length, so the GGUF stays valid: no marker left
+        f.write(data.replace(b"<|im_start|>", b"<|turn_in|>:"))
+    odd = gen_model("qwen3moe", "q8_0", 13, vocab=os.path.abspath(odd_vocab))
+    p = subprocess.run([f"{distlib.BIN}/moex-hub", "serve", "-m", odd, "--local", "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=60)
+    check("an unknown chat template: refused at start", p.returncode != 0 and "--chat-template" in p.stderr,
+          f"rc={p.returncode} {p.stderr[-400:]}")
+    srv = Serve(distlib.BIN, distlib.WORK, odd, free_port(), ["--local", "--chat-template", "llama3", "--ctx", "64"])
+    try:
+        st, _, body = request(srv.port, "GET", "/status.json")
+        check("  --chat-template overrides it", st == 200 and json.loads(body)["model"]["chat_template"] == "llama3",
+              f"{st} {body[:200]}")
+    finally:
+        srv.stop()
+    p = subprocess.run([f"{distlib.BIN}/moex-hub", "serve", "-m", MODEL, "--local", "--chat-template", "jinja"],
+                       capture_output=True, text=True, timeout=60)
+    check("an unknown --chat-template name: refused, the known ones listed",
+          p.returncode != 0 and "chatml" in p.stderr and "llama3" in p.stderr, p.stderr[-300:])
+    for args, what in ((["--parallel", "0"], "--parallel"), (["--bogus", "1"], "unknown option"), (["--port"], "value")):
+        p = subprocess.run([f"{distlib.BIN}/moex-hub", "serve", "-m", MODEL, "--local", *args], capture_output=True,
+                           text=True, timeout=60)
+        check(f"serve {' '.join(args)}: exit 2 with a message", p.returncode == 2 and what in p.stderr, p.stderr[-300:])
+
+
+finish_script()

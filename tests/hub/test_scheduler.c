@@ -1,0 +1,391 @@
+/* The scheduler (hub/scheduler.c) over a scripted engine: the engine's
+ * greedy next token at (slot, position) is a script chosen by the slot's
+ * first prompt token, so every job's text is known in advance. Checked:
+ * text, stop sequences across tokens, UTF-8 held back across tokens and
+ * invalid bytes replaced; every forward carries one token of each decoding
+ * sequence and prompt chunks within --prompt-chunk, positions in order per
+ * slot; concurrent jobs equal their runs alone; a cancelled job frees its
+ * slot and the next job rewrites it from position 0; the context's end; a
+ * failing forward; a full queue.
+ *
+ * usage: test_scheduler QWEN2_VOCAB.gguf */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hub/scheduler.h"
+#include "tests/test_util.h"
+
+#define MAX_SLOTS 8
+#define MAX_SCRIPTS 16
+#define N_CTX 64
+
+typedef struct script {
+    int32_t first;               /* the prompt's first token selects it */
+    int32_t next[64];            /* the token predicted for position p is next[p - prompt_len] */
+    int n, prompt_len;
+} script;
+
+typedef struct fake_engine {
+    pthread_mutex_t mu;
+    int32_t n_vocab;
+    script scripts[MAX_SCRIPTS];
+    int n_scripts;
+    int32_t first[MAX_SLOTS];    /* each slot's token at position 0 */
+    int32_t last_pos[MAX_SLOTS]; /* the last position written, -1: none */
+    /* what the forwards looked like */
+    int calls, bad_order, fail_next, delay_ms;
+    int64_t max_prompt_tokens_beside_decode;
+    bool decoding[MAX_SLOTS];    /* the slot's prompt has ended: its tokens are decode tokens */
+    int zero_pos_writes[MAX_SLOTS];
+} fake_engine;
+
+static fake_engine fk;
+
+static const script *script_of(int32_t first) {
+    for (int i = 0; i < fk.n_scripts; i++)
+        if (fk.scripts[i].first == first) return &fk.scripts[i];
+    return NULL;
+}
+
+static int fake_forward_batch(void *ctx, const moex_batch *b, float *logits, moex_error *err) {
+    pthread_mutex_lock(&fk.mu);
+    fk.calls++;
+    if (fk.fail_next) {
+        fk.fail_next = 0;
+        pthread_mutex_unlock(&fk.mu);
+        return moex_fail(err, "injected failure");
+    }
+    if (fk.delay_ms) {
+        struct timespec ts = {0, fk.delay_ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    bool any_decoding = false;
+    int64_t prompt_tokens = 0;
+    int64_t row = 0;
+    for (int64_t t = 0; t < b->n; t++) {
+        const int s = b->seq[t];
+        if (b->pos[t] == 0) fk.first[s] = b->tokens[t], fk.zero_pos_writes[s]++, fk.decoding[s] = false;
+        else if (b->pos[t] != fk.last_pos[s] + 1) fk.bad_order++;
+        fk.last_pos[s] = b->pos[t];
+        if (fk.decoding[s]) any_decoding = true;
+        else prompt_tokens++;
+        if (!b->want_logits[t]) continue;
+        float *row_p = logits + row++ * fk.n_vocab;
+        for (int32_t v = 0; v < fk.n_vocab; v++) row_p[v] = -1.0f;
+        const script *sc = script_of(fk.first[s]);
+        const int k = b->pos[t] + 1 - (sc ? sc->prompt_len : 0);
+        row_p[sc && k >= 0 && k < sc->n ? sc->next[k] : 220 /* a space */] = 1.0f;
+    }
+    if (any_decoding && prompt_tokens > fk.max_prompt_tokens_beside_decode)
+        fk.max_prompt_tokens_beside_decode = prompt_tokens;
+    /* a slot decodes from the forward after the one with its prompt's last token */
+    for (int64_t t = 0; t < b->n; t++)
+        if (b->want_logits[t]) fk.decoding[b->seq[t]] = true;
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static void set_delay(int ms) {
+    pthread_mutex_lock(&fk.mu);
+    fk.delay_ms = ms;
+    pthread_mutex_unlock(&fk.mu);
+}
+
+static int fake_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all, float *logits,
+                        moex_error *err) {
+    return moex_fail(err, "the scheduler must use forward_batch here");
+}
+
+/* ---- helpers ---- */
+
+static moex_tokenizer *tok;
+static moex_model model;
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {0, ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A token whose piece is exactly these bytes, or -1. */
+static int32_t token_of(const char *piece, size_t n) {
+    char buf[64];
+    for (int32_t id = 0; id < model.hp.n_vocab; id++) {
+        const int k = moex_token_to_piece(tok, id, false, buf, sizeof buf);
+        if (k == (int)n && !memcmp(buf, piece, n)) return id;
+    }
+    return -1;
+}
+
+static void add_script(int32_t first, int prompt_len, const int32_t *next, int n) {
+    script *s = &fk.scripts[fk.n_scripts++];
+    s->first = first;
+    s->prompt_len = prompt_len;
+    s->n = n;
+    memcpy(s->next, next, (size_t)n * sizeof *next);
+}
+
+typedef struct result {
+    char text[4096];
+    size_t len;
+    hub_job_state st;
+} result;
+
+/* Waits for the job, gathering its text. */
+static void wait_job(hub_job *j, result *r, double timeout_s) {
+    const double end = moex_time_s() + timeout_s;
+    r->len = 0;
+    for (;;) {
+        char *t;
+        const size_t n = hub_job_take(j, &t, &r->st);
+        if (n && r->len + n < sizeof r->text) memcpy(r->text + r->len, t, n), r->len += n;
+        free(t);
+        r->text[r->len] = 0;
+        if (r->st.done || moex_time_s() > end) return;
+        sleep_ms(1);
+    }
+}
+
+static hub_job *submit(hub_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
+    hub_job_params p = {.max_tokens = max_tokens, .sp = {.temp = 0}};
+    p.prompt_tokens = malloc((size_t)n * sizeof *p.prompt_tokens);
+    memcpy(p.prompt_tokens, prompt, (size_t)n * sizeof *prompt);
+    p.n_prompt_tokens = n;
+    if (stop) p.stop[p.n_stop++] = strdup(stop);
+    hub_job *j = hub_job_create(&p, NULL, NULL);
+    moex_error err = {0};
+    if (hub_sched_submit(s, j, &err)) {
+        hub_job_unref(j);
+        return NULL;
+    }
+    return j;
+}
+
+static result run_one(hub_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
+    result r = {0};
+    hub_job *j = submit(s, prompt, n, max_tokens, stop);
+    CHECK(j != NULL, "submit");
+    if (j) {
+        wait_job(j, &r, 10);
+        hub_job_unref(j);
+    }
+    return r;
+}
+
+static void wait_idle(hub_sched_stats *st) {
+    for (int i = 0; i < 5000 && (atomic_load(&st->active) || atomic_load(&st->queued)); i++) sleep_ms(1);
+}
+
+/* ---- the checks ---- */
+
+static hub_sched *start(hub_sched_stats *st, int slots, int64_t n_ctx, int64_t chunk, int max_queue) {
+    memset(st, 0, sizeof *st);
+    moex_engine eng = {.ctx = &fk, .forward = fake_forward, .forward_batch = fake_forward_batch, .n_ctx = n_ctx,
+                       .n_batch = 64, .n_seq = MAX_SLOTS};
+    for (int i = 0; i < MAX_SLOTS; i++) fk.last_pos[i] = -1;
+    hub_sched_config cfg = {.n_slots = slots, .n_ctx = n_ctx, .n_batch = 64, .prompt_chunk = chunk,
+                            .max_queue = max_queue};
+    moex_error err = {0};
+    hub_sched *s = hub_sched_start(&model, &eng, &cfg, st, &err);
+    CHECK(s != NULL, "start: %s", err.msg);
+    return s;
+}
+
+static void check_text(hub_sched *s, const int32_t *hello, int n_hello, const char *hello_text) {
+    const int32_t prompt[4] = {1000, 11, 12, 13};
+    result r = run_one(s, prompt, 4, n_hello, NULL);
+    CHECK(r.st.done && r.st.finish == HUB_FINISH_LENGTH && !strcmp(r.text, hello_text),
+          "scripted text: got '%s' (finish %d), want '%s'", r.text, r.st.finish, hello_text);
+    CHECK(r.st.n_prompt == 4 && r.st.n_completion == n_hello, "usage %lld + %lld", (long long)r.st.n_prompt,
+          (long long)r.st.n_completion);
+    /* "lo wor" spans tokens: the text ends before it */
+    r = run_one(s, prompt, 4, n_hello, "lo wor");
+    CHECK(r.st.finish == HUB_FINISH_STOP && !strcmp(r.text, "Hel"), "stop across tokens: '%s' (%d)", r.text,
+          r.st.finish);
+    r = run_one(s, prompt, 4, n_hello, "zzz");
+    CHECK(r.st.finish == HUB_FINISH_LENGTH && !strcmp(r.text, hello_text), "a stop that never comes: '%s'", r.text);
+    r = run_one(s, prompt, 4, 2, NULL);
+    CHECK(r.st.finish == HUB_FINISH_LENGTH && r.st.n_completion == 2, "max_tokens 2: %lld",
+          (long long)r.st.n_completion);
+}
+
+static void check_utf8(hub_sched *s) {
+    const int32_t c3 = token_of("\xC3", 1), a9 = token_of("\xA9", 1), ff = token_of("\xFF", 1), x = token_of("x", 1);
+    CHECK(c3 >= 0 && a9 >= 0 && ff >= 0 && x >= 0, "byte tokens in the vocab (%d %d %d %d)", c3, a9, ff, x);
+    if (c3 < 0 || a9 < 0 || ff < 0 || x < 0) return;
+    const int32_t split[] = {x, c3, a9, x, ff, x, c3};
+    add_script(2000, 2, split, 7);
+    const int32_t prompt[2] = {2000, 5};
+    /* é arrives in two tokens, FF is no UTF-8, a lone C3 at the end is cut short */
+    result r = run_one(s, prompt, 2, 7, NULL);
+    CHECK(!strcmp(r.text, "x\xC3\xA9x\xEF\xBF\xBDx\xEF\xBF\xBD"), "UTF-8 out: '%s'", r.text);
+    /* a stop sequence after a split character still matches the bytes */
+    r = run_one(s, prompt, 2, 7, "\xC3\xA9x");
+    CHECK(!strcmp(r.text, "x") && r.st.finish == HUB_FINISH_STOP, "a stop after a split character: '%s'", r.text);
+}
+
+/* Four jobs through 4 slots, three of them joining while the first
+ * decodes (their prompts go in chunks beside its tokens), against each alone. */
+static void check_batching(hub_sched *s, hub_sched_stats *st) {
+    int32_t prompts[4][10];
+    result alone[4], together[4];
+    for (int i = 0; i < 4; i++) {
+        int32_t next[24];
+        for (int k = 0; k < 24; k++) next[k] = 300 + 50 * i + k;
+        for (int k = 0; k < 10; k++) prompts[i][k] = k ? 20 + k : 3000 + i;
+        add_script(3000 + i, 10, next, 24);
+    }
+    for (int i = 0; i < 4; i++) alone[i] = run_one(s, prompts[i], 10, 24, NULL);
+    pthread_mutex_lock(&fk.mu);
+    fk.max_prompt_tokens_beside_decode = 0;
+    fk.bad_order = 0;
+    const int calls0 = fk.calls;
+    pthread_mutex_unlock(&fk.mu);
+    set_delay(1);
+    const uint64_t gen0 = atomic_load(&st->generated_tokens);
+    hub_job *jobs[4];
+    jobs[0] = submit(s, prompts[0], 10, 24, NULL);
+    for (int i = 0; i < 5000 && atomic_load(&st->generated_tokens) == gen0; i++) sleep_ms(1);
+    for (int i = 1; i < 4; i++) jobs[i] = submit(s, prompts[i], 10, 24, NULL);
+    for (int i = 0; i < 4; i++) {
+        wait_job(jobs[i], &together[i], 10);
+        hub_job_unref(jobs[i]);
+        CHECK(together[i].len == alone[i].len && !memcmp(together[i].text, alone[i].text, alone[i].len),
+              "job %d together equals alone", i);
+    }
+    pthread_mutex_lock(&fk.mu);
+    const int calls = fk.calls - calls0;
+    CHECK(fk.bad_order == 0, "positions in order per slot (%d out of order)", fk.bad_order);
+    CHECK(fk.max_prompt_tokens_beside_decode > 0 && fk.max_prompt_tokens_beside_decode <= 3,
+          "prompt tokens beside decoding ones: %lld (chunks of at most 3)", (long long)fk.max_prompt_tokens_beside_decode);
+    pthread_mutex_unlock(&fk.mu);
+    set_delay(0);
+    /* alone: 4 x (1 + 23) forwards; together the decode steps are shared */
+    CHECK(calls < 4 * 24 / 2, "4 jobs together took %d forwards (one per step over all of them)", calls);
+    CHECK(atomic_load(&st->active) == 0, "slots free after");
+}
+
+static void check_cancel_and_reuse(hub_sched *s, hub_sched_stats *st) {
+    const int32_t prompt[3] = {4000, 1, 2};
+    const uint64_t cancelled0 = atomic_load(&st->cancelled);
+    set_delay(2);
+    const uint64_t gen0 = atomic_load(&st->generated_tokens);
+    hub_job *j = submit(s, prompt, 3, 100000, NULL);
+    for (int i = 0; i < 5000 && atomic_load(&st->generated_tokens) == gen0; i++) sleep_ms(1);
+    sleep_ms(5);
+    CHECK(atomic_load(&st->active) == 1, "the long job holds a slot");
+    hub_job_cancel(j);
+    for (int i = 0; i < 5000 && atomic_load(&st->active); i++) sleep_ms(1);
+    CHECK(atomic_load(&st->active) == 0 && atomic_load(&st->cancelled) == cancelled0 + 1,
+          "a cancelled job frees its slot (active %d, cancelled %llu)", atomic_load(&st->active),
+          (unsigned long long)atomic_load(&st->cancelled));
+    hub_job_unref(j);
+    set_delay(0);
+    pthread_mutex_lock(&fk.mu);
+    const int zero0 = fk.zero_pos_writes[0];
+    pthread_mutex_unlock(&fk.mu);
+    result r = run_one(s, prompt, 3, 3, NULL);
+    pthread_mutex_lock(&fk.mu);
+    CHECK(fk.zero_pos_writes[0] == zero0 + 1 && r.st.n_completion == 3, "the next job starts its slot at position 0");
+    pthread_mutex_unlock(&fk.mu);
+}
+
+static void check_context(hub_sched *s) {
+    int32_t prompt[N_CTX];
+    for (int i = 0; i < N_CTX; i++) prompt[i] = 7 + i;
+    result r = run_one(s, prompt, N_CTX, 8, NULL);
+    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 400 && r.st.error_code &&
+          !strcmp(r.st.error_code, "context_length_exceeded") && !r.st.accepted,
+          "a prompt filling the context: 400 (%d %s)", r.st.http_status, r.st.error);
+    r = run_one(s, prompt, N_CTX - 1, 8, NULL);
+    CHECK(r.st.finish == HUB_FINISH_LENGTH && r.st.n_completion == 2, "a prompt one short of the context: 2 tokens, then length (%lld)",
+          (long long)r.st.n_completion);
+    const int32_t bad[2] = {5, 1 << 30};
+    r = run_one(s, bad, 2, 8, NULL);
+    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 400, "a token id outside the vocabulary: 400");
+}
+
+static void check_failure_and_queue(hub_sched *s, hub_sched_stats *st) {
+    const int32_t prompt[2] = {9, 9};
+    pthread_mutex_lock(&fk.mu);
+    fk.fail_next = 1;
+    pthread_mutex_unlock(&fk.mu);
+    result r = run_one(s, prompt, 2, 4, NULL);
+    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 500 && strstr(r.st.error, "injected"),
+          "a failing forward fails its jobs: %d %s", r.st.http_status, r.st.error);
+    r = run_one(s, prompt, 2, 4, NULL);
+    CHECK(r.st.finish == HUB_FINISH_LENGTH, "and the next job is served");
+    wait_idle(st);
+}
+
+static void check_queue_limit(hub_sched_stats *st) {
+    hub_sched *s = start(st, 1, 4096, 8, 1);
+    if (!s) return;
+    set_delay(2);
+    const int32_t prompt[2] = {4000, 3};
+    hub_job *a = submit(s, prompt, 2, 100000, NULL);
+    for (int i = 0; i < 5000 && atomic_load(&st->active) == 0; i++) sleep_ms(1);
+    hub_job *b = submit(s, prompt, 2, 4, NULL);
+    hub_job *c = submit(s, prompt, 2, 4, NULL);
+    CHECK(a && b && !c, "one slot busy, one waiting: a third is refused (%p %p %p)", (void *)a, (void *)b, (void *)c);
+    CHECK(atomic_load(&st->queued) == 1, "queue length 1 (%d)", atomic_load(&st->queued));
+    hub_sched_stop(s);
+    result r;
+    wait_job(a, &r, 5);
+    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 503, "stopping fails the running job with 503");
+    wait_job(b, &r, 5);
+    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 503, "and the waiting one");
+    hub_job_unref(a);
+    hub_job_unref(b);
+    hub_sched_free(s);
+    set_delay(0);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s QWEN2_VOCAB.gguf\n", argv[0]);
+        return 2;
+    }
+    moex_error err = {0};
+    moex_gguf *g = moex_gguf_open(argv[1], &err);
+    tok = g ? moex_tokenizer_load(g, &err) : NULL;
+    if (!tok) {
+        fprintf(stderr, "cannot load the tokenizer: %s\n", err.msg);
+        return 1;
+    }
+    model.hp.n_vocab = moex_tokenizer_n_vocab(tok);
+    model.tok = tok;
+    pthread_mutex_init(&fk.mu, NULL);
+    fk.n_vocab = model.hp.n_vocab;
+    for (int s = 0; s < MAX_SLOTS; s++) fk.last_pos[s] = -1;
+
+    const char *hello_text = "Hello world, this is a test";
+    int32_t hello[32];
+    const int64_t n_hello = moex_tokenize(tok, hello_text, strlen(hello_text), false, false, hello, 32, &err);
+    CHECK(n_hello > 4 && n_hello < 32, "tokenize the script");
+    add_script(1000, 4, hello, (int)n_hello);
+
+    hub_sched_stats st;
+    hub_sched *s = start(&st, 4, N_CTX, 3, 16);
+    if (s) {
+        check_text(s, hello, (int)n_hello, hello_text);
+        check_utf8(s);
+        check_batching(s, &st);
+        check_cancel_and_reuse(s, &st);
+        check_context(s);
+        check_failure_and_queue(s, &st);
+        hub_sched_stop(s);
+        hub_sched_free(s);
+    }
+    hub_sched_stats st2;
+    check_queue_limit(&st2);
+    moex_tokenizer_free(tok);
+    moex_gguf_close(g);
+    if (g_failures) {
+        fprintf(stderr, "%d checks failed\n", g_failures);
+        return 1;
+    }
+    printf("scheduler ok\n");
+    return 0;
+}
