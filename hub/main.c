@@ -367,6 +367,20 @@ static int vk_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, 
     return moex_vk_forward(v->m, v->vs, tokens, n, pos, all_logits, logits, err);
 }
 
+/* The distributed Vulkan hub's own share of each layer, beside the
+ * executor's (the per-layer breakdown of docs/PERF.md). */
+static void print_vk_dist_stats(moex_vk_state *vs) {
+    moex_vk_dist_stats st;
+    moex_vk_state_dist_stats(vs, &st, false);
+    if (!st.forwards) return;
+    fprintf(stderr, "hub gpu (us): per middle layer segment %.0f (submit -> ids/gates/xn readable) | first segment %.0f | "
+                    "head %.0f | executor %.0f per layer | %lld forwards, %.0f us each\n",
+            st.segments ? st.gpu_s / (double)st.segments * 1e6 : 0.0, st.first_s / (double)st.forwards * 1e6,
+            st.head_s / (double)st.forwards * 1e6,
+            st.segments ? st.exec_s / (double)(st.segments + st.forwards) * 1e6 : 0.0, (long long)st.forwards,
+            st.total_s / (double)st.forwards * 1e6);
+}
+
 /* The Vulkan engine: the whole model on the GPU, or (hub not NULL) its
  * attention, norms, router and head with the experts sent to the workers. */
 static int vk_engine_start(const options *o, const moex_model *m, moex_hub *hub, int64_t n_ctx, vk_engine *vk,
@@ -549,6 +563,9 @@ done:
     }
     if (hub) {
         moex_hub_metrics_print(hub, stderr);
+#if MOEX_HAVE_VULKAN
+        if (vk.vs) print_vk_dist_stats(vk.vs);
+#endif
         moex_hub_stop(hub);
     }
     moex_sampler_free(smp);
