@@ -54,6 +54,8 @@ int moex_token_config_check(const moex_token_config *c, moex_error *err) {
         return moex_fail(err, "h_max must be in [h=%d, replicas=%d] (got %d)", c->h, c->replicas, c->h_max);
     if (c->adaptive && !(c->tail_ratio > 1))
         return moex_fail(err, "tail ratio must be > 1 (got %g)", c->tail_ratio);
+    if (c->messages && !c->queueing)
+        return moex_fail(err, "--messages models workers that compute one batch at a time: it needs queueing");
     if (!(c->hub_ms >= 0) || !isfinite(c->hub_ms)) return moex_fail(err, "hub time must be >= 0 (got %g)", c->hub_ms);
     if (!(c->rtt_ms >= 0) || !isfinite(c->rtt_ms)) return moex_fail(err, "RTT must be >= 0 (got %g)", c->rtt_ms);
     if (!(c->rtt_sigma >= 0) || c->rtt_sigma > 5) return moex_fail(err, "RTT sigma must be in [0, 5] (got %g)", c->rtt_sigma);
@@ -106,7 +108,7 @@ MOEX_HEAP_DEFINE(event_queue, event, ev_before)
 
 /* ---- Simulation state ---- */
 
-enum { J_FREE, J_TRAVEL, J_QUEUED, J_RUNNING, J_RETURNING };
+enum { J_FREE, J_TRAVEL, J_QUEUED, J_RUNNING, J_HELD, J_RETURNING };
 
 typedef struct job {
     uint32_t gen; /* bumped whenever the job is freed: old events go stale */
@@ -114,6 +116,7 @@ typedef struct job {
     int worker, slot;
     uint64_t layer_seq;
     int cancelled; /* cancel arrived while the dispatch was still travelling */
+    uint64_t msg;  /* --messages: the message it travelled in (one per worker and layer) */
     double sent_at, arrived_at, started_at, service;
     int next; /* worker FIFO link, or free-list link */
 } job;
@@ -123,6 +126,11 @@ typedef struct worker {
     double speed, estimate; /* median multiplier; EWMA of observed round trips */
     int running;            /* job id, -1 when idle (queueing mode only) */
     int qhead, qtail;       /* FIFO of waiting jobs */
+    /* --messages: this layer's message to the worker (its id and one-way
+     * delay), the batch being computed and its finished jobs held back */
+    uint64_t layer_seq, msg, running_msg;
+    double msg_delay;
+    int held_head;
 } worker;
 
 typedef struct dispatched {
@@ -154,6 +162,7 @@ typedef struct sim {
     int token, layer, h_now, slots_done;
     uint64_t layer_seq;
     uint32_t timer_gen;
+    uint64_t msg_seq;
     double token_start, now;
     double window[WINDOW];
     int win_n, win_pos, win_new;
@@ -293,7 +302,20 @@ static int send_job(sim *s, int slot_id, int w, moex_error *err) {
     j->next = -1;
     sl->d[sl->n++] = (dispatched){id, j->gen, w, 0};
     s->r->dispatches++;
-    return push(s, s->now + one_way(s), EV_ARRIVE, id, j->gen, err);
+    double delay;
+    if (s->c->messages) { /* every dispatch of this layer to w travels in one message */
+        worker *wk = &s->w[w];
+        if (wk->layer_seq != s->layer_seq || wk->msg == 0) {
+            wk->layer_seq = s->layer_seq;
+            wk->msg = ++s->msg_seq;
+            wk->msg_delay = one_way(s);
+        }
+        j->msg = wk->msg;
+        delay = wk->msg_delay;
+    } else {
+        delay = one_way(s);
+    }
+    return push(s, s->now + delay, EV_ARRIVE, id, j->gen, err);
 }
 
 static int arm_timer(sim *s, int slot_id, moex_error *err) {
@@ -383,6 +405,7 @@ static int start_job(sim *s, int id, moex_error *err) {
     s->queue_wait += s->now - j->arrived_at;
     s->started++;
     if (s->c->queueing) s->w[j->worker].running = id;
+    if (s->c->messages) s->w[j->worker].running_msg = j->msg;
     return push(s, s->now + j->service, EV_FINISH, id, j->gen, err);
 }
 
@@ -452,9 +475,34 @@ static int on_arrive(sim *s, int id, moex_error *err) {
     return start_job(s, id, err);
 }
 
+/* --messages: the batch ended; its results travel back together. */
+static int send_batch_results(sim *s, worker *wk, int last, moex_error *err) {
+    const double at = s->now + one_way(s);
+    for (int id = wk->held_head, next; id >= 0; id = next) {
+        next = s->jobs[id].next;
+        s->jobs[id].state = J_RETURNING;
+        if (push(s, at, EV_RESULT, id, s->jobs[id].gen, err)) return -1;
+    }
+    wk->held_head = -1;
+    s->jobs[last].state = J_RETURNING;
+    return push(s, at, EV_RESULT, last, s->jobs[last].gen, err);
+}
+
 static int on_finish(sim *s, int id, moex_error *err) {
     job *j = &s->jobs[id];
     s->busy += j->service;
+    if (s->c->messages) {
+        worker *wk = &s->w[j->worker];
+        const int next = wk->qhead;
+        if (next >= 0 && s->jobs[next].msg == j->msg) { /* the batch goes on: hold the result */
+            j->state = J_HELD;
+            j->next = wk->held_head;
+            wk->held_head = id;
+        } else if (send_batch_results(s, wk, id, err)) {
+            return -1;
+        }
+        return start_next_queued(s, j->worker, err);
+    }
     j->state = J_RETURNING;
     if (push(s, s->now + one_way(s), EV_RESULT, id, j->gen, err)) return -1;
     return s->c->queueing ? start_next_queued(s, j->worker, err) : 0;
@@ -464,7 +512,7 @@ static int cancel_others(sim *s, slot *sl, int winner, moex_error *err) {
     for (int i = 0; i < sl->n; i++) {
         dispatched *d = &sl->d[i];
         if (d->job == winner || !job_live(s, d->job, d->gen)) continue;
-        if (s->jobs[d->job].state == J_RETURNING) continue; /* its result is already on the way */
+        if (s->jobs[d->job].state == J_RETURNING || s->jobs[d->job].state == J_HELD) continue; /* computed */
         if (push(s, s->now + one_way(s), EV_CANCEL, d->job, d->gen, err)) return -1;
     }
     return 0;
@@ -498,11 +546,14 @@ static int on_cancel(sim *s, int id, moex_error *err) {
         s->r->cancelled++;
         return 0;
     case J_QUEUED:
+        if (s->c->messages && j->msg == s->w[j->worker].running_msg && s->w[j->worker].running >= 0)
+            return 0; /* part of the batch being computed: it cannot be stopped */
         unlink_queued(s, j->worker, id);
         s->r->cancelled++;
         job_free(s, id);
         return 0;
     case J_RUNNING: {
+        if (s->c->messages) return 0; /* a batch that started runs to its end */
         int w = j->worker;
         s->busy += s->now - j->started_at;
         s->r->cancelled++;
@@ -550,6 +601,13 @@ static void on_fail(sim *s, int w) {
         id = next;
     }
     wk->qhead = wk->qtail = -1;
+    for (int id = wk->held_head; id >= 0;) { /* --messages: a batch's finished, unsent results */
+        int next = s->jobs[id].next;
+        s->r->lost++;
+        job_free(s, id);
+        id = next;
+    }
+    wk->held_head = -1;
     /* A running job (either mode) dies with the worker. */
     for (int id = 0; id < s->n_jobs; id++)
         if (s->jobs[id].state == J_RUNNING && s->jobs[id].worker == w) {
@@ -602,7 +660,7 @@ static int sim_init(sim *s, const moex_token_config *c, moex_token_result *r, do
     for (int e = 0; e < c->experts; e++) s->expert_perm[e] = e;
     for (int w = 0; w < c->workers; w++)
         s->w[w] = (worker){.alive = 1, .healthy = 1, .speed = c->speed ? c->speed[w] : 1.0,
-                           .running = -1, .qhead = -1, .qtail = -1};
+                           .running = -1, .qhead = -1, .qtail = -1, .held_head = -1};
     if (draw_placement(s, err)) return -1;
     for (int i = 0; i < c->n_fails; i++)
         if (push(s, c->fails[i].at_ms, EV_FAIL, c->fails[i].worker, 0, err)) return -1;

@@ -29,6 +29,8 @@ static const char *HELP =
     "  --timeout-ms T      re-dispatch an expert after T ms without a result (500; 0 = never)\n"
     "  --unhealthy-after N consecutive timeouts before a worker leaves the pool (3)\n"
     "  --no-queueing       workers run any number of dispatches at once (eq. 18's i.i.d. model)\n"
+    "  --messages          one message per worker per layer, computed as one batch whose results\n"
+    "                      return together and which a cancel cannot stop (what moex-hub does)\n"
     "  --select P          random (default) or fastest replicas first\n"
     "  --ring              place experts with the consistent-hash ring (placement module)\n"
     "                      instead of r distinct random workers per expert\n"
@@ -172,6 +174,7 @@ static int parse_flag(args *a, const char *f, token_opts *o, int *help, moex_err
     else if (!strcmp(f, "timeout-ms")) return args_double(a, f, 0, 1e12, &c->timeout_ms, err);
     else if (!strcmp(f, "unhealthy-after")) return parse_int_into(a, f, 1, 1000000, &c->unhealthy_after, err);
     else if (!strcmp(f, "no-queueing")) c->queueing = 0;
+    else if (!strcmp(f, "messages")) c->messages = 1;
     else if (!strcmp(f, "select")) {
         if (args_value(a, f, &v, err)) return -1;
         if (!strcmp(v, "random")) c->select = MOEX_SELECT_RANDOM;

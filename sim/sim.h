@@ -94,6 +94,11 @@ typedef struct moex_token_config {
     const double *speed; /* optional per-worker median multiplier (NULL: all 1) */
     int queueing;        /* 1: a worker runs one dispatch at a time (FIFO);
                             0: unlimited parallelism (the i.i.d. model of eq. 18) */
+    int messages;        /* 1: as the hub and workers do it (docs/PROTOCOL.md, "Messages per layer"):
+                            a layer's dispatches to one worker travel in one message, the worker
+                            computes them back to back as one batch, and their results leave
+                            together when the batch ends; a cancel cannot stop a batch that
+                            started (it drops a queued one). Needs queueing. */
     int select;          /* MOEX_SELECT_*: which h of the r replicas to use */
     double timeout_ms;   /* per-expert re-dispatch timeout (<= 0: never) */
     int unhealthy_after; /* consecutive timeouts that remove a worker from the pool */

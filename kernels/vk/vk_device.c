@@ -427,12 +427,30 @@ moex_vk_ptr moex_vk_buffer_ptr(const moex_vk_buffer *b) { return b ? b->addr : 0
 size_t moex_vk_buffer_size(const moex_vk_buffer *b) { return b->size; }
 void *moex_vk_buffer_map(const moex_vk_buffer *b) { return b->map; }
 
+/* Waits for a submit: polls its fence for up to vk->tune.spin_us first,
+ * then blocks. A blocking wait returns only after the driver's interrupt
+ * wakes the thread, which costs every decode token (and every layer segment
+ * of the distributed hub, and every batch of a GPU worker) a wake-up on top
+ * of the GPU's time; polling answers as soon as the fence signals, for one
+ * busy core while the GPU works. */
+static int wait_fence(moex_vk *vk, VkFence fence, moex_error *err) {
+    if (vk->tune.spin_us > 0) {
+        const double until = moex_time_s() + vk->tune.spin_us * 1e-6;
+        do {
+            const VkResult r = vkGetFenceStatus(vk->dev, fence);
+            if (r == VK_SUCCESS) return 0;
+            if (r != VK_NOT_READY) return vk_check(r, "vkGetFenceStatus (device lost?)", err);
+        } while (moex_time_s() < until);
+    }
+    return vk_check(vkWaitForFences(vk->dev, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences (device lost?)", err);
+}
+
 int vk_submit_wait(moex_vk *vk, VkCommandBuffer cb, VkFence fence, moex_error *err) {
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
     if (vk_check(vkResetFences(vk->dev, 1, &fence), "vkResetFences", err) ||
         vk_check(vkQueueSubmit(vk->queue, 1, &si, fence), "vkQueueSubmit", err))
         return -1;
-    return vk_check(vkWaitForFences(vk->dev, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences (device lost?)", err);
+    return wait_fence(vk, fence, err);
 }
 
 /* One copy through the staging buffer: upload when to_device. */

@@ -268,6 +268,47 @@ static void test_token_hedging_and_speed(void) {
           two.mean_ms);
 }
 
+
+/* --messages: a layer's dispatches to a worker travel together, run back to
+ * back as one batch and return together; a cancel cannot stop a batch. */
+static void test_token_messages(void) {
+    /* One worker holding every expert: both models cost hub + RTT + k x FFN a layer. */
+    int one[12 * 8];
+    memset(one, 0, sizeof one);
+    for (int messages = 0; messages <= 1; messages++) {
+        moex_token_config c = small_config();
+        c.experts = 8, c.k = 4, c.workers = 1, c.replicas = 1, c.placement = one, c.messages = messages;
+        c.hub_ms = 1.5, c.rtt_ms = 2.0, c.ffn_median = 0.7;
+        moex_token_result r = simulate(&c, NULL);
+        const double want = 12 * (1.5 + 2.0 + 4 * 0.7);
+        CHECK(rel(r.mean_ms, want) < 1e-12 && rel(r.max_ms, want) < 1e-12, "messages=%d one worker: %.12g want %.12g",
+              messages, r.mean_ms, want);
+    }
+    /* Hedged on two workers, one ten times slower: per dispatch, the winner's
+     * cancel stops the slow copy; as batches, nothing stops it, so the slow
+     * worker does all its work and cancels only drop what is still queued. */
+    double speed[2] = {1.0, 10.0};
+    int both[12 * 8 * 2];
+    for (int i = 0; i < 12 * 8; i++) both[2 * i] = 0, both[2 * i + 1] = 1;
+    moex_token_config c = small_config();
+    c.experts = 8, c.k = 2, c.workers = 2, c.replicas = 2, c.h = 2, c.placement = both, c.speed = speed;
+    c.hub_ms = 0.1, c.rtt_ms = 0.2, c.ffn_median = 1.0, c.timeout_ms = 0;
+    moex_token_result per_dispatch = simulate(&c, NULL);
+    c.messages = 1;
+    moex_token_result batched = simulate(&c, NULL);
+    CHECK(per_dispatch.tokens_done == 50 && batched.tokens_done == 50, "both complete");
+    CHECK(batched.wasted_work > per_dispatch.wasted_work, "a batch cannot be stopped: wasted %.3g vs %.3g",
+          batched.wasted_work, per_dispatch.wasted_work);
+    CHECK(batched.queue_wait_ms > per_dispatch.queue_wait_ms, "the slow worker's queue grows: %.3g vs %.3g ms",
+          batched.queue_wait_ms, per_dispatch.queue_wait_ms);
+    moex_token_config bad = small_config();
+    bad.messages = 1, bad.queueing = 0;
+    moex_token_result r;
+    moex_error err = {{0}};
+    CHECK(moex_token_simulate(&bad, &r, NULL, &err) == -1 && strstr(err.msg, "queueing"), "messages needs queueing: '%s'",
+          err.msg);
+}
+
 static void test_token_adaptive(void) {
     moex_token_config c = small_config();
     c.adaptive = 1, c.replicas = 3, c.h_max = 3, c.queueing = 0, c.tokens = 100;
@@ -308,6 +349,7 @@ int main(void) {
     test_token_matches_eq18();
     test_token_failures();
     test_token_hedging_and_speed();
+    test_token_messages();
     test_token_adaptive();
     test_token_bad_config();
     if (failures) {
