@@ -32,30 +32,6 @@ static uint64_t now_us(void) {
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-void worker_request_write(session *s) {
-    if (s->wsi && s->link == LINK_UP) lws_callback_on_writable(s->wsi);
-}
-
-/* Queues a control frame from s->ctl for the current connection. */
-static void send_ctl(session *s, size_t len) {
-    pthread_mutex_lock(&s->mu);
-    int rc = moex_worker_outbox_push_copy(s->outbox, s->conn, s->ctl, len);
-    pthread_mutex_unlock(&s->mu);
-    if (rc) moex_log(MOEX_LOG_ERROR, "worker: out of memory queueing a frame");
-    worker_request_write(s);
-}
-
-void worker_send_error(session *s, uint32_t seq, int32_t code, const char *text) {
-    size_t n = strlen(text), len;
-    if (n > sizeof s->ctl - MOEX_PROTO_HEADER_BYTES - MOEX_PROTO_ERROR_FIXED_BYTES)
-        n = sizeof s->ctl - MOEX_PROTO_HEADER_BYTES - MOEX_PROTO_ERROR_FIXED_BYTES;
-    if (moex_proto_encode_error(seq, code, text, (uint16_t)n, s->ctl, sizeof s->ctl, &len, NULL)) return;
-    pthread_mutex_lock(&s->mu);
-    s->stats.errors++;
-    pthread_mutex_unlock(&s->mu);
-    send_ctl(s, len);
-}
-
 static void send_join(session *s) {
     const moex_worker_options *o = s->o;
     moex_proto_join j = {
@@ -71,7 +47,7 @@ static void send_join(session *s) {
         moex_log(MOEX_LOG_ERROR, "worker: cannot encode JOIN: %s", err.msg);
         return;
     }
-    send_ctl(s, len);
+    worker_send_ctl(s, len);
 }
 
 static void send_heartbeat(session *s) {
@@ -91,18 +67,10 @@ static void send_heartbeat(session *s) {
     s->last_hb_s = now;
     s->next_hb_s = now + HEARTBEAT_S;
     size_t len;
-    if (moex_proto_encode_heartbeat(g, &hb, s->ctl, sizeof s->ctl, &len, NULL) == 0) send_ctl(s, len);
+    if (moex_proto_encode_heartbeat(g, &hb, s->ctl, sizeof s->ctl, &len, NULL) == 0) worker_send_ctl(s, len);
 }
 
 /* ---- connecting ---- */
-
-void worker_go_fatal(session *s, const char *why) {
-    moex_fail(&s->fatal_err, "%s", why);
-    s->fatal = true;
-    s->fatal_since_s = moex_time_s();
-    worker_request_write(s);
-    if (s->link != LINK_UP) s->done = true;
-}
 
 /* Download mode: a download that failed for good ends the worker. */
 static void check_loader(session *s) {

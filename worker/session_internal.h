@@ -101,26 +101,39 @@ typedef struct session {
     struct dl_loader *loader;        /* its thread; fields under mu */
 } session;
 
-/* session.c, for the receiving side (lws thread). */
+/* The files below depend on each other in this order only (no cycles):
+ * session.c -> session_rx.c -> session_io.c, rx_pool.c; compute.c -> rx_pool.c. */
+
+/* session_io.c: the lws thread's outgoing side and the session's end. */
 void worker_request_write(session *s);
+/* Queues the control frame in s->ctl (len bytes) for the current connection. */
+void worker_send_ctl(session *s, size_t len);
 void worker_send_error(session *s, uint32_t seq, int32_t code, const char *text);
 /* Ends the session once the outbox is flushed: moex_worker_run fails with why. */
 void worker_go_fatal(session *s, const char *why);
-/* session_rx.c: the hub serves another model. Ends the session: a worker
- * with its own model file fails with why, a downloading one rejoins. */
+/* The hub serves another model. Ends the session: a worker with its own
+ * model file fails with why, a downloading one rejoins. */
 void worker_model_mismatch(session *s, const char *why);
 /* What a mismatch makes this worker do, for its message. */
 const char *worker_mismatch_advice(const session *s);
 
-/* session_rx.c: messages from the hub (lws thread). */
+/* A message (and the decompressed payloads of its frames) may take this
+ * much: a hub sends a worker one layer's dispatches in one message. */
+#define RX_MESSAGE_MAX ((size_t)256 << 20)
+
+/* rx_pool.c: received messages' buffers. Called with mu held but init/free. */
 void worker_rx_init(session *s);
-/* A fragment of a message; -1: close the connection. */
-int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len);
-/* Called with mu held: drops a reference to a received message. */
+/* A free message to receive into (its buffer swapped with the reassembly buffer's). */
+rx_msg *worker_rx_take(session *s);
+/* Drops a reference to a received message. */
 void worker_rx_release(session *s, rx_msg *m);
-/* Drops every queued dispatch (the connection that sent them is gone). Called with mu held. */
+/* Drops every queued dispatch (the connection that sent them is gone). */
 void worker_backlog_drop_all(session *s);
 void worker_rx_free_all(session *s);
+
+/* session_rx.c: messages from the hub (lws thread). A fragment of a
+ * message; -1: close the connection. */
+int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len);
 
 /* compute.c: the compute thread. */
 int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err);

@@ -15,84 +15,7 @@
 #include "worker/download_loader.h"
 #include "worker/session_internal.h"
 
-/* A message (and the decompressed payloads of its frames) may take this
- * much: a hub sends a worker one layer's dispatches in one message. */
-#define RX_MESSAGE_MAX ((size_t)256 << 20)
-/* A released message keeps a buffer up to this size for the next one. */
-#define RX_KEEP_BYTES ((size_t)4 << 20)
-
-/* ---- received messages: a pool of buffers, referenced by the backlog ---- */
-
-/* Called with mu held: a message whose buffer (if any) gets swapped with the reassembly buffer. */
-static rx_msg *rx_take(session *s) {
-    rx_msg *m = s->rx_free;
-    if (m) {
-        s->rx_free = m->next_free;
-        return m;
-    }
-    if (s->rx_n_all == s->rx_cap_all) {
-        const int cap = s->rx_cap_all ? 2 * s->rx_cap_all : 16;
-        rx_msg **all = realloc(s->rx_all, (size_t)cap * sizeof *all);
-        if (!all) return NULL;
-        s->rx_all = all;
-        s->rx_cap_all = cap;
-    }
-    if (!(m = calloc(1, sizeof *m))) return NULL;
-    s->rx_all[s->rx_n_all++] = m;
-    return m;
-}
-
-void worker_rx_release(session *s, rx_msg *m) {
-    if (!m || --m->refs > 0) return;
-    if (m->cap > RX_KEEP_BYTES) {
-        free(m->bytes);
-        m->bytes = NULL;
-        m->cap = 0;
-    }
-    if (m->scratch_cap > RX_KEEP_BYTES) {
-        free(m->scratch);
-        m->scratch = NULL;
-        m->scratch_cap = 0;
-    }
-    m->len = 0;
-    m->next_free = s->rx_free;
-    s->rx_free = m;
-}
-
-void worker_backlog_drop_all(session *s) {
-    moex_worker_item it;
-    while (moex_worker_backlog_pop(s->backlog, &it)) worker_rx_release(s, it.owner);
-}
-
-void worker_rx_init(session *s) { s->reasm.max_bytes = RX_MESSAGE_MAX; }
-
-void worker_rx_free_all(session *s) {
-    for (int i = 0; i < s->rx_n_all; i++) {
-        free(s->rx_all[i]->bytes);
-        free(s->rx_all[i]->scratch);
-        free(s->rx_all[i]);
-    }
-    free(s->rx_all);
-    s->rx_all = NULL;
-    s->rx_free = NULL;
-    s->rx_n_all = s->rx_cap_all = 0;
-    moex_proto_reasm_free(&s->reasm);
-}
-
 /* ---- frames ---- */
-
-const char *worker_mismatch_advice(const session *s) {
-    return s->store ? "reading the hub's model again"
-                    : "start the worker with the hub's GGUF (--model), or without --model to download the hub's experts";
-}
-
-void worker_model_mismatch(session *s, const char *why) {
-    if (s->store) { /* download mode: learn the hub's model again and rejoin */
-        moex_log(MOEX_LOG_WARN, "worker: %s", why);
-        s->model_changed = true;
-    }
-    worker_go_fatal(s, why);
-}
 
 static void on_assign(session *s, const moex_proto_msg *msg) {
     const moex_proto_assign *a = &msg->u.assign.info;
@@ -306,7 +229,7 @@ static void read_frames(session *s, rx_msg *m) {
  * buffer gets that one's), its frames are read, then it is sealed. */
 static void on_message(session *s) {
     pthread_mutex_lock(&s->mu);
-    rx_msg *m = rx_take(s);
+    rx_msg *m = worker_rx_take(s);
     s->stats.messages_in++;
     pthread_mutex_unlock(&s->mu);
     if (!m) {
