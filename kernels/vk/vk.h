@@ -224,7 +224,9 @@ int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, 
  * kernels by what kind of token it is, never by how many share the dispatch:
  *   MOEX_VK_EACH   every token gets exactly the kernels and the arithmetic it
  *                  gets alone (n = 1: the decode kernels, those that stage x
- *                  run once per token, the grid's y);
+ *                  run once per token, the grid's y; MOEX_VK_EACH_STAGED=0:
+ *                  the products and routers never stage x, so their weights
+ *                  are read once per 8 tokens, for comparison);
  *   MOEX_VK_TILED  the prompt-batch kernels for any n (a token's sums do not
  *                  depend on the other columns of its tile);
  *   MOEX_VK_BY_N   the plain ops' choice, the fastest kernel for n.

@@ -38,6 +38,7 @@ static void read_tuning(vk_tuning *t) {
     const int gch = env_int("MOEX_VK_GU_CH");
     t->gu_ch = gch >= 16 && gch <= 64 && gch % 16 == 0 ? gch : 0;
     t->idot = env_int("MOEX_VK_IDOT");
+    t->each_unstaged = env_int("MOEX_VK_EACH_STAGED") == 0;
 }
 
 /* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's

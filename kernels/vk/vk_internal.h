@@ -71,6 +71,8 @@ typedef struct vk_tuning {
     int gu_ch;           /* MOEX_VK_GU_CH (16, 32, 48, 64): experts_gu.comp's rows per workgroup, 0: default */
     int idot;            /* MOEX_VK_IDOT: the decode products' int8 activations (vk_idot): 0 off, 1 wherever the
                           * device has integer dot products, unset (-1) where it has them in hardware */
+    bool each_unstaged;  /* MOEX_VK_EACH_STAGED=0: MOEX_VK_EACH products and routers on mode 0 (the weights read
+                          * once per VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
 } vk_tuning;
 
 typedef struct moex_vk_buffer {

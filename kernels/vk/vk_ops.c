@@ -56,7 +56,7 @@ int moex_vk_op_rmsnorm(moex_vk_cmd *c, moex_vk_ptr out, moex_vk_ptr x, moex_vk_p
  * independent (and alike) within its groups of VK_MV_NMAX. */
 static int matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, moex_vk_ptr x, int64_t n,
                        moex_error *err) {
-    const bool staged = mv_stageable(c->vk, w, x);
+    const bool staged = !c->vk->tune.each_unstaged && mv_stageable(c->vk, w, x);
     const int mode = staged ? mv_mode_of(c->vk, 1, w) : vk_mv_mode(0, w);
     const uint32_t gx = mv_grid(c->vk, w->rows, staged ? 1 : 0, staged), gy = staged ? (uint32_t)n : vk_ceil_div(n, VK_MV_NMAX);
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mode, err);
@@ -114,7 +114,7 @@ static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr
 }
 
 bool moex_vk_norm_each(const moex_vk *vk, int64_t dim) {
-    return moex_vk_norm_fusable(vk, 1, dim) && dim <= moex_vk_mv_staged_cols(vk);
+    return moex_vk_norm_fusable(vk, 1, dim) && dim <= moex_vk_mv_staged_cols(vk) && !vk->tune.each_unstaged;
 }
 
 /* The fused norm for n tokens: staged (so that each token's arithmetic is one token's), x 16-byte aligned rows. */
@@ -304,7 +304,7 @@ int moex_vk_op_router_pick(moex_vk_cmd *c, moex_vk_pick pick, const moex_vk_matr
      * each token as the grid's y) on the staged loop where x stages, else mode
      * 3 over groups of VK_MV_NMAX tokens */
     const bool each = pick == MOEX_VK_EACH;
-    const bool staged = (each || n == 1) && mv_stageable(c->vk, w, x);
+    const bool staged = (each ? !c->vk->tune.each_unstaged : n == 1) && mv_stageable(c->vk, w, x);
     const uint32_t gy = staged ? (uint32_t)n : vk_ceil_div(n, VK_MV_NMAX);
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | (staged ? VK_MV_STAGE : 0), err);
     if (!p || vk_check_grid(1, gy, 1, err)) return -1;

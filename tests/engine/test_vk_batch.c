@@ -12,9 +12,10 @@
  * that wants every row of a prompt; refused batches (bad slot, position order,
  * token id, size) changing nothing. Configurations: f32 activations with a
  * long context (the decode attention's indirect splits, each token its own
- * count), activations rounded as the distributed hub does (the unfused
- * one-token path), and the distributed path with the experts on a CPU
- * executor (exact wire). usage: test_vk_batch MODEL.gguf */
+ * count), the same with MOEX_VK_EACH_STAGED=0 (the one-token products on
+ * mode 0, norms apart), activations rounded as the distributed hub does (the
+ * unfused one-token path), and the distributed path with the experts on a
+ * CPU executor (exact wire). usage: test_vk_batch MODEL.gguf */
 #include "engine/vk/engine_vk.h"
 #include "tests/vk/vk_test_util.h"
 
@@ -211,7 +212,9 @@ static void check_all_rows(world *w, double tol) {
     free(ref);
 }
 
-static void run_config(const char *name, const moex_model *m, moex_vk_state *s, rng *r, double tol) {
+/* levels: the slot counts to batch with (a bit each of 1, 2, 3, 8). */
+static void run_config(const char *name, const moex_model *m, moex_vk_state *s, rng *r, double tol, int levels) {
+    const double t0 = moex_time_s();
     printf("%s\n", name);
     world w = {.m = m, .s = s, .V = m->hp.n_vocab};
     w.logits = malloc((size_t)BATCH * w.V * 4);
@@ -223,8 +226,10 @@ static void run_config(const char *name, const moex_model *m, moex_vk_state *s, 
     }
     for (int i = 0; i < 3; i++) check_against_forward(&w, i, tol);
     const int slots[4] = {1, 2, 3, 8};
-    for (int k = 0; k < 4; k++) run_together(&w, slots[k], k == 2);
+    for (int k = 0; k < 4; k++)
+        if (levels & (1 << k)) run_together(&w, slots[k], k == 2);
     check_all_rows(&w, tol);
+    printf("  (%.1f s)\n", moex_time_s() - t0);
     for (int i = 0; i < N_SEQ; i++) free(w.prompt[i]), free(w.alone[i].rows);
     free(w.logits);
 }
@@ -255,18 +260,24 @@ int main(int argc, char **argv) {
     moex_vk_state *s = make_state(m, 1100, false, (moex_expert_executor){0});
     printf("device: %s, %s\n", moex_vk_get_info(moex_vk_state_device(s))->name, m->hp.arch_name);
     CHECK(moex_vk_state_n_seq(s) == SLOTS, "the state has %d slots, not %d", moex_vk_state_n_seq(s), SLOTS);
-    run_config("f32 activations, 1100 positions a slot", m, s, &r, 1e-3);
+    run_config("f32 activations, 1100 positions a slot", m, s, &r, 1e-3, 15);
     moex_vk_state_free(s);
 
+    setenv("MOEX_VK_EACH_STAGED", "0", 1);
+    s = make_state(m, 160, false, (moex_expert_executor){0});
+    run_config("f32 activations, the one-token products unstaged (MOEX_VK_EACH_STAGED=0)", m, s, &r, 1e-3, 12);
+    moex_vk_state_free(s);
+    unsetenv("MOEX_VK_EACH_STAGED");
+
     s = make_state(m, 160, true, (moex_expert_executor){0});
-    run_config("activations rounded as the CPU's", m, s, &r, 1e-2);
+    run_config("activations rounded as the CPU's", m, s, &r, 1e-2, 15);
     moex_vk_state_free(s);
 
     if (moex_hparams_is_moe(&m->hp)) {
         moex_pool *pool = moex_pool_create(2);
         moex_local_executor *le = moex_local_executor_create(m, pool, MOEX_WIRE_EXACT);
         s = make_state(m, 160, true, moex_local_executor_iface(le));
-        run_config("distributed: the experts on a CPU executor", m, s, &r, 1e-2);
+        run_config("distributed: the experts on a CPU executor", m, s, &r, 1e-2, 15);
         moex_vk_state_free(s);
         moex_local_executor_free(le);
         moex_pool_destroy(pool);
