@@ -44,7 +44,7 @@ static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n
         return NULL;
     }
     if (check_model(m, err)) return NULL;
-    if (n_batch > n_ctx) n_batch = n_ctx;
+    if (n_batch > n_ctx * n_seq) n_batch = n_ctx * n_seq;   /* more tokens than the slots hold: never a valid batch */
     moex_vk_state *s = calloc(1, sizeof *s);
     if (!s || !(s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers))) {
         free(s);
