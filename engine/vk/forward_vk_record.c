@@ -22,7 +22,7 @@ int vk_record_embed(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64
     return 0;
 }
 
-/* Rows of n floats' stride: row r of the activation at p. */
+/* Row r of the activation at p, whose rows are width floats. */
 static moex_vk_ptr row_at(moex_vk_ptr p, int64_t r, int64_t width) { return p + (size_t)r * (size_t)width * 4; }
 
 static int record_attention_one(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n,
