@@ -4,7 +4,7 @@
  *
  *   network thread (hub server)  workers on /ws, the API and the page over HTTP
  *   scheduler thread             continuous batching: one forward per step over every active request
- *   the engine                   CPU state with --parallel KV slots (or Vulkan), experts here (--local)
+ *   the engine                   CPU or Vulkan state with --parallel KV slots, experts here (--local)
  *                                or on the workers through the hub's executor
  *   this thread                  starts them, waits for Ctrl-C, stops them in order */
 #include <errno.h>
@@ -262,20 +262,6 @@ static void model_id_of(const serve_options *o, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)n, base);
 }
 
-#if MOEX_HAVE_VULKAN
-/* --backend vulkan: the Vulkan state behind the engine interface (one slot). */
-typedef struct vk_engine {
-    const moex_model *m;
-    moex_vk_state *vs;
-} vk_engine;
-
-static int vk_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
-                      moex_error *err) {
-    vk_engine *v = ctx;
-    return moex_vk_forward(v->m, v->vs, tokens, n, pos, all_logits, logits, err);
-}
-#endif
-
 /* Everything serve starts, in the order it starts them. */
 typedef struct serving {
     moex_model *m;
@@ -287,7 +273,7 @@ typedef struct serving {
     moex_local_executor *le;
     moex_state *s;
 #if MOEX_HAVE_VULKAN
-    vk_engine vk;
+    moex_vk_engine vk;   /* --backend vulkan: the Vulkan state with --parallel KV slots */
 #endif
     moex_engine eng;
     hub_sched *sched;
@@ -299,11 +285,11 @@ static int start_engine(const serve_options *o, serving *sv, int64_t n_ctx, moex
 #if MOEX_HAVE_VULKAN
         moex_vk_options vo = {.device = o->device, .round_activations = sv->hub != NULL && !o->local};
         sv->vk.m = sv->m;
-        sv->vk.vs = o->local ? moex_vk_state_create(sv->m, n_ctx, o->n_batch, &vo, err)
-                             : moex_vk_state_create_remote(sv->m, n_ctx, o->n_batch, &vo, moex_hub_executor(sv->hub), err);
-        if (!sv->vk.vs) return -1;
-        sv->eng = (moex_engine){.ctx = &sv->vk, .forward = vk_forward, .n_ctx = moex_vk_state_n_ctx(sv->vk.vs),
-                                .n_batch = moex_vk_state_n_batch(sv->vk.vs), .n_seq = 1};
+        sv->vk.s = o->local ? moex_vk_state_create_multi(sv->m, n_ctx, o->n_batch, o->parallel, &vo, err)
+                            : moex_vk_state_create_remote_multi(sv->m, n_ctx, o->n_batch, o->parallel, &vo,
+                                                                moex_hub_executor(sv->hub), err);
+        if (!sv->vk.s) return -1;
+        sv->eng = moex_engine_vk(&sv->vk);
         snprintf(sv->backend, sizeof sv->backend, "vulkan");
         return 0;
 #endif
@@ -370,9 +356,7 @@ static int start(const serve_options *o, serving *sv) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
     }
-    const int parallel = sv->eng.forward_batch ? o->parallel : 1;
-    if (parallel != o->parallel)
-        moex_log(MOEX_LOG_WARN, "this backend decodes one sequence at a time: --parallel %d becomes 1", o->parallel);
+    const int parallel = o->parallel;   /* both engines decode --parallel sequences in one forward */
     sv->status.sched_cfg = (hub_sched_config){.n_slots = parallel, .n_ctx = sv->eng.n_ctx, .n_batch = sv->eng.n_batch,
                                               .prompt_chunk = o->prompt_chunk, .max_queue = o->max_queue};
     if (!(sv->sched = hub_sched_start(sv->m, &sv->eng, &sv->status.sched_cfg, &sv->stats, &err))) {
@@ -398,7 +382,7 @@ static void stop(serving *sv) {
     hub_api_free(sv->api);
     moex_state_free(sv->s);
 #if MOEX_HAVE_VULKAN
-    moex_vk_state_free(sv->vk.vs);
+    moex_vk_state_free(sv->vk.s);
 #endif
     moex_local_executor_free(sv->le);
     moex_pool_destroy(sv->pool);

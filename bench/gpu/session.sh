@@ -9,6 +9,10 @@
 #   dist       the same prompt through hub --backend vulkan + 4 workers (Vulkan, then CPU) against --local
 #   table3     per-token time through moex-relay at RTT 0.5 / 2 / 10 ms, h = 1 / 2, hub on Vulkan + 4 CPU
 #              workers, with the hub's and workers' timings for moex-sim
+#   api        `moex-hub serve --backend vulkan --parallel 16` through the OpenAI API (bench/bench_api.py): 1, 2,
+#              4, 8, 16 streams of 128 greedy tokens after 32-token prompts, --local (one stream against the
+#              Vulkan CLI's decode; again with MOEX_VK_EACH_STAGED=0: the decode tokens' dense products read
+#              their weights once per 8 tokens instead of staging x per token) and hub + 4 Vulkan workers
 # usage: bench/gpu/session.sh BIN_DIR STEP...
 set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -121,6 +125,45 @@ step_table3() {
     for rtt in 0.5 2 10; do
         for h in 1 2; do relay_run "$rtt" "$h"; done
     done
+}
+
+# bench_api.py's table rows "| streams | tok/s | x one | TTFT med | TTFT max | per-stream tok/s |" and its
+# "one stream: API decode X tok/s, CLI decode Y tok/s: API/CLI = Z" as key value lines; $1: tag
+api_keys() {
+    awk -F'|' -v t="$1" '
+        /^\| [0-9]+ \|/ { for (i = 2; i <= 7; i++) gsub(/ /, "", $i)
+                           s = t "_s" $2
+                           print s "_tok_s " $3; print s "_x_one " $4; print s "_ttft_med_s " $5
+                           print s "_ttft_max_s " $6; print s "_stream_tok_s " $7 }
+        /^one stream: API decode/ { split($0, w, " ")
+                                    print t "_api_decode_tok_s " w[5]; print t "_cli_decode_tok_s " w[9]
+                                    print t "_api_over_cli " w[13] }'
+}
+
+# $1: tag, then bench_api.py's arguments
+api_run() {
+    tag=$1
+    shift
+    if python3 "$repo/bench/bench_api.py" --streams 1,2,4,8,16 --tokens 128 --prompt 32 "$@" > "$work/$tag.md" \
+        2> "$work/$tag.err"; then
+        api_keys "$tag" < "$work/$tag.md"
+    else
+        echo "$tag failed"
+        tail -5 "$work/$tag.err"
+    fi
+    keep "$work/$tag.md" "$work/$tag.err"
+}
+
+step_api() {
+    serve="$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port}"
+    cli="$bin/moex-hub --local --backend vulkan -m $model --prompt-tokens {prompt} -n {n} --temp 0 --ignore-eos"
+    api_run api_local --hub "$serve --local" --cli "$cli"
+    (export MOEX_VK_EACH_STAGED=0; api_run api_local_unstaged --hub "$serve --local" --cli "$cli")
+    api_run api_dist --hub "$serve --token b --replicas 2 --min-workers 4 --wait-s 300" \
+        --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w0" \
+        --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w1" \
+        --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w2" \
+        --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w3"
 }
 
 echo "date $(date -u +%Y-%m-%dT%H:%MZ)"

@@ -28,6 +28,32 @@ int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
 /* Argmax of the last token's logits of the latest moex_vk_forward, computed on the GPU. */
 int32_t moex_vk_last_argmax(const moex_vk_state *s);
 
+/* ---- several sequences (moex_forward_batch's contract, engine.h) ----
+ * A state of n_seq KV slots of n_ctx positions; moex_vk_forward uses slot 0.
+ * moex_vk_forward_batch runs tokens of any slots in one forward (decode of N
+ * sequences is one forward of N tokens; a prompt chunk is n consecutive
+ * positions of one slot), one recording per batch shape, each token's slot
+ * and position in the host-visible I/O words. A token's results never depend
+ * on what shares its batch: a token whose logits are wanted and that is its
+ * slot's last in the batch runs on the one-token decode kernels, any other on
+ * the prompt kernels, whatever the batch holds (forward_vk_internal.h). So a
+ * sequence decodes to the same tokens (and logits, bit for bit) alone or
+ * with others, given its prompt tokens but the last run on the prompt
+ * kernels; logits may differ in the last bits from moex_vk_forward's. */
+moex_vk_state *moex_vk_state_create_multi(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq,
+                                          const moex_vk_options *opt, moex_error *err);
+int moex_vk_state_n_seq(const moex_vk_state *s);
+/* As moex_forward_batch; logits may be NULL when no row is wanted back. */
+int moex_vk_forward_batch(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits, moex_error *err);
+
+/* The engine interface (engine.h) over a state and its model, both
+ * outliving it: forward is moex_vk_forward, forward_batch moex_vk_forward_batch. */
+typedef struct moex_vk_engine {
+    const moex_model *m;
+    moex_vk_state *s;
+} moex_vk_engine;
+moex_engine moex_engine_vk(moex_vk_engine *e);
+
 /* The distributed hub on Vulkan (engine/vk/forward_vk_dist.c): the GPU runs the
  * embeddings, attention, norms, router and output head; every MoE layer's
  * experts go to an executor (moex_hub_executor: workers). A forward is then
@@ -42,6 +68,12 @@ int32_t moex_vk_last_argmax(const moex_vk_state *s);
  * not uploaded (the GPU holds attention, router and head only). */
 moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch,
                                            const moex_vk_options *opt, moex_expert_executor exec, moex_error *err);
+/* The same with n_seq KV slots for moex_vk_forward_batch: every layer's
+ * segment carries all the batch's tokens, so each MoE layer is one exec.run
+ * (one round of dispatches) for all of them. */
+moex_vk_state *moex_vk_state_create_remote_multi(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq,
+                                                 const moex_vk_options *opt, moex_expert_executor exec,
+                                                 moex_error *err);
 /* Sends the experts to exec from the next forward on; exec.run NULL returns
  * them to the GPU (an error for a state without the experts). No effect on dense models. */
 int moex_vk_state_set_executor(const moex_model *m, moex_vk_state *s, moex_expert_executor exec, moex_error *err);

@@ -3,7 +3,8 @@
  * but the experts, which go to an executor (workers, or the CPU) between
  * layer segments.
  *
- * Segment l (recorded once per batch shape, like the local path's token):
+ * Segment l (recorded once per batch shape, like the local path's token; a
+ * batch of several sequences the same way, its tokens in their run order):
  *   l == 0: embed; else x += result (the host-visible buffer the host wrote
  *   layer l-1's expert sum into); then for l < n_layer attention of layer l,
  *   FFN norm + router, and two small copies (xn; ids and gates) into a
@@ -115,10 +116,11 @@ void moex_vk_state_dist_stats(moex_vk_state *s, moex_vk_dist_stats *st, bool res
 
 /* Segment il: the previous layer's result into x, then layer il up to its
  * router and the readback (il < n_layer), or the head (il == n_layer). */
-static int record_segment(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, bool all_logits,
-                          bool copy_logits, moex_error *err) {
+static int record_segment(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, const rec_key *k,
+                          moex_error *err) {
     const moex_hparams *hp = &m->hp;
     vk_dist *d = s->dist;
+    const int64_t n = k->n;
     const size_t nd = (size_t)n * (size_t)hp->n_embd, nk = (size_t)n * (size_t)hp->n_expert_used;
     if (moex_vk_cmd_begin(c, err)) return -1;
     if (il == 0) {
@@ -130,24 +132,22 @@ static int record_segment(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c,
         moex_vk_barrier(c);
     }
     if (il < hp->n_layer) {
-        if (vk_record_attention(m, s, c, il, n, err) || vk_record_router(m, s, c, il, n, err)) return -1;
+        if (vk_record_attention(m, s, c, il, k, err) || vk_record_router(m, s, c, il, k, err)) return -1;
         moex_vk_cmd_label(c, "readback");
         moex_vk_copy(c, d->readback, 0, s->act, s->a.xn, nd * 4);
         moex_vk_copy(c, d->readback, d->off_ids, s->act, s->a.ids, (d->off_gw - d->off_ids) + nk * 4);
     } else {
-        if (vk_record_head(m, s, c, n, all_logits, err)) return -1;
-        if (copy_logits) vk_record_logits_copy(m, s, c, n, all_logits);
+        if (vk_record_head(m, s, c, k, err)) return -1;
+        if (k->copy_logits) vk_record_logits_copy(m, s, c, k);
     }
     return moex_vk_cmd_end(c, err);   /* ends with a barrier that makes the copies visible to the host */
 }
 
 /* The segments for this batch shape: reused when recorded, else recorded into the least recently used slot. */
-static moex_vk_cmd **get_segments(const moex_model *m, moex_vk_state *s, int64_t n, bool all_logits, bool copy_logits,
-                                  moex_error *err) {
+static moex_vk_cmd **get_segments(const moex_model *m, moex_vk_state *s, const rec_key *k, moex_error *err) {
     vk_dist *d = s->dist;
-    const rec_key k = {n, all_logits, copy_logits};
     bool hit;
-    const int i = vk_rec_find(&d->rec_lru, k, &hit);
+    const int i = vk_rec_find(&d->rec_lru, *k, &hit);
     if (hit) return d->seg[i];
     if (!d->seg[i] && !(d->seg[i] = calloc((size_t)d->n_seg, sizeof *d->seg[i]))) {
         moex_fail(err, "out of memory");
@@ -156,23 +156,23 @@ static moex_vk_cmd **get_segments(const moex_model *m, moex_vk_state *s, int64_t
     moex_vk_cmd **seg = d->seg[i];
     for (int il = 0; il < d->n_seg; il++) {
         if (!seg[il] && !(seg[il] = moex_vk_cmd_create(s->vk, err))) return NULL;
-        if (record_segment(m, s, seg[il], il, n, all_logits, copy_logits, err)) return NULL;
+        if (record_segment(m, s, seg[il], il, k, err)) return NULL;
     }
-    vk_rec_recorded(&d->rec_lru, i, k);
+    vk_rec_recorded(&d->rec_lru, i, *k);
     return seg;
 }
 
-/* As vk_local_warm, for the segments (the head's with and without the logits copy). */
-int vk_dist_warm(const moex_model *m, moex_vk_state *s, moex_error *err) {
+/* As vk_local_warm, for the segments. */
+int vk_dist_warm(const moex_model *m, moex_vk_state *s, bool batches, moex_error *err) {
     vk_dist *d = s->dist;
-    int64_t sizes[8];
-    const int n = moex_vk_warm_batch_sizes(s->n_batch, sizes);
+    rec_key keys[16];
+    const int n = vk_warm_shapes(s, batches, keys);
     moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
     if (!c) return -1;
     moex_vk_warm_begin(s->vk);
     int rc = 0;
     for (int i = 0; i < n && !rc; i++)
-        for (int il = 0; il < d->n_seg && !rc; il++) rc = record_segment(m, s, c, il, sizes[i], false, true, err);
+        for (int il = 0; il < d->n_seg && !rc; il++) rc = record_segment(m, s, c, il, &keys[i], err);
     moex_vk_cmd_free(c);
     const int rc_end = moex_vk_warm_end(s->vk, rc ? NULL : err);
     return rc || rc_end ? -1 : 0;
@@ -220,11 +220,23 @@ int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
                     bool all_logits, float *logits, moex_error *err) {
     vk_dist *d = s->dist;
     const double t0 = moex_time_s();
-    moex_vk_cmd **seg = get_segments(m, s, n, all_logits, logits != NULL, err);
+    const rec_key k = {.n = n, .all_logits = all_logits, .copy_logits = logits != NULL};
+    moex_vk_cmd **seg = get_segments(m, s, &k, err);
     if (!seg) return -1;
     const int32_t *io = vk_io_set(s, tokens, n, pos);
     if (run_segments(d, seg, n, err)) return -1;
     vk_take_outputs(m, s, io, all_logits ? n : 1, logits);
+    d->st.forwards++;
+    d->st.total_s += moex_time_s() - t0;
+    return 0;
+}
+
+/* A batch (its I/O words written): the executor gets its tokens in their run order, one request per layer. */
+int vk_dist_forward_batch(const moex_model *m, moex_vk_state *s, const rec_key *k, moex_error *err) {
+    vk_dist *d = s->dist;
+    const double t0 = moex_time_s();
+    moex_vk_cmd **seg = get_segments(m, s, k, err);
+    if (!seg || run_segments(d, seg, k->n, err)) return -1;
     d->st.forwards++;
     d->st.total_s += moex_time_s() - t0;
     return 0;

@@ -2,14 +2,17 @@
  * the layers below its own (and this header), never one beside or above:
  *
  *   3  forward_vk_state.c     the public moex_vk_state: creation wires the
- *                             layers below together, moex_vk_forward picks a
- *                             path, free takes it all down
+ *                             layers below together, moex_vk_forward and
+ *                             moex_vk_forward_batch pick a path, free takes
+ *                             it all down
  *   2  forward_vk_local.c     one recording per batch shape, a token one submit
  *      forward_vk_dist.c      one recording per layer segment, the experts run
  *                             by an executor between segments (distributed hub)
  *   1  forward_vk_record.c    each piece of a forward pass (embedding,
  *                             attention, router, experts, FFN, head) recorded
  *                             into a command buffer
+ *      forward_vk_batch.c     a batch of several sequences: its checks, the
+ *                             order its tokens run in and their I/O words
  *      forward_vk_memory.c    the memory plan (weights, KV cache, activations,
  *                             logits, the I/O words) and what both paths
  *                             share: the recording cache, a forward's inputs
@@ -19,13 +22,25 @@
  *
  * So where a byte lives is answered in forward_vk_memory.c, which kernels run
  * in what order in forward_vk_record.c, and when what is submitted in the two
- * paths' files. */
+ * paths' files.
+ *
+ * Two kinds of forward share all of it. moex_vk_forward: n tokens of one
+ * sequence (KV slot 0), each op picking the fastest kernels for n.
+ * moex_vk_forward_batch: tokens of several sequences (KV slots of n_ctx rows
+ * each), where batching must not change any token's results: each token runs
+ * on kernels picked by what it is, never by what shares the batch. A token
+ * whose logits are wanted and that is its sequence's last in the batch (a
+ * decode token, or a prompt's last) runs on the one-token decode kernels
+ * (MOEX_VK_EACH, the "each" tokens); every other token (prompt tokens) on
+ * the tiled prompt kernels (MOEX_VK_TILED), in runs of one sequence's
+ * consecutive positions. The batch runs reordered: each tokens first, then
+ * the tiled tokens whose logits are wanted, then the rest. */
 #ifndef MOEX_FORWARD_VK_INTERNAL_H
 #define MOEX_FORWARD_VK_INTERNAL_H
 
 #include "engine/vk/engine_vk.h"
 
-#define N_RECORDINGS 4
+#define N_RECORDINGS 8
 #define SYNC_BYTES ((size_t)64 << 10)
 
 typedef struct vk_dist vk_dist;   /* forward_vk_dist.c */
@@ -38,10 +53,15 @@ typedef struct vk_layer {
 
 /* Which recordings exist, by batch shape: the local path's whole-token
  * recordings and the distributed path's segment sets each keep one, its slot i
- * indexing their own command buffers. */
+ * indexing their own command buffers. A shape: n tokens of one sequence
+ * (logits of all or of the last), or (batch) a batch of several sequences:
+ * tokens [0, each) on the one-token kernels, [each, n) tiled, logits rows for
+ * the first `rows` tokens (the each tokens, then the wanted tiled ones). */
 typedef struct rec_key {
     int64_t n;
     bool all_logits, copy_logits;
+    bool batch;
+    int64_t each, rows;
 } rec_key;
 typedef struct rec_lru {
     rec_key key[N_RECORDINGS];
@@ -49,23 +69,29 @@ typedef struct rec_lru {
     uint64_t last_use[N_RECORDINGS], clock;
 } rec_lru;
 
-/* Offsets (bytes) into the activation buffer. */
+/* Offsets (bytes) into the activation buffer. each_scratch, each_sync: the
+ * decode attention of a batch's each tokens (at most n_seq of them). */
 typedef struct act_plan {
     size_t x, xn, q, k, v, att, attn_scratch, router_logits, counter, ids, gw, ex_scratch, ff_g, ff_u, argmax;
+    size_t each_scratch, each_sync;
     /* SYNC_BYTES of zeros for kernels' completion counters (last-workgroup
      * patterns); a kernel that uses a counter resets it to 0 before it ends. */
     size_t sync;
     size_t total;
 } act_plan;
 
+typedef struct vk_batch vk_batch;   /* forward_vk_batch.c */
+
 struct moex_vk_state {
     moex_vk *vk;
     int64_t n_ctx, n_batch;
+    int n_seq;                        /* KV slots of n_ctx positions each; moex_vk_forward uses slot 0 */
     /* Memory (forward_vk_memory.c). */
     moex_vk_buffer **chunks;
     int n_chunks;
     moex_vk_buffer *kv, *act, *io, *logits_dev, *logits_host;
-    moex_vk_buffer *grid;             /* the decode attention's indirect grid (device memory the host writes, a BAR) */
+    moex_vk_buffer *grid;             /* indirect grids (device memory the host writes, a BAR): GRID_* */
+    size_t io_tokpos, io_blocks;      /* I/O words of a batch: (pos, base) per token, the attention's run blocks */
     int64_t logit_rows;               /* rows logits_dev/logits_host hold */
     act_plan a;
     moex_vk_attn_shape sh;
@@ -79,10 +105,19 @@ struct moex_vk_state {
     rec_lru rec_lru;
     /* Distributed path (forward_vk_dist.c): experts through an executor; NULL until one is set. */
     vk_dist *dist;
+    /* Batches of several sequences (forward_vk_batch.c): the latest batch's order; NULL until the first. */
+    vk_batch *batch;
 };
 
-/* I/O buffer layout (int32 words): params[4] (params[0] = position of the first token), argmax, tokens[n_batch]. */
+/* I/O buffer layout (int32 words): params[4] (params[0] = position of the
+ * first token, params[1] = 0: its KV rows' base), argmax, tokens[n_batch],
+ * then (at s->io_tokpos) a batch's (pos, base) pairs [n_batch][2] and (at
+ * s->io_blocks) its attention blocks. */
 enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
+/* Byte offsets of the indirect grids in s->grid: one sequence's decode
+ * attention, a batch's decode attention of its each tokens, and its prompt
+ * attention over runs. */
+enum { GRID_ONE = 0, GRID_EACH = 16, GRID_RUNS = 32, GRID_BYTES = 48 };
 
 #define ACT(field) (moex_vk_buffer_ptr(s->act) + s->a.field)
 #define IO(word) (moex_vk_buffer_ptr(s->io) + (word) * 4)
@@ -102,36 +137,65 @@ int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t p
 /* After a forward's last submit: the argmax from the I/O words, and `rows`
  * rows of logits when logits is not NULL. */
 void vk_take_outputs(const moex_model *m, moex_vk_state *s, const int32_t *io, int64_t rows, float *logits);
+/* The KV cache of layer il (K, and V after all layers' K): slots of n_ctx rows. */
+moex_vk_ptr vk_k_cache(const moex_model *m, const moex_vk_state *s, int il);
+moex_vk_ptr vk_v_cache(const moex_model *m, const moex_vk_state *s, int il);
 /* The slot recorded for k (*hit true), else the least recently used one,
  * marked invalid until vk_rec_recorded says its new recording is complete. */
 int vk_rec_find(rec_lru *l, rec_key k, bool *hit);
 void vk_rec_recorded(rec_lru *l, int slot, rec_key k);
 /* Every slot invalid (the buffers the recordings point at changed). */
 void vk_rec_invalidate(rec_lru *l);
+/* The shapes whose recordings, together, use every pipeline the state's
+ * forwards use (one sequence's sizes, with batches also theirs); at most
+ * 16, returns how many. */
+int vk_warm_shapes(const moex_vk_state *s, bool batches, rec_key keys[16]);
+
+/* ---- forward_vk_batch.c: a batch of several sequences ---- */
+
+/* Checks b (sizes, slots, positions in order within a slot, token ids) before
+ * anything changes, orders its tokens (forward_vk_internal.h: each tokens,
+ * wanted tiled ones, the rest), writes their I/O words and grids and returns
+ * the recording's shape in *k (k->copy_logits: logits wanted and not NULL). */
+int vk_batch_prepare(const moex_model *m, moex_vk_state *s, const moex_batch *b, bool want_rows, rec_key *k,
+                     moex_error *err);
+/* After the forward: the wanted rows from logits_host into logits, in batch order. */
+void vk_batch_take_logits(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits);
+/* I/O words and scratch a state of n_batch tokens needs for batches (sizes, at creation). */
+size_t vk_batch_io_words(const moex_model *m, const moex_vk_state *s);
+void vk_batch_free(moex_vk_state *s);
 
 /* ---- forward_vk_record.c: each appends its ops (and the barrier after them) to c ---- */
 
 int vk_record_embed(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, moex_error *err);
 /* Attention of layer il: x += Wo attention(norm(x)). */
-int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+int vk_record_attention(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, const rec_key *k,
+                        moex_error *err);
 /* MoE layers: xn = norm(x), then ids, gw = top-k of the router over xn. */
-int vk_record_router(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+int vk_record_router(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, const rec_key *k, moex_error *err);
 /* MoE layers: x += experts(xn) over ids and gw (the experts on this GPU). */
-int vk_record_experts(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
+int vk_record_experts(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, const rec_key *k,
+                      moex_error *err);
 /* The FFN of layer il: router + experts, or the dense FFN. */
-int vk_record_ffn(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, int64_t n, moex_error *err);
-/* Output norm and head over the last token (or all when all_logits) into logits_dev, argmax into the I/O buffer. */
-int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits, moex_error *err);
-/* The head's logits (the last row, or all n when all_logits) into the host-visible logits_host. */
-void vk_record_logits_copy(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int64_t n, bool all_logits);
+int vk_record_ffn(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, int il, const rec_key *k, moex_error *err);
+/* Output norm and head into logits_dev: over the last token (or all when
+ * all_logits), argmax into the I/O buffer; a batch: its k->rows first tokens. */
+int vk_record_head(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, const rec_key *k, moex_error *err);
+/* The head's logits rows into the host-visible logits_host. */
+void vk_record_logits_copy(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, const rec_key *k);
+/* Logits rows a recording of shape k computes. */
+int64_t vk_rec_rows(const rec_key *k);
 
 /* ---- forward_vk_local.c: the forward pass as one recording per batch shape ---- */
 
 int vk_local_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                      bool all_logits, float *logits, moex_error *err);
+/* A batch's forward (its I/O words written by vk_batch_prepare); logits rows stay in logits_host. */
+int vk_local_forward_batch(const moex_model *m, moex_vk_state *s, const rec_key *k, moex_error *err);
 void vk_local_invalidate(moex_vk_state *s);   /* the logit buffers moved: record again */
-/* Creates every pipeline the local path's recordings use, before anything is timed. */
-int vk_local_warm(const moex_model *m, moex_vk_state *s, moex_error *err);
+/* Creates every pipeline the local path's recordings use (with batches: theirs
+ * too), before anything is timed. */
+int vk_local_warm(const moex_model *m, moex_vk_state *s, bool batches, moex_error *err);
 void vk_local_free(moex_vk_state *s);
 
 /* ---- forward_vk_dist.c: the forward pass as layer segments with the experts run by s->dist's executor ---- */
@@ -139,9 +203,10 @@ void vk_local_free(moex_vk_state *s);
 bool vk_dist_active(const moex_vk_state *s);
 int vk_dist_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                     bool all_logits, float *logits, moex_error *err);
+int vk_dist_forward_batch(const moex_model *m, moex_vk_state *s, const rec_key *k, moex_error *err);
 void vk_dist_invalidate(moex_vk_state *s);   /* the logit buffers moved: record the head segments again */
 /* The same for the segments (after an executor is set). */
-int vk_dist_warm(const moex_model *m, moex_vk_state *s, moex_error *err);
+int vk_dist_warm(const moex_model *m, moex_vk_state *s, bool batches, moex_error *err);
 void vk_dist_free(moex_vk_state *s);
 /* moex_vk_state_set_executor and moex_vk_state_dist_stats (engine_vk.h) live there too. */
 

@@ -2,9 +2,10 @@
  * the state's memory and what both forward paths share.
  *
  * Memory plan (allocated once at creation): weights in chunks of at most
- * 1 GiB (every device allows that allocation size), one KV cache, one
- * activation buffer sub-allocated statically, one host-visible I/O buffer
- * for the per-token values the kernels read (token ids, position), and the
+ * 1 GiB (every device allows that allocation size), one KV cache (per layer
+ * n_seq slots of n_ctx rows, K of every layer then V), one activation buffer
+ * sub-allocated statically, one host-visible I/O buffer for the per-token
+ * values the kernels read (token ids, positions, a batch's slots), and the
  * logit buffers, grown when a larger all-logits batch first appears. A state
  * for the distributed hub (experts_remote) skips the experts' weights and
  * scratch. Also here: the recording cache both paths keep their command
@@ -243,6 +244,10 @@ static void plan_activations(const moex_model *m, moex_vk_state *s) {
     a->attn_scratch = take(&t, (as > as1 ? as : as1) * f);
     a->argmax = take(&t, 4);
     a->sync = take(&t, SYNC_BYTES);
+    /* a batch's each tokens: one per slot at most */
+    const int64_t each = s->n_seq < s->n_batch ? s->n_seq : s->n_batch;
+    a->each_scratch = take(&t, moex_vk_attention_decode_scratch(&s->sh, each) * f);
+    a->each_sync = take(&t, (size_t)each * (size_t)hp->n_head * 4);
     if (moex_hparams_is_moe(hp)) {
         const int k = hp->n_expert_used;
         a->router_logits = take(&t, nb * (size_t)hp->n_expert * f);
@@ -250,9 +255,14 @@ static void plan_activations(const moex_model *m, moex_vk_state *s) {
         a->ids = take(&t, nb * (size_t)k * 4);   /* ids then gw: the distributed readback copies both at once */
         a->gw = take(&t, nb * (size_t)k * 4);
         const moex_vk_experts *ex = &s->layers[0].experts;
-        size_t e1 = 0, e2 = 0;
-        if (!s->experts_remote) e1 = moex_vk_experts_scratch(ex, s->n_batch, k), e2 = moex_vk_experts_scratch(ex, 1, k);
-        a->ex_scratch = take(&t, e1 > e2 ? e1 : e2);
+        size_t e = 0;
+        if (!s->experts_remote) {   /* by n (1 or n_batch tokens), or a batch's tiled tokens, or its each tokens */
+            const size_t sz[4] = {moex_vk_experts_scratch(ex, s->n_batch, k), moex_vk_experts_scratch(ex, 1, k),
+                                  moex_vk_experts_scratch_pick(ex, MOEX_VK_TILED, s->n_batch, k),
+                                  moex_vk_experts_scratch_pick(ex, MOEX_VK_EACH, each, k)};
+            for (int i = 0; i < 4; i++) e = sz[i] > e ? sz[i] : e;
+        }
+        a->ex_scratch = take(&t, e);
     } else {
         a->ff_g = take(&t, nb * (size_t)hp->n_ff * f);
         a->ff_u = take(&t, nb * (size_t)hp->n_ff * f);
@@ -260,15 +270,32 @@ static void plan_activations(const moex_model *m, moex_vk_state *s) {
     a->total = t;
 }
 
+/* Bytes of one layer's K (or V) cache: n_seq slots of n_ctx rows. */
+static size_t layer_cache(const moex_model *m, const moex_vk_state *s) {
+    return (size_t)s->n_seq * (size_t)s->n_ctx * (size_t)m->hp.n_head_kv * (size_t)m->hp.head_dim * 4;
+}
+
+moex_vk_ptr vk_k_cache(const moex_model *m, const moex_vk_state *s, int il) {
+    return moex_vk_buffer_ptr(s->kv) + (size_t)il * layer_cache(m, s);
+}
+
+moex_vk_ptr vk_v_cache(const moex_model *m, const moex_vk_state *s, int il) {
+    return vk_k_cache(m, s, il) + (size_t)m->hp.n_layer * layer_cache(m, s);
+}
+
 static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err) {
-    const moex_hparams *hp = &m->hp;
-    const size_t cache = (size_t)hp->n_layer * (size_t)s->n_ctx * (size_t)hp->n_head_kv * hp->head_dim * 4;
+    const size_t cache = (size_t)m->hp.n_layer * layer_cache(m, s);
     plan_activations(m, s);
     if (!(s->kv = moex_vk_buffer_create(s->vk, 2 * cache, MOEX_VK_MEM_DEVICE, err)) ||
-        !(s->act = moex_vk_buffer_create(s->vk, s->a.total, MOEX_VK_MEM_DEVICE, err)) ||
-        !(s->io = moex_vk_buffer_create(s->vk, (IO_TOKENS + (size_t)s->n_batch) * 4, MOEX_VK_MEM_HOST, err)) ||
-        !(s->grid = moex_vk_buffer_create(s->vk, 12, MOEX_VK_MEM_UPLOAD, err)))
+        !(s->act = moex_vk_buffer_create(s->vk, s->a.total, MOEX_VK_MEM_DEVICE, err)))
         return -1;
+    s->io_tokpos = IO_TOKENS + (size_t)s->n_batch;
+    s->io_blocks = s->io_tokpos + 2 * (size_t)s->n_batch;
+    const size_t io_words = IO_TOKENS + (size_t)s->n_batch + vk_batch_io_words(m, s);
+    if (!(s->io = moex_vk_buffer_create(s->vk, io_words * 4, MOEX_VK_MEM_HOST, err)) ||
+        !(s->grid = moex_vk_buffer_create(s->vk, GRID_BYTES, MOEX_VK_MEM_UPLOAD, err)))
+        return -1;
+    memset(moex_vk_buffer_map(s->io), 0, io_words * 4);
     /* The router's completion counter must start at 0; the cache is zeroed so unwritten rows are finite. */
     moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
     if (!c) return -1;
@@ -317,9 +344,10 @@ void vk_memory_free(moex_vk_state *s) {
 int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos) {
     int32_t *io = moex_vk_buffer_map(s->io);
     io[IO_PARAMS] = (int32_t)pos;
+    io[IO_PARAMS + 1] = 0;   /* slot 0's rows */
     uint32_t grid[3];
     moex_vk_attention_decode_grid(&s->sh, pos, grid);
-    memcpy(moex_vk_buffer_map(s->grid), grid, sizeof grid);
+    memcpy((char *)moex_vk_buffer_map(s->grid) + GRID_ONE, grid, sizeof grid);
     memcpy(io + IO_TOKENS, tokens, (size_t)n * sizeof *tokens);
     return io;
 }
@@ -331,11 +359,15 @@ void vk_take_outputs(const moex_model *m, moex_vk_state *s, const int32_t *io, i
 
 /* ---- the recording cache ---- */
 
+static bool same_shape(const rec_key *a, const rec_key *b) {
+    return a->n == b->n && a->all_logits == b->all_logits && a->copy_logits == b->copy_logits && a->batch == b->batch &&
+           a->each == b->each && a->rows == b->rows;
+}
+
 int vk_rec_find(rec_lru *l, rec_key k, bool *hit) {
     int slot = 0;
     for (int i = 0; i < N_RECORDINGS; i++) {
-        if (l->valid[i] && l->key[i].n == k.n && l->key[i].all_logits == k.all_logits &&
-            l->key[i].copy_logits == k.copy_logits) {
+        if (l->valid[i] && same_shape(&l->key[i], &k)) {
             l->last_use[i] = ++l->clock;
             *hit = true;
             return i;
@@ -355,4 +387,21 @@ void vk_rec_recorded(rec_lru *l, int slot, rec_key k) {
 
 void vk_rec_invalidate(rec_lru *l) {
     for (int i = 0; i < N_RECORDINGS; i++) l->valid[i] = false;
+}
+
+/* One sequence: the sizes where the ops switch kernels. Batches: each token
+ * kernels for one token and the tiled ones for those sizes less one (with one
+ * wanted tiled row: the tiled head), and each tokens for every slot; without
+ * the logits copy (it uses no pipeline, and these rows may not fit yet). */
+int vk_warm_shapes(const moex_vk_state *s, bool batches, rec_key keys[16]) {
+    int64_t sizes[8];
+    const int n = moex_vk_warm_batch_sizes(s->n_batch, sizes);
+    int nk = 0;
+    for (int i = 0; i < n; i++) keys[nk++] = (rec_key){.n = sizes[i], .copy_logits = true};
+    if (!batches) return nk;
+    for (int i = 0; i < n && nk < 15; i++)
+        keys[nk++] = (rec_key){.n = sizes[i], .batch = true, .each = 1, .rows = sizes[i] > 1 ? 2 : 1};
+    const int64_t each = s->n_seq < s->n_batch ? s->n_seq : s->n_batch;
+    keys[nk++] = (rec_key){.n = each, .batch = true, .each = each, .rows = each};
+    return nk;
 }

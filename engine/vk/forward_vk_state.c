@@ -1,8 +1,8 @@
 /* The Vulkan state's public face, the top layer of the Vulkan forward pass
  * (see forward_vk_internal.h): creation wires the layers below together
  * (check the model, the device, the memory plan, the distributed path's
- * executor), moex_vk_forward picks the local or the distributed path, and
- * free takes it all down in reverse. */
+ * executor), moex_vk_forward and moex_vk_forward_batch pick the local or the
+ * distributed path, and free takes it all down in reverse. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -27,16 +27,24 @@ static int set_rounding(const moex_model *m, moex_vk_state *s, moex_error *err) 
     return moex_vk_set_activation_rounding(s->vk, (size_t)(s->n_batch * w), err);
 }
 
-/* experts_remote: the experts' weights stay off the GPU (an executor runs them). */
-static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
-                                   bool experts_remote, moex_error *err) {
+/* experts_remote: the experts' weights stay off the GPU (an executor runs them).
+ * batches: made for moex_vk_forward_batch (its pipelines created up front too). */
+static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq,
+                                   const moex_vk_options *opt, bool experts_remote, bool batches, moex_error *err) {
     const moex_hparams *hp = &m->hp;
-    if (n_ctx <= 0 || n_batch <= 0) {
-        moex_fail(err, "context (%lld) and batch (%lld) must be positive", (long long)n_ctx, (long long)n_batch);
+    if (n_ctx <= 0 || n_batch <= 0 || n_seq <= 0) {
+        moex_fail(err, "context (%lld), batch (%lld) and sequences (%d) must be positive", (long long)n_ctx,
+                  (long long)n_batch, n_seq);
+        return NULL;
+    }
+    /* the kernels index a layer's cache (and rows) in 32 bits */
+    if ((uint64_t)n_seq * (uint64_t)n_ctx * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim > UINT32_MAX) {
+        moex_fail(err, "vulkan: %d sequences of %lld positions exceed what the kernels address per layer "
+                  "(use fewer --parallel or a smaller --ctx)", n_seq, (long long)n_ctx);
         return NULL;
     }
     if (check_model(m, err)) return NULL;
-    if (n_batch > n_ctx) n_batch = n_ctx;
+    if (n_batch > n_ctx * n_seq) n_batch = n_ctx * n_seq;   /* more tokens than the slots hold: never a valid batch */
     moex_vk_state *s = calloc(1, sizeof *s);
     if (!s || !(s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers))) {
         free(s);
@@ -45,13 +53,15 @@ static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n
     }
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
+    s->n_seq = n_seq;
     s->experts_remote = experts_remote && moex_hparams_is_moe(hp);
     s->sh = (moex_vk_attn_shape){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                                  .rope_dim = hp->rope_dim, .rope_base = hp->rope_freq_base, .rms_eps = hp->rms_eps,
                                  .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = hp->rope_neox,
                                  .qk_norm = hp->qk_norm, .n_ctx = n_ctx};
     if (!(s->vk = moex_vk_create(opt, err)) || vk_memory_create(m, s, err) ||
-        (opt && opt->round_activations && set_rounding(m, s, err)) || (!s->experts_remote && vk_local_warm(m, s, err))) {
+        (opt && opt->round_activations && set_rounding(m, s, err)) ||
+        (!s->experts_remote && vk_local_warm(m, s, batches, err))) {
         moex_vk_state_free(s);
         return NULL;
     }
@@ -60,25 +70,42 @@ static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n
 
 moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t n_batch, const moex_vk_options *opt,
                                     moex_error *err) {
-    return create_state(m, n_ctx, n_batch, opt, false, err);
+    return create_state(m, n_ctx, n_batch, 1, opt, false, false, err);
 }
 
-moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch,
-                                           const moex_vk_options *opt, moex_expert_executor exec, moex_error *err) {
+moex_vk_state *moex_vk_state_create_multi(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq,
+                                          const moex_vk_options *opt, moex_error *err) {
+    return create_state(m, n_ctx, n_batch, n_seq, opt, false, true, err);
+}
+
+static moex_vk_state *create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq, bool batches,
+                                    const moex_vk_options *opt, moex_expert_executor exec, moex_error *err) {
     if (!exec.run) {
         moex_fail(err, "vulkan: a state without the experts needs an expert executor");
         return NULL;
     }
-    moex_vk_state *s = create_state(m, n_ctx, n_batch, opt, true, err);
-    if (s && (moex_vk_state_set_executor(m, s, exec, err) || (vk_dist_active(s) && vk_dist_warm(m, s, err)))) {
+    moex_vk_state *s = create_state(m, n_ctx, n_batch, n_seq, opt, true, batches, err);
+    if (s && (moex_vk_state_set_executor(m, s, exec, err) || (vk_dist_active(s) && vk_dist_warm(m, s, batches, err)))) {
         moex_vk_state_free(s);
         return NULL;
     }
     return s;
 }
 
+moex_vk_state *moex_vk_state_create_remote(const moex_model *m, int64_t n_ctx, int64_t n_batch,
+                                           const moex_vk_options *opt, moex_expert_executor exec, moex_error *err) {
+    return create_remote(m, n_ctx, n_batch, 1, false, opt, exec, err);
+}
+
+moex_vk_state *moex_vk_state_create_remote_multi(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq,
+                                                 const moex_vk_options *opt, moex_expert_executor exec,
+                                                 moex_error *err) {
+    return create_remote(m, n_ctx, n_batch, n_seq, true, opt, exec, err);
+}
+
 void moex_vk_state_free(moex_vk_state *s) {
     if (!s) return;
+    vk_batch_free(s);
     vk_dist_free(s);
     vk_local_free(s);
     vk_memory_free(s);
@@ -105,7 +132,32 @@ int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
     return vk_local_forward(m, s, tokens, n, pos, all_logits, logits, err);
 }
 
+int moex_vk_forward_batch(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits, moex_error *err) {
+    rec_key k;
+    if (vk_batch_prepare(m, s, b, logits != NULL, &k, err) || reserve_logits(m, s, k.rows, err)) return -1;
+    if (vk_dist_active(s) ? vk_dist_forward_batch(m, s, &k, err) : vk_local_forward_batch(m, s, &k, err)) return -1;
+    if (logits) vk_batch_take_logits(m, s, b, logits);
+    return 0;
+}
+
+static int engine_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+                          moex_error *err) {
+    moex_vk_engine *e = ctx;
+    return moex_vk_forward(e->m, e->s, tokens, n, pos, all_logits, logits, err);
+}
+
+static int engine_forward_batch(void *ctx, const moex_batch *b, float *logits, moex_error *err) {
+    moex_vk_engine *e = ctx;
+    return moex_vk_forward_batch(e->m, e->s, b, logits, err);
+}
+
+moex_engine moex_engine_vk(moex_vk_engine *e) {
+    return (moex_engine){.ctx = e, .forward = engine_forward, .n_ctx = e->s->n_ctx, .n_batch = e->s->n_batch,
+                         .n_seq = e->s->n_seq, .forward_batch = engine_forward_batch};
+}
+
 int32_t moex_vk_last_argmax(const moex_vk_state *s) { return s->last_argmax; }
+int moex_vk_state_n_seq(const moex_vk_state *s) { return s->n_seq; }
 int64_t moex_vk_state_n_ctx(const moex_vk_state *s) { return s->n_ctx; }
 int64_t moex_vk_state_n_batch(const moex_vk_state *s) { return s->n_batch; }
 moex_vk *moex_vk_state_device(moex_vk_state *s) { return s->vk; }

@@ -218,4 +218,73 @@ size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k);
 int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
                        moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err);
 
+/* ---- tokens of several sequences in one batch (engine/vk's forward_batch) ----
+ *
+ * Batching must not change a token's results, so these ops pick their
+ * kernels by what kind of token it is, never by how many share the dispatch:
+ *   MOEX_VK_EACH   every token gets exactly the kernels and the arithmetic it
+ *                  gets alone (n = 1: the decode kernels, those that stage x
+ *                  run once per token, the grid's y; MOEX_VK_EACH_STAGED=0:
+ *                  the products and routers never stage x, so their weights
+ *                  are read once per 8 tokens, for comparison);
+ *   MOEX_VK_TILED  the prompt-batch kernels for any n (a token's sums do not
+ *                  depend on the other columns of its tile);
+ *   MOEX_VK_BY_N   the plain ops' choice, the fastest kernel for n.
+ * Positions and KV rows come per token from tokpos, int32 pairs (pos, base)
+ * on the GPU: token t is at position pos of a sequence whose keys are the
+ * cache rows base .. base + pos (base: the sequence's first row). */
+typedef enum moex_vk_pick { MOEX_VK_BY_N, MOEX_VK_EACH, MOEX_VK_TILED } moex_vk_pick;
+
+int moex_vk_op_matmul_pick(moex_vk_cmd *c, moex_vk_pick pick, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n,
+                           moex_vk_ptr y, moex_vk_ptr resid, moex_error *err);
+int moex_vk_op_router_pick(moex_vk_cmd *c, moex_vk_pick pick, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k,
+                           bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,
+                           moex_error *err);
+size_t moex_vk_experts_scratch_pick(const moex_vk_experts *e, moex_vk_pick pick, int64_t n, int k);
+int moex_vk_op_experts_pick(moex_vk_cmd *c, moex_vk_pick pick, const moex_vk_experts *e, moex_vk_ptr x, int64_t n,
+                            int k, moex_vk_ptr ids, moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y,
+                            moex_vk_ptr scratch, moex_error *err);
+
+/* The fused-norm decode ops for n tokens (rows of dim floats, 16-byte
+ * aligned), each token as moex_vk_op_norm_* gives it alone where x is staged;
+ * moex_vk_norm_each says where that is: dim staged, no activation rounding. */
+bool moex_vk_norm_each(const moex_vk *vk, int64_t dim);
+int moex_vk_op_norm_matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
+                                int64_t n, moex_vk_ptr y, moex_vk_ptr resid, moex_error *err);
+int moex_vk_op_norm_matmul_multi_each(moex_vk_cmd *c, int n_mats, const moex_vk_matrix *const *w, const moex_vk_ptr *y,
+                                      moex_vk_ptr x, moex_vk_ptr nw, float eps, int64_t n, moex_error *err);
+int moex_vk_op_norm_router_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
+                                int64_t n, int k, bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids,
+                                moex_vk_ptr weights, moex_vk_ptr xn, moex_error *err);
+
+/* moex_vk_op_qk_rope with each token's position and row from tokpos. */
+int moex_vk_op_qk_rope_tokens(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
+                              moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
+                              moex_vk_ptr k_norm, moex_vk_ptr tokpos, int64_t n, moex_error *err);
+/* moex_vk_op_attention_decode for n tokens (MOEX_VK_EACH): q, k, v rows of
+ * n tokens, scratch of moex_vk_attention_decode_scratch(sh, n) floats, n x
+ * n_head zeroed counters; grid (when not NULL) holds
+ * moex_vk_attention_decode_grid_tokens(sh, the largest position, n). */
+size_t moex_vk_attention_decode_scratch(const moex_vk_attn_shape *sh, int64_t n);
+void moex_vk_attention_decode_grid_tokens(const moex_vk_attn_shape *sh, int64_t max_pos, int64_t n, uint32_t grid[3]);
+int moex_vk_op_attention_decode_tokens(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
+                                       moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
+                                       moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters,
+                                       moex_vk_ptr tokpos, int64_t n, moex_vk_buffer *grid, size_t grid_off,
+                                       moex_error *err);
+/* Causal attention of n prompt tokens (MOEX_VK_TILED) in runs: a run is
+ * consecutive tokens of one sequence at consecutive positions, each attending
+ * over its sequence's keys up to its position (written before, as
+ * moex_vk_op_qk_rope_tokens does). The tiled kernels take a table of blocks
+ * (moex_vk_attention_runs_blocks(vk, sh, v_cache, n) of 4 int32 at most) and
+ * an indirect grid, both filled on the host by moex_vk_attention_runs_plan
+ * from the tokens' (pos, base) pairs (host copy) and written where the op
+ * reads them before the work runs; scratch: moex_vk_attention_scratch(sh, n). */
+size_t moex_vk_attention_runs_blocks(const moex_vk *vk, const moex_vk_attn_shape *sh, moex_vk_ptr v_cache, int64_t n);
+int64_t moex_vk_attention_runs_plan(const moex_vk *vk, const moex_vk_attn_shape *sh, moex_vk_ptr v_cache,
+                                    const int32_t *tokpos, int64_t n, int32_t *blocks, uint32_t grid[3]);
+int moex_vk_op_attention_runs(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k_cache,
+                              moex_vk_ptr v_cache, moex_vk_ptr out, moex_vk_ptr scratch, moex_vk_ptr tokpos,
+                              moex_vk_ptr blocks, moex_vk_buffer *grid, size_t grid_off, int64_t n, moex_error *err);
+
 #endif

@@ -39,6 +39,7 @@ static void read_tuning(vk_tuning *t) {
     t->gu_ch = gch >= 16 && gch <= 64 && gch % 16 == 0 ? gch : 0;
     t->idot = env_int("MOEX_VK_IDOT");
     t->spin_us = env_int("MOEX_VK_SPIN_US");   /* -1: the device's default, once it is known */
+    t->each_unstaged = env_int("MOEX_VK_EACH_STAGED") == 0;
 }
 
 /* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's

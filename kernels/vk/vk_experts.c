@@ -1,12 +1,18 @@
 /* The expert FFN of MoE layers: many experts in one dispatch, indexed by the
  * router's expert ids. Decode (a few tokens) runs the matrix-vector kernels
- * here; prompt batches take the tiled path in vk_mm.c. */
+ * here; prompt batches take the tiled path in vk_mm.c. Several sequences'
+ * tokens (moex_vk_op_experts_pick) take one token's kernels each, or the tiles. */
 #include "kernels/vk/vk_internal.h"
 
-size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k) {
+size_t moex_vk_experts_scratch_pick(const moex_vk_experts *e, moex_vk_pick pick, int64_t n, int k) {
     size_t s = vk_experts_h_bytes(e, n, k);
-    if (n > VK_MV_NMAX) s += vk_experts_po_bytes(e, n, k) + ((size_t)(2 * e->n_expert) + (size_t)n * (size_t)k) * 4;
+    const bool tiled = pick == MOEX_VK_TILED || (pick == MOEX_VK_BY_N && n > VK_MV_NMAX);
+    if (tiled) s += vk_experts_po_bytes(e, n, k) + ((size_t)(2 * e->n_expert) + (size_t)n * (size_t)k) * 4;
     return s;
+}
+
+size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k) {
+    return moex_vk_experts_scratch_pick(e, MOEX_VK_BY_N, n, k);
 }
 
 static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
@@ -47,49 +53,54 @@ static int log2_floor(int64_t v) {
     return l;
 }
 
-bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) {
+/* experts_gu.comp fits these experts (for any number of tokens, each with one token's arithmetic). */
+static bool gu_fits(const moex_vk *vk, const moex_vk_experts *e) {
     const moex_vk_matrix *g = &e->gate, *u = &e->up;
     const int64_t npos = g->cols / 32;
-    if (n != 1 || vk->actq || vk->tune.gu_off || g->type != MOEX_TYPE_Q4_K || g->data % 16 || u->data % 16 ||
+    if (vk->actq || vk->tune.gu_off || g->type != MOEX_TYPE_Q4_K || g->data % 16 || u->data % 16 ||
         g->expert_stride % 16 || npos > 1024 || (npos & (npos - 1)))
         return false;
     /* wg <= 1024 follows: npos * rl stays within the target (<= 1024), or rl is 1 */
     return vk_gu_shared_bytes(vk, vk_gu_shape_of(vk, (int)npos)) <= vk->info.shared_mem;
 }
 
-static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int k, moex_vk_ptr ids, moex_vk_ptr h,
-                       moex_error *err) {
+bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n) { return n == 1 && gu_fits(vk, e); }
+
+/* n tokens' pairs as the grid's y (pair p = t k + j), each with one token's arithmetic. */
+static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                       moex_vk_ptr h, moex_error *err) {
     const int lp = log2_floor(e->gate.cols / 32);   /* the positions: a power of two */
     const int mode = lp | (vk_idot(c->vk) ? VK_GU_IDOT : 0);
     const uint32_t gx = vk_ceil_div(e->gate.rows, vk_gu_shape_of(c->vk, 1 << lp).ch);
-    if (vk_check_grid(gx, k, 1, err)) return -1;
+    if (vk_check_grid(gx, n * k, 1, err)) return -1;
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_EXPERTS_GU, e->gate.type, mode, err);
     if (!p) return -1;
     vk_pc pc = {.p = {e->gate.data, e->up.data, x, h, ids},
-                .u = {(uint32_t)e->gate.rows, (uint32_t)e->gate.cols, (uint32_t)e->gate.expert_stride}};
-    vk_dispatch(c, p, &pc, gx, (uint32_t)k, 1);
+                .u = {(uint32_t)e->gate.rows, (uint32_t)e->gate.cols, (uint32_t)e->gate.expert_stride, (uint32_t)k}};
+    vk_dispatch(c, p, &pc, gx, (uint32_t)(n * k), 1);
     return 0;
 }
 
 /* Decode (n <= VK_MV_NMAX): experts_mv.comp's gate+up over every (token, slot)
  * pair (one token's Q4_K on experts_gu.comp where it applies), then its down
  * with the slot sum and the residual fused. halves: 1 gate+up, 2 down, 3 both
- * (one alone only to time it). */
+ * (one alone only to time it). each: any n, every token with one token's
+ * kernels and workgroup shapes (batches of several sequences). */
 int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                         moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves,
+                         moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves, bool each,
                          moex_error *err) {
     const moex_vk_matrix *g = &e->gate, *d = &e->down;
     /* 16-byte loads of Q4_K need the rows and every expert 16-byte aligned */
     const bool gq = g->type == MOEX_TYPE_Q4_K, dq = d->type == MOEX_TYPE_Q4_K;
     const bool ggen = gq && (g->data % 16 || e->up.data % 16 || g->expert_stride % 16);
     const bool dgen = dq && (d->data % 16 || d->expert_stride % 16);
-    const bool many = n >= VK_EX_MANY;
+    const bool many = !each && n >= VK_EX_MANY;
     const vk_ex_shape *gs = &c->vk->ex_shape[0][many], *ds = &c->vk->ex_shape[1][many];
     const int gppt = ex_ppt(g->cols / ex_pe(g->type, ggen), gs->wg);
     const int dppt = ex_ppt((int64_t)k * (d->cols / ex_pe(d->type, dgen)), ds->wg);
     const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
-    const bool gu = (halves & 1) && vk_gu_applies(c->vk, e, n);   /* one token's gate+up on experts_gu.comp */
+    const bool gu = (halves & 1) && (each ? gu_fits(c->vk, e) : vk_gu_applies(c->vk, e, n));   /* experts_gu.comp */
     const vk_pipe *pg = gu ? NULL
                            : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type,
                                          VK_EX_MODE(0, ggen, gppt, many) | ex_idot(c->vk, g->type, ggen), err),
@@ -97,7 +108,7 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
                                     VK_EX_MODE(1, dgen, dppt, many) | ex_idot(c->vk, d->type, dgen), err);
     if ((!gu && !pg) || !pd) return -1;
     if (gu) {
-        if (dispatch_gu(c, e, x, k, ids, h, err)) return -1;
+        if (dispatch_gu(c, e, x, n, k, ids, h, err)) return -1;
     } else if (halves & 1) {
         if (vk_round_input(c, g->type, x, n, g->cols, &x, err)) return -1;
         vk_pc pc = vk_mat_pc(g, x, n, g->cols, h, g->rows, 0);
@@ -119,13 +130,20 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     return 0;
 }
 
-int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                       moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
+int moex_vk_op_experts_pick(moex_vk_cmd *c, moex_vk_pick pick, const moex_vk_experts *e, moex_vk_ptr x, int64_t n,
+                            int k, moex_vk_ptr ids, moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y,
+                            moex_vk_ptr scratch, moex_error *err) {
     if (check_experts(e, k, err)) return -1;   /* each path checks its own dispatch grid */
     if (!resid) return moex_fail(err, "vulkan: the expert FFN adds into a residual stream (resid required)");
     if (x % 16 || scratch % 16)   /* the kernels read x and h as vec4 */
         return moex_fail(err, "vulkan: the expert FFN's input and scratch must be 16-byte aligned on the GPU");
     if (n <= 0) return 0;
-    if (n <= VK_MV_NMAX) return vk_experts_mv_halves(c, e, x, n, k, ids, weights, resid, y, scratch, 3, err);
+    const bool tiled = pick == MOEX_VK_TILED || (pick == MOEX_VK_BY_N && n > VK_MV_NMAX);
+    if (!tiled) return vk_experts_mv_halves(c, e, x, n, k, ids, weights, resid, y, scratch, 3, pick == MOEX_VK_EACH, err);
     return vk_experts_tiled(c, e, x, n, k, ids, weights, resid, y, scratch, err);
+}
+
+int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
+                       moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr scratch, moex_error *err) {
+    return moex_vk_op_experts_pick(c, MOEX_VK_BY_N, e, x, n, k, ids, weights, resid, y, scratch, err);
 }

@@ -76,6 +76,8 @@ typedef struct vk_tuning {
     int idot;            /* MOEX_VK_IDOT: the decode products' int8 activations (vk_idot): 0 off, 1 wherever the
                           * device has integer dot products, unset (-1) where it has them in hardware */
     int spin_us;         /* MOEX_VK_SPIN_US: how long a submit's wait polls its fence before it blocks */
+    bool each_unstaged;  /* MOEX_VK_EACH_STAGED=0: MOEX_VK_EACH products and routers on mode 0 (the weights read
+                          * once per VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
 } vk_tuning;
 
 typedef struct moex_vk_buffer {
@@ -281,9 +283,10 @@ int vk_experts_tiled(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, in
  * rounding off (h is written unrounded; the down half rounds it). */
 bool vk_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n);
 /* The decode path of moex_vk_op_experts (n <= VK_MV_NMAX, arguments checked
- * by it); halves: 1 gate+up only, 2 down only (each alone to time it), 3 both. */
+ * by it); halves: 1 gate+up only, 2 down only (each alone to time it), 3 both;
+ * each: any n, each token with the kernels and shapes of one (MOEX_VK_EACH). */
 int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k, moex_vk_ptr ids,
-                         moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves,
+                         moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y, moex_vk_ptr h, int halves, bool each,
                          moex_error *err);
 
 #endif

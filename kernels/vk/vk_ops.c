@@ -1,6 +1,8 @@
 /* The ops but attention and the expert FFN (vk_attn.c, vk_experts.c): each
  * checks its arguments, picks the variant (type, mode, matrix-vector or
- * tiled: vk_mm.c) and records its dispatch (vk_record.c). */
+ * tiled: vk_mm.c) and records its dispatch (vk_record.c). The *_pick and
+ * *_each ops (several sequences in one batch, vk.h) pick by the kind of
+ * token instead of by n: the same kernels a token gets alone, or the tiles. */
 
 #include "kernels/vk/vk_internal.h"
 
@@ -49,6 +51,30 @@ int moex_vk_op_rmsnorm(moex_vk_cmd *c, moex_vk_ptr out, moex_vk_ptr x, moex_vk_p
     return 0;
 }
 
+/* Tokens one at a time (MOEX_VK_EACH): the staged one-token product with the
+ * tokens as the grid's y where x stages, else mode 0, whose tokens are
+ * independent (and alike) within its groups of VK_MV_NMAX. */
+static int matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, moex_vk_ptr x, int64_t n,
+                       moex_error *err) {
+    const bool staged = !c->vk->tune.each_unstaged && mv_stageable(c->vk, w, x);
+    const int mode = staged ? mv_mode_of(c->vk, 1, w) : vk_mv_mode(0, w);
+    const uint32_t gx = mv_grid(c->vk, w->rows, staged ? 1 : 0, staged), gy = staged ? (uint32_t)n : vk_ceil_div(n, VK_MV_NMAX);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mode, err);
+    if (!p || vk_check_grid(gx, gy, 1, err)) return -1;
+    vk_dispatch(c, p, pc, gx, gy, 1);
+    return 0;
+}
+
+int moex_vk_op_matmul_pick(moex_vk_cmd *c, moex_vk_pick pick, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n,
+                           moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
+    if (pick == MOEX_VK_BY_N) return moex_vk_op_matmul(c, w, x, n, y, resid, err);
+    if (vk_check_matrix(w, err)) return -1;
+    if (n <= 0) return 0;
+    if (vk_round_input(c, w->type, x, n, w->cols, &x, err)) return -1;
+    vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);
+    return pick == MOEX_VK_EACH ? matmul_each(c, w, &pc, x, n, err) : vk_matmul_tiled(c, w, &pc, n, err);
+}
+
 int moex_vk_op_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, moex_vk_ptr y,
                       moex_vk_ptr resid, moex_error *err) {
     if (vk_check_matrix(w, err)) return -1;
@@ -87,6 +113,33 @@ static int check_norm_fused(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr
     return 0;
 }
 
+bool moex_vk_norm_each(const moex_vk *vk, int64_t dim) {
+    return moex_vk_norm_fusable(vk, 1, dim) && dim <= moex_vk_mv_staged_cols(vk) && !vk->tune.each_unstaged;
+}
+
+/* The fused norm for n tokens: staged (so that each token's arithmetic is one token's), x 16-byte aligned rows. */
+static int check_norm_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, int64_t n,
+                           moex_error *err) {
+    if (check_norm_fused(c, w, x, nw, err)) return -1;
+    if (!moex_vk_norm_each(c->vk, w->cols) || !mv_stageable(c->vk, w, x))
+        return moex_fail(err, "vulkan: the fused RMSNorm of %lld columns cannot stage x here (moex_vk_norm_each)",
+                         (long long)w->cols);
+    return vk_check_grid(1, n, 1, err);
+}
+
+int moex_vk_op_norm_matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
+                                int64_t n, moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
+    if (check_norm_each(c, w, x, nw, n, err)) return -1;
+    if (n <= 0) return 0;
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, 1, w) | VK_MV_NORM, err);
+    if (!p) return -1;
+    vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);
+    pc.p[1] = nw;
+    pc.u[9] = vk_fbits(eps);
+    vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 1, true), (uint32_t)n, 1);
+    return 0;
+}
+
 int moex_vk_op_norm_matmul(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
                            moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
     if (check_norm_fused(c, w, x, nw, err)) return -1;
@@ -105,9 +158,9 @@ bool moex_vk_mv_shareable(const moex_vk_matrix *a, const moex_vk_matrix *b) {
     return a->type == b->type && a->cols == b->cols && vk_mv_mode(0, a) == vk_mv_mode(0, b);
 }
 
-/* One mode-2 dispatch over the matrices idx[0..n) of w (one type and width). */
+/* One mode-2 dispatch over the matrices idx[0..n) of w (one type and width), for n_tok tokens (the grid's y). */
 static int dispatch_shared(moex_vk_cmd *c, const moex_vk_matrix *const *w, const moex_vk_ptr *y, const int *idx, int n,
-                           moex_vk_ptr x, moex_vk_ptr nw, float eps, moex_error *err) {
+                           moex_vk_ptr x, moex_vk_ptr nw, float eps, int64_t n_tok, moex_error *err) {
     const moex_vk_matrix *w0 = w[idx[0]];   /* x as given: the caller sends rounded inputs elsewhere */
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w0->type, mv_mode_of(c->vk, 2, w0) | (nw ? VK_MV_NORM : 0), err);
     if (!p) return -1;
@@ -122,7 +175,7 @@ static int dispatch_shared(moex_vk_cmd *c, const moex_vk_matrix *const *w, const
         pc.u[6 + i] = (uint32_t)wi->rows;
         blocks += vk_mv_groups(c->vk, wi->rows, 2);
     }
-    vk_dispatch(c, p, &pc, staged_groups(blocks), 1, 1);
+    vk_dispatch(c, p, &pc, staged_groups(blocks), (uint32_t)n_tok, 1);
     return 0;
 }
 
@@ -147,7 +200,28 @@ int moex_vk_op_norm_matmul_multi(moex_vk_cmd *c, int n_mats, const moex_vk_matri
                 idx[n++] = j;
                 done[j] = true;
             }
-        if (dispatch_shared(c, w, y, idx, n, x, nw, eps, err)) return -1;
+        if (dispatch_shared(c, w, y, idx, n, x, nw, eps, 1, err)) return -1;
+    }
+    return 0;
+}
+
+int moex_vk_op_norm_matmul_multi_each(moex_vk_cmd *c, int n_mats, const moex_vk_matrix *const *w, const moex_vk_ptr *y,
+                                      moex_vk_ptr x, moex_vk_ptr nw, float eps, int64_t n, moex_error *err) {
+    if (n_mats < 1 || n_mats > 3) return moex_fail(err, "vulkan: shared-input products of %d matrices (1 to 3)", n_mats);
+    for (int i = 0; i < n_mats; i++)
+        if (check_norm_each(c, w[i], x, nw, n, err)) return -1;
+    if (n <= 0) return 0;
+    bool done[3] = {false, false, false};
+    for (int i = 0; i < n_mats; i++) {   /* as moex_vk_op_norm_matmul_multi groups them for one token */
+        if (done[i]) continue;
+        int idx[3] = {i, 0, 0}, m = 1;
+        done[i] = true;
+        for (int j = i + 1; j < n_mats; j++)
+            if (!done[j] && moex_vk_mv_shareable(w[i], w[j])) {
+                idx[m++] = j;
+                done[j] = true;
+            }
+        if (dispatch_shared(c, w, y, idx, m, x, nw, eps, n, err)) return -1;
     }
     return 0;
 }
@@ -209,8 +283,9 @@ int moex_vk_op_argmax(moex_vk_cmd *c, moex_vk_ptr x, int64_t n_rows, int64_t n, 
     return 0;
 }
 
-int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
-                      moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err) {
+int moex_vk_op_router_pick(moex_vk_cmd *c, moex_vk_pick pick, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k,
+                           bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,
+                           moex_error *err) {
     if (vk_check_matrix(w, err)) return -1;
     if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows)
         return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts)", (long long)w->rows, k,
@@ -223,27 +298,38 @@ int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, in
     pc.p[7] = counter;
     pc.u[5] = norm ? 2u : 0u;
     pc.u[6] = (uint32_t)k;
-    if (n <= VK_MV_NMAX) {   /* one dispatch: the last workgroup routes */
-        const int stage = n == 1 && mv_stageable(c->vk, w, x) ? VK_MV_STAGE : 0;
-        const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | stage, err);
-        if (!p) return -1;
-        vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 3, stage != 0), 1, 1);
-        return 0;
-    }
-    return vk_router_tiled(c, w, &pc, n, err);
+    const bool tiled = pick == MOEX_VK_TILED || (pick == MOEX_VK_BY_N && n > VK_MV_NMAX);
+    if (tiled) return vk_router_tiled(c, w, &pc, n, err);
+    /* one dispatch, the last workgroup routes every token: one token (or, EACH,
+     * each token as the grid's y) on the staged loop where x stages, else mode
+     * 3 over groups of VK_MV_NMAX tokens */
+    const bool each = pick == MOEX_VK_EACH;
+    const bool staged = (each ? !c->vk->tune.each_unstaged : n == 1) && mv_stageable(c->vk, w, x);
+    const uint32_t gy = staged ? (uint32_t)n : vk_ceil_div(n, VK_MV_NMAX);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | (staged ? VK_MV_STAGE : 0), err);
+    if (!p || vk_check_grid(1, gy, 1, err)) return -1;
+    vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 3, staged), gy, 1);
+    return 0;
 }
 
-int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int k,
-                           bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,
-                           moex_vk_ptr xn, moex_error *err) {
-    if (check_norm_fused(c, w, x, nw, err)) return -1;
+int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
+                      moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err) {
+    return moex_vk_op_router_pick(c, MOEX_VK_BY_N, w, x, n, k, norm, logits, counter, ids, weights, err);
+}
+
+/* n tokens: the staged variant, each token the grid's y (each = true), or one token staged where x stages. */
+static int norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int64_t n,
+                       bool each, int k, bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids,
+                       moex_vk_ptr weights, moex_vk_ptr xn, moex_error *err) {
+    if (each ? check_norm_each(c, w, x, nw, n, err) : check_norm_fused(c, w, x, nw, err)) return -1;
     if (w->rows > VK_MAX_EXPERTS || k <= 0 || k > w->rows || !xn)
         return moex_fail(err, "vulkan: router over %lld experts choosing %d (at most %d experts; xn required)",
                          (long long)w->rows, k, VK_MAX_EXPERTS);
+    if (n <= 0) return 0;
     const int stage = mv_stageable(c->vk, w, x) ? VK_MV_STAGE : 0;
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, vk_mv_mode(3, w) | VK_MV_NORM | stage, err);
     if (!p) return -1;
-    vk_pc pc = vk_mat_pc(w, x, 1, w->cols, logits, w->rows, xn);
+    vk_pc pc = vk_mat_pc(w, x, n, w->cols, logits, w->rows, xn);
     pc.p[1] = nw;
     pc.p[5] = ids;
     pc.p[6] = weights;
@@ -251,6 +337,18 @@ int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     pc.u[5] = norm ? 2u : 0u;   /* bit 0 (add r) stays off: r is the xn output here */
     pc.u[6] = (uint32_t)k;
     pc.u[9] = vk_fbits(eps);
-    vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 3, stage != 0), 1, 1);
+    vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 3, stage != 0), (uint32_t)n, 1);
     return 0;
+}
+
+int moex_vk_op_norm_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps, int k,
+                           bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights,
+                           moex_vk_ptr xn, moex_error *err) {
+    return norm_router(c, w, x, nw, eps, 1, false, k, norm, logits, counter, ids, weights, xn, err);
+}
+
+int moex_vk_op_norm_router_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
+                                int64_t n, int k, bool norm, moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids,
+                                moex_vk_ptr weights, moex_vk_ptr xn, moex_error *err) {
+    return norm_router(c, w, x, nw, eps, n, true, k, norm, logits, counter, ids, weights, xn, err);
 }

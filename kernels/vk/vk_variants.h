@@ -13,6 +13,13 @@
 #define VK_MAX_EXPERTS 512      /* shared-memory arrays of the router and the expert grouping */
 #define VK_ATTN_MAX_SPLITS 64   /* key splits of the decode attention at most (vk_attn.c, attn_dec.comp's merge) */
 #define VK_MV_XMAX 4096         /* widest x mv.comp stages in shared memory (modes 1, 2); wider takes mode 0 */
+#define VK_ATTN_POS_KEYS 48     /* keys per split of the decode attention's indirect dispatch (vk_attn.c, attn_dec.comp) */
+
+/* qkrope.comp, attn_dec.comp (their flags word) and attn.comp, attn_coop.comp
+ * (theirs): positions and KV rows per token from a table of (pos, base)
+ * pairs, base the token's sequence's first cache row, instead of params[0] + t
+ * in one sequence's rows 0.. (several sequences in one batch). */
+#define VK_ATTN_TOKENS 8
 
 /* mv.comp: mode & 3 is MODE (0 products, 1 one token staged, 2 up to three
  * matrices staged, 3 the router), with these flags: */

@@ -279,16 +279,17 @@ def has_vulkan():
 
 
 @scenario
-def vulkan_one_slot():
-    """--backend vulkan (one slot until the Vulkan engine batches): its answers are the Vulkan CLI's."""
+def vulkan():
+    """--backend vulkan with 4 slots: answers are the Vulkan CLI's, 8 concurrent requests each equal to itself
+    alone, and forwards carried several sequences at once."""
     if not has_vulkan():
         print("     (no Vulkan build or device: skipped)")
         return
     srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local", "--backend", "vulkan", "--parallel", "4",
-                                                                "--ctx", str(CTX)], key=KEY, timeout=300)
+                                                                "--ctx", str(CTX), "--prompt-chunk", "4"],
+                key=KEY, timeout=300)
     try:
-        check("vulkan: --parallel becomes 1, said at start", sample(srv.metrics(), "moex_slots") == 1 and
-              "one sequence at a time" in srv.text())
+        check("vulkan: 4 slots", sample(srv.metrics(), "moex_slots") == 4 and "one sequence at a time" not in srv.text())
         for p in PROMPTS[:2]:
             want = subprocess.run([f"{distlib.BIN}/moex-hub", "--local", "--backend", "vulkan", "-m", MODEL,
                                    "--prompt-tokens", ",".join(map(str, p)), "-n", "12", "--temp", "0", "--ignore-eos"],
@@ -297,6 +298,13 @@ def vulkan_one_slot():
                                                                        "ignore_eos": True}, key=KEY)
             got = json.loads(body)["choices"][0]["text"] if st == 200 else body
             check("vulkan: the API's greedy text is the Vulkan CLI's", got == want, f"{got!r} vs {want!r}")
+        before = srv.metrics()
+        client_checks(srv, "vulkan, 4 slots", only=["concurrent"])
+        fams = srv.metrics()
+        steps = sample(fams, "moex_forward_steps_total") - sample(before, "moex_forward_steps_total")
+        toks = sample(fams, "moex_forward_tokens_total") - sample(before, "moex_forward_tokens_total")
+        check("vulkan: forwards carried several sequences' tokens (batched)", toks > 1.5 * steps,
+              f"{toks} tokens in {steps}")
     finally:
         rc = srv.stop()
     check("vulkan: stops cleanly", rc == 0, f"rc={rc}")

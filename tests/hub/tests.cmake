@@ -46,7 +46,7 @@ file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/relay-work)
 # moex-hub serve through the official openai npm client (tests/hub/api/setup.sh
 # installs it, and chromium): --local and with workers, concurrency, bad
 # input, a killed client, /metrics, the status page in headless Chromium;
-# in Vulkan builds with a device, --backend vulkan (one slot) against the Vulkan CLI.
+# in Vulkan builds with a device, --backend vulkan (4 slots) against the Vulkan CLI and alone.
 add_test(NAME hub_api
   COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_api.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
           ${CMAKE_BINARY_DIR}/api-work)

@@ -15,6 +15,11 @@
 // head_dim class HDMAX = 64 << ((MODE - 2) % 4); R * HDMAX = 4096 keeps the
 // shared memory (Q, one K/V tile, P) under 40 KiB and the accumulators at
 // 8 vec4; MODE 6..9 halve R for devices with 32 KiB (4 vec4 accumulators).
+// Several sequences in one batch (VK_ATTN_TOKENS in flags): a workgroup's rows
+// come from blocks[4 * gl_WorkGroupID.x ..]: (t0, n_run, f0), rows f0 .. of the
+// run of n_run tokens from t0 at consecutive positions of one sequence, whose
+// position and first cache row params[2 t0], params[2 t0 + 1] give (a block
+// never spans two runs); the split-K path reads each token's pair.
 #version 450
 #include "vk_variants.h"
 #define MODE VARIANT
@@ -22,8 +27,8 @@
 #if MODE >= 2
 layout(local_size_x = 128) in;
 layout(push_constant) uniform PC {
-    F32 q; V4 kc; F32 vc; F32 o; I32 params; U32 p5; U32 p6; U32 p7;
-    uint n_head, n_head_kv, hd, n, scale_bits;
+    F32 q; V4 kc; F32 vc; F32 o; I32 params; I32 blocks; U32 p6; U32 p7;
+    uint n_head, n_head_kv, hd, n, scale_bits, flags;
 } pc;
 const uint HDMAX = 64u << ((MODE - 2) % 4), H4 = HDMAX / 4u, ST = H4 + 1u;   // ST: padded row stride (vec4), no bank conflicts
 const uint R = (MODE >= 6 ? 2048u : 4096u) / HDMAX, BK = HDMAX <= 128u ? 32u : 4096u / HDMAX;   // rows, keys per tile
@@ -36,15 +41,26 @@ shared float scorr[R];
 void main() {
     const uint tid = gl_LocalInvocationID.x, kvh = gl_WorkGroupID.y;
     const uint hd = pc.hd, hd4 = hd / 4u, n_head = pc.n_head, group = n_head / pc.n_head_kv, kvd = pc.n_head_kv * hd;
-    // The last row blocks (most keys) first, so the short ones fill the tail.
-    const uint pos0 = uint(pc.params.v[0]), rows = pc.n * group, f0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * R;
+    // The block: rows f0 .. f0 + R - 1 of a run (t0: its first token), the last row blocks (most keys) first,
+    // so the short ones fill the tail; or the host's block (several sequences, ordered the same way).
+    uint t0 = 0u, n_run = pc.n, pos0, base = 0u, f0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * R;
+    if ((pc.flags & VK_ATTN_TOKENS) != 0u) {
+        t0 = uint(pc.blocks.v[4u * gl_WorkGroupID.x]);
+        n_run = uint(pc.blocks.v[4u * gl_WorkGroupID.x + 1u]);
+        f0 = uint(pc.blocks.v[4u * gl_WorkGroupID.x + 2u]);
+        pos0 = uint(pc.params.v[2u * t0]);
+        base = uint(pc.params.v[2u * t0 + 1u]);
+    } else {
+        pos0 = uint(pc.params.v[0]);
+    }
+    const uint rows = n_run * group;
     const float scale = uintBitsToFloat(pc.scale_bits);
-    // Q rows, pre-scaled; rows past the batch are zero.
+    // Q rows, pre-scaled; rows past the run are zero.
     for (uint e = tid; e < R * H4; e += 128u) {
         const uint r = e / H4, c = e % H4, f = f0 + r;
         vec4 x = vec4(0.0);
         if (f < rows && c < hd4) {
-            const uint qo = ((f / group) * n_head + kvh * group + f % group) * hd + 4u * c;
+            const uint qo = ((t0 + f / group) * n_head + kvh * group + f % group) * hd + 4u * c;
             x = vec4(pc.q.v[qo], pc.q.v[qo + 1u], pc.q.v[qo + 2u], pc.q.v[qo + 3u]) * scale;
         }
         sq[r * ST + c] = x;
@@ -61,7 +77,7 @@ void main() {
         barrier();   // the previous tile's P*V is done with skv and sp
         for (uint e = tid; e < BK * H4; e += 128u) {
             const uint k = e / H4, c = e % H4;
-            skv[k * ST + c] = k < nk && c < hd4 ? pc.kc.v[((k0 + k) * kvd + kvh * hd) / 4u + c] : vec4(0.0);
+            skv[k * ST + c] = k < nk && c < hd4 ? pc.kc.v[((base + k0 + k) * kvd + kvh * hd) / 4u + c] : vec4(0.0);
         }
         barrier();
         if (ty < R) {   // scores: rows ty + 16 i, keys tx + 8 j
@@ -97,7 +113,7 @@ void main() {
         // V tile over the K tile (the scores are done with it), beside the softmax.
         for (uint e = tid; e < BK * HDMAX; e += 128u) {
             const uint k = e / HDMAX, d = e % HDMAX;
-            skv[k * ST + d / 4u][d % 4u] = k < nk && d < hd ? pc.vc.v[(k0 + k) * kvd + kvh * hd + d] : 0.0;
+            skv[k * ST + d / 4u][d % 4u] = k < nk && d < hd ? pc.vc.v[(base + k0 + k) * kvd + kvh * hd + d] : 0.0;
         }
         barrier();
         if (tc < hd4) {
@@ -116,7 +132,7 @@ void main() {
         for (uint j = 0u; j < NACC; j++) {
             const uint r = tr + RSTEP * j, f = f0 + r;
             if (f >= rows) break;
-            const uint oo = ((f / group) * n_head + kvh * group + f % group) * hd + 4u * tc;
+            const uint oo = ((t0 + f / group) * n_head + kvh * group + f % group) * hd + 4u * tc;
             const vec4 x = acc[j] / scorr[r];
             pc.o.v[oo] = x.x;
             pc.o.v[oo + 1u] = x.y;
@@ -129,7 +145,7 @@ void main() {
 layout(local_size_x = 128) in;
 layout(push_constant) uniform PC {
     F32 q; V4 kc; F32 vc; F32 part; I32 params; U32 p5; U32 p6; U32 p7;
-    uint n_head, n_head_kv, hd, n_split, chunk, scale_bits;
+    uint n_head, n_head_kv, hd, n_split, chunk, scale_bits, flags;
 } pc;
 shared vec4 qv[128];
 shared float sc[128];
@@ -163,7 +179,9 @@ float key_dot(uint ko4, uint hd4) {
 void main() {
     const uint tid = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, sp = gl_WorkGroupID.z;
     const uint hd = pc.hd, hd4 = hd / 4u, kvd = pc.n_head_kv * hd, kvh = h / (pc.n_head / pc.n_head_kv);
-    const uint qpos = uint(pc.params.v[0]) + t;
+    const bool tokens = (pc.flags & VK_ATTN_TOKENS) != 0u;
+    const uint qpos = tokens ? uint(pc.params.v[2u * t]) : uint(pc.params.v[0]) + t;
+    const uint base = tokens ? uint(pc.params.v[2u * t + 1u]) * kvd : 0u;   // the sequence's first cache float
     const uint start = sp * pc.chunk, end = min(start + pc.chunk, qpos + 1u);
     const float scale = uintBitsToFloat(pc.scale_bits);
     const uint qo = (t * pc.n_head + h) * hd;
@@ -173,14 +191,14 @@ void main() {
     float m = NEG_BIG, l = 0.0, acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
     for (uint c0 = start; c0 < end; c0 += 128u) {
         const uint key = c0 + tid;
-        const float s = key < end ? key_dot((key * kvd + kvh * hd) / 4u, hd4) * scale : NEG_BIG;
+        const float s = key < end ? key_dot((base + key * kvd + kvh * hd) / 4u, hd4) * scale : NEG_BIG;
         const float nm = max(m, wg_reduce(s, true));
         const float p = key < end ? exp(s - nm) : 0.0;
         sc[tid] = p;
         const float ps = wg_reduce(p, false);   // its barriers also publish sc[]
         const float corr = exp(m - nm);
         l = l * corr + ps;
-        const uint nk = min(128u, end - c0), vo = c0 * kvd + kvh * hd;
+        const uint nk = min(128u, end - c0), vo = base + c0 * kvd + kvh * hd;
         for (uint j = 0u; j < 4u; j++) {   // thread = dimension; 4 keys per step, independent loads
             const uint d = tid + 128u * j;
             if (d >= hd) break;

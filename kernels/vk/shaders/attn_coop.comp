@@ -15,7 +15,9 @@
 // padded with zeros); the host picks the tile (NT threads, BC keys) that
 // fits the device's shared memory. EMU=1 stands a shared-memory model in for the matrix unit
 // (devices without cooperative matrices, lavapipe in CI); Q then keeps its own
-// shared region instead of living in registers.
+// shared region instead of living in registers. Several sequences in one
+// batch (VK_ATTN_TOKENS in flags): each workgroup's rows come from the host's
+// block table, as in attn.comp.
 #version 450
 #include "vk_variants.h"
 #define HDMAX (64u << VARIANT)
@@ -58,8 +60,8 @@ const uint KVN = (2u * BC > BR ? 2u * BC : BR) * LDH;
 #endif
 
 layout(push_constant) uniform PC {
-    F32 q; V4 kc; V4 vc; F32 o; I32 params; U32 p5; U32 p6; U32 p7;
-    uint n_head, n_head_kv, hd, n, scale_bits;
+    F32 q; V4 kc; V4 vc; F32 o; I32 params; I32 blocks; U32 p6; U32 p7;
+    uint n_head, n_head_kv, hd, n, scale_bits, flags;
 } pc;
 
 shared float16_t KV[KVN];
@@ -124,8 +126,19 @@ ACC acc_zero() { return ACC(0.0); }
 void main() {
     const uint tid = gl_LocalInvocationIndex, warp = tid / 32u, lane = tid % 32u, kvh = gl_WorkGroupID.y;
     const uint hd = pc.hd, hd4 = hd / 4u, n_head = pc.n_head, group = n_head / pc.n_head_kv, kvd = pc.n_head_kv * hd;
-    // The last row blocks (most keys) first, so the short ones fill the tail.
-    const uint pos0 = uint(pc.params.v[0]), rows = pc.n * group, f0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * BR;
+    // The block: rows f0 .. f0 + BR - 1 of a run (t0: its first token), the last row blocks (most keys) first,
+    // so the short ones fill the tail; or the host's block (several sequences, ordered the same way).
+    uint t0 = 0u, n_run = pc.n, pos0, base = 0u, f0 = (gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x) * BR;
+    if ((pc.flags & VK_ATTN_TOKENS) != 0u) {
+        t0 = uint(pc.blocks.v[4u * gl_WorkGroupID.x]);
+        n_run = uint(pc.blocks.v[4u * gl_WorkGroupID.x + 1u]);
+        f0 = uint(pc.blocks.v[4u * gl_WorkGroupID.x + 2u]);
+        pos0 = uint(pc.params.v[2u * t0]);
+        base = uint(pc.params.v[2u * t0 + 1u]);
+    } else {
+        pos0 = uint(pc.params.v[0]);
+    }
+    const uint rows = n_run * group;
     const float scale = uintBitsToFloat(pc.scale_bits);
     const uint kend = pos0 + (min(f0 + BR, rows) - 1u) / group + 1u;   // keys 0 .. the block's last query position
 
@@ -134,7 +147,7 @@ void main() {
         const uint r = e / H4, c = e % H4, f = f0 + r;
         vec4 x = vec4(0.0);
         if (f < rows && c < hd4) {
-            const uint qo = ((f / group) * n_head + kvh * group + f % group) * hd + 4u * c;
+            const uint qo = ((t0 + f / group) * n_head + kvh * group + f % group) * hd + 4u * c;
             x = vec4(pc.q.v[qo], pc.q.v[qo + 1u], pc.q.v[qo + 2u], pc.q.v[qo + 3u]) * scale;
         }
         const f16vec4 h = f16vec4(clamp(x, vec4(-65504.0), vec4(65504.0)));
@@ -168,7 +181,7 @@ void main() {
             UNROLL for (uint i = 0u; i < NKV; i++) {
                 const uint e = tid + NT * i, k = e / H4, c = e % H4;
                 const bool ok = e < BC * H4 && k < nk && c < hd4;
-                const uint g = ok ? (k * kvd + kvh * hd) / 4u + c : 0u;
+                const uint g = ok ? ((base + k) * kvd + kvh * hd) / 4u + c : 0u;
                 kreg[i] = ok ? pc.kc.v[g] : vec4(0.0);
                 vreg[i] = ok ? pc.vc.v[g] : vec4(0.0);
             }
@@ -192,7 +205,7 @@ void main() {
             UNROLL for (uint i = 0u; i < NKV; i++) {
                 const uint e = tid + NT * i, k = e / H4, c = e % H4;
                 const bool ok = e < BC * H4 && k < nk && c < hd4;
-                const uint g = ok ? ((k1 + k) * kvd + kvh * hd) / 4u + c : 0u;
+                const uint g = ok ? ((base + k1 + k) * kvd + kvh * hd) / 4u + c : 0u;
                 kreg[i] = ok ? pc.kc.v[g] : vec4(0.0);
                 vreg[i] = ok ? pc.vc.v[g] : vec4(0.0);
             }
@@ -271,7 +284,7 @@ void main() {
         for (uint i = lane; i < 16u * BC; i += 32u) {
             const uint r = i / BC, col = i % BC, fr = f0 + warp * 16u + r, dim = d0 * 16u + col;
             if (fr < rows && dim < hd)
-                pc.o.v[((fr / group) * n_head + kvh * group + fr % group) * hd + dim] = Ss[(warp * 16u + r) * LDS + col];
+                pc.o.v[((t0 + fr / group) * n_head + kvh * group + fr % group) * hd + dim] = Ss[(warp * 16u + r) * LDS + col];
         }
     }
 }

@@ -7,6 +7,12 @@
 // (from shared memory, not the caches, which the first q head of each KV
 // group appends them to in the same dispatch). Splits past the position exit
 // at once and are not counted.
+// With VK_ATTN_TOKENS in flags the grid's y runs over tokens (several
+// sequences decoding together): token t = gl_WorkGroupID.y takes its q, k, v
+// rows, counters and partials at t's offsets, and its position and first
+// cache row from params[2t], params[2t + 1]; each token's splits are those
+// its own position needs, so its arithmetic is the same whatever shares the
+// dispatch (an indirect grid covers the batch's longest context).
 //
 // Decode attention is latency-bound (a few hundred KB per layer), so the
 // loop over keys is built for loads in flight, not for bytes: per block of KB
@@ -96,15 +102,16 @@ float rope_at(uint i, uint pos, bool is_k) {
 }
 
 // qs = RoPE(QK-norm(q_h)); with the new key, kn and vn too (and the cache append).
-void rotate_q_and_new_key(uint h, uint kvh, uint qpos, bool has_new, bool append) {
+// qb, kb: the token's q and k/v rows (floats); base: its sequence's first cache row.
+void rotate_q_and_new_key(uint h, uint kvh, uint qpos, uint qb, uint kb, uint base, bool has_new, bool append) {
     const uint tid = gl_LocalInvocationID.x, hd = pc.dims & 0xffffu, kvd = (pc.heads >> 16) * hd;
     float qx[EPT], kx[EPT];
     vec2 ss = vec2(0.0);
     for (uint j = 0u; j < EPT; j++) {
         const uint i = tid + 128u * j;
-        qx[j] = i < hd ? pc.q.v[h * hd + i] : 0.0;
-        kx[j] = has_new && i < hd ? pc.k.v[kvh * hd + i] : 0.0;
-        if (has_new && i < hd) vn[i >> 2][i & 3u] = pc.v.v[kvh * hd + i];
+        qx[j] = i < hd ? pc.q.v[qb + h * hd + i] : 0.0;
+        kx[j] = has_new && i < hd ? pc.k.v[kb + kvh * hd + i] : 0.0;
+        if (has_new && i < hd) vn[i >> 2][i & 3u] = pc.v.v[kb + kvh * hd + i];
         ss += vec2(qx[j] * qx[j], kx[j] * kx[j]);
     }
     if ((pc.flags & 1u) != 0u) {
@@ -137,7 +144,7 @@ void rotate_q_and_new_key(uint h, uint kvh, uint qpos, bool has_new, bool append
         if (has_new) {
             kn[i >> 2][i & 3u] = kx[j];
             if (append) {
-                const uint dst = qpos * kvd + kvh * hd + i;
+                const uint dst = (base + qpos) * kvd + kvh * hd + i;
                 pc.kc.v[dst >> 2][dst & 3u] = kx[j];
                 pc.vc.v[dst >> 2][dst & 3u] = vn[i >> 2][i & 3u];
             }
@@ -150,15 +157,25 @@ void main() {
     const uint tid = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, sp = gl_WorkGroupID.z;
     const uint n_head = pc.heads & 0xffffu, hd = pc.dims & 0xffffu, hd4 = hd / 4u;
     const uint kvd4 = (pc.heads >> 16) * hd4, group = n_head / (pc.heads >> 16), kvh = h / group;
+    // The token: one, or (VK_ATTN_TOKENS) token t of the grid's y, its position and first cache row from params.
+    const bool tokens = (pc.flags & VK_ATTN_TOKENS) != 0u;
+    const uint tok = tokens ? gl_WorkGroupID.y : 0u;
+    const uint qpos = uint(pc.params.v[2u * tok]), base = tokens ? uint(pc.params.v[2u * tok + 1u]) : 0u;
     // Splits: all pc.n_split over the context, pc.chunk keys each, or (flags & 4,
     // an indirect dispatch) those the keys up to the position need, cut evenly;
     // the partials keep the stride of pc.n_split. Only splits holding keys run.
-    const uint ns = gl_NumWorkGroups.z, qpos = uint(pc.params.v[0]);
-    const uint chunk = (pc.flags & 4u) != 0u ? (qpos + ns) / ns : pc.chunk;
+    const bool indirect = (pc.flags & 4u) != 0u;
+    const uint ns = indirect ? min(pc.n_split, clamp((qpos + VK_ATTN_POS_KEYS) / VK_ATTN_POS_KEYS, 1u, MAX_SPLITS))
+                             : pc.n_split;
+    const uint chunk = indirect ? (qpos + ns) / ns : pc.chunk;
     const uint used = min(ns, qpos / chunk + 1u), start = sp * chunk, end = min(start + chunk, qpos + 1u);
     if (sp >= used) return;
+    // The token's rows: q (n_head heads), k and v (n_head_kv), its counters and
+    // partials (a token's share of the scratch rounded up to whole vec4s).
+    const uint qb = tok * n_head * hd, kb = tok * (kvd4 * 4u), cb = tok * n_head;
+    const uint pb = tok * ((n_head * pc.n_split * (hd + 2u) + 3u) & ~3u);
     const bool has_new = sp == used - 1u;   // the new key is the context's last
-    rotate_q_and_new_key(h, kvh, qpos, has_new, has_new && h % group == 0u);
+    rotate_q_and_new_key(h, kvh, qpos, qb, kb, base, has_new, has_new && h % group == 0u);
 
     const float scale = uintBitsToFloat(pc.scale_bits);
     const uint slice = tid % TPK, col = tid % H4M, kg = tid / H4M, kvo = kvh * hd4;
@@ -173,12 +190,12 @@ void main() {
             const uint key = k0 + p * KP + tid / TPK;
             for (uint i = 0u; i < 8u; i++) {
                 const uint c = slice * 8u + i;
-                kv[p][i] = key >= end || c >= hd4 ? vec4(0.0) : key == qpos ? kn[c] : pc.kc.v[key * kvd4 + kvo + c];
+                kv[p][i] = key >= end || c >= hd4 ? vec4(0.0) : key == qpos ? kn[c] : pc.kc.v[(base + key) * kvd4 + kvo + c];
             }
         }
         for (uint i = 0u; i < VPT; i++) {
             const uint key = k0 + kg + G * i;
-            vv[i] = key >= end || col >= hd4 ? vec4(0.0) : key == qpos ? vn[col] : pc.vc.v[key * kvd4 + kvo + col];
+            vv[i] = key >= end || col >= hd4 ? vec4(0.0) : key == qpos ? vn[col] : pc.vc.v[(base + key) * kvd4 + kvo + col];
         }
         for (uint p = 0u; p < PASSES; p++) {
             vec4 s4 = vec4(0.0);
@@ -208,11 +225,11 @@ void main() {
     sacc[tid] = acc;
     barrier();
     // Partials: acc of (h, split) as hd4 vec4s, then (m, l) pairs after all the accs.
-    const uint pi = h * pc.n_split + sp, ml = n_head * pc.n_split * hd;
+    const uint pi = h * pc.n_split + sp, ml = pb + n_head * pc.n_split * hd;
     if (tid < hd4) {
         vec4 t = vec4(0.0);
         for (uint g = 0u; g < G; g++) t += sacc[g * H4M + tid];
-        CV4(pc.part).v[pi * hd4 + tid] = t;
+        CV4(pc.part).v[pb / 4u + pi * hd4 + tid] = t;
     }
     if (tid == 0u) {
         pc.part.v[ml + 2u * pi] = m;
@@ -220,7 +237,7 @@ void main() {
     }
     memoryBarrierBuffer();
     barrier();
-    if (tid == 0u) last_split = atomicAdd(pc.counter.v[h], 1u) == used - 1u;
+    if (tid == 0u) last_split = atomicAdd(pc.counter.v[cb + h], 1u) == used - 1u;
     barrier();
     if (!last_split) return;
     memoryBarrierBuffer();
@@ -235,7 +252,7 @@ void main() {
     vec4 a = vec4(0.0);
     for (uint i = 0u; i < MAX_SPLITS / G; i++) {
         const uint s = kg + G * i;
-        if (s < used && col < hd4) a += red[s].y * CV4(pc.part).v[(p0 + s) * hd4 + col];
+        if (s < used && col < hd4) a += red[s].y * CV4(pc.part).v[pb / 4u + (p0 + s) * hd4 + col];
     }
     sacc[tid] = a;
     barrier();
@@ -243,11 +260,11 @@ void main() {
         vec4 t = vec4(0.0);
         for (uint g = 0u; g < G; g++) t += sacc[g * H4M + tid];
         t /= L;
-        const uint o = h * hd + 4u * tid;
+        const uint o = qb + h * hd + 4u * tid;
         pc.q.v[o] = t.x;
         pc.q.v[o + 1u] = t.y;
         pc.q.v[o + 2u] = t.z;
         pc.q.v[o + 3u] = t.w;
     }
-    if (tid == 0u) pc.counter.v[h] = 0u;
+    if (tid == 0u) pc.counter.v[cb + h] = 0u;
 }

@@ -1,6 +1,7 @@
 // The gate+up half of one decode token's expert FFN, Q4_K weights on 16-byte
 // aligned rows: h[j][r] = silu(Wg_e x . row r) * (Wu_e x . row r), e = ids[j],
-// grid (ceil(n_ff / CH), k). Like experts_mv.comp's SIDE 0 each thread holds one
+// grid (ceil(n_ff / CH), k), or for n tokens (ceil(n_ff / CH), n k): pair
+// p = t k + j of token t (x row t, h row p), each with one token's arithmetic. Like experts_mv.comp's SIDE 0 each thread holds one
 // 32-column position of x in registers (as int8 where IDOT, _q4k_pos.comp) and
 // walks rows, but a workgroup covers CH rows with RL row lanes of NPOS
 // threads (WG = NPOS * RL; CH / RL rows a thread, vk_shapes.c picks them),
@@ -32,7 +33,7 @@ layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV
 
 layout(push_constant) uniform PC {
     UV4 wg; UV4 wu; RV4 x; F32 h; I32 ids; U32 unused0; U32 unused1; U32 unused2;   // vk_pc: 8 addresses, then words
-    uint nff, d, estride;   // estride: bytes per expert
+    uint nff, d, estride, k;   // estride: bytes per expert; k: experts per token
 } pc;
 
 #include "_q4k_pos.comp"
@@ -107,7 +108,7 @@ void main() {
     const uint tid = gl_LocalInvocationID.x, pos = tid % NPOS, rl = tid / NPOS;
     const uint c = gl_WorkGroupID.x, slot = gl_WorkGroupID.y;
     const uint rowb = (pc.d / 256u) * 144u, eb = uint(pc.ids.v[slot]) * pc.estride, r0 = c * CH + rl;
-    const PX px = pxload(pc.x, 0u, pos);
+    const PX px = pxload(pc.x, (slot / pc.k) * (pc.d / 4u), pos);
     float acc[NV];
     for (uint v = 0u; v < NV; v++) acc[v] = 0.0;
     // software pipelined: the next RU rows' loads are in flight while these are used

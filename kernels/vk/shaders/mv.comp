@@ -30,6 +30,9 @@
 // row blocks of w, then of w1, then of w2; one dispatch, no norm pass.
 // MODE 3 with STAGE (one token): the router on MODE 1's staged loop, then
 // MODE 3's epilogue (xn written by workgroup 0, the last workgroup routes).
+// The staged modes take several tokens as the grid's y (token t: x row t, y
+// row t, and in MODE 2 each matrix's row t), each with exactly the arithmetic
+// of one token alone: batches of several sequences (the argmax stays one token's).
 // IDOT (modes 1 and 2 on Q4_K, vk_idot): x staged as int8 in groups of 32
 // values (_mvunit.comp), each thread rounding 8 of them (4 lanes share a
 // group's scale through shuffles; without subgroups a thread rounds a unit's
@@ -318,6 +321,7 @@ void main() {
 #endif
     const uint units = pc.cols / UNIT, row_bytes = (pc.cols / BLK) * BLK_BYTES, ng = gl_NumWorkGroups.x;
     const uint nsteps = (units + TPR - 1u) / TPR, rpb = GROUPS * NR;
+    const uint tok = gl_WorkGroupID.y, xb = tok * (pc.xs / 4u);   // the token's x row (vec4s)
 #if MODE == 2
     const uint nblk = (pc.rows + rpb - 1u) / rpb + (pc.rows1 + rpb - 1u) / rpb + (pc.rows2 + rpb - 1u) / rpb;
 #else
@@ -332,7 +336,7 @@ void main() {
 #if IDOT && defined(USE_SUBGROUP)
     // 8 values a thread, 4 neighbouring lanes a 32-value group (whole groups drop out of the loop together)
     for (uint i = 2u * tid; i < pc.cols / 4u; i += 2u * WG) {
-        vec4 v0 = pc.x.v[i], v1 = pc.x.v[i + 1u];
+        vec4 v0 = pc.x.v[xb + i], v1 = pc.x.v[xb + i + 1u];
 #ifdef NORM
         ss += dot(v0, v0) + dot(v1, v1);
         v0 *= pc.nw.v[i];
@@ -343,7 +347,7 @@ void main() {
 #elif IDOT
     for (uint u = tid; u < pc.cols / 64u; u += WG) {   // a thread per 64-value unit: its two int8 groups
         vec4 v[16];
-        for (uint i = 0u; i < 16u; i++) v[i] = pc.x.v[16u * u + i];
+        for (uint i = 0u; i < 16u; i++) v[i] = pc.x.v[xb + 16u * u + i];
 #ifdef NORM
         for (uint i = 0u; i < 16u; i++) {
             ss += dot(v[i], v[i]);
@@ -354,7 +358,7 @@ void main() {
     }
 #else
     for (uint i = tid; i < pc.cols / 4u; i += WG) {
-        vec4 v = pc.x.v[i];
+        vec4 v = pc.x.v[xb + i];
 #ifdef NORM
         ss += dot(v, v);
         v *= pc.nw.v[i];
@@ -381,9 +385,10 @@ void main() {
         if (s2 == 0u) {   // the block's last step: reduce and write its rows
             const uvec3 m = block_of(b);
             CF32 y = pc.y;
+            uint yb = tok * pc.ys;   // the token's output row
 #if MODE == 2
-            if (m.x == 1u) y = pc.y1;
-            else if (m.x == 2u) y = pc.y2;
+            if (m.x == 1u) { y = pc.y1; yb = tok * pc.rows1; }
+            else if (m.x == 2u) { y = pc.y2; yb = tok * pc.rows2; }
 #endif
             const uint row0 = m.y + grp * NR;
             for (uint r = 0u; r < NR; r++) {
@@ -392,10 +397,10 @@ void main() {
                 const uint row = row0 + r;
                 if (lane == r % TPR && row < m.z) {
 #if MODE == 1
-                    if ((pc.flags & 1u) != 0u) v += pc.r.v[row];
+                    if ((pc.flags & 1u) != 0u) v += pc.r.v[yb + row];
                     if (v > bv) { bv = v; bi = row; }   // a lane's rows increase: ties keep the lower
 #endif
-                    y.v[row] = v;
+                    y.v[yb + row] = v;
                 }
             }
         }
@@ -410,10 +415,11 @@ void main() {
     if (gl_WorkGroupID.x == 0u)   // xn for the experts
         for (uint i = tid; i < pc.cols / 4u; i += WG) {
             const vec4 v = xsh[XSLOT(i)] * inv;
-            pc.r.v[4u * i] = v.x; pc.r.v[4u * i + 1u] = v.y; pc.r.v[4u * i + 2u] = v.z; pc.r.v[4u * i + 3u] = v.w;
+            const uint o = 4u * (xb + i);
+            pc.r.v[o] = v.x; pc.r.v[o + 1u] = v.y; pc.r.v[o + 2u] = v.z; pc.r.v[o + 3u] = v.w;
         }
 #endif
-    route_when_last();   // pc.n is 1
+    route_when_last();   // pc.n: the tokens of the grid's y
 #endif
 }
 #endif

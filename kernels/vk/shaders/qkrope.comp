@@ -1,7 +1,9 @@
 // Per token and head: optional QK-norm (RMSNorm over the head), RoPE at
 // position params[0] + t, and the KV append: q heads are rotated in place,
 // k heads go to the cache row of their position, v heads are copied there.
-// grid (n_tokens, n_head + n_head_kv)
+// With VK_ATTN_TOKENS in flags, token t's position and first cache row come
+// from params[2t], params[2t + 1] (several sequences in one batch); its row
+// is then base + pos. grid (n_tokens, n_head + n_head_kv)
 #version 450
 #include "vk_variants.h"
 #include "_common.comp"
@@ -15,7 +17,9 @@ shared float red[128];
 const float TWO_PI = 6.283185307179586;
 void main() {
     const uint tid = gl_LocalInvocationID.x, t = gl_WorkGroupID.x, h = gl_WorkGroupID.y, hd = pc.hd;
-    const uint pos = uint(pc.params.v[0]) + t;
+    const bool tokens = (pc.flags & VK_ATTN_TOKENS) != 0u;
+    const uint pos = tokens ? uint(pc.params.v[2u * t]) : uint(pc.params.v[0]) + t;
+    const uint base = tokens ? uint(pc.params.v[2u * t + 1u]) : 0u;
     const bool is_q = h < pc.n_head;
     const uint kvd = pc.n_head_kv * hd, hk = h - pc.n_head;
     const uint src = is_q ? t * pc.n_head * hd + h * hd : t * kvd + hk * hd;
@@ -53,7 +57,7 @@ void main() {
         }
         outv[j] = o;
     }
-    const uint dst = pos * kvd + hk * hd;
+    const uint dst = (base + pos) * kvd + hk * hd;
     for (uint j = 0u; j < 4u; j++) {
         const uint i = tid + 128u * j;
         if (i >= hd) break;

@@ -1,0 +1,289 @@
+/* Several sequences in one Vulkan forward (moex_vk_forward_batch): batching
+ * never changes a sequence's tokens. Twelve sequences (prompts of 1 to 90
+ * tokens, 6 greedy tokens each) are first run alone, one per batch (the
+ * prompt in one forward, or two where it exceeds the batch), then together
+ * as the serve scheduler batches them: up to N in {1, 2, 3, 8} slots at once,
+ * each step one token of every decoding sequence first, then prompt chunks
+ * of 5 tokens while others decode (whole prompts up to the batch size when
+ * none does), new sequences taking the slots finished ones free (restarting
+ * at position 0 over older rows). Checks, for every sequence and N: the same
+ * greedy tokens and bit-identical logits rows as alone; the alone rows against
+ * moex_vk_forward (the one-sequence path) within a float tolerance; a batch
+ * that wants every row of a prompt; refused batches (bad slot, position order,
+ * token id, size) changing nothing. Configurations: f32 activations with a
+ * long context (the decode attention's indirect splits, each token its own
+ * count), the same with MOEX_VK_EACH_STAGED=0 (the one-token products on
+ * mode 0, norms apart), activations rounded as the distributed hub does (the
+ * unfused one-token path), and the distributed path with the experts on a
+ * CPU executor (exact wire). usage: test_vk_batch MODEL.gguf */
+#include "engine/vk/engine_vk.h"
+#include "tests/vk/vk_test_util.h"
+
+#define N_SEQ 12
+#define N_GEN 6
+#define SLOTS 8
+#define BATCH 80
+#define CHUNK 5
+
+/* 90: two forwards alone; 75: more than 64 prompt tokens in one forward (the narrow tiles of the matrix unit) */
+static const int prompt_len[N_SEQ] = {13, 1, 90, 5, 23, 2, 75, 9, 40, 17, 3, 7};
+
+typedef struct seq_out {
+    int32_t tok[N_GEN];
+    float *rows;   /* N_GEN x V: the logits each token was sampled from */
+} seq_out;
+
+typedef struct world {
+    const moex_model *m;
+    moex_vk_state *s;
+    int64_t V;
+    int32_t *prompt[N_SEQ];
+    seq_out alone[N_SEQ];
+    float *logits;   /* BATCH x V */
+} world;
+
+static int32_t greedy(const float *row, int64_t V) { return (int32_t)argmax_of(row, V); }
+
+/* One sequence alone in slot: its prompt in forwards of up to BATCH tokens (the last one's logits), then decode. */
+static void run_alone(world *w, int i, int slot, seq_out *out) {
+    const int64_t V = w->V;
+    int32_t tok[BATCH], seq[BATCH], pos[BATCH];
+    bool want[BATCH];
+    int64_t p = 0;
+    const int L = prompt_len[i];
+    while (p < L) {
+        const int64_t n = L - p < BATCH ? L - p : BATCH;
+        for (int64_t t = 0; t < n; t++) {
+            tok[t] = w->prompt[i][p + t];
+            seq[t] = slot;
+            pos[t] = (int32_t)(p + t);
+            want[t] = p + t == L - 1;
+        }
+        const moex_batch b = {.n = n, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want};
+        MUST(moex_vk_forward_batch(w->m, w->s, &b, w->logits, &g_err));
+        p += n;
+    }
+    for (int g = 0; g < N_GEN; g++) {
+        memcpy(out->rows + (size_t)g * V, w->logits, (size_t)V * 4);
+        out->tok[g] = greedy(w->logits, V);
+        if (g == N_GEN - 1) break;
+        const moex_batch b = {.n = 1, .tokens = &out->tok[g], .seq = &slot, .pos = (int32_t[]){(int32_t)(L + g)},
+                              .want_logits = (bool[]){true}};
+        MUST(moex_vk_forward_batch(w->m, w->s, &b, w->logits, &g_err));
+    }
+}
+
+/* The alone rows against the one-sequence path fed the same tokens. */
+static void check_against_forward(world *w, int i, double tol) {
+    const int64_t V = w->V, L = prompt_len[i];
+    if (L > BATCH) return;   /* moex_vk_forward takes the prompt in one batch here */
+    float *row = malloc((size_t)V * 4);
+    double worst = 0;
+    int same = 0;
+    MUST(moex_vk_forward(w->m, w->s, w->prompt[i], L, 0, false, row, &g_err));
+    for (int g = 0; g < N_GEN; g++) {
+        if (g) MUST(moex_vk_forward(w->m, w->s, &w->alone[i].tok[g - 1], 1, L + g - 1, false, row, &g_err));
+        const double e = rel_l2_f(w->alone[i].rows + (size_t)g * V, row, V);
+        worst = e > worst ? e : worst;
+        same += greedy(row, V) == w->alone[i].tok[g];
+    }
+    printf("  sequence %d (prompt %lld): one-sequence path rel err %.3g, %d/%d tokens alike\n", i, (long long)L, worst,
+           same, N_GEN);
+    CHECK(worst <= tol, "sequence %d: batched logits differ from moex_vk_forward's by %.3g (tolerance %.1g)", i, worst,
+          tol);
+    free(row);
+}
+
+/* The scheduler's batches (hub/scheduler.c build_batch) over n_slots slots, checked against the alone runs. */
+typedef struct live {
+    int seq;          /* -1: free */
+    int64_t fed, past;
+    int gen;
+    int32_t last;
+} live;
+
+static void check_refusals(world *w, int step) {
+    int32_t tok[2] = {1, 2}, seq[2] = {0, 0}, pos[2] = {3, 3};
+    bool want[2] = {true, true};
+    moex_batch b = {.n = 2, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want};
+    CHECK(moex_vk_forward_batch(w->m, w->s, &b, w->logits, &g_err) == -1 && strstr(g_err.msg, "position order"),
+          "step %d: a slot's positions out of order must be refused (%s)", step, g_err.msg);
+    seq[1] = SLOTS;
+    pos[1] = 4;
+    CHECK(moex_vk_forward_batch(w->m, w->s, &b, w->logits, &g_err) == -1 && strstr(g_err.msg, "slot"),
+          "step %d: slot %d of %d must be refused", step, SLOTS, SLOTS);
+    seq[1] = 1;
+    tok[1] = (int32_t)w->V;
+    CHECK(moex_vk_forward_batch(w->m, w->s, &b, w->logits, &g_err) == -1 && strstr(g_err.msg, "vocabulary"),
+          "step %d: token id %lld must be refused", step, (long long)w->V);
+    b.n = BATCH + 1;
+    CHECK(moex_vk_forward_batch(w->m, w->s, &b, w->logits, &g_err) == -1 && strstr(g_err.msg, "limit"),
+          "step %d: %d tokens must be refused", step, BATCH + 1);
+}
+
+static void run_together(world *w, int n_slots, bool refusals) {
+    const int64_t V = w->V;
+    live sl[SLOTS];
+    int32_t tok[BATCH], seq[BATCH], pos[BATCH];
+    bool want[BATCH];
+    int next = 0, done = 0, steps = 0, mismatched = 0;
+    for (int i = 0; i < SLOTS; i++) sl[i].seq = -1;
+    while (done < N_SEQ) {
+        /* admit one sequence a step into the highest free slot: arrivals staggered, slots other than 0 */
+        for (int i = SLOTS - 1; i >= SLOTS - n_slots && next < N_SEQ; i--)
+            if (sl[i].seq < 0) {
+                sl[i] = (live){.seq = next++};
+                break;
+            }
+        int64_t n = 0, n_decoding = 0;
+        for (int i = 0; i < SLOTS; i++)
+            if (sl[i].seq >= 0 && sl[i].fed == prompt_len[sl[i].seq]) {
+                tok[n] = sl[i].last, seq[n] = i, pos[n] = (int32_t)sl[i].past, want[n] = true;
+                n++, n_decoding++;
+            }
+        int64_t budget = BATCH - n;
+        if (n_decoding && budget > CHUNK) budget = CHUNK;
+        for (int i = 0; i < SLOTS && budget > 0; i++) {
+            if (sl[i].seq < 0 || sl[i].fed == prompt_len[sl[i].seq]) continue;
+            const int L = prompt_len[sl[i].seq];
+            int64_t take = L - sl[i].fed < budget ? L - sl[i].fed : budget;
+            for (int64_t k = 0; k < take; k++, n++) {
+                tok[n] = w->prompt[sl[i].seq][sl[i].fed + k], seq[n] = i, pos[n] = (int32_t)(sl[i].fed + k);
+                want[n] = sl[i].fed + k + 1 == L;
+            }
+            budget -= take;
+        }
+        if (refusals && steps == 3) check_refusals(w, steps);
+        const moex_batch b = {.n = n, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want};
+        MUST(moex_vk_forward_batch(w->m, w->s, &b, w->logits, &g_err));
+        steps++;
+        int64_t row = 0;
+        for (int64_t t = 0; t < n; t++) {
+            live *l = &sl[seq[t]];
+            l->past++;
+            if (l->fed < prompt_len[l->seq]) l->fed++;
+            if (!want[t]) continue;
+            const float *lg = w->logits + (size_t)row++ * V;
+            const seq_out *ref = &w->alone[l->seq];
+            const int32_t id = greedy(lg, V);
+            if (id != ref->tok[l->gen] || memcmp(lg, ref->rows + (size_t)l->gen * V, (size_t)V * 4)) {
+                if (mismatched++ < 4)
+                    CHECK(0, "%d slots: sequence %d token %d: %d (logits rel err %.3g) where alone gave %d", n_slots,
+                          l->seq, l->gen, id, rel_l2_f(lg, ref->rows + (size_t)l->gen * V, V), ref->tok[l->gen]);
+            }
+            l->last = id;
+            if (++l->gen == N_GEN) {
+                l->seq = -1;
+                done++;
+            }
+        }
+    }
+    printf("  %d slots: %d steps, %d of %d rows differ from alone\n", n_slots, steps, mismatched, N_SEQ * N_GEN);
+    CHECK(mismatched == 0, "%d slots: %d rows differ from the sequences run alone", n_slots, mismatched);
+}
+
+/* A sequence that wants every prompt row while another decodes: the rows of
+ * the tiled head match moex_vk_forward's all-logits rows; the last is the
+ * decode-kernel row alone gave, bit for bit. */
+static void check_all_rows(world *w, double tol) {
+    const int i = 4, L = prompt_len[i], other = 1;
+    const int64_t V = w->V;
+    int32_t tok[BATCH], seq[BATCH], pos[BATCH];
+    bool want[BATCH];
+    seq_out again = {.rows = malloc((size_t)N_GEN * V * 4)};
+    run_alone(w, other, 2, &again);   /* slot 2 holds a short sequence, decoding */
+    CHECK(!memcmp(again.rows, w->alone[other].rows, (size_t)N_GEN * V * 4), "sequence %d differs in slot 2", other);
+    free(again.rows);
+    tok[0] = w->alone[other].tok[N_GEN - 1], seq[0] = 2, pos[0] = prompt_len[other] + N_GEN - 1, want[0] = true;
+    for (int t = 0; t < L; t++) tok[1 + t] = w->prompt[i][t], seq[1 + t] = 5, pos[1 + t] = t, want[1 + t] = true;
+    const moex_batch b = {.n = L + 1, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want};
+    float *got = malloc((size_t)(L + 1) * V * 4), *ref = malloc((size_t)L * V * 4);
+    MUST(moex_vk_forward_batch(w->m, w->s, &b, got, &g_err));
+    MUST(moex_vk_forward(w->m, w->s, w->prompt[i], L, 0, true, ref, &g_err));
+    double worst = 0;
+    for (int r = 0; r < L; r++) {
+        const double e = rel_l2_f(got + (size_t)(1 + r) * V, ref + (size_t)r * V, V);
+        worst = e > worst ? e : worst;
+    }
+    printf("  every row of a %d-token prompt beside a decode: rel err %.3g\n", L, worst);
+    CHECK(worst <= tol, "all prompt rows: rel err %.3g against moex_vk_forward (tolerance %.1g)", worst, tol);
+    CHECK(!memcmp(got + (size_t)L * V, w->alone[i].rows, (size_t)V * 4),
+          "all prompt rows: the prompt's last row differs from the one it gets alone");
+    free(got);
+    free(ref);
+}
+
+/* levels: the slot counts to batch with (a bit each of 1, 2, 3, 8). */
+static void run_config(const char *name, const moex_model *m, moex_vk_state *s, rng *r, double tol, int levels) {
+    const double t0 = moex_time_s();
+    printf("%s\n", name);
+    world w = {.m = m, .s = s, .V = m->hp.n_vocab};
+    w.logits = malloc((size_t)BATCH * w.V * 4);
+    for (int i = 0; i < N_SEQ; i++) {
+        w.prompt[i] = malloc((size_t)prompt_len[i] * 4);
+        for (int t = 0; t < prompt_len[i]; t++) w.prompt[i][t] = (int32_t)(rng_next(r) % (uint64_t)w.V);
+        w.alone[i].rows = malloc((size_t)N_GEN * w.V * 4);
+        run_alone(&w, i, i % 2 ? 0 : 3, &w.alone[i]);
+    }
+    for (int i = 0; i < 3; i++) check_against_forward(&w, i, tol);
+    const int slots[4] = {1, 2, 3, 8};
+    for (int k = 0; k < 4; k++)
+        if (levels & (1 << k)) run_together(&w, slots[k], k == 2);
+    check_all_rows(&w, tol);
+    printf("  (%.1f s)\n", moex_time_s() - t0);
+    for (int i = 0; i < N_SEQ; i++) free(w.prompt[i]), free(w.alone[i].rows);
+    free(w.logits);
+}
+
+static moex_vk_state *make_state(const moex_model *m, int64_t n_ctx, bool round, moex_expert_executor exec) {
+    const char *dev = getenv("MOEX_VK_DEVICE");
+    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .round_activations = round};
+    moex_vk_state *s = exec.run ? moex_vk_state_create_remote_multi(m, n_ctx, BATCH, SLOTS, &o, exec, &g_err)
+                                : moex_vk_state_create_multi(m, n_ctx, BATCH, SLOTS, &o, &g_err);
+    if (!s) {
+        printf("SKIP: %s\n", g_err.msg);
+        exit(strstr(g_err.msg, "no device") || strstr(g_err.msg, "loader") ? 77 : 1);
+    }
+    return s;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_vk_batch MODEL.gguf\n");
+        return 2;
+    }
+    rng r = test_rng("test_vk_batch");
+    moex_model *m = moex_model_load(argv[1], &g_err);
+    if (!m) {
+        fprintf(stderr, "FATAL: %s\n", g_err.msg);
+        return 1;
+    }
+    moex_vk_state *s = make_state(m, 1100, false, (moex_expert_executor){0});
+    printf("device: %s, %s\n", moex_vk_get_info(moex_vk_state_device(s))->name, m->hp.arch_name);
+    CHECK(moex_vk_state_n_seq(s) == SLOTS, "the state has %d slots, not %d", moex_vk_state_n_seq(s), SLOTS);
+    run_config("f32 activations, 1100 positions a slot", m, s, &r, 1e-3, 15);
+    moex_vk_state_free(s);
+
+    setenv("MOEX_VK_EACH_STAGED", "0", 1);
+    s = make_state(m, 160, false, (moex_expert_executor){0});
+    run_config("f32 activations, the one-token products unstaged (MOEX_VK_EACH_STAGED=0)", m, s, &r, 1e-3, 12);
+    moex_vk_state_free(s);
+    unsetenv("MOEX_VK_EACH_STAGED");
+
+    s = make_state(m, 160, true, (moex_expert_executor){0});
+    run_config("activations rounded as the CPU's", m, s, &r, 1e-2, 15);
+    moex_vk_state_free(s);
+
+    if (moex_hparams_is_moe(&m->hp)) {
+        moex_pool *pool = moex_pool_create(2);
+        moex_local_executor *le = moex_local_executor_create(m, pool, MOEX_WIRE_EXACT);
+        s = make_state(m, 160, true, moex_local_executor_iface(le));
+        run_config("distributed: the experts on a CPU executor", m, s, &r, 1e-2, 15);
+        moex_vk_state_free(s);
+        moex_local_executor_free(le);
+        moex_pool_destroy(pool);
+    }
+    moex_model_free(m);
+    if (g_failures) fprintf(stderr, "test_vk_batch: %d failure(s)\n", g_failures);
+    return g_failures ? 1 : 0;
+}
