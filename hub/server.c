@@ -53,16 +53,19 @@ static void log_refusal(hub_server *s, struct lws *wsi, const char *why) {
     moex_log(MOEX_LOG_WARN, "refused %s: %s%s", peer, why, suppressed ? " (and more refusals not logged)" : "");
 }
 
-/* Upgrades to /ws with the token only. */
+/* Upgrades to /ws with the token only; a refused upgrade gets an HTTP
+ * status saying why (404, 403) before the close. */
 static int filter(hub_server *s, struct lws *wsi) {
     char uri[256] = "";
     lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI);
     if (strcmp(uri, "/ws") != 0) {
         log_refusal(s, wsi, "WebSocket path is not /ws");
+        lws_return_http_status(wsi, HTTP_STATUS_NOT_FOUND, "the hub's WebSocket is /ws");
         return 1;
     }
     if (!hub_auth_ok(wsi, s->cfg.token)) {
         log_refusal(s, wsi, "wrong or missing token");
+        lws_return_http_status(wsi, HTTP_STATUS_FORBIDDEN, "wrong or missing token");
         return 1;
     }
     return 0;
@@ -175,6 +178,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:
     case LWS_CALLBACK_CLOSED_HTTP:
     case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
+    case LWS_CALLBACK_TIMER: /* only HTTP connections set timers */
         return hub_http_callback(s->http, wsi, reason, cd ? &cd->http : NULL, in, len);
     default: return 0;
     }

@@ -10,6 +10,15 @@ set_tests_properties(dist_end_to_end PROPERTIES TIMEOUT 600 LABELS "hub;dist" RU
   ENVIRONMENT "MOEX_LOG=warn")
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/dist-work)
 
+# Hostile and broken peers (test_hostile.py): Python peers on real sockets
+# beside real workers, one scenario per defect of issue 20 and per resource bound.
+add_test(NAME dist_hostile
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_hostile.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/hostile-work)
+set_tests_properties(dist_hostile PROPERTIES TIMEOUT 600 LABELS "hub;dist" RUN_SERIAL TRUE
+  ENVIRONMENT "MOEX_LOG=warn")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/hostile-work)
+
 add_test(NAME dist_download
   COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_download.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
           ${CMAKE_BINARY_DIR}/download-work)
