@@ -13,6 +13,8 @@ struct hub_inbox {
     pthread_cond_t cv;
     hub_event *ring;
     size_t cap, head, n;
+    void (*wait_hook)(void *ctx, double deadline);
+    void *wait_ctx;
 };
 
 hub_inbox *hub_inbox_create(size_t max_events) {
@@ -60,8 +62,20 @@ int hub_inbox_push(hub_inbox *b, const hub_event *ev) {
     return 0;
 }
 
+void hub_inbox_set_wait_hook(hub_inbox *b, void (*fn)(void *ctx, double deadline), void *ctx) {
+    pthread_mutex_lock(&b->mu);
+    b->wait_hook = fn;
+    b->wait_ctx = ctx;
+    pthread_mutex_unlock(&b->mu);
+}
+
 int hub_inbox_pop(hub_inbox *b, hub_event *ev, double deadline) {
     pthread_mutex_lock(&b->mu);
+    if (b->n == 0 && b->wait_hook) {
+        pthread_mutex_unlock(&b->mu);
+        b->wait_hook(b->wait_ctx, deadline);
+        pthread_mutex_lock(&b->mu);
+    }
     while (b->n == 0) {
         if (isinf(deadline)) {
             pthread_cond_wait(&b->cv, &b->mu);

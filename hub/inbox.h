@@ -34,5 +34,9 @@ int hub_inbox_push(hub_inbox *b, const hub_event *ev);
 int hub_inbox_pop(hub_inbox *b, hub_event *ev, double deadline);
 /* Drops every queued event (frees their data). */
 void hub_inbox_clear(hub_inbox *b);
+/* The frame-sequence fuzzer's seam (hub/fuzz_hub.c), which plays the
+ * network on the executor's own thread: hub_inbox_pop calls fn (outside the
+ * lock) each time it finds the inbox empty, before it waits. */
+void hub_inbox_set_wait_hook(hub_inbox *b, void (*fn)(void *ctx, double deadline), void *ctx);
 
 #endif

@@ -438,6 +438,46 @@ def reconnect_same_experts():
     check("  hub stopped cleanly", rc == 0, f"rc={rc}")
 
 
+# ---- the connection bound ----
+
+HUB_MAX_CONNECTIONS = 1024  # hub/server.h
+
+
+@scenario
+def connection_bound():
+    # More idle sockets than the hub takes: it holds at most HUB_MAX_CONNECTIONS, stays up, and a worker
+    # that arrives meanwhile gets in once the idle ones go.
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = HUB_MAX_CONNECTIONS + 200
+    if hard != resource.RLIM_INFINITY and hard < want:
+        print(f"     (connection_bound skipped: this process may open {hard} files, it needs {want})")
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    hub = ServingHub(MOE)
+    fds0 = fp.hub_fds(hub.pid)
+    idle = fp.raw_connections(hub.port, HUB_MAX_CONNECTIONS + 100)
+    time.sleep(1.5)
+    peak = fp.hub_fds(hub.pid)
+    hub.start_worker("w0")
+    time.sleep(1.0)
+    early = "worker w0 joined" in "".join(hub.err)
+    for sock in idle:
+        sock.close()
+    t0 = time.time()
+    while "worker w0 joined" not in "".join(hub.err) and time.time() - t0 < 20:
+        time.sleep(0.05)
+    joined = "worker w0 joined" in "".join(hub.err)
+    time.sleep(0.5)
+    after = fp.hub_fds(hub.pid)
+    rc, err = hub.stop()
+    check(f"{HUB_MAX_CONNECTIONS + 100} idle sockets: the hub holds at most {HUB_MAX_CONNECTIONS}",
+          HUB_MAX_CONNECTIONS - 8 <= peak - fds0 <= HUB_MAX_CONNECTIONS, f"{peak - fds0} more descriptors")
+    check("  a worker arriving while it is full waits, then joins", not early and joined)
+    check("  the idle sockets' descriptors are released", after == fds0 + 1, f"{fds0} -> {after}")
+    check("  hub stopped cleanly", rc == 0, f"rc={rc}")
+
+
 # ---- defect 11: long tokens; refusals logged at a bounded rate ----
 
 @scenario
