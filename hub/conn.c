@@ -280,6 +280,7 @@ int hub_conn_on_writeable(hub_conn *c) {
 void hub_conn_closed(hub_conn *c) {
     pthread_mutex_lock(&c->mu);
     c->wsi = NULL;
+    c->detached = false;
     drop_queue(c);
     pthread_mutex_unlock(&c->mu);
 }

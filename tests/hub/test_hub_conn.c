@@ -1,0 +1,83 @@
+/* hub/conn.c: the per-connection bound on queued bytes (a peer that reads
+ * nothing is closed instead of growing the hub), close-after-flush keeping
+ * what is queued, kill dropping it, sends to a closed connection refused.
+ * On detached connections (no socket), whose queue the test drains itself. */
+#include <string.h>
+
+#include "hub/conn.h"
+#include "tests/test_util.h"
+
+static size_t drain(hub_conn *c, size_t *n_msgs) {
+    size_t total = 0, len;
+    uint8_t *buf;
+    *n_msgs = 0;
+    while ((buf = hub_conn_pop(c, &len))) {
+        total += len;
+        (*n_msgs)++;
+        free(buf);
+    }
+    return total;
+}
+
+static void test_queue_bound(void) {
+    hub_net *net = hub_net_create();
+    hub_conn *c = hub_conn_create_detached(net, 1000, "bounded");
+    uint8_t msg[600];
+    memset(msg, 7, sizeof msg);
+    CHECK(hub_conn_send(c, msg, 600), "the first 600 bytes fit in 1000");
+    CHECK(hub_conn_queued_bytes(c) == 600, "600 queued, got %zu", hub_conn_queued_bytes(c));
+    CHECK(hub_conn_send(c, msg, 400), "exactly the bound fits");
+    CHECK(!hub_conn_send(c, msg, 1), "one byte over the bound is refused");
+    CHECK(!hub_conn_open(c), "a connection over its bound is closed");
+    CHECK(hub_conn_queued_bytes(c) == 0, "and its queue dropped (%zu left)", hub_conn_queued_bytes(c));
+    CHECK(!hub_conn_send(c, msg, 1), "nothing is queued on a closed connection");
+    size_t n;
+    CHECK(drain(c, &n) == 0 && n == 0, "nothing left to send");
+    hub_conn_unref(c);
+    hub_net_free(net);
+}
+
+static void test_flush_then_close(void) {
+    hub_net *net = hub_net_create();
+    hub_conn *c = hub_conn_create_detached(net, 1 << 20, "rejected");
+    const uint8_t error_frame[40] = {'M', 'o', 'E', 'x'};
+    CHECK(hub_conn_send(c, error_frame, sizeof error_frame), "queued");
+    hub_conn_close_after_flush(c, "refused");
+    CHECK(!hub_conn_open(c), "closing: not open");
+    CHECK(!hub_conn_send(c, error_frame, sizeof error_frame), "no more sends once closing");
+    size_t n, bytes = drain(c, &n);
+    CHECK(n == 1 && bytes == sizeof error_frame, "the rejection queued before the close is still sent (%zu msgs)", n);
+    hub_conn_unref(c);
+
+    c = hub_conn_create_detached(net, 1 << 20, "killed");
+    CHECK(hub_conn_send(c, error_frame, sizeof error_frame), "queued");
+    hub_conn_kill(c, "silent");
+    CHECK(!hub_conn_open(c) && hub_conn_queued_bytes(c) == 0, "a kill drops what is queued");
+    hub_conn_unref(c);
+    hub_net_free(net);
+}
+
+/* References: the network thread's, a sender's; the last one frees it (ASan checks). */
+static void test_references(void) {
+    hub_net *net = hub_net_create();
+    hub_conn *c = hub_conn_create_detached(net, 1 << 20, "shared");
+    hub_conn_ref(c);
+    uint8_t m[8] = {0};
+    CHECK(hub_conn_send(c, m, sizeof m), "queued");
+    hub_conn_closed(c); /* the socket goes, and what was queued with it */
+    CHECK(!hub_conn_open(c) && hub_conn_queued_bytes(c) == 0, "closed, queue dropped");
+    CHECK(!hub_conn_send(c, m, sizeof m), "later sends are dropped");
+    hub_conn_unref(c);
+    CHECK(strcmp(hub_conn_peer(c), "shared") == 0, "alive while referenced");
+    hub_conn_unref(c);
+    hub_net_free(net);
+}
+
+int main(void) {
+    test_queue_bound();
+    test_flush_then_close();
+    test_references();
+    if (g_failures) fprintf(stderr, "%d failures\n", g_failures);
+    else printf("test_hub_conn: all passed\n");
+    return g_failures ? 1 : 0;
+}
