@@ -181,34 +181,39 @@ class Cluster:
 async def hostile_clients(port, token=TOKEN):
     """A wrong token, then text, garbage, truncated, unknown-type, short and
     oversized (1 MiB declared, 64 MiB sent) frames: each connection must be
-    refused or closed. Returns (wrong token refused, connections closed, attempts)."""
+    refused, or told why (an ERROR frame) and closed by the hub. Returns
+    (wrong token refused, connections the hub closed, connections told why
+    before the close, attempts). A timeout is not a close. The 64 MiB sender
+    is closed while still sending, so its ERROR is lost in the reset: it
+    counts as closed, not as told."""
     import websockets
+    import fakepeer
     refused = False
     try:
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token=wrong"):
             pass
-    except Exception:
+    except websockets.InvalidHandshake:
         refused = True
-    closed = 0
+    closed = told = 0
     header = lambda typ, plen: b"MoEx" + struct.pack("<HHIIHHIHBB", 1, typ, plen, 7, 0, 0, 1, 256, 1, 0)
     frames = ["text frame", b"\x00" * 64, b"MoEx\x01\x00", header(99, 0), header(1, 10) + b"\x00" * 10,
               header(2, 1 << 20)]
-    for f in frames:
+
+    async def one(payload, timeout):
+        ws = await fakepeer.connect(port, token)
         try:
-            async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={token}") as ws:
-                await ws.send(f)
-                await asyncio.wait_for(ws.wait_closed(), 5)
-                closed += 1
-        except Exception:
-            closed += 1
-    try:  # 64 MiB
-        async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={token}", max_size=None) as ws:
-            await ws.send(b"MoEx" + bytes(64 << 20))
-            await asyncio.wait_for(ws.wait_closed(), 10)
-            closed += 1
-    except Exception:
-        closed += 1
-    return refused, closed, len(frames) + 1
+            await ws.send(payload)
+        except websockets.ConnectionClosed:  # the hub closed while we were still sending: a close
+            return True, False
+        got, was_closed = await fakepeer.frames_until_close(ws, timeout)
+        await ws.close()
+        return was_closed, any(f.type == fakepeer.ERROR and f.error()[0] < 0 for f in got)
+
+    for f in frames:
+        c, t = await one(f, 5)
+        closed, told = closed + c, told + (c and t)
+    c, _ = await one(b"MoEx" + bytes(64 << 20), 10)  # 64 MiB, over the hub's message bound
+    return refused, closed + c, told, len(frames) + 1
 
 
 def run_hostile_clients(port, token=TOKEN):
