@@ -148,8 +148,9 @@ def repeated_join_never_reads():
     async def flood():
         ws = await fp.connect(hub.port, hub.token, sock=small_rcvbuf_socket(hub.port))
         ws.transport.pause_reading()
-        join = fp.join_frame(mh, "flooder")
-        sent, t_end = 0, time.monotonic() + 10
+        await ws.send(fp.join_frame(mh, "flooder"))
+        join = fp.join_frame(mh, "renamed")  # the repeats may not rename it
+        sent, t_end = 1, time.monotonic() + 10
         try:
             while sent < 100000 and time.monotonic() < t_end:
                 await ws.send(join)
@@ -173,7 +174,8 @@ def repeated_join_never_reads():
           f"sent {sent} JOINs, released after {None if t_closed is None else round(t_closed - t0, 2)} s "
           f"{box.get('error', '')}")
     check("  the hub's memory stayed bounded (< 20 MB more)", peak - rss0 < 20 * 1024, f"{(peak - rss0) / 1024:.1f} MB")
-    check("  the name stayed the first JOIN's", "worker flooder joined" in err and rc == 0, f"rc={rc}")
+    table = err[err.find("hub metrics:"):]
+    check("  the name stayed the first JOIN's", "flooder" in table and "renamed" not in err and rc == 0, f"rc={rc}")
 
 
 @scenario

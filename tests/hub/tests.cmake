@@ -42,6 +42,15 @@ set_tests_properties(dist_hostile PROPERTIES TIMEOUT 600 LABELS "hub;dist" RUN_S
   ENVIRONMENT "MOEX_LOG=warn")
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/hostile-work)
 
+# Chaos (test_chaos.py): generation while workers are killed, stopped, slowed,
+# restarted and corrupted and the hub is killed once; the short run (the long
+# one's figures are in docs/PERF.md).
+add_test(NAME dist_chaos
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/chaos-work)
+set_tests_properties(dist_chaos PROPERTIES TIMEOUT 400 LABELS "hub;dist" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/chaos-work)
+
 add_test(NAME dist_download
   COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_download.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
           ${CMAKE_BINARY_DIR}/download-work)
