@@ -79,6 +79,7 @@ typedef struct world {
 static struct {
     moex_model *m;
     moex_pool *pool;
+    bool stats;              /* MOEX_FUZZ_HUB_STATS: print each input's hub counters */
 } g;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -96,6 +97,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         exit(2);
     }
     g.pool = moex_pool_create(1);
+    g.stats = getenv("MOEX_FUZZ_HUB_STATS") != NULL;
     return 0;
 }
 
@@ -400,6 +402,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         while (step(&wd)) {
         }
     }
+    if (g.stats) /* what the input reached, for seed and corpus triage */
+        fprintf(stderr, "fuzz_hub: dispatches %llu, fallbacks %llu, timeouts %llu, re-dispatches %llu, hedges %llu, "
+                        "bad results %llu, bad frames %llu, evictions %llu, verified %llu, errors %llu\n",
+                HUB_GET(&wd.metrics, dispatches), HUB_GET(&wd.metrics, fallbacks), HUB_GET(&wd.metrics, timeouts),
+                HUB_GET(&wd.metrics, redispatches), HUB_GET(&wd.metrics, hedges_sent),
+                HUB_GET(&wd.metrics, bad_results), HUB_GET(&wd.metrics, bad_frames), HUB_GET(&wd.metrics, evictions),
+                HUB_GET(&wd.metrics, verified), HUB_GET(&wd.metrics, errors_in));
     /* as moex_hub_stop: the executor and registry stop, then the sockets close */
     if (wd.exec) hub_executor_stop(wd.exec);
     if (wd.reg) hub_registry_stop(wd.reg);
