@@ -43,6 +43,7 @@ BIN = args.bin_dir
 rng = random.Random(args.seed)
 
 N_WORKERS = 4
+SANITIZED = os.environ.get("MOEX_TEST_SANITIZED") == "1"  # an ASan build (tests/hub/tests.cmake says so)
 MOE = gen_model("qwen3moe", "q8_0", 11)
 LONG = args.minutes > 0
 ROUND_TOKENS = 1200 if LONG else 1000
@@ -289,9 +290,11 @@ def run_round(workers, driver, port, prompt, verify, kill_hub_at=None):
         growth, dfd = end[0] - base[0], end[1] - base[1]
         stats["rss_growth_kb"].append(growth)
         stats["fd_growth"].append(dfd)
-        # the KV cache fills as tokens come (~2 KB a token here); anything beyond a few MB is a leak
-        check(f"  {label}: the hub's memory ended where it started", growth < 6 * 1024 + 2 * ROUND_TOKENS,
-              f"{growth / 1024:.1f} MB more")
+        # the KV cache fills as tokens come (~2 KB a token here); anything beyond a few MB is a leak. Under
+        # ASan freed memory waits in a quarantine: there the hub's exit 0 (LeakSanitizer found nothing) says it.
+        if not SANITIZED:
+            check(f"  {label}: the hub's memory ended where it started", growth < 6 * 1024 + 2 * ROUND_TOKENS,
+                  f"{growth / 1024:.1f} MB more")
         check(f"  {label}: the hub's descriptors ended where they started", dfd == 0, f"{base[1]} -> {end[1]}")
     else:
         check(f"  {label}: memory and descriptors sampled", False, "the round ended before the workers were back")

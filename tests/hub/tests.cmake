@@ -48,7 +48,8 @@ file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/hostile-work)
 add_test(NAME dist_chaos
   COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
           ${CMAKE_BINARY_DIR}/chaos-work)
-set_tests_properties(dist_chaos PROPERTIES TIMEOUT 400 LABELS "hub;dist" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
+set_tests_properties(dist_chaos PROPERTIES TIMEOUT 400 LABELS "hub;dist" RUN_SERIAL TRUE
+  ENVIRONMENT "MOEX_LOG=warn;MOEX_TEST_SANITIZED=$<BOOL:${MOEX_SANITIZE}>")
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/chaos-work)
 
 add_test(NAME dist_download
