@@ -1,10 +1,12 @@
 /* hub/conn.c: the per-connection bound on queued bytes (a peer that reads
  * nothing is closed instead of growing the hub), close-after-flush keeping
  * what is queued, kill dropping it, sends to a closed connection refused.
- * On detached connections (no socket), whose queue the test drains itself. */
+ * On detached connections (no socket), whose queue the test drains itself.
+ * And hub/inbox.c's bound: an event past it is dropped, its data freed. */
 #include <string.h>
 
 #include "hub/conn.h"
+#include "hub/inbox.h"
 #include "tests/test_util.h"
 
 static size_t drain(hub_conn *c, size_t *n_msgs) {
@@ -73,8 +75,24 @@ static void test_references(void) {
     hub_net_free(net);
 }
 
+static void test_inbox_bound(void) {
+    hub_inbox *b = hub_inbox_create(4);
+    int accepted = 0;
+    for (int i = 0; i < 6; i++) {
+        hub_event ev = {.kind = HUB_EV_MESSAGE, .worker = (uint32_t)i, .data = malloc(16), .len = 16};
+        accepted += hub_inbox_push(b, &ev) == 0; /* refused: its data is freed (ASan would see a leak) */
+    }
+    CHECK(accepted == 4, "an inbox of 4 takes 4 events, took %d", accepted);
+    hub_event ev;
+    CHECK(hub_inbox_pop(b, &ev, 0) == 1 && ev.worker == 0, "oldest first");
+    free(ev.data);
+    CHECK(hub_inbox_push(b, &(hub_event){.kind = HUB_EV_WAKE}) == 0, "room again after a pop");
+    hub_inbox_free(b); /* frees what is still queued */
+}
+
 int main(void) {
     test_queue_bound();
+    test_inbox_bound();
     test_flush_then_close();
     test_references();
     if (g_failures) fprintf(stderr, "%d failures\n", g_failures);

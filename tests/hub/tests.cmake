@@ -12,6 +12,11 @@ file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/dist-work)
 
 # conn.c: the per-connection bound on queued bytes, close after flush, kill.
 moex_c_test(test_hub_conn SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hub_conn.c LIBS moex_hub TIMEOUT 30 LABELS hub)
+# registry.c through the network thread's routing, on detached connections: the
+# worker-record bound, the JOIN rate, repeated JOINs, reconnects with the session
+# key, bans by key and not by name, rejections queued before the close.
+moex_c_test(test_hub_registry SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hub_registry.c LIBS moex_hub TIMEOUT 30
+  LABELS hub)
 
 # The frame-sequence fuzz target (hub/fuzz_hub.c: registry and remote
 # executor driven by fake workers' frames): a tiny model and seed sessions,
