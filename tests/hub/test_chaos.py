@@ -47,6 +47,8 @@ SANITIZED = os.environ.get("MOEX_TEST_SANITIZED") == "1"  # an ASan build (tests
 MOE = gen_model("qwen3moe", "q8_0", 11)
 LONG = args.minutes > 0
 ROUND_TOKENS = 1200 if LONG else 1000
+# faults stop at this fraction of a round: what is left must outlast a worker's reconnect backoff (up to 5 s)
+HEAL_AT = 0.6 if LONG else 0.5
 PROMPTS = ["1,15,27,300,4000,5,6,77,8,900", "7,7,300,21,9000,12,4,4,150", "2,400,11,3,5000,16,8"]
 # Every worker answers a little late (5 ms), so that a round lasts long enough to fault into.
 BASE_WORKER = ["--threads", "1", "--reconnect-max-s", "3600", "--inject-delay-ms", "5", "--inject-delay-prob", "1"]
@@ -260,7 +262,7 @@ def run_round(workers, driver, port, prompt, verify, kill_hub_at=None):
         hub.proc.send_signal(signal.SIGKILL)
         killed = True
     else:
-        wait_until(lambda: hub.tokens() >= int(ROUND_TOKENS * 0.6), 600, hub)
+        wait_until(lambda: hub.tokens() >= int(ROUND_TOKENS * HEAL_AT), 600, hub)
         # heal: no more faults, every worker back and connected, then the end sample
         driver.quiesce()
         workers.heal()
