@@ -393,7 +393,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                               .seed = 1};
     moex_error err = {0};
     wd.net = hub_net_create();
-    wd.inbox = hub_inbox_create(16);
+    wd.inbox = hub_inbox_create(16, 64 * 1024); /* small bounds: floods of results reach them */
     wd.reg = wd.net && wd.inbox ? hub_registry_create(&rc, wd.net, wd.inbox, &wd.metrics, &err) : NULL;
     wd.exec = wd.reg ? hub_executor_create(g.m, g.pool, &xc, wd.reg, wd.inbox, wd.net, &wd.metrics, &wd.lim, &err)
                      : NULL;
@@ -403,8 +403,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     if (g.stats) /* what the input reached, for seed and corpus triage */
-        fprintf(stderr, "fuzz_hub: dispatches %llu, fallbacks %llu, timeouts %llu, re-dispatches %llu, hedges %llu, "
-                        "bad results %llu, bad frames %llu, evictions %llu, verified %llu, errors %llu\n",
+        fprintf(stderr, "fuzz_hub: idle wakes %d, dispatches %llu, fallbacks %llu, timeouts %llu, re-dispatches %llu, "
+                        "hedges %llu, bad results %llu, bad frames %llu, evictions %llu, verified %llu, errors %llu\n",
+                wd.idle_wakes,
                 HUB_GET(&wd.metrics, dispatches), HUB_GET(&wd.metrics, fallbacks), HUB_GET(&wd.metrics, timeouts),
                 HUB_GET(&wd.metrics, redispatches), HUB_GET(&wd.metrics, hedges_sent),
                 HUB_GET(&wd.metrics, bad_results), HUB_GET(&wd.metrics, bad_frames), HUB_GET(&wd.metrics, evictions),

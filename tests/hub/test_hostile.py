@@ -227,6 +227,45 @@ def silent_peer_full_window():
           "silent" in err or "reads nothing: closing" in err)
 
 
+# ---- the bound on results waiting for the executor ----
+
+@scenario
+def result_flood_between_layers():
+    # A joined worker sends RESULT messages nobody asked for, ~1 MB each, while no layer runs (a serving hub:
+    # the executor is not reading its inbox). Before, each one waited in the inbox (4096 of them: 4 GB); now
+    # the inbox holds a bounded number of bytes and drops the rest (a wanted RESULT dropped there would be
+    # re-dispatched at its deadline).
+    # (under ASan, freed memory would sit in its quarantine and look held: keep that small)
+    hub = ServingHub(MOE, hub_env={"ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=1"})
+    mh = fp.model_hash(hub.port, hub.token)
+    rss0 = fp.hub_rss_kb(hub.pid)
+    rows = np.ones((512, 256), np.float32)  # a full batch of f32 rows: the largest RESULT frame the hub takes
+
+    async def flood():
+        w = fp.FakeWorker(hub.port, hub.token, mh, "flooder")
+        await w.join()
+        t0 = time.monotonic()
+        await w.serve(lambda: bool(w.assigns) or time.monotonic() - t0 > 5)
+        msg = fp.frame(fp.RESULT, rows.tobytes(), seq=12345, n_tokens=512, hidden=256, dtype=fp.F32)
+        sent = 0
+        for _ in range(600):
+            await w.ws.send(msg)
+            sent += 1
+        await asyncio.sleep(1.0)
+        peak = fp.hub_rss_kb(hub.pid)
+        await w.close()
+        return sent, peak
+
+    t, box = fp.run_in_thread(flood)
+    t.join(120)
+    sent, peak = box.get("result", (0, 0))
+    rc, err = hub.stop()
+    # the bound here: 16 of the largest messages (2 MiB: a full batch of f32 rows for each of k = 2 experts)
+    check(f"{sent} unasked 0.5 MB RESULTs between layers: the hub holds a bounded amount (< 64 MB more)",
+          sent == 600 and peak - rss0 < 64 * 1024, f"{(peak - rss0) / 1024:.0f} MB more {box.get('error', '')}")
+    check("  hub stopped cleanly", rc == 0, f"rc={rc}")
+
+
 # ---- defect 4 and the HTTP bound: one request in flight per connection ----
 
 def pipelined_answers(port, n):

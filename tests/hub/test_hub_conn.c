@@ -75,18 +75,32 @@ static void test_references(void) {
     hub_net_free(net);
 }
 
+static int push_message(hub_inbox *b, uint32_t worker, size_t len) {
+    hub_event ev = {.kind = HUB_EV_MESSAGE, .worker = worker, .data = malloc(len), .len = len};
+    return hub_inbox_push(b, &ev); /* refused: its data is freed (ASan would see a leak) */
+}
+
 static void test_inbox_bound(void) {
-    hub_inbox *b = hub_inbox_create(4);
+    hub_inbox *b = hub_inbox_create(4, 1000);
     int accepted = 0;
-    for (int i = 0; i < 6; i++) {
-        hub_event ev = {.kind = HUB_EV_MESSAGE, .worker = (uint32_t)i, .data = malloc(16), .len = 16};
-        accepted += hub_inbox_push(b, &ev) == 0; /* refused: its data is freed (ASan would see a leak) */
-    }
-    CHECK(accepted == 4, "an inbox of 4 takes 4 events, took %d", accepted);
+    for (int i = 0; i < 6; i++) accepted += push_message(b, (uint32_t)i, 16) == 0;
+    CHECK(accepted == 4, "an inbox of 4 messages takes 4, took %d", accepted);
+    int departures = 0; /* departures are not refused for want of room for messages */
+    for (int i = 0; i < 1000; i++) departures += hub_inbox_push(b, &(hub_event){.kind = HUB_EV_WORKER_GONE}) == 0;
+    CHECK(departures == 1000, "1000 departures behind a full set of messages, %d taken", departures);
     hub_event ev;
     CHECK(hub_inbox_pop(b, &ev, 0) == 1 && ev.worker == 0, "oldest first");
     free(ev.data);
-    CHECK(hub_inbox_push(b, &(hub_event){.kind = HUB_EV_WAKE}) == 0, "room again after a pop");
+    CHECK(push_message(b, 7, 16) == 0, "room for a message again after a pop");
+    hub_inbox_clear(b);
+
+    /* the byte bound: 1000 bytes */
+    CHECK(push_message(b, 1, 600) == 0 && push_message(b, 2, 400) == 0, "1000 bytes fit");
+    CHECK(push_message(b, 3, 1) != 0, "one byte more does not");
+    CHECK(hub_inbox_pop(b, &ev, 0) == 1 && ev.worker == 1, "oldest first");
+    free(ev.data);
+    CHECK(push_message(b, 4, 600) == 0, "the popped message's bytes are free again");
+    CHECK(push_message(b, 5, 1001) != 0, "a message larger than the bound never fits");
     hub_inbox_free(b); /* frees what is still queued */
 }
 

@@ -39,7 +39,7 @@ typedef struct inbox_of {
 static void world_init(world *wd) {
     memset(wd, 0, sizeof *wd);
     wd->net = hub_net_create();
-    wd->inbox = hub_inbox_create(64);
+    wd->inbox = hub_inbox_create(64, 1 << 20);
     hub_registry_config rc = {.model_hash = MODEL, .n_layers = N_LAYERS, .n_experts = N_EXPERTS, .replicas = 2,
                               .heartbeat_ms = 1000, .dead_after_ms = 3000};
     moex_error err = {0};
@@ -237,12 +237,41 @@ static void test_reconnect_and_ban(void) {
     world_free(&wd);
 }
 
+/* A member that sends a bad frame leaves the live set at once: the executor
+ * hears of it (its dispatches go elsewhere now, not when the close comes). */
+static void test_bad_frame_departs(void) {
+    world wd;
+    world_init(&wd);
+    peer a = connect_peer(&wd);
+    join(&wd, &a, "garbler", 100, 0);
+    inbox_of in = {0};
+    read_queue(&a, &in);
+    ready(&wd, &a, in.gen);
+    hub_event ev;
+    while (hub_inbox_pop(wd.inbox, &ev, 0)) free(ev.data);
+    const uint8_t garbage[64] = {'M', 'o', 'E', 'x'};
+    send_msg(&wd, &a, garbage, sizeof garbage);
+    bool gone = false;
+    while (hub_inbox_pop(wd.inbox, &ev, 0)) {
+        gone |= ev.kind == HUB_EV_WORKER_GONE && ev.worker == in.worker_id;
+        free(ev.data);
+    }
+    CHECK(gone, "a member's bad frame reports its departure before its connection closes");
+    read_queue(&a, &in);
+    CHECK(in.n_errors == 1 && in.errors[0] < 0 && !hub_conn_open(a.conn), "and it is told (ERROR < 0), then closed");
+    hub_replica r[4];
+    CHECK(hub_registry_replicas(wd.reg, 0, 0, r, 4) == 0, "and is no replica any more");
+    close_peer(&wd, &a);
+    world_free(&wd);
+}
+
 int main(void) {
     setenv("MOEX_LOG", "error", 0);
     test_record_bound();
     test_join_rate();
     test_repeated_join();
     test_reconnect_and_ban();
+    test_bad_frame_departs();
     if (g_failures) fprintf(stderr, "%d failures\n", g_failures);
     else printf("test_hub_registry: all passed\n");
     return g_failures ? 1 : 0;
