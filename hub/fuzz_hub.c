@@ -186,7 +186,9 @@ static void op_join(world *wd, fake *f) {
     moex_proto_join j = {.proto_min = 1, .proto_max = (flags & 4) ? 3 : 1, .name = name,
                          .name_len = (uint8_t)strlen(name)};
     j.backend = (uint8_t)(u8(in) % 4);
-    j.capacity_centi = u16(in);
+    /* mostly small weights (placement's ring is 256 points a unit: large ones make every input slow);
+     * the whole range, up to the clamp and past it, when asked */
+    j.capacity_centi = (flags & 16) ? u16(in) : (uint16_t)(1 + u8(in));
     if (!j.capacity_centi) j.capacity_centi = 1;
     j.memory_budget = u64(in);
     j.model_hash = (flags & 8) ? u64(in) : moex_gguf_identity(wd->m->gguf);
@@ -352,10 +354,11 @@ static bool step(world *wd) {
     return true;
 }
 
-/* The inbox is empty and the executor would wait: the input acts instead. */
+/* The inbox is empty and the executor would wait: the input acts instead.
+ * (A pop that would not wait, the executor draining what is there, is left alone.) */
 static void on_wait(void *ctx, double deadline) {
     world *wd = ctx;
-    if (!wd->in_layer) return;
+    if (!wd->in_layer || deadline <= moex_time_s()) return;
     const int waits = wd->waits;
     if (step(wd)) {
         if (wd->waits == waits) hub_inbox_push(wd->inbox, &(hub_event){.kind = HUB_EV_WAKE});

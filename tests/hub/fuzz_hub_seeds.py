@@ -18,8 +18,12 @@ def op(kind, fake=0):
 
 
 def join(fake, name=0, capacity=100, session_choice=0):
-    # flags (name), backend, capacity u16, memory u64, session choice, JOIN seq
-    return op(JOIN, fake) + bytes([name, 0]) + struct.pack("<HQ", capacity, 1 << 30) + bytes([session_choice, 0])
+    # flags (name; 16: a 16-bit capacity), backend, capacity, memory u64, session choice, JOIN seq
+    if capacity <= 256:
+        cap = bytes([name, 0, capacity - 1])
+    else:
+        cap = bytes([name | 16, 0]) + struct.pack("<H", capacity)
+    return op(JOIN, fake) + cap + struct.pack("<Q", 1 << 30) + bytes([session_choice, 0])
 
 
 def ready(fake):
@@ -57,6 +61,7 @@ def main(out_dir):
                                  layer(), results(0)),
         "silence": session(0, up, op(TICK) + bytes([80]), layer(), op(RAW, 1) + bytes([4]) + b"MoEx"),
         "repeat_join": session(0, connect2, join(0), join(0), join(0), op(TEXT, 1), layer()),
+        "greedy": session(0, up, op(CONNECT, 2) + join(2, name=3, capacity=65535) + ready(2), layer(), results(2)),
     }
     for name, data in seeds.items():
         with open(os.path.join(out_dir, name), "wb") as f:
