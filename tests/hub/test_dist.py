@@ -176,7 +176,9 @@ def corrupt_worker_evicted():
     rc, toks, err = c.finish()
     ev, names = metric(err, "evictions"), evicted_names(err)
     check("corrupt worker: output unchanged", rc == 0 and toks == REF[MOE], f"rc={rc}")
-    check("corrupt worker: exactly one eviction, of the corrupt worker", ev == 1 and names == ["w0"],
+    # One eviction per connection of the corrupt worker: today's moex-worker reconnects after ERROR 7 (as a
+    # new worker, without its key) and may be caught again; a worker that exits on it is caught exactly once.
+    check("corrupt worker: evicted, and no one else", (ev or 0) >= 1 and names == ["w0"] * ev,
           f"evictions={ev} evicted={names}")
     # the same check against honest workers on the CPU: bit-identical results, nobody evicted
     c = Cluster(MOE, 3, N, hub_args=["--replicas", "2", "--verify", "1"])
