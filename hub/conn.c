@@ -24,6 +24,7 @@ struct hub_conn {
     pthread_mutex_t mu;
     /* under mu */
     struct lws *wsi;         /* NULL once the socket is gone */
+    bool detached;           /* no socket ever (tests): open until closed, drained by hub_conn_pop */
     tx_msg *head, *tail;
     size_t queued, max_queued;
     bool pending;            /* in the net's pending list */
@@ -85,6 +86,8 @@ static void mark_pending(hub_conn *c) {
     pthread_mutex_unlock(&n->mu);
 }
 
+static bool is_open(const hub_conn *c) { return (c->wsi || c->detached) && !c->flush_close && !c->kill; }
+
 hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, const char *peer) {
     hub_conn *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -95,6 +98,28 @@ hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, 
     snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "?");
     pthread_mutex_init(&c->mu, NULL);
     return c;
+}
+
+hub_conn *hub_conn_create_detached(hub_net *n, size_t max_queued_bytes, const char *peer) {
+    hub_conn *c = hub_conn_create(n, NULL, max_queued_bytes, peer);
+    if (c) c->detached = true;
+    return c;
+}
+
+uint8_t *hub_conn_pop(hub_conn *c, size_t *len) {
+    pthread_mutex_lock(&c->mu);
+    tx_msg *m = c->head;
+    if (m) {
+        c->head = m->next;
+        if (!c->head) c->tail = NULL;
+        c->queued -= m->len;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!m) return NULL;
+    uint8_t *buf = m->buf;
+    *len = m->len;
+    free(m);
+    return buf;
 }
 
 void hub_conn_ref(hub_conn *c) { atomic_fetch_add(&c->refs, 1); }
@@ -123,8 +148,7 @@ uint8_t *hub_conn_buffer(size_t len) { return malloc(LWS_PRE + len); }
 bool hub_conn_send_owned(hub_conn *c, uint8_t *buf, size_t len) {
     tx_msg *m = malloc(sizeof *m);
     pthread_mutex_lock(&c->mu);
-    const bool open = c->wsi && !c->flush_close && !c->kill;
-    if (!open || !m) {
+    if (!is_open(c) || !m) {
         pthread_mutex_unlock(&c->mu);
         free(m);
         free(buf);
@@ -181,7 +205,7 @@ void hub_conn_kill(hub_conn *c, const char *why) {
 
 bool hub_conn_open(hub_conn *c) {
     pthread_mutex_lock(&c->mu);
-    const bool open = c->wsi && !c->flush_close && !c->kill;
+    const bool open = is_open(c);
     pthread_mutex_unlock(&c->mu);
     return open;
 }
@@ -256,6 +280,7 @@ int hub_conn_on_writeable(hub_conn *c) {
 void hub_conn_closed(hub_conn *c) {
     pthread_mutex_lock(&c->mu);
     c->wsi = NULL;
+    c->detached = false;
     drop_queue(c);
     pthread_mutex_unlock(&c->mu);
 }

@@ -30,6 +30,13 @@ void hub_net_wake(hub_net *n);
 
 /* Network thread: a new connection (one reference, the network thread's). */
 hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, const char *peer);
+/* Tests and the frame-sequence fuzzer: a connection without a socket that
+ * stays open; what is sent to it waits (bounded like any other) until
+ * hub_conn_pop takes it. */
+hub_conn *hub_conn_create_detached(hub_net *n, size_t max_queued_bytes, const char *peer);
+/* The oldest message queued on a detached connection (*len bytes at the
+ * returned pointer + LWS_PRE; free() the returned pointer), or NULL. */
+uint8_t *hub_conn_pop(hub_conn *c, size_t *len);
 void hub_conn_ref(hub_conn *c);
 void hub_conn_unref(hub_conn *c);
 const char *hub_conn_peer(const hub_conn *c);

@@ -9,8 +9,17 @@
  * one gets 403. libwebsockets does the HTTP; this file only routes and
  * writes bodies, one chunk per HTTP_WRITEABLE, straight from the model's
  * mapping, so a slow client never holds the network thread. Runs on that
- * thread only: the model is read-only, the hash cache is the network thread's. */
+ * thread only: the model is read-only, the hash cache is the network thread's.
+ *
+ * A client that stops reading: libwebsockets 4.1 polls without waiting for
+ * as long as a connection has pipelined requests buffered and the answer in
+ * progress is unfinished, so one client that pipelines GETs and reads
+ * nothing would pin the network thread. An answer that cannot progress for
+ * STALL_AFTER_MS therefore waits with the connection's input switched off
+ * (rx flow control: lws then leaves the connection alone) and a timer that
+ * looks at the socket every STALL_POLL_MS, until it drains or CLIENT_IDLE_S. */
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +31,8 @@
 
 #define BODY_CHUNK (256 * 1024)
 #define CLIENT_IDLE_S 30      /* a client that reads nothing for this long is dropped */
+#define STALL_AFTER_MS 20     /* no WRITEABLE for this long: the client is not reading */
+#define STALL_POLL_MS 50      /* how often a stalled answer looks at its socket */
 
 /* One request being answered. The body is up to three segments of the
  * mapping (an expert's matrices) or one owned buffer (JSON, error text). */
@@ -32,6 +43,7 @@ typedef struct http_req {
     size_t off;            /* into seg[cur] */
     size_t left;           /* body bytes still to write */
     uint8_t *owned;        /* LWS_PRE headroom, then the body */
+    bool stalled;          /* the connection's input is off until its socket has room */
 } http_req;
 
 /* XXH3 of each expert, computed on first request: workers probe their
@@ -46,6 +58,12 @@ static void req_free(http_req *r) {
     if (!r) return;
     free(r->owned);
     free(r);
+}
+
+/* Asks for the next HTTP_WRITEABLE, with a timer in case it does not come. */
+static void want_writable(struct lws *wsi) {
+    lws_callback_on_writable(wsi);
+    lws_set_timer_usecs(wsi, (lws_usec_t)STALL_AFTER_MS * LWS_US_PER_MS);
 }
 
 /* ---- request checks ---- */
@@ -108,7 +126,7 @@ static int send_head(struct lws *wsi, unsigned status, const char *ctype, size_t
     if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_ACCEPT_RANGES, (const unsigned char *)"bytes", 5, &p, end))
         return -1;
     if (lws_finalize_write_http_header(wsi, start, &p, end)) return -1;
-    lws_callback_on_writable(wsi);
+    want_writable(wsi);
     return 0;
 }
 
@@ -353,12 +371,32 @@ static int on_writeable(struct lws *wsi, http_req *r, void **state) {
     r->left -= n;
     if (!last) {
         lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, CLIENT_IDLE_S);
-        lws_callback_on_writable(wsi);
+        want_writable(wsi);
         return 0;
     }
     req_free(r);
     *state = NULL;
+    lws_set_timer_usecs(wsi, LWS_SET_TIMER_USEC_CANCEL);
     return lws_http_transaction_completed(wsi) ? -1 : 0;
+}
+
+static bool socket_has_room(struct lws *wsi) {
+    struct pollfd p = {.fd = lws_get_socket_fd(wsi), .events = POLLOUT};
+    return p.fd < 0 || poll(&p, 1, 0) != 0;
+}
+
+/* The timer of an answer in progress: STALL_AFTER_MS without a WRITEABLE,
+ * or a stalled answer's next look at its socket. */
+static void on_timer(struct lws *wsi, http_req *r) {
+    if (!socket_has_room(wsi)) {
+        if (!r->stalled) lws_rx_flow_control(wsi, 0);
+        r->stalled = true;
+        lws_set_timer_usecs(wsi, (lws_usec_t)STALL_POLL_MS * LWS_US_PER_MS);
+        return;
+    }
+    if (r->stalled) lws_rx_flow_control(wsi, 1);
+    r->stalled = false;
+    want_writable(wsi);
 }
 
 int hub_http_callback(hub_http *h, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
@@ -383,9 +421,13 @@ int hub_http_callback(hub_http *h, struct lws *wsi, enum lws_callback_reasons re
         return on_request(h, wsi, r) ? -1 : 0;
     }
     case LWS_CALLBACK_HTTP_WRITEABLE:
-        return *state ? on_writeable(wsi, *state, state) : 0;
+        return *state && !((http_req *)*state)->stalled ? on_writeable(wsi, *state, state) : 0;
+    case LWS_CALLBACK_TIMER:
+        if (*state) on_timer(wsi, *state);
+        return 0;
     case LWS_CALLBACK_CLOSED_HTTP:
     case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
+        lws_set_timer_usecs(wsi, LWS_SET_TIMER_USEC_CANCEL);
         req_free(*state);
         *state = NULL;
         return 0;

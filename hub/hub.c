@@ -71,7 +71,8 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
     hub_server_config sc = {.host = cfg->host, .port = cfg->port, .token = cfg->token, .heartbeat_ms = cfg->heartbeat_ms,
                             .limits = lim, .max_message = max_message, .max_queued = 2 * max_message + (1u << 20),
                             .handler = cfg->http_handler, .refuse_workers = cfg->no_workers};
-    if (!(hub->net = hub_net_create()) || !(hub->inbox = hub_inbox_create(4096)) ||
+    /* results waiting for the executor: a layer's worth, hedged copies included, many times over */
+    if (!(hub->net = hub_net_create()) || !(hub->inbox = hub_inbox_create(4096, 16 * max_message)) ||
         !(hub->reg = hub_registry_create(&rc, hub->net, hub->inbox, &hub->metrics, err)) ||
         (!cfg->no_workers &&
          !(hub->exec = hub_executor_create(m, pool, &xc, hub->reg, hub->inbox, hub->net, &hub->metrics, &lim, err))) ||

@@ -320,7 +320,12 @@ void hub_registry_bad_frame(hub_registry *r, hub_worker *w, uint32_t seq, int st
     HUB_COUNT(r->metrics, bad_frames);
     pthread_mutex_lock(&r->mu);
     moex_log(MOEX_LOG_WARN, "connection %s: %s; closing", label(w), why);
+    const bool member = is_member(w);
     refuse(r, w, seq, status < 0 ? status : MOEX_PROTO_E_FIELD, why);
+    if (member) { /* it leaves now, not when the close comes: its requests go elsewhere at once */
+        mark_gone(r, w);
+        if (!r->stopping) rebalance(r);
+    }
     pthread_mutex_unlock(&r->mu);
 }
 

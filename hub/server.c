@@ -55,12 +55,14 @@ static void log_refusal(hub_server *s, struct lws *wsi, const char *why) {
     moex_log(MOEX_LOG_WARN, "refused %s: %s%s", peer, why, suppressed ? " (and more refusals not logged)" : "");
 }
 
-/* Upgrades to /ws with the token only. */
+/* Upgrades to /ws with the token only; a refused upgrade gets an HTTP
+ * status saying why (404, 403) before the close. */
 static int filter(hub_server *s, struct lws *wsi) {
     char uri[256] = "";
     lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI);
     if (strcmp(uri, "/ws") != 0) {
         log_refusal(s, wsi, "WebSocket path is not /ws");
+        lws_return_http_status(wsi, HTTP_STATUS_NOT_FOUND, "the hub's WebSocket is /ws");
         return 1;
     }
     if (s->cfg.refuse_workers) {
@@ -69,6 +71,7 @@ static int filter(hub_server *s, struct lws *wsi) {
     }
     if (!hub_auth_ok(wsi, s->cfg.token)) {
         log_refusal(s, wsi, "wrong or missing token");
+        lws_return_http_status(wsi, HTTP_STATUS_FORBIDDEN, "wrong or missing token");
         return 1;
     }
     return 0;
@@ -87,30 +90,28 @@ static int established(hub_server *s, struct lws *wsi, conn_data *cd) {
     return 0;
 }
 
-/* A whole message: control frames handled here, results handed to the
- * executor. -1 closes the connection (after the registry queued an ERROR). */
-static int on_message(hub_server *s, conn_data *cd) {
-    const uint8_t *msg = cd->rx.buf;
-    const size_t len = cd->rx.len;
-    hub_registry_on_receive(s->reg, cd->w, len);
+void hub_route_message(hub_registry *reg, hub_inbox *inbox, const moex_proto_limits *lim, hub_worker *w,
+                       uint8_t **buf, size_t len) {
+    const uint8_t *msg = *buf;
+    hub_registry_on_receive(reg, w, len);
     size_t off = 0, n = 0;
     bool results = false;
     int rc;
     moex_error err = {0};
     if (len == 0) {
-        hub_registry_bad_frame(s->reg, cd->w, 0, MOEX_PROTO_E_TRUNCATED, "an empty message");
-        return 0;
+        hub_registry_bad_frame(reg, w, 0, MOEX_PROTO_E_TRUNCATED, "an empty message");
+        return;
     }
-    while ((rc = moex_proto_next_frame(msg, len, &off, &s->cfg.limits, &n, &err)) == 1) {
+    while ((rc = moex_proto_next_frame(msg, len, &off, lim, &n, &err)) == 1) {
         moex_proto_header h;
         moex_proto_header_read(msg + off, &h);
         if (h.type == MOEX_MSG_RESULT || h.type == MOEX_MSG_ERROR) {
             results = true;
         } else if (h.type == MOEX_MSG_JOIN || h.type == MOEX_MSG_HEARTBEAT) {
             moex_proto_msg m;
-            rc = moex_proto_decode(msg + off, n, &s->cfg.limits, NULL, 0, &m, &err);
+            rc = moex_proto_decode(msg + off, n, lim, NULL, 0, &m, &err);
             if (rc) break;
-            hub_registry_on_control(s->reg, cd->w, &m);
+            hub_registry_on_control(reg, w, &m);
         } else {
             rc = MOEX_PROTO_E_TYPE;
             snprintf(err.msg, sizeof err.msg, "a %u frame: workers send JOIN, HEARTBEAT, RESULT and ERROR", h.type);
@@ -123,21 +124,19 @@ static int on_message(hub_server *s, conn_data *cd) {
         if (len - off >= MOEX_PROTO_HEADER_BYTES) moex_proto_header_read(msg + off, &h);
         char why[sizeof err.msg + 64];
         snprintf(why, sizeof why, "bad frame (%s): %s", moex_proto_strerror(rc), err.msg);
-        hub_registry_bad_frame(s->reg, cd->w, h.seq, rc, why);
-        return 0; /* closed after the ERROR is flushed */
+        hub_registry_bad_frame(reg, w, h.seq, rc, why);
+        return; /* closed after the ERROR is flushed */
     }
     uint32_t id;
-    if (results && !hub_registry_accepts_results(s->reg, cd->w, &id)) {
-        hub_registry_bad_frame(s->reg, cd->w, 0, MOEX_PROTO_E_FIELD, "RESULT or ERROR from a worker that has not joined");
-        return 0;
+    if (results && !hub_registry_accepts_results(reg, w, &id)) {
+        hub_registry_bad_frame(reg, w, 0, MOEX_PROTO_E_FIELD, "RESULT or ERROR from a worker that has not joined");
+        return;
     }
-    if (results) { /* the buffer changes owner: the next message gets a fresh one */
-        hub_event ev = {.kind = HUB_EV_MESSAGE, .worker = id, .data = cd->rx.buf, .len = len, .t_rx = moex_time_s()};
-        cd->rx.buf = NULL;
-        cd->rx.cap = 0;
-        hub_inbox_push(s->inbox, &ev);
+    if (results) { /* the buffer changes owner */
+        hub_event ev = {.kind = HUB_EV_MESSAGE, .worker = id, .data = *buf, .len = len, .t_rx = moex_time_s()};
+        *buf = NULL;
+        hub_inbox_push(inbox, &ev);
     }
-    return 0;
 }
 
 static int on_receive(hub_server *s, struct lws *wsi, conn_data *cd, const void *in, size_t len) {
@@ -151,9 +150,10 @@ static int on_receive(hub_server *s, struct lws *wsi, conn_data *cd, const void 
         return 0;
     }
     if (!lws_is_final_fragment(wsi) || lws_remaining_packet_payload(wsi)) return 0;
-    const int rc = on_message(s, cd);
+    hub_route_message(s->reg, s->inbox, &s->cfg.limits, cd->w, &cd->rx.buf, cd->rx.len);
+    if (!cd->rx.buf) cd->rx.cap = 0; /* handed to the inbox: the next message gets a fresh buffer */
     moex_proto_reasm_reset(&cd->rx);
-    return rc;
+    return 0;
 }
 
 static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len) {
@@ -190,6 +190,8 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_CLOSED_HTTP:
     case LWS_CALLBACK_HTTP_DROP_PROTOCOL: /* both may hold a request of this connection */
         if (cd && cd->handler_req) s->cfg.handler->callback(s->cfg.handler->ctx, wsi, reason, &cd->handler_req, in, len);
+        return hub_http_callback(s->http, wsi, reason, cd ? &cd->http : NULL, in, len);
+    case LWS_CALLBACK_TIMER: /* only the weights' HTTP answers set timers */
         return hub_http_callback(s->http, wsi, reason, cd ? &cd->http : NULL, in, len);
     default: return 0;
     }
@@ -243,6 +245,8 @@ hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hu
     info.options = LWS_SERVER_OPTION_VALIDATE_UTF8;
     info.pt_serv_buf_size = 64 * 1024;
     info.max_http_header_data = HUB_TOKEN_MAX + 2048; /* a long token in the URL or the Authorization header */
+    /* descriptors lws polls: at the bound it stops accepting until one closes */
+    info.fd_limit_per_thread = HUB_MAX_CONNECTIONS;
     s->ctx = lws_create_context(&info);
     if (!s->ctx) {
         moex_fail(err, "cannot listen on %s:%d (port in use? try another --port)", cfg->host, cfg->port);

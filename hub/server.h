@@ -23,11 +23,24 @@ typedef struct hub_server_config {
     bool refuse_workers;           /* no /ws: the model runs in this process */
 } hub_server_config;
 
+/* Connections open at once, WebSocket and HTTP together (HUB_MAX_WORKERS
+ * of them workers at most; the listener counts too); past it the hub
+ * accepts nothing until one closes. Idle ones close by themselves: no
+ * request within lws's timeout (HTTP), no frame for dead_after_ms (WebSocket). */
+#define HUB_MAX_CONNECTIONS 1024
+
 typedef struct hub_server hub_server;
 
 hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hub_inbox *inbox, hub_net *net,
                              hub_http *http, hub_metrics *metrics, moex_error *err);
 int hub_server_port(const hub_server *s);
+/* What the network thread does with one whole message from a worker's
+ * connection (exposed for the frame-sequence fuzzer, hub/fuzz_hub.c):
+ * JOIN and HEARTBEAT go to the registry, a message with RESULT or ERROR
+ * frames to the inbox (taking *buf: NULL afterwards), anything else, an
+ * empty or undecodable message, an ERROR and a close. */
+void hub_route_message(hub_registry *reg, hub_inbox *inbox, const moex_proto_limits *lim, hub_worker *w,
+                       uint8_t **buf, size_t len);
 /* Stops the thread and closes every connection. */
 void hub_server_stop(hub_server *s);
 

@@ -107,15 +107,18 @@ class Cluster:
     The hub's stdout/stderr are collected as they come; worker logs go to WORK."""
 
     def __init__(self, model, n_workers, n_tokens, hub_args=(), worker_args=None, min_workers=None,
-                 worker_env=None, token=TOKEN, prompt=PROMPT):
+                 worker_env=None, token=TOKEN, prompt=PROMPT, hub_env=None):
         self.port = free_port()
         self.model, self.token = model, token
         hub_cmd = [f"{BIN}/moex-hub", "-m", model, "--port", str(self.port), "--token", token,
                    "--prompt-tokens", prompt, "-n", str(n_tokens), "--temp", "0", "--print-tokens", "--ignore-eos",
                    "--threads", "1", "--min-workers", str(min_workers or n_workers), "--wait-s", "60", *hub_args]
-        self.hub = subprocess.Popen(hub_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.hub = subprocess.Popen(hub_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, **(hub_env or {})})
         self.out, self.err = [], []
-        self.readers = [threading.Thread(target=self._drain, args=(self.hub.stdout, self.out), daemon=True),
+        self.token_times = []  # when each token was printed (time.monotonic())
+        self.readers = [threading.Thread(target=self._drain, args=(self.hub.stdout, self.out, self.token_times),
+                                         daemon=True),
                         threading.Thread(target=self._drain, args=(self.hub.stderr, self.err), daemon=True)]
         for r in self.readers:
             r.start()
@@ -131,15 +134,34 @@ class Cluster:
                "--model", self.model, "--threads", "1", "--name", name, *extra]
         path = os.path.join(WORK, f"worker-{self.port}-{name}.log")
         self.logs.append(path)
-        with open(path, "w") as log:
+        with open(path, "a") as log:  # a restarted worker appends
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.workers.append(p)
         return p
 
     @staticmethod
-    def _drain(pipe, sink):
+    def _drain(pipe, sink, token_times=None):
+        prev = ""
         for chunk in iter(lambda: pipe.read(1), ""):
             sink.append(chunk)
+            if token_times is not None and chunk in " \n" and prev.isdigit():
+                token_times.append(time.monotonic())
+            prev = chunk
+
+    @property
+    def pid(self):
+        return self.hub.pid
+
+    def generation_log(self):
+        """The hub's stderr up to the end of generation (its shutdown logs every worker leaving)."""
+        err = "".join(self.err)
+        end = err.find("moex-hub: load ")
+        return err if end < 0 else err[:end]
+
+    def max_token_gap(self, skip=1):
+        """The longest time between two printed tokens, after the first `skip` (prefill)."""
+        t = self.token_times[skip:]
+        return max((b - a for a, b in zip(t, t[1:])), default=0.0)
 
     def tokens_so_far(self):
         return len("".join(self.out).split())
@@ -160,34 +182,39 @@ class Cluster:
 async def hostile_clients(port, token=TOKEN):
     """A wrong token, then text, garbage, truncated, unknown-type, short and
     oversized (1 MiB declared, 64 MiB sent) frames: each connection must be
-    refused or closed. Returns (wrong token refused, connections closed, attempts)."""
+    refused, or told why (an ERROR frame) and closed by the hub. Returns
+    (wrong token refused, connections the hub closed, connections told why
+    before the close, attempts). A timeout is not a close. The 64 MiB sender
+    is closed while still sending, so its ERROR is lost in the reset: it
+    counts as closed, not as told."""
     import websockets
+    import fakepeer
     refused = False
     try:
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token=wrong"):
             pass
-    except Exception:
+    except websockets.InvalidHandshake:
         refused = True
-    closed = 0
+    closed = told = 0
     header = lambda typ, plen: b"MoEx" + struct.pack("<HHIIHHIHBB", 1, typ, plen, 7, 0, 0, 1, 256, 1, 0)
     frames = ["text frame", b"\x00" * 64, b"MoEx\x01\x00", header(99, 0), header(1, 10) + b"\x00" * 10,
               header(2, 1 << 20)]
-    for f in frames:
+
+    async def one(payload, timeout):
+        ws = await fakepeer.connect(port, token)
         try:
-            async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={token}") as ws:
-                await ws.send(f)
-                await asyncio.wait_for(ws.wait_closed(), 5)
-                closed += 1
-        except Exception:
-            closed += 1
-    try:  # 64 MiB
-        async with websockets.connect(f"ws://127.0.0.1:{port}/ws?token={token}", max_size=None) as ws:
-            await ws.send(b"MoEx" + bytes(64 << 20))
-            await asyncio.wait_for(ws.wait_closed(), 10)
-            closed += 1
-    except Exception:
-        closed += 1
-    return refused, closed, len(frames) + 1
+            await ws.send(payload)
+        except websockets.ConnectionClosed:  # the hub closed while we were still sending: a close
+            return True, False
+        got, was_closed = await fakepeer.frames_until_close(ws, timeout)
+        await ws.close()
+        return was_closed, any(f.type == fakepeer.ERROR and f.error()[0] < 0 for f in got)
+
+    for f in frames:
+        c, t = await one(f, 5)
+        closed, told = closed + c, told + (c and t)
+    c, _ = await one(b"MoEx" + bytes(64 << 20), 10)  # 64 MiB, over the hub's message bound
+    return refused, closed + c, told, len(frames) + 1
 
 
 def run_hostile_clients(port, token=TOKEN):
@@ -206,3 +233,50 @@ class Relay:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+class ServingHub:
+    """A hub without a prompt: it serves workers (and HTTP) until stopped."""
+
+    def __init__(self, model, token=TOKEN, hub_args=(), hub_env=None):
+        self.port, self.token, self.model = free_port(), token, model
+        self.proc = subprocess.Popen([f"{BIN}/moex-hub", "-m", model, "--port", str(self.port), "--token", token,
+                                      "--threads", "1", *hub_args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "MOEX_LOG": "info", **(hub_env or {})})
+        self.err = []
+        self.reader = threading.Thread(target=Cluster._drain, args=(self.proc.stderr, self.err), daemon=True)
+        self.reader.start()
+        self.workers, self.logs = [], []
+        t0 = time.time()
+        while "serving workers on port" not in "".join(self.err) and time.time() - t0 < 30:
+            if self.proc.poll() is not None:
+                raise RuntimeError("the hub exited: " + "".join(self.err))
+            time.sleep(0.05)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def start_worker(self, name, extra=()):
+        return Cluster.start_worker(self, name, extra)
+
+    def stop(self, timeout=30):
+        """SIGTERM, then waits; returns (exit code, stderr). Workers are stopped too."""
+        for w in self.workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.err.append("\n[test] hub did not stop")
+        self.reader.join(timeout=10)
+        for w in self.workers:
+            try:
+                w.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        return self.proc.returncode, "".join(self.err)

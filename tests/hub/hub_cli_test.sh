@@ -35,6 +35,11 @@ expect 1 "outside the vocabulary" -- "$B/moex-hub" --local -m "$M" --prompt-toke
 expect 1 "not a list of token ids" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,x -n 2
 expect 1 "raise --ctx" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,2,3 -n 8 --ctx 4
 expect 1 "dense model" -- "$B/moex-hub" -m "$M" --port 0 -p hi
+# the token bound (hub/auth.h HUB_TOKEN_MAX): 1025 bytes refused at start-up
+ME=$W/cli-moe.gguf
+[ -f "$ME" ] || "$B/moex-gguf" gen --arch qwen3moe --preset test --vocab "$V/ggml-vocab-llama-spm.gguf" --type q8_0 \
+    --seed 2 -o "$ME" --quiet || exit 1
+expect 1 "at most 1024" -- "$B/moex-hub" -m "$ME" --port 0 --token "$(head -c 1025 /dev/zero | tr '\0' k)" -p hi
 # a good run: exactly -n ids on stdout
 ids=$("$B/moex-hub" --local -m "$M" --prompt-tokens 1,2,3 -n 5 --temp 0 --print-tokens --ignore-eos 2>/dev/null)
 if [ "$(printf '%s' "$ids" | wc -w)" -ne 5 ]; then echo "FAIL: good run printed '$ids'"; fails=$((fails + 1)); else echo "ok: good run"; fi

@@ -95,6 +95,9 @@ def worker_deaths():
           + (err[-1500:] if rc else ""))
     check("  the kill landed mid-generation", killed_at and killed_at[0] < N, f"after {killed_at} tokens")
     check("  the abrupt exit happened", c.workers[0].returncode not in (0, None), f"rc={c.workers[0].returncode}")
+    # w2 survives with every expert of the departed: failover, not the hub's fallback
+    rd, fb = metric(err, "re-dispatches"), metric(err, "fallbacks")
+    check("  lost tasks went to the surviving replica", (rd or 0) >= 1 and fb == 0, f"re-dispatches={rd} fallbacks={fb}")
 
 
 @scenario
@@ -103,12 +106,15 @@ def hostile_input():
     c = Cluster(MOE, 3, N_LONG, worker_args=[slow, slow, slow])
     while c.tokens_so_far() < 1 and c.hub.poll() is None:
         time.sleep(0.01)
-    refused, closed, total = run_hostile_clients(c.port)
+    refused, closed, told, total = run_hostile_clients(c.port)
     during = c.hub.poll() is None and c.tokens_so_far() < N_LONG
     rc, toks, err = c.finish()
     check("hostile clients ran during generation", during)
     check("wrong token refused", refused and "wrong or missing token" in err)
-    check("malformed/text/oversized frames rejected", closed == total, f"{closed}/{total}")
+    check("malformed/text/oversized frames: every connection closed by the hub", closed == total, f"{closed}/{total}")
+    check("  each told why (an ERROR before the close; not the 64 MiB one, reset mid-send)", told == total - 1,
+          f"{told}/{total - 1}")
+    check("  the hub counted them", metric(err, "bad frames") == total, f"bad frames={metric(err, 'bad frames')}")
     check("hub survives hostile clients with unchanged output", rc == 0 and toks == REF_LONG,
           f"rc={rc} got={toks[:8]} want={REF_LONG[:8]}")
 

@@ -10,6 +10,53 @@ set_tests_properties(dist_end_to_end PROPERTIES TIMEOUT 600 LABELS "hub;dist" RU
   ENVIRONMENT "MOEX_LOG=warn")
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/dist-work)
 
+# conn.c: the per-connection bound on queued bytes, close after flush, kill.
+moex_c_test(test_hub_conn SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hub_conn.c LIBS moex_hub TIMEOUT 30 LABELS hub)
+# registry.c through the network thread's routing, on detached connections: the
+# worker-record bound, the JOIN rate, repeated JOINs, reconnects with the session
+# key, bans by key and not by name, rejections queued before the close.
+moex_c_test(test_hub_registry SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hub_registry.c LIBS moex_hub TIMEOUT 30
+  LABELS hub)
+
+# The frame-sequence fuzz target (hub/fuzz_hub.c: registry and remote
+# executor driven by fake workers' frames): a tiny model and seed sessions,
+# the target replayed over mutations of them in every build, and in a fuzz
+# tree a 30 s libFuzzer run.
+set(moex_hub_fuzz ${CMAKE_BINARY_DIR}/fuzz-seeds/hub)
+add_test(NAME hub_fuzz_fixture COMMAND sh -c
+  "mkdir -p '${moex_hub_fuzz}/seeds' && \"$0\" gen --arch qwen3moe --preset test --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ff 128 --experts 4 --experts-used 2 --expert-ff 64 --ctx 64 --vocab '${moex_vocab}/ggml-vocab-llama-spm.gguf' --type q8_0 --seed 3 -o '${moex_hub_fuzz}/model.gguf' --quiet && '${MOEX_PYTHON}' '${CMAKE_CURRENT_LIST_DIR}/fuzz_hub_seeds.py' '${moex_hub_fuzz}/seeds'"
+  $<TARGET_FILE:moex-gguf>)
+set_tests_properties(hub_fuzz_fixture PROPERTIES FIXTURES_SETUP hub_fuzz LABELS hub TIMEOUT 60)
+moex_c_test(test_hub_fuzz_replay SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hub_fuzz_replay.c ${CMAKE_SOURCE_DIR}/hub/fuzz_hub.c
+  LIBS moex_hub ARGS ${moex_hub_fuzz}/seeds TIMEOUT 300 LABELS hub)
+set_tests_properties(test_hub_fuzz_replay PROPERTIES FIXTURES_REQUIRED hub_fuzz
+  ENVIRONMENT "MOEX_FUZZ_HUB_MODEL=${moex_hub_fuzz}/model.gguf")
+if(MOEX_FUZZ)
+  add_test(NAME fuzz_hub COMMAND sh ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR} fuzz_hub 30
+    ${moex_hub_fuzz}/seeds)
+  set_tests_properties(fuzz_hub PROPERTIES FIXTURES_REQUIRED hub_fuzz TIMEOUT 120 LABELS fuzz
+    ENVIRONMENT "MOEX_FUZZ_HUB_MODEL=${moex_hub_fuzz}/model.gguf")
+endif()
+
+# Hostile and broken peers (test_hostile.py): Python peers on real sockets
+# beside real workers, one scenario per defect of issue 20 and per resource bound.
+add_test(NAME dist_hostile
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_hostile.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/hostile-work)
+set_tests_properties(dist_hostile PROPERTIES TIMEOUT 600 LABELS "hub;dist" RUN_SERIAL TRUE
+  ENVIRONMENT "MOEX_LOG=warn")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/hostile-work)
+
+# Chaos (test_chaos.py): generation while workers are killed, stopped, slowed,
+# restarted and corrupted and the hub is killed once; the short run (the long
+# one's figures are in docs/PERF.md).
+add_test(NAME dist_chaos
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/chaos-work)
+set_tests_properties(dist_chaos PROPERTIES TIMEOUT 400 LABELS "hub;dist" RUN_SERIAL TRUE
+  ENVIRONMENT "MOEX_LOG=warn;MOEX_TEST_SANITIZED=$<BOOL:${MOEX_SANITIZE}>")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/chaos-work)
+
 add_test(NAME dist_download
   COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_download.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
           ${CMAKE_BINARY_DIR}/download-work)
