@@ -17,6 +17,7 @@
 #             scratch (work/; each run's logs in work/logs/<mutant>/)
 #   --full    after the scenarios, also runs every ctest test labelled dist
 #             (except slow) against each mutant, to list all that kill it
+#   MOEX_MUTANTS="a b"  only those mutants (default: all four)
 #
 # The working tree is copied, never patched. The unmutated copy must pass
 # every test first; then, per mutant: apply its patch, rebuild the binaries
@@ -47,9 +48,10 @@ scenarios() {
     no_failover) echo worker_deaths all_but_one_gone hung_worker ;;
     no_deadlines) echo hung_worker ;;
     evict_everyone | evict_checked) echo corrupt_worker_evicted ;;
+    *) echo "$all_scenarios" ;;
     esac
 }
-mutants="no_failover no_deadlines evict_everyone evict_checked"
+mutants=${MOEX_MUTANTS:-no_failover no_deadlines evict_everyone evict_checked}
 all_scenarios="worker_deaths all_but_one_gone hung_worker corrupt_worker_evicted"
 
 # A fresh copy of the working tree (tracked and untracked, not ignored), its
