@@ -14,13 +14,16 @@ stream through the API against the CLI's decode speed on the same model.
           {prompt} and {n} are filled in; its 'decode X tok/s' is read from stderr
 --streams 1,2,4,8,16   --tokens 128   --prompt 32 (prompt tokens per stream)   --reps 1
 --key K   the API key the hub wants   --smoke: 1 and 2 streams of 8 tokens (tests the script)
+--logs DIR   keep the hub's stderr (DIR/hub.err: its metrics and layer timing at exit) and each worker's
+          output (DIR/wN.err)
 
 Each stream is a greedy streamed completion of a distinct token-id prompt
 (ignore_eos, so every stream generates --tokens). Aggregate tokens/s is all
 streams' tokens over the wall time from the first request to the last
 token; TTFT is from sending a request to its first token (median and max
 over the streams); per-stream decode is (tokens - 1) / (last - first token).
-Prints a markdown table; exit 1 on a failed request.
+The CLI runs after the server and its workers have stopped, alone on the
+machine as a user runs it. Prints a markdown table; exit 1 on a failed request.
 """
 import argparse
 import http.client
@@ -135,6 +138,17 @@ def cli_decode(cli, n_prompt, n_tokens):
     return float(m.group(1))
 
 
+def keep_logs(where, hub, err_tail, workers):
+    os.makedirs(where, exist_ok=True)
+    time.sleep(0.2)  # the reader thread's last lines
+    with open(os.path.join(where, "hub.err"), "w") as f:
+        f.write("".join(err_tail))
+    for i, w in enumerate(workers):
+        w.log.seek(0)
+        with open(os.path.join(where, f"w{i}.err"), "w") as f:
+            f.write(w.log.read())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hub", required=True)
@@ -146,6 +160,7 @@ def main():
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--key")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--logs")
     ap.add_argument("--start-timeout", type=float, default=600)
     a = ap.parse_args()
     if a.smoke:
@@ -170,7 +185,6 @@ def main():
         for n in levels:
             reps = [run_level(port, a.key, n, a.tokens, a.prompt, 1000 * r + 100 * n) for r in range(a.reps)]
             rows.append(max(reps, key=lambda x: x["agg"]))
-        cli = cli_decode(a.cli, a.prompt, a.tokens) if a.cli else None
     finally:
         for p in [hub] + workers:
             if p.poll() is None:
@@ -180,6 +194,9 @@ def main():
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if a.logs:
+            keep_logs(a.logs, hub, err_tail, workers)
+    cli = cli_decode(a.cli, a.prompt, a.tokens) if a.cli else None
     one = rows[0]["agg"] if rows and rows[0]["streams"] == 1 else None
     print(f"hub: {a.hub}")
     for w in a.worker:

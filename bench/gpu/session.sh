@@ -7,6 +7,10 @@
 #              with empty shader/pipeline caches, then twice warm
 #   bench      bench_vk: pp512 and decode after a 512-token prompt (docs/PERF.md's figures)
 #   dist       the same prompt through hub --backend vulkan + 4 workers (Vulkan, then CPU) against --local
+#   nospin     local and hub + 4 Vulkan workers again with MOEX_VK_SPIN_US=0 (every submit blocks on its fence at
+#              once), to set against dist's runs, which poll first
+#   apidist    the API's hub + 4 Vulkan workers at 1 stream, then at 8, each run's hub and worker timings kept
+#              (what a batched decode layer costs against a one-token layer)
 #   table3     per-token time through moex-relay at RTT 0.5 / 2 / 10 ms, h = 1 / 2, hub on Vulkan + 4 CPU
 #              workers, with the hub's and workers' timings for moex-sim
 #   api        `moex-hub serve --backend vulkan --parallel 16` through the OpenAI API (bench/bench_api.py): 1, 2,
@@ -96,6 +100,10 @@ step_dist() {
     dist_run dist_cpu cpu 3
 }
 
+step_nospin() {
+    (export MOEX_VK_SPIN_US=0; local_run nospin_local; dist_run nospin_dist_vk vulkan 1)
+}
+
 # one run through relays: $1 rtt_ms, $2 h
 relay_run() {
     p=$(port)
@@ -164,6 +172,20 @@ step_api() {
         --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w1" \
         --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w2" \
         --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w3"
+}
+
+step_apidist() {
+    for n in 1 8; do
+        python3 "$repo/bench/bench_api.py" --streams $n --tokens 64 --prompt 32 --logs "$work/apidist$n" \
+            --hub "$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port} --token b --replicas 2 --min-workers 4 --wait-s 300" \
+            --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w0" \
+            --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w1" \
+            --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w2" \
+            --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w3" \
+            | grep '^| [0-9]' | sed "s/^/apidist$n /"
+        grep -h "hub layer timing\|hub gpu\|hub metrics" "$work/apidist$n/hub.err" | sed "s/^/apidist$n /"
+        for i in 0 1 2 3; do grep -ho "worker timing:.*" "$work/apidist$n/w$i.err" | sed "s/^/apidist$n w$i /"; done
+    done
 }
 
 echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
