@@ -175,7 +175,7 @@ step_api() {
 }
 
 step_apidist() {
-    for n in 1 8; do
+    for n in ${MOEX_APIDIST_STREAMS:-1 8}; do
         python3 "$repo/bench/bench_api.py" --streams $n --tokens 64 --prompt 32 --logs "$work/apidist$n" \
             --hub "$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port} --token b --replicas 2 --min-workers 4 --wait-s 300" \
             --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w0" \
@@ -185,6 +185,7 @@ step_apidist() {
             | grep '^| [0-9]' | sed "s/^/apidist$n /"
         grep -h "hub layer timing\|hub gpu\|hub metrics" "$work/apidist$n/hub.err" | sed "s/^/apidist$n /"
         for i in 0 1 2 3; do grep -ho "worker timing:.*" "$work/apidist$n/w$i.err" | sed "s/^/apidist$n w$i /"; done
+        [ -n "${OUT:-}" ] && cp -r "$work/apidist$n" "$OUT"/ 2>/dev/null || true
     done
 }
 
