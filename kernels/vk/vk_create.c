@@ -38,7 +38,7 @@ static void read_tuning(vk_tuning *t) {
     const int gch = env_int("MOEX_VK_GU_CH");
     t->gu_ch = gch >= 16 && gch <= 64 && gch % 16 == 0 ? gch : 0;
     t->idot = env_int("MOEX_VK_IDOT");
-    t->spin_us = env_int("MOEX_VK_SPIN_US");   /* -1: the device's default, once it is known */
+    t->spin_us = env_int("MOEX_VK_SPIN_US");   /* unset (-1): block at once; polling measured no faster */
     t->each_unstaged = env_int("MOEX_VK_EACH_STAGED") == 0;
 }
 
@@ -108,8 +108,6 @@ moex_vk *moex_vk_create(const moex_vk_options *opt, moex_error *err) {
     }
     memcpy(vk->ex_shape, vk_ex_default_shapes, sizeof vk->ex_shape);
     read_ex_shape(vk);   /* after the device: a shape must fit its shared memory */
-    /* a CPU driver runs the work on this machine's cores: a polling thread would take one from it */
-    if (vk->tune.spin_us < 0) vk->tune.spin_us = strcmp(vk->info.type, "cpu") == 0 ? 0 : VK_SPIN_US;
     vk_pipeline_cache_open(vk);
     if (vk->verbose)
         moex_log(MOEX_LOG_INFO, "vulkan: %s (%s), subgroup %u%s, f16 %d, int dot %d%s, shared %u KiB, %.1f GiB, "

@@ -427,12 +427,9 @@ moex_vk_ptr moex_vk_buffer_ptr(const moex_vk_buffer *b) { return b ? b->addr : 0
 size_t moex_vk_buffer_size(const moex_vk_buffer *b) { return b->size; }
 void *moex_vk_buffer_map(const moex_vk_buffer *b) { return b->map; }
 
-/* Waits for a submit: polls its fence for up to vk->tune.spin_us first,
- * then blocks. A blocking wait returns only after the driver's interrupt
- * wakes the thread, which costs every decode token (and every layer segment
- * of the distributed hub, and every batch of a GPU worker) a wake-up on top
- * of the GPU's time; polling answers as soon as the fence signals, for one
- * busy core while the GPU works. */
+/* Waits for a submit: with MOEX_VK_SPIN_US set, polls its fence that long
+ * first (answering as soon as it signals instead of after the driver's
+ * wake-up, for one busy core), then blocks. */
 static int wait_fence(moex_vk *vk, VkFence fence, moex_error *err) {
     if (vk->tune.spin_us > 0) {
         const double until = moex_time_s() + vk->tune.spin_us * 1e-6;

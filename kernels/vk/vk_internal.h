@@ -57,9 +57,6 @@ typedef enum vk_kernel {
 
 /* Switches for comparing kernel variants (docs/PERF.md), read from the
  * environment once when the device is created (vk_create.c read_tuning). */
-/* How long a submit's wait polls its fence before blocking, on a GPU (a
- * decode token takes a few ms; longer work falls back to a blocking wait). */
-#define VK_SPIN_US 5000
 
 typedef struct vk_tuning {
     bool attn_simple;    /* MOEX_VK_ATTN_SIMPLE=1: prompt attention on the split-K path */
@@ -75,7 +72,7 @@ typedef struct vk_tuning {
     int gu_ch;           /* MOEX_VK_GU_CH (16, 32, 48, 64): experts_gu.comp's rows per workgroup, 0: default */
     int idot;            /* MOEX_VK_IDOT: the decode products' int8 activations (vk_idot): 0 off, 1 wherever the
                           * device has integer dot products, unset (-1) where it has them in hardware */
-    int spin_us;         /* MOEX_VK_SPIN_US: how long a submit's wait polls its fence before it blocks */
+    int spin_us;         /* MOEX_VK_SPIN_US: how long a submit's wait polls its fence before it blocks (0) */
     bool each_unstaged;  /* MOEX_VK_EACH_STAGED=0: MOEX_VK_EACH products and routers on mode 0 (the weights read
                           * once per VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
 } vk_tuning;
