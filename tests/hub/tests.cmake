@@ -27,8 +27,8 @@ add_test(NAME hub_fuzz_fixture COMMAND sh -c
   "mkdir -p '${moex_hub_fuzz}/seeds' && \"$0\" gen --arch qwen3moe --preset test --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ff 128 --experts 4 --experts-used 2 --expert-ff 64 --ctx 64 --vocab '${moex_vocab}/ggml-vocab-llama-spm.gguf' --type q8_0 --seed 3 -o '${moex_hub_fuzz}/model.gguf' --quiet && '${MOEX_PYTHON}' '${CMAKE_CURRENT_LIST_DIR}/fuzz_hub_seeds.py' '${moex_hub_fuzz}/seeds'"
   $<TARGET_FILE:moex-gguf>)
 set_tests_properties(hub_fuzz_fixture PROPERTIES FIXTURES_SETUP hub_fuzz LABELS hub TIMEOUT 60)
-moex_c_test(test_hub_fuzz_replay SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hub_fuzz_replay.c ${CMAKE_SOURCE_DIR}/hub/fuzz_hub.c
-  LIBS moex_hub ARGS ${moex_hub_fuzz}/seeds TIMEOUT 300 LABELS hub)
+moex_c_test(test_hub_fuzz_replay SOURCES ${CMAKE_SOURCE_DIR}/tests/fuzz/replay.c ${CMAKE_SOURCE_DIR}/hub/fuzz_hub.c
+  LIBS moex_hub ARGS ${moex_hub_fuzz}/seeds 5 300 TIMEOUT 300 LABELS hub)
 set_tests_properties(test_hub_fuzz_replay PROPERTIES FIXTURES_REQUIRED hub_fuzz
   ENVIRONMENT "MOEX_FUZZ_HUB_MODEL=${moex_hub_fuzz}/model.gguf")
 if(MOEX_FUZZ)

@@ -8,8 +8,8 @@ add_test(NAME proto_fuzz_seeds COMMAND sh -c "mkdir -p '${moex_proto_seeds}' && 
 set_tests_properties(proto_fuzz_seeds PROPERTIES FIXTURES_SETUP proto_seeds LABELS proto)
 # The fuzz target's checks (decode, re-encode to the same bytes) on mutations of the seeds.
 moex_c_test(test_proto_fuzz_replay
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_proto_fuzz_replay.c ${CMAKE_SOURCE_DIR}/proto/fuzz_proto.c
-  LIBS moex_proto ARGS ${moex_proto_seeds} TIMEOUT 60 LABELS proto)
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/fuzz/replay.c ${CMAKE_SOURCE_DIR}/proto/fuzz_proto.c
+  LIBS moex_proto ARGS ${moex_proto_seeds} 10 2000 TIMEOUT 60 LABELS proto)
 set_tests_properties(test_proto_fuzz_replay PROPERTIES FIXTURES_REQUIRED proto_seeds)
 if(MOEX_FUZZ)
   add_test(NAME fuzz_proto COMMAND sh ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR} fuzz_proto 30
