@@ -156,4 +156,9 @@ int moex_gguf_writer_begin_data(moex_gguf_writer *w);
 int moex_gguf_writer_data(moex_gguf_writer *w, const void *bytes, size_t n);
 int moex_gguf_writer_close(moex_gguf_writer *w, moex_error *err);
 
+/* general.file_type (llama.cpp's llama_ftype) of a file whose weights are
+ * mostly t: MOSTLY_<type>, the K-quants as their _S mix; -1 for none. */
+#define MOEX_GGUF_FTYPE_Q4_K_M 15
+int moex_gguf_file_type_of(moex_type t);
+
 #endif

@@ -434,3 +434,20 @@ int moex_gguf_writer_close(moex_gguf_writer *w, moex_error *err) {
     writer_free(w);
     return rc;
 }
+
+int moex_gguf_file_type_of(moex_type t) {
+    switch (t) {
+    case MOEX_TYPE_F32: return 0;
+    case MOEX_TYPE_F16: return 1;
+    case MOEX_TYPE_Q4_0: return 2;
+    case MOEX_TYPE_Q4_1: return 3;
+    case MOEX_TYPE_Q8_0: return 7;
+    case MOEX_TYPE_Q5_0: return 8;
+    case MOEX_TYPE_Q5_1: return 9;
+    case MOEX_TYPE_Q4_K: return 14;
+    case MOEX_TYPE_Q5_K: return 16;
+    case MOEX_TYPE_Q6_K: return 18;
+    case MOEX_TYPE_BF16: return 32;
+    default: return -1;
+    }
+}

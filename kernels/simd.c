@@ -40,11 +40,12 @@ const moex_simd_table *moex_simd_avx2(void) {
     return NULL;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
 /* AVX-512 F/BW/VL/VNNI in cpuid, and the OS saving the opmask and zmm
  * registers (XCR0 bits 1, 2, 5, 6, 7): cpuid alone does not say the OS
  * enabled them. */
 static bool cpu_has_avx512_vnni(void) {
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#if defined(__GNUC__)
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
@@ -59,8 +60,10 @@ static bool cpu_has_avx512_vnni(void) {
 #endif
 }
 
+static moex_simd_table vnni_table; /* built once, under vnni_once */
+#endif
+
 static pthread_once_t vnni_once = PTHREAD_ONCE_INIT;
-static moex_simd_table vnni_table;           /* built once, under vnni_once */
 static const moex_simd_table *vnni_available; /* &vnni_table or NULL */
 
 /* The AVX2 table with every entry dot_vnni.c defines put in its place. */

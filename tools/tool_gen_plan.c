@@ -199,21 +199,8 @@ void gen_plan_free(gen_plan *plan) {
 
 int gen_file_type(const gen_config *cfg) {
     if (cfg->type_mode == GEN_TYPES_MIXED) return -1;
-    if (cfg->type_mode == GEN_TYPES_Q4_K_M) return 15;
-    switch (cfg->type) {   /* llama_ftype: MOSTLY_<type>; K-quants as their _S mix */
-    case MOEX_TYPE_F32: return 0;
-    case MOEX_TYPE_F16: return 1;
-    case MOEX_TYPE_Q4_0: return 2;
-    case MOEX_TYPE_Q4_1: return 3;
-    case MOEX_TYPE_Q8_0: return 7;
-    case MOEX_TYPE_Q5_0: return 8;
-    case MOEX_TYPE_Q5_1: return 9;
-    case MOEX_TYPE_Q4_K: return 14;
-    case MOEX_TYPE_Q5_K: return 16;
-    case MOEX_TYPE_Q6_K: return 18;
-    case MOEX_TYPE_BF16: return 32;
-    default: return -1;
-    }
+    if (cfg->type_mode == GEN_TYPES_Q4_K_M) return MOEX_GGUF_FTYPE_Q4_K_M;
+    return moex_gguf_file_type_of(cfg->type);
 }
 
 static int kv_u32(moex_gguf_writer *w, const char *arch, const char *suffix, int64_t v) {

@@ -26,7 +26,6 @@
 #include "kernels/kernels.h"
 #include "tools/tool.h"
 
-#define Q4_K_M_FTYPE 15  /* llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M */
 
 typedef struct quant_args {
     const char *in, *out, *type;
@@ -98,21 +97,8 @@ static int parse_type(const char *s, quant_plan *p) {
 
 /* llama_ftype of the output: MOSTLY_<type>, the K-quants as their _S mix. */
 static int file_type_of(const quant_plan *p) {
-    if (p->q4_k_m) return Q4_K_M_FTYPE;
-    switch (p->type) {
-    case MOEX_TYPE_F32: return 0;
-    case MOEX_TYPE_F16: return 1;
-    case MOEX_TYPE_Q4_0: return 2;
-    case MOEX_TYPE_Q4_1: return 3;
-    case MOEX_TYPE_Q8_0: return 7;
-    case MOEX_TYPE_Q5_0: return 8;
-    case MOEX_TYPE_Q5_1: return 9;
-    case MOEX_TYPE_Q4_K: return 14;
-    case MOEX_TYPE_Q5_K: return 16;
-    case MOEX_TYPE_Q6_K: return 18;
-    case MOEX_TYPE_BF16: return 32;
-    default: return -1;
-    }
+    if (p->q4_k_m) return MOEX_GGUF_FTYPE_Q4_K_M;
+    return moex_gguf_file_type_of(p->type);
 }
 
 /* ---- the type of each tensor ---- */
