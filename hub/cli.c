@@ -184,7 +184,8 @@ void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help) {
             "                          executable, i.e. <build>/web, when emscripten built it)\n"
             "  --tls                   HTTPS and WSS with a self-signed certificate made on first start and reused\n"
             "                          (its SHA-256 fingerprint is printed; browsers on other machines need HTTPS)\n"
-            "  --tls-cert FILE --tls-key FILE   HTTPS and WSS with this certificate and key (PEM)\n"
+            "  --tls-cert FILE         HTTPS and WSS with this certificate (PEM), instead of --tls's own\n"
+            "  --tls-key FILE          the certificate's private key (PEM, unencrypted)\n"
             "  --tls-dir DIR           where --tls keeps its certificate (default $XDG_CACHE_HOME/moex/tls\n"
             "                          or ~/.cache/moex/tls)\n",
             h->host, h->port, h->replicas, h->hedge, h->timeout_ms, help->min_workers, (long long)c->min_workers,

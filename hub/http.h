@@ -35,8 +35,8 @@ typedef struct hub_http_handler {
 int hub_http_callback(hub_http *h, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
                       size_t len);
 
-/* The browser worker page: a directory's files at /worker/ (and its
- * index.html at /worker), for GET and HEAD, without a token. */
+/* The browser worker page: a directory's files at /worker/ (/worker
+ * redirects there), for GET and HEAD, without a token. */
 typedef struct hub_static hub_static;
 hub_static *hub_static_create(const char *dir, moex_error *err);
 void hub_static_free(hub_static *s);

@@ -1,8 +1,9 @@
 /* The browser worker page (docs/BROWSER.md) on the hub's port: the files of
- * <build>/web at /worker/ and its index.html at /worker too (the page sets
- * its <base> so that its relative URLs resolve either way; answering
- * /worker directly keeps the query string with the token, which a redirect
- * to /worker/ by lws's mounts would drop).
+ * <build>/web at /worker/, and /worker redirected there with its query
+ * string (the token). The redirect is ours, not lws's mounts': theirs drops
+ * the query. Without it the browser's preload scanner would fetch the
+ * page's relative URLs (app.js, worker.css) from / before the page's
+ * <base> took effect.
  *
  * No token is needed: the files hold no secret, and a browser fetching the
  * page's scripts and WebAssembly sends no Authorization header (the
@@ -117,6 +118,44 @@ static bool resolve(const hub_static *s, const char *rel, char *out) {
            stat(out, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+static bool unreserved(char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || strchr("-._~", c);
+}
+
+/* The request's query string ("" or "?a=b&c=d"), encoded again: lws hands
+ * its arguments over decoded, one per fragment. -1 when it does not fit. */
+static int query_of(struct lws *wsi, char *out, size_t cap) {
+    char frag[4096];
+    size_t n = 0;
+    out[0] = 0;
+    for (int i = 0;; i++) {
+        const int len = lws_hdr_copy_fragment(wsi, frag, sizeof frag, WSI_TOKEN_HTTP_URI_ARGS, i);
+        if (len == -1) return 0; /* no more */
+        if (len < 0 || n + 2 >= cap) return -1;
+        out[n++] = i ? '&' : '?';
+        bool named = false;
+        for (const char *p = frag; *p; p++) {
+            if (n + 4 >= cap) return -1;
+            if (unreserved(*p) || (*p == '=' && !named)) out[n++] = *p;
+            else n += (size_t)snprintf(out + n, cap - n, "%%%02X", (unsigned char)*p);
+            named |= *p == '=';
+        }
+        out[n] = 0;
+    }
+}
+
+/* /worker -> 302 /worker/, the query kept. */
+static int redirect_to_dir(struct lws *wsi) {
+    char loc[8192] = MOUNT "/";
+    if (query_of(wsi, loc + sizeof MOUNT, sizeof loc - sizeof MOUNT)) {
+        if (lws_return_http_status(wsi, HTTP_STATUS_REQ_URI_TOO_LONG, "query string too long")) return -1;
+        return lws_http_transaction_completed(wsi) ? -1 : 0;
+    }
+    uint8_t buf[LWS_PRE + sizeof loc + 512], *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
+    if (lws_http_redirect(wsi, HTTP_STATUS_FOUND, (const unsigned char *)loc, (int)strlen(loc), &p, end) < 0) return -1;
+    return lws_http_transaction_completed(wsi) ? -1 : 0;
+}
+
 static int not_found(struct lws *wsi, const char *uri) {
     char peer[64] = "?";
     lws_get_peer_simple(wsi, peer, sizeof peer);
@@ -128,6 +167,7 @@ static int not_found(struct lws *wsi, const char *uri) {
 int hub_static_serve(hub_static *s, struct lws *wsi) {
     char uri[PATH_MAX], path[PATH_MAX];
     if (!request_path(wsi, uri, sizeof uri)) return -1;
+    if (!strcmp(uri, MOUNT)) return redirect_to_dir(wsi);
     if (!resolve(s, uri + sizeof MOUNT - 1, path)) return not_found(wsi, uri);
     uint8_t headers[256], *p = headers, *end = headers + sizeof headers;
     if (lws_add_http_header_by_name(wsi, (const unsigned char *)"x-content-type-options:",

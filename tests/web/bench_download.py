@@ -2,7 +2,7 @@
 """Download and cache speeds of the browser worker (docs/BROWSER.md): a
 generated bench-moe model (qwen3moe, 8 layers x 32 experts of 1024 x 768,
 q4_K_M) served by a real moex-hub; the page, its only worker, downloads all
-256 experts (through the test proxy), verifies (XXH3 in WASM), stores them
+256 experts (from the page the hub serves), verifies (XXH3 in WASM), stores them
 in OPFS and uploads them to WebGPU; then a second tab loads them from the
 cache (read + verify + upload). Not a test.
 usage: bench_download.py BIN_DIR VOCAB_DIR WORK_DIR WEB_DIR"""
@@ -24,7 +24,6 @@ BIN, VOCAB, WORK, WEB = sys.argv[1:5]
 webtest.check_tools(WEB)
 os.makedirs(WORK, exist_ok=True)
 distlib.setup(BIN, VOCAB, WORK)
-from proxy import Proxy  # noqa: E402
 
 path = os.path.join(WORK, "bench-moe-q4_K_M.gguf")
 if not os.path.exists(path):
@@ -33,7 +32,7 @@ if not os.path.exists(path):
                     "--quiet"], check=True)
 port = distlib.free_port()
 hub = subprocess.Popen([f"{BIN}/moex-hub", "-m", path, "--port", str(port), "--token", distlib.TOKEN, "--threads", "1",
-                        "--replicas", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        "--replicas", "1", "--web-dir", WEB], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 for _ in range(300):
     try:
         model = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/model?token={distlib.TOKEN}"))
@@ -41,13 +40,12 @@ for _ in range(300):
     except Exception:
         time.sleep(0.1)
 total = sum(l["expert_bytes"] for l in model["layers"]) * model["n_experts"]
-proxy = Proxy(WEB, port)
 browser = webtest.Browser()
 
 
 async def load(s, query):
     t0 = time.time()
-    target, sid = await s.open(f"http://127.0.0.1:{proxy.port}/worker?token={distlib.TOKEN}{query}")
+    target, sid = await s.open(f"http://127.0.0.1:{port}/worker?token={distlib.TOKEN}{query}")
     st = await s.wait_for(sid, "window.__moex && window.__moex.state === 2 && window.__moex.held > 0 && window.__moex", 900)
     dt = time.time() - t0
     await s.close_target(target)
@@ -74,6 +72,5 @@ try:
     print(json.dumps(asyncio.run(go()), indent=1))
 finally:
     browser.close()
-    proxy.close()
     hub.terminate()
     hub.wait(10)
