@@ -31,16 +31,17 @@ static void page_url(const char *scheme, const char *host, int port, const char 
              port, query);
 }
 
-void hub_announce(const char *host, int port, const char *token, const hub_tls_cert *tls, bool page) {
+void hub_announce(const char *host, int port, const char *token, const hub_tls_cert *tls, bool workers, bool page) {
     const char *ws = tls ? "wss" : "ws", *http = tls ? "https" : "http";
     const char *shown = every_interface(host) ? "HOST" : host;
-    moex_log(MOEX_LOG_INFO, "native workers: moex-worker --hub %s://%s:%d/ws%s%s%s", ws, shown, port,
-             token && *token ? " --token T" : "", tls && tls->self_signed ? " --ca " : "",
-             tls && tls->self_signed ? tls->cert : "");
     if (tls)
         moex_log(MOEX_LOG_INFO, "tls: certificate %s (%s), SHA-256 fingerprint %s, public key sha256/%s", tls->cert,
                  !tls->self_signed ? "given" : tls->made_now ? "self-signed, made now" : "self-signed, reused",
                  tls->sha256, tls->spki);
+    if (!workers) return;
+    moex_log(MOEX_LOG_INFO, "native workers: moex-worker --hub %s://%s:%d/ws%s%s%s", ws, shown, port,
+             token && *token ? " --token T" : "", tls && tls->self_signed ? " --ca " : "",
+             tls && tls->self_signed ? tls->cert : "");
     if (!page) {
         moex_log(MOEX_LOG_INFO, "browser workers: no worker page to serve (emscripten builds it into <build>/web: "
                                 "web/setup_web.sh, then cmake; or give --web-dir DIR)");

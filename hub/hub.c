@@ -99,8 +99,9 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
                  moex_hub_ws_scheme(hub), cfg->host, hub_server_port(hub->server), (unsigned long long)model_hash,
                  cfg->replicas, cfg->hedge ? "" : "auto, max ", cfg->hedge ? cfg->hedge : cfg->replicas, cfg->timeout_ms);
         if (hub->web) moex_log(MOEX_LOG_INFO, "worker page: %s at /worker", hub_static_dir(hub->web));
-        hub_announce(cfg->host, hub_server_port(hub->server), cfg->token, cfg->tls ? &hub->tls : NULL, hub->web != NULL);
     }
+    hub_announce(cfg->host, hub_server_port(hub->server), cfg->token, cfg->tls ? &hub->tls : NULL, !cfg->no_workers,
+                 hub->web != NULL);
     return hub;
 }
 

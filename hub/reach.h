@@ -31,10 +31,10 @@ int hub_tls_prepare(const char *cert, const char *key, const char *dir, hub_tls_
 #define HUB_ADDR_LEN 16
 int hub_lan_ipv4(char (*out)[HUB_ADDR_LEN], int max);
 
-/* Logs where workers connect (moex-worker --hub ...), the certificate's
- * fingerprints (tls: NULL in the clear) and, when the page is served
- * (page), the URL a browser opens: for each LAN address when host is
- * 0.0.0.0, with the token in its query string. */
-void hub_announce(const char *host, int port, const char *token, const hub_tls_cert *tls, bool page);
+/* Logs the certificate's fingerprints (tls: NULL in the clear) and, when
+ * the hub takes workers, where they connect (moex-worker --hub ...) and,
+ * when the page is served (page), the URL a browser opens: for each LAN
+ * address when host is 0.0.0.0, with the token in its query string. */
+void hub_announce(const char *host, int port, const char *token, const hub_tls_cert *tls, bool workers, bool page);
 
 #endif
