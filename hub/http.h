@@ -1,5 +1,6 @@
-/* Private to the hub: plain HTTP on the hub's port (http_weights.c): expert
- * weights for workers without their own copy of the model. */
+/* Private to the hub: HTTP on the hub's port: expert weights for workers
+ * without their own copy of the model (http_weights.c), the browser worker
+ * page (http_static.c), and the hook another service plugs in (the API). */
 #ifndef MOEX_HUB_HTTP_H
 #define MOEX_HUB_HTTP_H
 
@@ -33,5 +34,18 @@ typedef struct hub_http_handler {
 /* The HTTP callbacks of one connection; *state is per-request, owned here. */
 int hub_http_callback(hub_http *h, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
                       size_t len);
+
+/* The browser worker page: a directory's files at /worker/ (/worker
+ * redirects there), for GET and HEAD, without a token. */
+typedef struct hub_static hub_static;
+hub_static *hub_static_create(const char *dir, moex_error *err);
+void hub_static_free(hub_static *s);
+const char *hub_static_dir(const hub_static *s);   /* its real path */
+/* Whether the request is the page's: GET or HEAD on /worker or /worker/... */
+bool hub_static_claims(struct lws *wsi);
+/* Answers a claimed request (the file, or 404): an lws callback's return. */
+int hub_static_serve(hub_static *s, struct lws *wsi);
+/* The Content-Type of a file name, by its extension. */
+const char *hub_static_mime_type(const char *path);
 
 #endif

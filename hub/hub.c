@@ -11,6 +11,7 @@
 
 #include "hub/executor.h"
 #include "hub/hub.h"
+#include "hub/reach.h"
 #include "hub/server.h"
 
 struct moex_hub {
@@ -21,6 +22,8 @@ struct moex_hub {
     hub_registry *reg;
     hub_executor *exec;
     hub_http http;
+    hub_static *web;             /* the browser worker page (NULL: not offered) */
+    hub_tls_cert tls;            /* its files when cfg.tls */
     hub_server *server;
 };
 
@@ -57,6 +60,15 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
         return NULL;
     }
     hub->cfg = *cfg;
+    if (cfg->tls && hub_tls_prepare(cfg->tls_cert, cfg->tls_key, cfg->tls_dir, &hub->tls, err)) {
+        free(hub);
+        return NULL;
+    }
+    /* the page makes a browser tab a worker: useless where workers are refused */
+    if (cfg->web_dir && !cfg->no_workers && !(hub->web = hub_static_create(cfg->web_dir, err))) {
+        free(hub);
+        return NULL;
+    }
     const uint64_t model_hash = moex_gguf_identity(m->gguf);
     const moex_proto_limits lim = worker_limits(m, cfg);
     /* a layer's results for a full batch: k frames per token at most, across all workers */
@@ -70,7 +82,8 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
     hub->http = (hub_http){.m = m, .model_hash = model_hash, .token = cfg->token, .metrics = &hub->metrics};
     hub_server_config sc = {.host = cfg->host, .port = cfg->port, .token = cfg->token, .heartbeat_ms = cfg->heartbeat_ms,
                             .limits = lim, .max_message = max_message, .max_queued = 2 * max_message + (1u << 20),
-                            .handler = cfg->http_handler, .refuse_workers = cfg->no_workers};
+                            .handler = cfg->http_handler, .refuse_workers = cfg->no_workers, .web = hub->web,
+                            .tls_cert = cfg->tls ? hub->tls.cert : NULL, .tls_key = cfg->tls ? hub->tls.key : NULL};
     /* results waiting for the executor: a layer's worth, hedged copies included, many times over */
     if (!(hub->net = hub_net_create()) || !(hub->inbox = hub_inbox_create(4096, 16 * max_message)) ||
         !(hub->reg = hub_registry_create(&rc, hub->net, hub->inbox, &hub->metrics, err)) ||
@@ -81,18 +94,25 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
         moex_hub_stop(hub);
         return NULL;
     }
-    if (!cfg->no_workers)
-        moex_log(MOEX_LOG_INFO, "hub listening on ws://%s:%d/ws (model %016llx, r=%d, hedge %s%d, timeout %d ms)",
-                 cfg->host, hub_server_port(hub->server), (unsigned long long)model_hash, cfg->replicas,
-                 cfg->hedge ? "" : "auto, max ", cfg->hedge ? cfg->hedge : cfg->replicas, cfg->timeout_ms);
+    if (!cfg->no_workers) {
+        moex_log(MOEX_LOG_INFO, "hub listening on %s://%s:%d/ws (model %016llx, r=%d, hedge %s%d, timeout %d ms)",
+                 moex_hub_ws_scheme(hub), cfg->host, hub_server_port(hub->server), (unsigned long long)model_hash,
+                 cfg->replicas, cfg->hedge ? "" : "auto, max ", cfg->hedge ? cfg->hedge : cfg->replicas, cfg->timeout_ms);
+        if (hub->web) moex_log(MOEX_LOG_INFO, "worker page: %s at /worker", hub_static_dir(hub->web));
+    }
+    hub_announce(cfg->host, hub_server_port(hub->server), cfg->token, cfg->tls ? &hub->tls : NULL, !cfg->no_workers,
+                 hub->web != NULL);
     return hub;
 }
 
 int moex_hub_port(const moex_hub *hub) { return hub_server_port(hub->server); }
+const char *moex_hub_ws_scheme(const moex_hub *hub) { return hub->cfg.tls ? "wss" : "ws"; }
+const char *moex_hub_http_scheme(const moex_hub *hub) { return hub->cfg.tls ? "https" : "http"; }
 
 int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, moex_error *err) {
     char how[160];
-    snprintf(how, sizeof how, "start more with moex-worker --hub ws://%s:%d/ws", hub->cfg.host, moex_hub_port(hub));
+    snprintf(how, sizeof how, "start more with moex-worker --hub %s://%s:%d/ws%s", moex_hub_ws_scheme(hub), hub->cfg.host,
+             moex_hub_port(hub), hub->web ? ", or open the worker page at /worker in a browser" : "");
     return hub_registry_wait_ready(hub->reg, n, timeout_s, how, err);
 }
 
@@ -123,5 +143,6 @@ void moex_hub_stop(moex_hub *hub) {
     hub_registry_free(hub->reg);
     hub_inbox_free(hub->inbox);
     hub_net_free(hub->net);
+    hub_static_free(hub->web);
     free(hub);
 }

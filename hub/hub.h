@@ -29,6 +29,14 @@ typedef struct moex_hub_config {
      * no_workers: the model runs in this process (--local), /ws is refused */
     const struct hub_http_handler *http_handler;
     bool no_workers;
+    /* the browser worker page (<build>/web), served at /worker without a
+     * token (it holds no secret); NULL: not offered */
+    const char *web_dir;
+    /* HTTPS and WSS on the port: tls_cert and tls_key (PEM files), or, both
+     * NULL, a self-signed pair the hub makes in tls_dir (NULL: the default,
+     * $XDG_CACHE_HOME/moex/tls or ~/.cache/moex/tls) and reuses */
+    bool tls;
+    const char *tls_cert, *tls_key, *tls_dir;
 } moex_hub_config;
 
 void moex_hub_config_default(moex_hub_config *cfg);
@@ -38,6 +46,9 @@ typedef struct moex_hub moex_hub;
 /* Starts the server (its own network thread). m must outlive the hub. */
 moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_config *cfg, moex_error *err);
 int moex_hub_port(const moex_hub *hub);
+/* "ws" or "wss", "http" or "https": how workers and browsers reach it. */
+const char *moex_hub_ws_scheme(const moex_hub *hub);
+const char *moex_hub_http_scheme(const moex_hub *hub);
 /* Waits until at least n workers have joined and loaded their assignment. */
 int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, moex_error *err);
 /* The executor that sends experts to workers (with hedging, timeouts, fallback). */

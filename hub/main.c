@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hub/cli.h"
 #include "hub/hub.h"
 #include "proto/proto.h"
 #if MOEX_HAVE_VULKAN
@@ -24,11 +25,10 @@ typedef struct options {
     bool local, print_tokens, ignore_eos, parse_special;
     moex_sampler_params sp;
     moex_hub_config hub;
+    hub_cli cli;                 /* the flags shared with moex-hub serve (hub/cli.h) */
     int wire_dtype;
     bool vulkan;
     int device;
-    int64_t min_workers;
-    double wait_s;
 } options;
 
 #define NO_VULKAN "this moex-hub was built without Vulkan (-DMOEX_VULKAN=OFF); rebuild with -DMOEX_VULKAN=ON"
@@ -36,7 +36,7 @@ typedef struct options {
 static volatile sig_atomic_t interrupted;
 static void on_signal(int sig) { interrupted = sig; }
 
-static void usage(FILE *f) {
+static void usage(FILE *f, const options *o) {
     fprintf(f,
             "usage: moex-hub --local -m MODEL.gguf (-p TEXT | --prompt-tokens A,B,C) [options]\n"
             "       moex-hub -m MODEL.gguf [--backend vulkan] --port P --token T [-p TEXT] [options]  (distributed)\n"
@@ -68,54 +68,36 @@ static void usage(FILE *f) {
             "                          vulkan with --local: the whole model on the GPU; without --local: embeddings,\n"
             "                          attention, norms, router and head on the GPU, the experts on the workers\n"
             "  --list-devices          list the Vulkan devices and exit\n"
-            "distributed (without --local): serve workers, and generate once --min-workers are ready\n"
-            "  --host ADDR             listen address (default 127.0.0.1)\n"
-            "  --port N                listen port (default 8765)\n"
-            "  --token T               workers must present it (?token=T or Authorization: Bearer T)\n"
-            "  --replicas R            replicas of every expert (default 2)\n"
-            "  --hedge N|auto          send each expert to N replicas, or adapt (default 1)\n"
-            "  --timeout-ms MS         per-expert deadline before re-dispatch (default 500)\n"
-            "  --verify P              recompute a fraction P of results here; evict workers that disagree\n"
-            "  --no-local-fallback     fail instead of computing experts that have no live replica\n"
-            "  --min-workers N         with a prompt: wait for N ready workers, generate, exit (default 1)\n"
-            "  --wait-s S              how long to wait for them (default 120)\n");
+            "distributed (without --local): serve workers, and generate once --min-workers are ready\n");
+    hub_cli_usage(f, &o->cli, &(hub_cli_help){.min_workers = "with a prompt: wait for N ready workers, generate, exit",
+                                             .wait_s = "how long to wait for them"});
 }
 
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "moex-hub: %s expects an integer in [%lld, %lld], got '%s'\n", flag, (long long)lo,
-                (long long)hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return hub_cli_i64("moex-hub", flag, s, lo, hi, out);
 }
 
 static int parse_f32(const char *flag, const char *s, float lo, float hi, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "moex-hub: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
-        return -1;
-    }
-    *out = v;
+    double d;
+    if (hub_cli_f64("moex-hub", flag, s, lo, hi, &d)) return -1;
+    *out = (float)d;
     return 0;
 }
 
 /* Returns 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, options *o) {
     *o = (options){.n_predict = 128, .n_batch = 512, .parse_special = true, .wire_dtype = MOEX_WIRE_DEFAULT,
-                   .min_workers = 1, .wait_s = 120, .device = -1,
+                   .device = -1,
                    .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = (uint64_t)time(NULL)}};
     moex_hub_config_default(&o->hub);
+    o->cli = (hub_cli){.prog = "moex-hub", .hub = &o->hub, .min_workers = 1, .min_workers_lo = 1, .wait_s = 120};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
+        const int shared = hub_cli_parse(&o->cli, argc, argv, &i);
+        if (shared < 0) return -1;
+        if (shared) continue;
 #define NEED_VALUE()                                                          \
     do {                                                                      \
         if (!v) {                                                             \
@@ -125,7 +107,7 @@ static int parse_args(int argc, char **argv, options *o) {
         i++;                                                                  \
     } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
+            usage(stdout, o);
             return 1;
         } else if (!strcmp(a, "--list-devices")) {
 #if MOEX_HAVE_VULKAN
@@ -233,44 +215,6 @@ static int parse_args(int argc, char **argv, options *o) {
             NEED_VALUE();
             if (parse_i64(a, v, 0, 64, &n)) return -1;
             o->device = (int)n;
-        } else if (!strcmp(a, "--host")) {
-            NEED_VALUE();
-            o->hub.host = v;
-        } else if (!strcmp(a, "--port")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 0, 65535, &n)) return -1;
-            o->hub.port = (int)n;
-        } else if (!strcmp(a, "--token")) {
-            NEED_VALUE();
-            o->hub.token = v;
-        } else if (!strcmp(a, "--replicas")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 1, 16, &n)) return -1;
-            o->hub.replicas = (int)n;
-        } else if (!strcmp(a, "--hedge")) {
-            NEED_VALUE();
-            if (!strcmp(v, "auto")) o->hub.hedge = 0;
-            else if (parse_i64(a, v, 1, 8, &n)) return -1;
-            else o->hub.hedge = (int)n;
-        } else if (!strcmp(a, "--timeout-ms")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 1, 600000, &n)) return -1;
-            o->hub.timeout_ms = (int)n;
-        } else if (!strcmp(a, "--verify")) {
-            NEED_VALUE();
-            float p;
-            if (parse_f32(a, v, 0, 1, &p)) return -1;
-            o->hub.verify_p = p;
-        } else if (!strcmp(a, "--no-local-fallback")) {
-            o->hub.local_fallback = false;
-        } else if (!strcmp(a, "--min-workers")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 1, 256, &o->min_workers)) return -1;
-        } else if (!strcmp(a, "--wait-s")) {
-            NEED_VALUE();
-            float s;
-            if (parse_f32(a, v, 0, 86400, &s)) return -1;
-            o->wait_s = s;
         } else {
             fprintf(stderr, "moex-hub: unknown option '%s' (see --help)\n", a);
             return -1;
@@ -281,6 +225,7 @@ static int parse_args(int argc, char **argv, options *o) {
         fprintf(stderr, "moex-hub: no model given: use -m MODEL.gguf\n");
         return -1;
     }
+    if (hub_cli_finish(&o->cli)) return -1;
     if (o->prompt && o->prompt_tokens) {
         fprintf(stderr, "moex-hub: give only one of -p TEXT or --prompt-tokens A,B,C\n");
         return -1;
@@ -501,8 +446,8 @@ static int run(const options *o) {
         goto done;
     }
     if (hub) {
-        moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->min_workers);
-        if (moex_hub_wait_ready(hub, (int)o->min_workers, o->wait_s, &err)) {
+        moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->cli.min_workers);
+        if (moex_hub_wait_ready(hub, (int)o->cli.min_workers, o->cli.wait_s, &err)) {
             fprintf(stderr, "moex-hub: %s\n", err.msg);
             goto done;
         }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "hub/api.h"
+#include "hub/cli.h"
 #include "hub/hub.h"
 #include "proto/proto.h"
 #if MOEX_HAVE_VULKAN
@@ -26,17 +27,18 @@ typedef struct serve_options {
     const char *model, *api_key, *chat_template, *alias;
     bool local, vulkan;
     int device, threads, parallel, max_queue;
-    int64_t n_ctx, n_batch, prompt_chunk, min_workers, max_body;
-    double wait_s, client_timeout_s;
+    int64_t n_ctx, n_batch, prompt_chunk, max_body;
+    double client_timeout_s;
     int wire_dtype;
     moex_sampler_params sp;
     moex_hub_config hub;
+    hub_cli cli;                 /* the flags shared with the one-shot hub (hub/cli.h) */
 } serve_options;
 
 static volatile sig_atomic_t interrupted;
 static void on_signal(int sig) { interrupted = sig; }
 
-static void usage(FILE *f) {
+static void usage(FILE *f, const serve_options *o) {
     fprintf(f,
             "usage: moex-hub serve -m MODEL.gguf [--local | worker options] [--backend vulkan] --port P [--api-key K]\n"
             "One process serving the OpenAI-compatible API (POST /v1/chat/completions, /v1/completions,\n"
@@ -44,8 +46,6 @@ static void usage(FILE *f) {
             "  -m, --model FILE        GGUF model\n"
             "  --local                 run the whole model in this process (no workers)\n"
             "  --backend cpu|vulkan    where the hub's part runs (default cpu); --device N picks the GPU\n"
-            "  --host ADDR             listen address (default 127.0.0.1)\n"
-            "  --port N                listen port (default 8080)\n"
             "  --api-key K             clients must send Authorization: Bearer K (default: none needed)\n"
             "  --alias NAME            the model's name in the API (default: the file name without .gguf)\n"
             "  --chat-template NAME    override the model's template: chatml, llama3, llama2, llama2-sys,\n"
@@ -63,36 +63,17 @@ static void usage(FILE *f) {
             "  --seed S                seeds of requests without one: S + the request's number (default: clock)\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "  --wire-dtype T          f16 (default), bf16, int8, f32, or exact (--local only)\n"
-            "workers (without --local): as the one-shot hub (see moex-hub --help)\n"
-            "  --token T               workers must present it (separate from --api-key)\n"
-            "  --replicas R, --hedge N|auto, --timeout-ms MS, --verify P, --no-local-fallback\n"
-            "  --min-workers N         wait for N ready workers before serving requests (default 0)\n"
-            "  --wait-s S              how long to wait for them (default 600)\n");
+            "network and workers (without --local: workers on /ws; --token is separate from --api-key)\n");
+    hub_cli_usage(f, &o->cli, &(hub_cli_help){.min_workers = "wait for N ready workers before serving requests",
+                                             .wait_s = "how long to wait for them"});
 }
 
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "moex-hub serve: %s expects an integer in [%lld, %lld], got '%s'\n", flag, (long long)lo,
-                (long long)hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return hub_cli_i64("moex-hub serve", flag, s, lo, hi, out);
 }
 
 static int parse_f64(const char *flag, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "moex-hub serve: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return hub_cli_f64("moex-hub serve", flag, s, lo, hi, out);
 }
 
 static int parse_wire(const char *v, int *out) {
@@ -115,8 +96,6 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
     else if (!strcmp(a, "--api-key")) o->api_key = v;
     else if (!strcmp(a, "--alias")) o->alias = v;
     else if (!strcmp(a, "--chat-template")) o->chat_template = v;
-    else if (!strcmp(a, "--host")) o->hub.host = v;
-    else if (!strcmp(a, "--token")) o->hub.token = v;
     else if (!strcmp(a, "--backend")) {
         if (strcmp(v, "cpu") && strcmp(v, "vulkan")) {
             fprintf(stderr, "moex-hub serve: --backend expects cpu or vulkan, got '%s'\n", v);
@@ -133,9 +112,6 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
     } else if (!strcmp(a, "--device")) {
         if (parse_i64(a, v, 0, 64, &n)) return -1;
         o->device = (int)n;
-    } else if (!strcmp(a, "--port")) {
-        if (parse_i64(a, v, 0, 65535, &n)) return -1;
-        o->hub.port = (int)n;
     } else if (!strcmp(a, "--parallel")) {
         if (parse_i64(a, v, 1, 256, &n)) return -1;
         o->parallel = (int)n;
@@ -172,23 +148,6 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
         o->threads = (int)n;
     } else if (!strcmp(a, "--wire-dtype")) {
         if (parse_wire(v, &o->wire_dtype)) return -1;
-    } else if (!strcmp(a, "--replicas")) {
-        if (parse_i64(a, v, 1, 16, &n)) return -1;
-        o->hub.replicas = (int)n;
-    } else if (!strcmp(a, "--hedge")) {
-        if (!strcmp(v, "auto")) o->hub.hedge = 0;
-        else if (parse_i64(a, v, 1, 8, &n)) return -1;
-        else o->hub.hedge = (int)n;
-    } else if (!strcmp(a, "--timeout-ms")) {
-        if (parse_i64(a, v, 1, 600000, &n)) return -1;
-        o->hub.timeout_ms = (int)n;
-    } else if (!strcmp(a, "--verify")) {
-        if (parse_f64(a, v, 0, 1, &d)) return -1;
-        o->hub.verify_p = d;
-    } else if (!strcmp(a, "--min-workers")) {
-        if (parse_i64(a, v, 0, 256, &o->min_workers)) return -1;
-    } else if (!strcmp(a, "--wait-s")) {
-        if (parse_f64(a, v, 0, 86400, &o->wait_s)) return -1;
     } else {
         return 1; /* not a flag with a value */
     }
@@ -198,23 +157,23 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
 /* 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, serve_options *o) {
     *o = (serve_options){.device = -1, .parallel = 4, .max_queue = 64, .n_batch = 512, .prompt_chunk = 128,
-                         .max_body = 1 << 20, .wait_s = 600, .client_timeout_s = 30,
+                         .max_body = 1 << 20, .client_timeout_s = 30,
                          .wire_dtype = MOEX_WIRE_DEFAULT,
                          .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = (uint64_t)time(NULL)}};
     moex_hub_config_default(&o->hub);
     o->hub.port = 8080;
+    o->cli = (hub_cli){.prog = "moex-hub serve", .hub = &o->hub, .min_workers = 0, .min_workers_lo = 0, .wait_s = 600};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
+            usage(stdout, o);
             return 1;
         }
+        const int shared = hub_cli_parse(&o->cli, argc, argv, &i);
+        if (shared < 0) return -1;
+        if (shared) continue;
         if (!strcmp(a, "--local")) {
             o->local = true;
-            continue;
-        }
-        if (!strcmp(a, "--no-local-fallback")) {
-            o->hub.local_fallback = false;
             continue;
         }
         if (i + 1 == argc) {
@@ -230,6 +189,7 @@ static int parse_args(int argc, char **argv, serve_options *o) {
         fprintf(stderr, "moex-hub serve: no model given: use -m MODEL.gguf\n");
         return -1;
     }
+    if (hub_cli_finish(&o->cli)) return -1;
     if (!o->local && o->wire_dtype == MOEX_WIRE_EXACT) {
         fprintf(stderr, "moex-hub serve: --wire-dtype exact exists only with --local; workers need a wire dtype\n");
         return -1;
@@ -345,9 +305,9 @@ static int start(const serve_options *o, serving *sv) {
         return -1;
     }
     sv->status.hub = sv->hub;
-    if (!o->local && o->min_workers > 0) {
-        moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->min_workers);
-        if (moex_hub_wait_ready(sv->hub, (int)o->min_workers, o->wait_s, &err)) {
+    if (!o->local && o->cli.min_workers > 0) {
+        moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->cli.min_workers);
+        if (moex_hub_wait_ready(sv->hub, (int)o->cli.min_workers, o->cli.wait_s, &err)) {
             fprintf(stderr, "moex-hub serve: %s\n", err.msg);
             return -1;
         }
@@ -364,12 +324,9 @@ static int start(const serve_options *o, serving *sv) {
         return -1;
     }
     hub_api_set_scheduler(sv->api, sv->sched);
-    moex_log(MOEX_LOG_INFO, "serving '%s' on http://%s:%d/ (OpenAI API under /v1, %d slots of %lld positions, %s, "
-             "chat template %s%s)", sv->model_id, o->hub.host, moex_hub_port(sv->hub), parallel,
+    moex_log(MOEX_LOG_INFO, "serving '%s' on %s://%s:%d/ (OpenAI API under /v1, %d slots of %lld positions, %s, "
+             "chat template %s%s)", sv->model_id, moex_hub_http_scheme(sv->hub), o->hub.host, moex_hub_port(sv->hub), parallel,
              (long long)sv->eng.n_ctx, sv->backend, moex_chat_name(chat), o->api_key ? ", API key required" : "");
-    if (!o->local)
-        moex_log(MOEX_LOG_INFO, "workers: moex-worker --hub ws://%s:%d/ws%s", o->hub.host, moex_hub_port(sv->hub),
-                 o->hub.token ? " --token T" : "");
     return 0;
 }
 

@@ -1,5 +1,7 @@
 /* The hub's network thread: one libwebsockets context serving workers on /ws
- * and HTTP on everything else. It alone touches sockets. A received message
+ * and HTTP on everything else, in the clear or, given a certificate, over
+ * TLS only (HTTP/1.1: the answers write from read-only mappings, which
+ * HTTP/2's framing cannot, so ALPN offers nothing else). It alone touches sockets. A received message
  * is split into frames: JOIN and HEARTBEAT go to the registry; a message with
  * RESULT or ERROR frames goes whole (no copy) to the executor's inbox; any
  * other frame closes the connection. Other threads queue outgoing messages on
@@ -35,7 +37,7 @@ typedef struct conn_data {
     moex_proto_reasm rx;
     void *http;                   /* an HTTP request: owned by http_weights.c */
     void *handler_req;            /* one owned by the handler (cfg.handler) */
-    bool by_handler;              /* the current request is the handler's */
+    enum { BY_WEIGHTS, BY_HANDLER, BY_PAGE } by;   /* who answers the current request */
 } conn_data;
 
 static hub_server *server_of(struct lws *wsi) { return lws_context_user(lws_get_context(wsi)); }
@@ -156,6 +158,13 @@ static int on_receive(hub_server *s, struct lws *wsi, conn_data *cd, const void 
     return 0;
 }
 
+/* The worker page first (no token), then the API's routes, then the weights. */
+static int route_of(hub_server *s, struct lws *wsi) {
+    if (s->cfg.web && hub_static_claims(wsi)) return BY_PAGE;
+    if (s->cfg.handler && s->cfg.handler->claims(s->cfg.handler->ctx, wsi)) return BY_HANDLER;
+    return BY_WEIGHTS;
+}
+
 static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len) {
     hub_server *s = server_of(wsi);
     conn_data *cd = user;
@@ -179,14 +188,18 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         if (s->cfg.handler) s->cfg.handler->service(s->cfg.handler->ctx);
         return 0;
     case LWS_CALLBACK_HTTP:
-        if (cd && s->cfg.handler) cd->by_handler = s->cfg.handler->claims(s->cfg.handler->ctx, wsi);
+        if (cd) cd->by = route_of(s, wsi);
+        if (cd && cd->by == BY_PAGE) return hub_static_serve(s->cfg.web, wsi);
         /* fall through */
     case LWS_CALLBACK_HTTP_WRITEABLE:
     case LWS_CALLBACK_HTTP_BODY:
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:
-        if (cd && cd->by_handler)
+        if (cd && cd->by == BY_PAGE) return 0; /* lws writes the file itself */
+        if (cd && cd->by == BY_HANDLER)
             return s->cfg.handler->callback(s->cfg.handler->ctx, wsi, reason, &cd->handler_req, in, len);
         return hub_http_callback(s->http, wsi, reason, cd ? &cd->http : NULL, in, len);
+    case LWS_CALLBACK_HTTP_FILE_COMPLETION: /* the page's file is sent: the connection may carry another request */
+        return lws_http_transaction_completed(wsi) ? -1 : 0;
     case LWS_CALLBACK_CLOSED_HTTP:
     case LWS_CALLBACK_HTTP_DROP_PROTOCOL: /* both may hold a request of this connection */
         if (cd && cd->handler_req) s->cfg.handler->callback(s->cfg.handler->ctx, wsi, reason, &cd->handler_req, in, len);
@@ -247,9 +260,16 @@ hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hu
     info.max_http_header_data = HUB_TOKEN_MAX + 2048; /* a long token in the URL or the Authorization header */
     /* descriptors lws polls: at the bound it stops accepting until one closes */
     info.fd_limit_per_thread = HUB_MAX_CONNECTIONS;
+    if (cfg->tls_cert) {
+        info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+        info.ssl_cert_filepath = cfg->tls_cert;
+        info.ssl_private_key_filepath = cfg->tls_key;
+        info.alpn = "http/1.1";
+    }
     s->ctx = lws_create_context(&info);
     if (!s->ctx) {
-        moex_fail(err, "cannot listen on %s:%d (port in use? try another --port)", cfg->host, cfg->port);
+        moex_fail(err, "cannot listen on %s:%d (port in use? try another --port)%s", cfg->host, cfg->port,
+                  cfg->tls_cert ? ", or TLS could not start with its certificate and key" : "");
         free(s);
         return NULL;
     }

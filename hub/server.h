@@ -1,5 +1,6 @@
-/* Private to the hub: the network thread (server.c). One libwebsockets port:
- * workers on /ws, HTTP (expert weights) on the rest. It owns every socket;
+/* Private to the hub: the network thread (server.c). One libwebsockets port,
+ * plain or TLS: workers on /ws, HTTP (the worker page, expert weights, the
+ * API) on the rest. It owns every socket;
  * decoded control frames go to the registry, messages holding results go to
  * the executor's inbox, outgoing messages come from the connections' queues. */
 #ifndef MOEX_HUB_SERVER_H
@@ -19,8 +20,10 @@ typedef struct hub_server_config {
     moex_proto_limits limits;      /* what a worker's frames may be */
     size_t max_message;            /* a worker's message (all its frames) at most */
     size_t max_queued;             /* bytes queued for one connection at most */
-    const hub_http_handler *handler;   /* claims HTTP requests first (NULL: none) */
+    const hub_http_handler *handler;   /* claims HTTP requests after the page (NULL: none) */
+    hub_static *web;               /* the browser worker page at /worker (NULL: none) */
     bool refuse_workers;           /* no /ws: the model runs in this process */
+    const char *tls_cert, *tls_key;    /* PEM files: HTTPS and WSS only (NULL: plain) */
 } hub_server_config;
 
 /* Connections open at once, WebSocket and HTTP together (HUB_MAX_WORKERS

@@ -4,6 +4,8 @@
 //   /worker/?token=T&hub=http://H:P another hub (tests; the page and the hub then differ in origin)
 //   &name=N                         the worker's name in the hub's logs
 //   &cpu=1, &capacity=C             the CPU path even with WebGPU; JOIN's placement weight
+//   &corrupt=P                      tests only: a result is wrong with probability P (as moex-worker's
+//                                   --inject-corrupt-prob), for the hub's --verify to catch
 'use strict';
 
 const q = new URLSearchParams(location.search);
@@ -38,6 +40,7 @@ function start() {
   worker.postMessage({ cmd: 'start', cfg: {
     ws: urls.ws, http: urls.http, token: q.get('token') || '', name: q.get('name') || settings.name || '',
     budget: (settings.budgetMiB || 0) * 1048576, forceCpu: !!settings.cpu || q.get('cpu') === '1', capacity: +(q.get('capacity') || 0),
+    corrupt: Math.min(1, Math.max(0, +(q.get('corrupt') || 0))),
   } });
 }
 

@@ -42,13 +42,15 @@ function isGpuType(t) { return GPU_TYPES[t] !== undefined; }
 
 class GpuExperts {
   // Opens the adapter and device; throws when WebGPU is unavailable.
-  // opts.base: URL prefix of the wgsl/ files; opts.noSubgroups / noDot4: force the fallbacks (tests).
+  // opts.base: URL prefix of the wgsl/ files; opts.noSubgroups / noDot4: force the fallbacks (tests);
+  // opts.timestamps: ask for timestamp-query where the adapter has it (benchmarks).
   static async create(opts = {}) {
     if (typeof navigator === 'undefined' || !navigator.gpu) throw new Error('this browser has no WebGPU (navigator.gpu)');
     const adapter = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
     if (!adapter) throw new Error('WebGPU: no adapter');
     const want = [];
     if (adapter.features.has('subgroups') && !opts.noSubgroups) want.push('subgroups');
+    if (adapter.features.has('timestamp-query') && opts.timestamps) want.push('timestamp-query');
     const lim = adapter.limits;
     const device = await adapter.requestDevice({
       requiredFeatures: want,

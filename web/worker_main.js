@@ -17,7 +17,7 @@ const BATCH_MAX = 64;             // dispatches per GPU submission
 const BATCH_TOKENS = 4096;        // tokens per GPU submission
 
 const S = {
-  cfg: null,                      // {ws, http, token, name, budget, forceCpu}
+  cfg: null,                      // {ws, http, token, name, budget, forceCpu, capacity, corrupt}
   wasm: null, store: null, model: null, gpu: null, gpuFailed: '',
   ws: null, conn: 0, link: 'down', backoff: BACKOFF_MIN_S, lastRx: 0,
   peerTs: 0, g: 0, state: MOEX.STATE.STARTING, fatal: '',
@@ -439,7 +439,10 @@ async function computeBatch(batch) {
       return { layer: it.layer, expert: it.expert, x: d.x, gates: d.gates };
     });
     const outs = await withGpu(() => S.gpu.run(items));
-    gpuIdx.forEach((i, j) => { frames[i] = { bytes: S.wasm.encodeResult(batch[i].frame, outs[j]) }; });
+    gpuIdx.forEach((i, j) => {
+      if (corruptNow()) addNoise(outs[j], batch[i].hidden);
+      frames[i] = { bytes: S.wasm.encodeResult(batch[i].frame, outs[j]) };
+    });
     S.stats.gpuBatches++;
   } catch (err) {
     const why = String(err.message || err);
@@ -449,10 +452,30 @@ async function computeBatch(batch) {
   return frames;
 }
 
+// &corrupt=P (tests): whether this result is to be wrong. The noise is
+// moex-worker's --inject-corrupt-prob's: each value moves by up to ten times
+// its row's RMS (plus one), far outside any tolerance of the hub's --verify.
+function corruptNow() { return S.cfg.corrupt > 0 && Math.random() < S.cfg.corrupt; }
+
+function addNoise(values, hidden) {
+  for (let r = 0; r < values.length; r += hidden) {
+    let ss = 0;
+    for (let i = r; i < r + hidden; i++) ss += values[i] * values[i];
+    const amp = 10 * Math.sqrt(ss / hidden) + 1;
+    for (let i = r; i < r + hidden; i++) values[i] += amp * (2 * Math.random() - 1);
+  }
+  S.stats.corrupted = (S.stats.corrupted || 0) + 1;
+}
+
 function computeOnCpu(it) {
   if (!S.wasm.holds(it.layer, it.expert)) return errorFrame(it.seq, `expert (${it.layer}, ${it.expert}) is not held by this worker`);
   try {
     S.stats.cpuDispatches++;
+    if (corruptNow()) {   // the WASM core returns an encoded RESULT: wrong values are encoded in its place
+      const noise = new Float32Array(it.nTok * it.hidden);
+      addNoise(noise, it.hidden);
+      return { bytes: S.wasm.encodeResult(it.frame, noise) };
+    }
     return { bytes: S.wasm.compute(it.frame) };
   } catch (err) {
     return errorFrame(it.seq, String(err.message || err));

@@ -660,7 +660,7 @@ moex_worker_store *moex_worker_store_open(const moex_worker_options *o, volatile
         return NULL;
     }
     st->dir_fd = st->lock_fd = -1;
-    if (!(st->http = dl_http_create(o->hub_url, o->token, err)) || open_model(st, o, stop, err)) {
+    if (!(st->http = dl_http_create(o, err)) || open_model(st, o, stop, err)) {
         moex_worker_store_close(st);
         return NULL;
     }

@@ -146,8 +146,8 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         finish(h, DL_OK, NULL);
         return -1; /* one request per connection */
     case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
-        finish(h, DL_NETWORK, "cannot reach the hub at %s: %.*s", h->base, in ? (int)len : 7,
-               in ? (const char *)in : "unknown");
+        finish(h, DL_NETWORK, "cannot reach the hub at %s: %.*s%s", h->base, in ? (int)len : 7,
+               in ? (const char *)in : "unknown", worker_tls_hint(&h->hub, in, len));
         h->closed = true;
         h->wsi = NULL;
         return 0;
@@ -224,19 +224,19 @@ int dl_http_get(dl_http *h, const dl_request *req, dl_response *resp, moex_error
     return h->rc;
 }
 
-dl_http *dl_http_create(const char *hub_url, const char *token, moex_error *err) {
+dl_http *dl_http_create(const moex_worker_options *o, moex_error *err) {
     dl_http *h = calloc(1, sizeof *h);
     if (!h || !(h->rx = malloc(LWS_PRE + RX_BYTES))) {
         if (h) free(h);
         moex_fail(err, "out of memory");
         return NULL;
     }
-    if (worker_hub_addr_parse(&h->hub, hub_url, token, err)) {   /* HTTP goes where the WebSocket goes */
+    if (worker_hub_addr_parse(&h->hub, o, err)) {   /* HTTP goes where the WebSocket goes */
         dl_http_free(h);
         return NULL;
     }
     snprintf(h->base, sizeof h->base, "%s://%s", h->hub.tls ? "https" : "http", h->hub.host);
-    if (!(h->ctx = worker_lws_client_context(protocols, h, h->hub.tls, 30, 10, 16, RX_BYTES))) {
+    if (!(h->ctx = worker_lws_client_context(protocols, h, &h->hub, 30, 10, 16, RX_BYTES))) {
         moex_fail(err, "cannot create the libwebsockets context for downloads");
         dl_http_free(h);
         return NULL;

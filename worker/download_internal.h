@@ -43,9 +43,10 @@ enum {
     DL_STOPPED = 1,     /* req->stop said so */
 };
 
-/* hub_url: the worker's ws[s]://HOST:PORT/... (HTTP goes to the same host
- * and port, http[s]://); token: sent as Authorization: Bearer. */
-dl_http *dl_http_create(const char *hub_url, const char *token, moex_error *err);
+/* o->hub_url: the worker's ws[s]://HOST:PORT/... (HTTP goes to the same
+ * host and port, http[s]://, with o's TLS checks); o->token: sent as
+ * Authorization: Bearer. */
+dl_http *dl_http_create(const moex_worker_options *o, moex_error *err);
 void dl_http_free(dl_http *h);
 /* The hub's address for messages: "http://HOST:PORT". */
 const char *dl_http_base(const dl_http *h);

@@ -4,22 +4,28 @@
 
 #include "worker/hub_link.h"
 
-int worker_hub_addr_parse(worker_hub_addr *a, const char *hub_url, const char *token, moex_error *err) {
+int worker_hub_addr_parse(worker_hub_addr *a, const moex_worker_options *o, moex_error *err) {
+    const char *hub_url = o->hub_url, *token = o->token;
     if (strlen(hub_url) >= sizeof a->url_buf) return moex_fail(err, "--hub: URL too long");
     strcpy(a->url_buf, hub_url);
     const char *prot;
     if (lws_parse_uri(a->url_buf, &prot, &a->address, &a->port, &a->path) || !a->address[0])
         return moex_fail(err, "--hub: cannot parse '%s' (expected ws://HOST:PORT/PATH)", hub_url);
-    a->tls = !strcmp(prot, "wss");
-    if (strcmp(prot, "ws") && !a->tls) return moex_fail(err, "--hub: '%s' is not a ws:// or wss:// URL", hub_url);
+    a->tls = !strcmp(prot, "wss") || !strcmp(prot, "https");
+    if (strcmp(prot, "ws") && strcmp(prot, "http") && !a->tls)
+        return moex_fail(err, "--hub: '%s' is not a ws:// or wss:// URL", hub_url);
+    if (!a->path[0] || !strcmp(a->path, "/")) a->path = "ws"; /* no path: the hub's WebSocket */
+    a->ca_file = o->ca_file;
+    a->insecure = o->insecure;
     if (strlen(token) > 400) return moex_fail(err, "--token: longer than 400 bytes");
     snprintf(a->host, sizeof a->host, "%s:%d", a->address, a->port);
     snprintf(a->auth, sizeof a->auth, "Bearer %s", token);
     return 0;
 }
 
-struct lws_context *worker_lws_client_context(const struct lws_protocols *protocols, void *user, bool tls,
-                                              int timeout_s, int connect_timeout_s, int fd_limit, int rx_bytes) {
+struct lws_context *worker_lws_client_context(const struct lws_protocols *protocols, void *user,
+                                              const worker_hub_addr *a, int timeout_s, int connect_timeout_s,
+                                              int fd_limit, int rx_bytes) {
     const char *lvl = getenv("MOEX_LOG");
     lws_set_log_level(lvl && !strcmp(lvl, "debug") ? LLL_ERR | LLL_WARN | LLL_NOTICE : LLL_ERR, NULL);
     struct lws_context_creation_info info;
@@ -31,8 +37,19 @@ struct lws_context *worker_lws_client_context(const struct lws_protocols *protoc
     info.connect_timeout_secs = (unsigned)connect_timeout_s;
     info.fd_limit_per_thread = (unsigned)fd_limit;
     info.pt_serv_buf_size = (unsigned)rx_bytes;   /* 0: lws's default */
-    if (tls) info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+    if (a->tls) {
+        info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+        /* --ca: that certificate alone; otherwise the system's authorities */
+        if (a->ca_file) info.options |= LWS_SERVER_OPTION_DISABLE_OS_CA_CERTS;
+        info.client_ssl_ca_filepath = a->ca_file;
+    }
     return lws_create_context(&info);
+}
+
+const char *worker_tls_hint(const worker_hub_addr *a, const char *error, size_t len) {
+    if (!a->tls || a->insecure || !error || !memmem(error, len, "SSL", 3)) return "";
+    return a->ca_file ? " (the hub's certificate is not the one --ca names, or it does not name this host)"
+                      : " (is the hub's certificate self-signed? trust it with --ca FILE, the file the hub printed)";
 }
 
 void worker_lws_connect_info(struct lws_client_connect_info *ci, struct lws_context *ctx, const worker_hub_addr *a) {
@@ -43,4 +60,7 @@ void worker_lws_connect_info(struct lws_client_connect_info *ci, struct lws_cont
     ci->host = a->host;
     ci->origin = a->host;
     ci->ssl_connection = a->tls ? LCCSCF_USE_SSL : 0;
+    if (a->tls && a->insecure)
+        ci->ssl_connection |= LCCSCF_ALLOW_SELFSIGNED | LCCSCF_ALLOW_INSECURE | LCCSCF_ALLOW_EXPIRED |
+                              LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK;
 }

@@ -79,6 +79,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     install_signals();
+    if (o.insecure)
+        moex_log(MOEX_LOG_WARN, "worker: --insecure: the hub's TLS certificate is not checked; anyone on the network "
+                                "path can pose as the hub (trust its certificate with --ca FILE instead)");
     moex_worker_stats st = {0};
     const int rc = o.model_path ? run_with_model(&o, &st, &err) : run_with_download(&o, &st, &err);
     if (rc) {

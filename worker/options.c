@@ -11,7 +11,12 @@
 
 void moex_worker_usage(FILE *f) {
     fprintf(f,
-            "usage: moex-worker --hub ws://HOST:PORT/ws --token T [--model MODEL.gguf] [options]\n"
+            "usage: moex-worker --hub ws[s]://HOST:PORT/ws --token T [--model MODEL.gguf] [options]\n"
+            "  --hub URL                the hub: ws://HOST:PORT/ws, or wss:// when it serves TLS (https:// and\n"
+            "                           http:// work too; the path defaults to /ws)\n"
+            "  --ca FILE                wss: trust the hub's certificate FILE (PEM; the one --tls printed), not\n"
+            "                           the system's certificate authorities\n"
+            "  --insecure               wss: skip certificate verification (anyone on the way can pose as the hub)\n"
             "  --model FILE             the hub's GGUF; without it the assigned experts are downloaded from the hub\n"
             "  --download               download the experts from the hub (the default without --model)\n"
             "  --cache-dir DIR          downloaded experts (default $XDG_CACHE_HOME/moex or ~/.cache/moex)\n"
@@ -86,7 +91,7 @@ static void set_defaults(moex_worker_options *o) {
 }
 
 static const char *const known_flags[] = {
-    "--hub", "--token", "--model", "--cache-dir", "--name", "--threads", "--capacity", "--memory-budget",
+    "--hub", "--token", "--ca", "--model", "--cache-dir", "--name", "--threads", "--capacity", "--memory-budget",
     "--backend", "--device", "--backlog", "--reconnect-max-s", "--seed", "--inject-delay-ms", "--inject-delay-prob",
     "--inject-exit-after", "--inject-corrupt-prob",
 };
@@ -103,6 +108,10 @@ static int apply_flag(moex_worker_options *o, const char *flag, const char *val,
     double d;
     if (!strcmp(flag, "--hub")) o->hub_url = val;
     else if (!strcmp(flag, "--token")) o->token = val;
+    else if (!strcmp(flag, "--ca")) {
+        if (!*val) return moex_fail(err, "--ca: empty path");
+        o->ca_file = val;
+    }
     else if (!strcmp(flag, "--model")) o->model_path = val;
     else if (!strcmp(flag, "--cache-dir")) {
         if (!*val) return moex_fail(err, "--cache-dir: empty path");
@@ -153,8 +162,12 @@ static int apply_flag(moex_worker_options *o, const char *flag, const char *val,
 
 static int check_required(const moex_worker_options *o, moex_error *err) {
     if (!o->hub_url) return moex_fail(err, "--hub ws://HOST:PORT/PATH is required");
-    if (strncmp(o->hub_url, "ws://", 5) && strncmp(o->hub_url, "wss://", 6))
+    const bool tls = !strncmp(o->hub_url, "wss://", 6) || !strncmp(o->hub_url, "https://", 8);
+    if (!tls && strncmp(o->hub_url, "ws://", 5) && strncmp(o->hub_url, "http://", 7))
         return moex_fail(err, "--hub: '%s' is not a ws:// or wss:// URL", o->hub_url);
+    if (!tls && (o->ca_file || o->insecure))
+        return moex_fail(err, "--%s is for a hub that serves TLS: give --hub wss://...", o->ca_file ? "ca" : "insecure");
+    if (o->ca_file && o->insecure) return moex_fail(err, "--ca and --insecure exclude each other");
     if (!o->token) return moex_fail(err, "--token is required");
     if (o->model_path && o->download)
         return moex_fail(err, "--model and --download exclude each other (--download fetches the experts from the hub)");
@@ -170,8 +183,9 @@ int moex_worker_parse_args(int argc, char **argv, moex_worker_options *o, moex_e
     for (int a = 1; a < argc; a++) {
         const char *arg = argv[a];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) return 1;
-        if (!strcmp(arg, "--download")) { /* the one flag without a value */
-            o->download = true;
+        if (!strcmp(arg, "--download") || !strcmp(arg, "--insecure")) { /* the flags without a value */
+            if (arg[2] == 'd') o->download = true;
+            else o->insecure = true;
             continue;
         }
         if (strncmp(arg, "--", 2)) return moex_fail(err, "unexpected argument '%s' (see --help)", arg);

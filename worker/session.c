@@ -205,7 +205,7 @@ static void check_hub(session *s) {
     s->check_hub = false;
     if (s->fatal) return;
     moex_error err = {{0}};
-    if (!s->probe && !(s->probe = dl_http_create(s->o->hub_url, s->o->token, &err))) {
+    if (!s->probe && !(s->probe = dl_http_create(s->o, &err))) {
         moex_log(MOEX_LOG_WARN, "worker: cannot ask the hub: %s", err.msg);
         return;
     }
@@ -282,8 +282,9 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         break;
     case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
         if (s->wsi == wsi || s->link == LINK_CONNECTING) {
-            char why[200];
-            snprintf(why, sizeof why, "connection failed: %.*s", in ? (int)len : 7, in ? (const char *)in : "unknown");
+            char why[400];
+            snprintf(why, sizeof why, "connection failed: %.*s%s", in ? (int)len : 7, in ? (const char *)in : "unknown",
+                     worker_tls_hint(&s->hub, in, len));
             if (s->link == LINK_UP) {
                 connection_lost(s, why);
             } else {
@@ -369,7 +370,7 @@ static void append_urlencoded(char *dst, size_t cap, const char *src) {
 /* ws[s]://HOST[:PORT][/PATH] -> address, port, path with ?token=, Host and Authorization values. */
 static int parse_hub_url(session *s, moex_error *err) {
     const moex_worker_options *o = s->o;
-    if (worker_hub_addr_parse(&s->hub, o->hub_url, o->token, err)) return -1;
+    if (worker_hub_addr_parse(&s->hub, o, err)) return -1;
     const char *path = s->hub.path;
     snprintf(s->path, sizeof s->path, "/%s%stoken=", path, strchr(path, '?') ? "&" : "?");
     append_urlencoded(s->path, sizeof s->path, o->token);
@@ -439,7 +440,7 @@ static void session_free(session *s) {
 }
 
 static struct lws_context *create_context(session *s, moex_error *err) {
-    struct lws_context *ctx = worker_lws_client_context(protocols, s, s->hub.tls, 5, 5, 64, 0);
+    struct lws_context *ctx = worker_lws_client_context(protocols, s, &s->hub, 5, 5, 64, 0);
     if (!ctx) moex_fail(err, "cannot create the libwebsockets context");
     return ctx;
 }

@@ -222,8 +222,10 @@ int moex_worker_buf_reserve(moex_worker_buf *b, size_t headroom, size_t len);
 /* ---- options and session ---------------------------------------------------- */
 
 typedef struct moex_worker_options {
-    const char *hub_url;        /* ws://HOST:PORT/PATH (wss:// with TLS) */
+    const char *hub_url;        /* ws://HOST:PORT/PATH (wss:// with TLS; http(s):// taken as ws(s)://) */
     const char *token;
+    const char *ca_file;        /* wss: trust this certificate (PEM) instead of the system's CAs */
+    bool insecure;              /* wss: no certificate verification at all */
     const char *model_path;     /* NULL: download the assigned experts from the hub */
     bool download;              /* --download: same as leaving out --model */
     const char *cache_dir;      /* downloads: NULL = $XDG_CACHE_HOME/moex or ~/.cache/moex */

@@ -128,9 +128,9 @@ class Cluster:
             self.start_worker(f"w{i}", worker_args[i] if worker_args else (),
                               worker_env[i] if worker_env else None)
 
-    def start_worker(self, name, extra=(), env=None, port=None):
-        """A worker; port: connect there instead of the hub's (a relay in front of it)."""
-        cmd = [f"{BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{port or self.port}/ws", "--token", self.token,
+    def start_worker(self, name, extra=(), env=None, port=None, scheme="ws"):
+        """A worker; port: connect there instead of the hub's (a relay in front of it); scheme: wss for a TLS hub."""
+        cmd = [f"{BIN}/moex-worker", "--hub", f"{scheme}://127.0.0.1:{port or self.port}/ws", "--token", self.token,
                "--model", self.model, "--threads", "1", "--name", name, *extra]
         path = os.path.join(WORK, f"worker-{self.port}-{name}.log")
         self.logs.append(path)

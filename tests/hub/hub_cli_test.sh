@@ -40,6 +40,29 @@ ME=$W/cli-moe.gguf
 [ -f "$ME" ] || "$B/moex-gguf" gen --arch qwen3moe --preset test --vocab "$V/ggml-vocab-llama-spm.gguf" --type q8_0 \
     --seed 2 -o "$ME" --quiet || exit 1
 expect 1 "at most 1024" -- "$B/moex-hub" -m "$ME" --port 0 --token "$(head -c 1025 /dev/zero | tr '\0' k)" -p hi
+# the flags both commands share (hub/cli.c): the same checks and messages
+expect 2 "expects an integer" -- "$B/moex-hub" serve -m "$ME" --port lots
+expect 2 "needs a value" -- "$B/moex-hub" serve -m "$ME" --token
+expect 2 "expects a number" -- "$B/moex-hub" -m "$ME" --verify 2 -p hi
+expect 2 "together" -- "$B/moex-hub" -m "$ME" --tls-cert "$W/c.pem" -p hi
+expect 2 "together" -- "$B/moex-hub" serve -m "$ME" --tls-key "$W/k.pem"
+expect 2 "leave it out with --tls-cert" -- "$B/moex-hub" -m "$ME" --tls-dir "$W" --tls-cert a --tls-key b -p hi
+expect 2 "has no index.html" -- "$B/moex-hub" -m "$ME" --web-dir "$W/no-such-dir" -p hi
+expect 2 "has no index.html" -- "$B/moex-hub" serve -m "$ME" --web-dir "$W"
+expect 2 "expects a path" -- "$B/moex-hub" -m "$ME" --tls-dir "" -p hi
+expect 1 "cannot read the TLS certificate" -- "$B/moex-hub" -m "$ME" --port 0 --tls-cert "$W/c.pem" --tls-key "$W/k.pem" -p hi
+# both --help texts describe the shared flags
+before=$fails
+for cmd in "" serve; do
+    h=$("$B/moex-hub" $cmd --help)
+    for flag in --host --port --token --replicas --hedge --timeout-ms --verify --no-local-fallback --min-workers \
+                --wait-s --web-dir --tls --tls-cert --tls-key --tls-dir; do
+        if ! printf '%s' "$h" | grep -q -- "^  $flag"; then
+            echo "FAIL: moex-hub $cmd --help does not describe $flag"; fails=$((fails + 1))
+        fi
+    done
+done
+[ "$fails" -eq "$before" ] && echo "ok: both --help texts describe the shared flags"
 # a good run: exactly -n ids on stdout
 ids=$("$B/moex-hub" --local -m "$M" --prompt-tokens 1,2,3 -n 5 --temp 0 --print-tokens --ignore-eos 2>/dev/null)
 if [ "$(printf '%s' "$ids" | wc -w)" -ne 5 ]; then echo "FAIL: good run printed '$ids'"; fails=$((fails + 1)); else echo "ok: good run"; fi

@@ -1,8 +1,9 @@
 # hub/: real hub and worker processes on loopback. Equality with --local,
 # worker deaths, stragglers and hedging, hostile clients, corrupt workers
 # caught by --verify (test_dist.py); expert downloads (test_download.py); the
-# command line and bad inputs (hub_cli_test.sh); and, in Vulkan builds, a
-# Vulkan worker beside a CPU one and the hub on Vulkan (test_*_vk.py).
+# worker page (test_static.py) and TLS (test_tls.py); the command line and
+# bad inputs (hub_cli_test.sh); and, in Vulkan builds, a Vulkan worker beside
+# a CPU one and the hub on Vulkan (test_*_vk.py).
 add_test(NAME dist_end_to_end
   COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_dist.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
           ${CMAKE_BINARY_DIR}/dist-work)
@@ -62,6 +63,24 @@ add_test(NAME dist_download
           ${CMAKE_BINARY_DIR}/download-work)
 set_tests_properties(dist_download PROPERTIES TIMEOUT 120 LABELS "hub;dist" RUN_SERIAL TRUE)
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/download-work)
+
+# The browser worker page served by the hub (test_static.py: a generated page
+# directory, no emscripten needed): types, HEAD, 404s, traversal, tokens,
+# streaming, keep-alive, the default directory, moex-hub serve.
+add_test(NAME hub_static
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_static.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/static-work)
+set_tests_properties(hub_static PROPERTIES TIMEOUT 120 LABELS "hub;dist" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/static-work)
+
+# The hub over TLS (test_tls.py): the self-signed certificate (made, reused,
+# renewed), a given pair, HTTPS, native workers over wss:// with --ca, refused
+# without it, --insecure.
+add_test(NAME hub_tls
+  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_tls.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
+          ${CMAKE_BINARY_DIR}/tls-work)
+set_tests_properties(hub_tls PROPERTIES TIMEOUT 180 LABELS "hub;dist;worker" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
+file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/tls-work)
 
 add_test(NAME hub_cli COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/hub_cli_test.sh ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
          ${CMAKE_BINARY_DIR}/tests/hub_cli)

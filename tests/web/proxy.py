@@ -1,8 +1,8 @@
-"""A test-only stand-in for the hub serving the worker page: one port that
-serves <build>/web at /worker/ (and /worker) and forwards /v1/* (HTTP, Range
-included) and /ws (WebSocket, subprotocol moex) to a real moex-hub, so that
-the page, its downloads and its WebSocket are same-origin, as they will be
-when the hub serves the page itself."""
+"""A test-only stand-in for the hub serving the worker page, for
+test_session.py, whose script plays the hub on /ws frame by frame: one port
+that serves <build>/web at /worker/ (and /worker), forwards /v1/* (HTTP,
+Range included) to a real moex-hub and hands /ws to the script (or relays it
+to the hub), all same-origin as when the hub serves the page itself."""
 import asyncio
 import http
 import mimetypes

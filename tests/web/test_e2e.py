@@ -2,8 +2,8 @@
 """The browser worker end to end: a real moex-hub (generated qwen3moe model,
 --replicas 1 --min-workers 1) whose only worker is the worker page in
 headless Chromium (WebGPU on SwiftShader, or the WASM CPU path with
-?cpu=1), served by a test-only proxy that also forwards /ws and /v1/* to the
-hub (same origin, as when the hub serves the page). Scenarios:
+?cpu=1), the page served by the hub itself at /worker (--web-dir WEB_DIR),
+its /ws and /v1/* on the same origin. Scenarios:
 
 - webgpu / wasm_cpu / no_webgpu: the hub prints exactly the tokens of
   `moex-hub --local` (greedy, --wire-dtype f16) and every expert ran on the
@@ -13,12 +13,21 @@ hub (same origin, as when the hub serves the page). Scenarios:
 - beside_native: the page and a native moex-worker, every dispatch hedged to
   both (--replicas 2 --hedge 2): the same tokens, no fallback;
 - tab_closed: closing the tab mid-generation loses no token (the hub
-  computes the experts itself once its only worker is gone).
+  computes the experts itself once its only worker is gone);
+- corrupt_evicted: a tab that answers wrong (the page's test-only
+  &corrupt=P) is caught by --verify and evicted, and the hub still prints
+  --local's tokens;
+- https: the hub with --tls (its self-signed certificate, made in WORK_DIR):
+  Chromium trusts that one key only (--ignore-certificate-errors-spki-list
+  with the public-key hash the hub prints), opens
+  https://localhost:PORT/worker?token=..., the page is a secure context and
+  computes every expert on WebGPU, the hub prints --local's tokens.
 
 usage: test_e2e.py BIN_DIR VOCAB_DIR WORK_DIR WEB_DIR [scenario ...]
 """
 import asyncio
 import os
+import re
 import sys
 import time
 
@@ -33,7 +42,6 @@ BIN, VOCAB, WORK, WEB = sys.argv[1:5]
 webtest.check_tools(WEB)
 os.makedirs(WORK, exist_ok=True)
 distlib.setup(BIN, VOCAB, WORK, sys.argv[5:])
-from proxy import Proxy  # noqa: E402  (needs websockets, as distlib's hostile clients do)
 
 N = 12
 N_LONG = 160
@@ -41,22 +49,45 @@ MODEL = gen_model("qwen3moe", "q4_K_M", 31)
 REF = local_tokens(MODEL, N)
 
 
-def run_with_browser(n_tokens, query="", on_running=None, timeout=300, webgpu=True, native_workers=0, hub_args=None):
-    """A one-shot hub with the worker page as its only worker (or beside native_workers
+def hub_spki(c, timeout=20):
+    """The base64 SHA-256 of the TLS hub's public key, from its start-up line."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and c.hub.poll() is None:
+        m = re.search(r"public key sha256/(\S+)", "".join(c.err))
+        if m:
+            return m.group(1)
+        time.sleep(0.1)
+    return None
+
+
+def run_with_browser(n_tokens, query="", on_running=None, timeout=300, webgpu=True, native_workers=0, hub_args=None,
+                     tls=False):
+    """A one-shot hub with the worker page it serves as its only worker (or beside native_workers
     moex-workers). on_running(session, target, cluster) runs once the page is connected.
+    tls: the hub serves HTTPS with its self-signed certificate, which Chromium trusts by its key.
     Returns (rc, tokens, hub stderr, page status)."""
-    c = distlib.Cluster(MODEL, native_workers, n_tokens,
-                        hub_args=hub_args or ["--replicas", "1", "--verify", "0.25", "--wait-s", "120"],
-                        min_workers=native_workers + 1)
-    proxy = Proxy(WEB, c.port)
-    browser = webtest.Browser(webgpu=webgpu)
+    hub_args = list(hub_args or ["--replicas", "1", "--verify", "0.25", "--wait-s", "120"])
+    hub_args += ["--web-dir", WEB]
+    if tls:
+        hub_args += ["--tls", "--tls-dir", os.path.join(WORK, "tls")]
+    c = distlib.Cluster(MODEL, native_workers, n_tokens, hub_args=hub_args, min_workers=native_workers + 1,
+                        hub_env={"MOEX_LOG": "info"} if tls else None)
+    browser_args = []
+    if tls:
+        spki = hub_spki(c)
+        check("https: the hub printed its public key's hash", spki is not None, spki or "".join(c.err)[-800:])
+        browser_args = [f"--ignore-certificate-errors-spki-list={spki}"]
+    browser = webtest.Browser(webgpu=webgpu, extra_args=browser_args)
     page_status = {}
+    origin = f"https://localhost:{c.port}" if tls else f"http://127.0.0.1:{c.port}"
 
     async def drive():
         s = await webtest.Session.connect(browser)
         try:
-            target, sid = await s.open(f"http://127.0.0.1:{proxy.port}/worker?token={distlib.TOKEN}&name=tab{query}")
+            target, sid = await s.open(f"{origin}/worker?token={distlib.TOKEN}&name=tab{query}")
             await s.wait_for(sid, "window.__moex && window.__moex.connects > 0", 60)
+            page_status["secure"] = await s.evaluate(sid, "window.isSecureContext")
+            page_status["protocol"] = await s.evaluate(sid, "location.protocol")
             if on_running:
                 await on_running(s, target, sid, c)
             deadline = time.time() + timeout
@@ -73,7 +104,6 @@ def run_with_browser(n_tokens, query="", on_running=None, timeout=300, webgpu=Tr
     finally:
         rc, toks, err = c.finish(timeout=timeout)
         browser.close()
-        proxy.close()
     return rc, toks, err, page_status
 
 
@@ -88,6 +118,8 @@ def matches_local(label, query, webgpu=True):
     d, fb = metric(err, "dispatches"), metric(err, "fallbacks")
     check(f"{label}: every expert ran on the browser worker", (d or 0) > 0 and fb == 0,
           f"dispatches={d} fallbacks={fb}; {summary(err)}")
+    check(f"{label}: the page loaded from the hub without a refused request", metric(err, "refused") == 0,
+          f"refused={metric(err, 'refused')}")
     check(f"{label}: the page served results with the expected backend",
           st.get("results", 0) > 0 and st.get("backend", "").startswith(label.split("_")[0].replace("wasm", "cpu")),
           f"backend={st.get('backend')} results={st.get('results')} errors={st.get('errors')} latency={st.get('latencyMs')}")
@@ -138,6 +170,34 @@ def tab_closed():
     check("tab_closed: no token lost", rc == 0 and toks == ref_long,
           f"rc={rc} got {len(toks)} tokens, first difference at "
           f"{next((i for i, (a, b) in enumerate(zip(toks, ref_long)) if a != b), min(len(toks), len(ref_long)))}")
+
+
+
+@scenario
+def corrupt_evicted():
+    """The page's results are wrong with probability 0.5 (&corrupt=0.5); --verify 1 recomputes every
+    result on the hub: the tab is evicted (ERROR 7 stops it for good) and the hub, its only worker
+    gone, computes the rest itself."""
+    rc, toks, err, st = run_with_browser(N, "&corrupt=0.5", hub_args=["--replicas", "1", "--verify", "1"])
+    evicted = re.findall(r"worker (.+?) evicted:", err)
+    check("corrupt tab: evicted by --verify", (metric(err, "evictions") or 0) >= 1 and evicted
+          and all(n.startswith("tab") for n in evicted),
+          f"evictions={metric(err, 'evictions')} evicted={evicted} mismatches={metric(err, 'mismatches')}; {summary(err)}")
+    check("corrupt tab: the hub still prints --local's tokens", rc == 0 and toks == REF,
+          f"rc={rc} got={toks[:8]} want={REF[:8]}" + ("" if rc == 0 else err[-1500:]))
+
+
+@scenario
+def https():
+    rc, toks, err, st = run_with_browser(N, tls=True)
+    check("https: the page is a secure context on https", st.get("secure") is True and st.get("protocol") == "https:",
+          f"isSecureContext={st.get('secure')} protocol={st.get('protocol')}")
+    check("https: the hub prints --local's tokens", rc == 0 and toks == REF,
+          f"rc={rc} got={toks[:8]} want={REF[:8]}" + ("" if rc == 0 else err[-1500:]))
+    d, fb = metric(err, "dispatches"), metric(err, "fallbacks")
+    check("https: every expert ran in the tab, on WebGPU", (d or 0) > 0 and fb == 0 and
+          st.get("results", 0) > 0 and st.get("backend", "").startswith("webgpu"),
+          f"dispatches={d} fallbacks={fb} backend={st.get('backend')} results={st.get('results')}")
 
 
 finish_script()

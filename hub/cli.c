@@ -1,0 +1,193 @@
+/* The flags moex-hub and moex-hub serve share (cli.h): one table of names,
+ * one parser per flag, one help text. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hub/cli.h"
+
+int hub_cli_i64(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "%s: %s expects an integer in [%lld, %lld], got '%s'\n", prog, flag, (long long)lo,
+                (long long)hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int hub_cli_f64(const char *prog, const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "%s: %s expects a number in [%g, %g], got '%s'\n", prog, flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int nonempty(const hub_cli *c, const char *flag, const char *v) {
+    if (*v) return 0;
+    fprintf(stderr, "%s: %s expects a path, got an empty string\n", c->prog, flag);
+    return -1;
+}
+
+/* One flag with a value; 1 when it is not one of the shared flags. */
+static int parse_value(hub_cli *c, const char *a, const char *v) {
+    moex_hub_config *h = c->hub;
+    int64_t n;
+    double d;
+    if (!strcmp(a, "--host")) h->host = v;
+    else if (!strcmp(a, "--token")) h->token = v;
+    else if (!strcmp(a, "--port")) {
+        if (hub_cli_i64(c->prog, a, v, 0, 65535, &n)) return -1;
+        h->port = (int)n;
+    } else if (!strcmp(a, "--replicas")) {
+        if (hub_cli_i64(c->prog, a, v, 1, 16, &n)) return -1;
+        h->replicas = (int)n;
+    } else if (!strcmp(a, "--hedge")) {
+        if (!strcmp(v, "auto")) h->hedge = 0;
+        else if (hub_cli_i64(c->prog, a, v, 1, 8, &n)) return -1;
+        else h->hedge = (int)n;
+    } else if (!strcmp(a, "--timeout-ms")) {
+        if (hub_cli_i64(c->prog, a, v, 1, 600000, &n)) return -1;
+        h->timeout_ms = (int)n;
+    } else if (!strcmp(a, "--verify")) {
+        if (hub_cli_f64(c->prog, a, v, 0, 1, &d)) return -1;
+        h->verify_p = d;
+    } else if (!strcmp(a, "--min-workers")) {
+        if (hub_cli_i64(c->prog, a, v, c->min_workers_lo, 256, &c->min_workers)) return -1;
+    } else if (!strcmp(a, "--wait-s")) {
+        if (hub_cli_f64(c->prog, a, v, 0, 86400, &c->wait_s)) return -1;
+    } else if (!strcmp(a, "--web-dir")) {
+        if (nonempty(c, a, v)) return -1;
+        h->web_dir = v;
+        c->web_dir_given = true;
+    } else if (!strcmp(a, "--tls-cert")) {
+        if (nonempty(c, a, v)) return -1;
+        h->tls_cert = v;
+        h->tls = true;
+    } else if (!strcmp(a, "--tls-key")) {
+        if (nonempty(c, a, v)) return -1;
+        h->tls_key = v;
+        h->tls = true;
+    } else if (!strcmp(a, "--tls-dir")) {
+        if (nonempty(c, a, v)) return -1;
+        h->tls_dir = v;
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
+static const char *const value_flags[] = {
+    "--host", "--token", "--port", "--replicas", "--hedge", "--timeout-ms", "--verify", "--min-workers",
+    "--wait-s", "--web-dir", "--tls-cert", "--tls-key", "--tls-dir",
+};
+
+static bool takes_value(const char *a) {
+    for (size_t i = 0; i < sizeof value_flags / sizeof *value_flags; i++)
+        if (!strcmp(a, value_flags[i])) return true;
+    return false;
+}
+
+int hub_cli_parse(hub_cli *c, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--no-local-fallback")) {
+        c->hub->local_fallback = false;
+        return 1;
+    }
+    if (!strcmp(a, "--tls")) {
+        c->hub->tls = true;
+        return 1;
+    }
+    if (!takes_value(a)) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "%s: %s needs a value\n", c->prog, a);
+        return -1;
+    }
+    if (parse_value(c, a, argv[*i + 1])) return -1;
+    (*i)++;
+    return 1;
+}
+
+static bool has_index(const char *dir) {
+    char path[PATH_MAX];
+    struct stat st;
+    return snprintf(path, sizeof path, "%s/index.html", dir) < (int)sizeof path && stat(path, &st) == 0 &&
+           S_ISREG(st.st_mode);
+}
+
+/* <directory of this executable>/../web into out (the build tree's layout:
+ * build/bin/moex-hub beside build/web); false when it cannot be named. */
+static bool default_web_dir(char *out, size_t cap) {
+    char exe[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return false;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return false;
+    *slash = 0;
+    return snprintf(out, cap, "%s/../web", exe) < (int)cap;
+}
+
+int hub_cli_finish(hub_cli *c) {
+    moex_hub_config *h = c->hub;
+    if ((h->tls_cert != NULL) != (h->tls_key != NULL)) {
+        fprintf(stderr, "%s: give --tls-cert FILE and --tls-key FILE together (or --tls alone for a self-signed "
+                        "certificate)\n", c->prog);
+        return -1;
+    }
+    if (h->tls_dir && h->tls_cert) {
+        fprintf(stderr, "%s: --tls-dir is where --tls keeps the certificate it makes; leave it out with --tls-cert\n",
+                c->prog);
+        return -1;
+    }
+    if (h->tls_dir) h->tls = true;
+    if (c->web_dir_given) {
+        if (!has_index(h->web_dir)) {
+            fprintf(stderr, "%s: --web-dir %s has no index.html: give the build's web directory (<build>/web, made by "
+                            "cmake --build when emscripten is installed: web/setup_web.sh)\n", c->prog, h->web_dir);
+            return -1;
+        }
+        return 0;
+    }
+    h->web_dir = NULL;
+    if (default_web_dir(c->found_web_dir, sizeof c->found_web_dir) && has_index(c->found_web_dir))
+        h->web_dir = c->found_web_dir;
+    return 0;
+}
+
+void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help) {
+    const moex_hub_config *h = c->hub;
+    fprintf(f,
+            "  --host ADDR             listen address (default %s; 0.0.0.0: every interface)\n"
+            "  --port N                listen port (default %d)\n"
+            "  --token T               workers must present it (?token=T or Authorization: Bearer T)\n"
+            "  --replicas R            replicas of every expert (default %d)\n"
+            "  --hedge N|auto          send each expert to N replicas, or adapt (default %d)\n"
+            "  --timeout-ms MS         per-expert deadline before re-dispatch (default %d)\n"
+            "  --verify P              recompute a fraction P of results here; evict workers that disagree\n"
+            "  --no-local-fallback     fail instead of computing experts that have no live replica\n"
+            "  --min-workers N         %s (default %lld)\n"
+            "  --wait-s S              %s (default %g)\n"
+            "browser workers and TLS\n"
+            "  --web-dir DIR           the browser worker page, served at /worker (default: ../web beside this\n"
+            "                          executable, i.e. <build>/web, when emscripten built it)\n"
+            "  --tls                   HTTPS and WSS with a self-signed certificate made on first start and reused\n"
+            "                          (its SHA-256 fingerprint is printed; browsers on other machines need HTTPS)\n"
+            "  --tls-cert FILE         HTTPS and WSS with this certificate (PEM), instead of --tls's own\n"
+            "  --tls-key FILE          the certificate's private key (PEM, unencrypted)\n"
+            "  --tls-dir DIR           where --tls keeps its certificate (default $XDG_CACHE_HOME/moex/tls\n"
+            "                          or ~/.cache/moex/tls)\n",
+            h->host, h->port, h->replicas, h->hedge, h->timeout_ms, help->min_workers, (long long)c->min_workers,
+            help->wait_s, c->wait_s);
+}

@@ -1,0 +1,52 @@
+/* Private to moex-hub's two commands (main.c: the one-shot hub, main_serve.c:
+ * `moex-hub serve`): the flags they share, parsed and described in one place.
+ * Those are the worker and network flags (where the hub listens, the token,
+ * replication, hedging, verification, waiting for workers, the browser
+ * worker page, TLS) and the checked number parsers both use. Messages start
+ * with the command's name and go to stderr. */
+#ifndef MOEX_HUB_CLI_H
+#define MOEX_HUB_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "hub/hub.h"
+
+typedef struct hub_cli {
+    const char *prog;            /* "moex-hub" or "moex-hub serve" */
+    moex_hub_config *hub;        /* host, port, token, replicas, hedge, timeout_ms, verify_p,
+                                    local_fallback, web_dir, tls, tls_cert, tls_key, tls_dir */
+    int64_t min_workers;         /* --min-workers */
+    int64_t min_workers_lo;      /* its smallest accepted value */
+    double wait_s;               /* --wait-s */
+    bool web_dir_given;          /* --web-dir: a missing page is then an error, not a note */
+    char found_web_dir[4096];    /* the default page directory, when it exists */
+} hub_cli;
+
+/* How each command words the waiting flags in --help. */
+typedef struct hub_cli_help {
+    const char *min_workers;     /* what --min-workers N does */
+    const char *wait_s;          /* what --wait-s S does */
+} hub_cli_help;
+
+/* Takes argv[*i] when it is one of the shared flags (and its value,
+ * advancing *i). Returns 1 when taken, 0 when it is not one of them, -1
+ * after printing why its value is wrong. */
+int hub_cli_parse(hub_cli *c, int argc, char **argv, int *i);
+
+/* After the last flag: checks the TLS flags go together and finds the
+ * browser worker page (--web-dir, else <dir of the executable>/../web),
+ * leaving c->hub->web_dir NULL (and saying how to build it) when the page
+ * is not built. 0, or -1 after printing why. */
+int hub_cli_finish(hub_cli *c);
+
+/* The shared flags' lines of --help, with c's defaults. */
+void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help);
+
+/* Checked numbers: the whole string, in [lo, hi]; -1 after printing
+ * "<prog>: <flag> expects ...". */
+int hub_cli_i64(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
+int hub_cli_f64(const char *prog, const char *flag, const char *s, double lo, double hi, double *out);
+
+#endif
