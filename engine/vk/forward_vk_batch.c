@@ -53,9 +53,6 @@ static int batch_alloc(moex_vk_state *s, moex_error *err) {
     return 0;
 }
 
-size_t vk_batch_io_words(const moex_model *m, const moex_vk_state *s) {
-    return 2 * (size_t)s->n_batch + 4 * moex_vk_attention_runs_blocks(s->vk, &s->sh, vk_v_cache(m, s, 0), s->n_batch);
-}
 
 /* moex_forward_batch's checks: size, slots, positions (in the context,
  * increasing within a slot), token ids; fills b->last. */

@@ -161,8 +161,6 @@ int vk_batch_prepare(const moex_model *m, moex_vk_state *s, const moex_batch *b,
                      moex_error *err);
 /* After the forward: the wanted rows from logits_host into logits, in batch order. */
 void vk_batch_take_logits(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits);
-/* I/O words and scratch a state of n_batch tokens needs for batches (sizes, at creation). */
-size_t vk_batch_io_words(const moex_model *m, const moex_vk_state *s);
 void vk_batch_free(moex_vk_state *s);
 
 /* ---- forward_vk_record.c: each appends its ops (and the barrier after them) to c ---- */

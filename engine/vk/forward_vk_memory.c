@@ -283,6 +283,12 @@ moex_vk_ptr vk_v_cache(const moex_model *m, const moex_vk_state *s, int il) {
     return vk_k_cache(m, s, il) + (size_t)m->hp.n_layer * layer_cache(m, s);
 }
 
+/* The I/O words batches need beyond the tokens: each token's slot and
+ * position, and the attention runs' block table (forward_vk_batch.c). */
+static size_t batch_io_words(const moex_model *m, const moex_vk_state *s) {
+    return 2 * (size_t)s->n_batch + 4 * moex_vk_attention_runs_blocks(s->vk, &s->sh, vk_v_cache(m, s, 0), s->n_batch);
+}
+
 static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err) {
     const size_t cache = (size_t)m->hp.n_layer * layer_cache(m, s);
     plan_activations(m, s);
@@ -291,7 +297,7 @@ static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err
         return -1;
     s->io_tokpos = IO_TOKENS + (size_t)s->n_batch;
     s->io_blocks = s->io_tokpos + 2 * (size_t)s->n_batch;
-    const size_t io_words = IO_TOKENS + (size_t)s->n_batch + vk_batch_io_words(m, s);
+    const size_t io_words = IO_TOKENS + (size_t)s->n_batch + batch_io_words(m, s);
     if (!(s->io = moex_vk_buffer_create(s->vk, io_words * 4, MOEX_VK_MEM_HOST, err)) ||
         !(s->grid = moex_vk_buffer_create(s->vk, GRID_BYTES, MOEX_VK_MEM_UPLOAD, err)))
         return -1;
