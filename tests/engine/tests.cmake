@@ -101,9 +101,10 @@ if(MOEX_VULKAN)
     ARGS ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
   set_tests_properties(test_vk_batch PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
                        LABELS "engine;vulkan" TIMEOUT 400 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
+  # the same code on a dense model with mixed types: the release pass only (slow), the sanitizers run the first
   add_test(NAME test_vk_batch_llama_mixed COMMAND test_vk_batch ${moex_vk_model_dir}/llama_mixed.gguf)
   set_tests_properties(test_vk_batch_llama_mixed PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
-                       LABELS "engine;vulkan" TIMEOUT 400 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
+                       LABELS "engine;vulkan;slow" TIMEOUT 400 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 
   # The distributed hub's GPU half (engine/vk/forward_vk_dist.c), in process:
   # against moex_vk_forward and the CPU engine, failing executors, the error path.
