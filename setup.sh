@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 web/setup_web.sh   # emscripten, chromium, node: the browser worker and its tests
 
 PKGS=(build-essential cmake pkg-config git
-      liblz4-dev libxxhash-dev libwebsockets-dev libcjson-dev
+      liblz4-dev libxxhash-dev libwebsockets-dev libcjson-dev libssl-dev
       libvulkan-dev glslc mesa-vulkan-drivers
       clang libclang-rt-14-dev python3 python3-numpy python3-websockets time bc)
 
