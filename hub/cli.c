@@ -5,9 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "hub/cli.h"
+#include "proto/proto.h"
+
+hub_cli_engine hub_cli_engine_default(void) {
+    return (hub_cli_engine){.device = -1, .wire_dtype = MOEX_WIRE_DEFAULT,
+                            .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+                                   .seed = (uint64_t)time(NULL)}};
+}
 
 int hub_cli_i64(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     char *end;
@@ -38,6 +47,68 @@ static int nonempty(const hub_cli *c, const char *flag, const char *v) {
     if (*v) return 0;
     fprintf(stderr, "%s: %s expects a path, got an empty string\n", c->prog, flag);
     return -1;
+}
+
+static int parse_backend(hub_cli *c, const char *a, const char *v) {
+    if (strcmp(v, "cpu") && strcmp(v, "vulkan")) {
+        fprintf(stderr, "%s: %s expects cpu or vulkan, got '%s'\n", c->prog, a, v);
+        return -1;
+    }
+    c->eng.vulkan = !strcmp(v, "vulkan");
+#if !MOEX_HAVE_VULKAN
+    if (c->eng.vulkan) {
+        fprintf(stderr, "%s: --backend vulkan: this moex-hub was built without Vulkan (-DMOEX_VULKAN=OFF); rebuild "
+                        "with -DMOEX_VULKAN=ON\n", c->prog);
+        return -1;
+    }
+#endif
+    return 0;
+}
+
+static int parse_wire_dtype(hub_cli *c, const char *a, const char *v) {
+    static const struct {
+        const char *name;
+        int dtype;
+    } t[] = {{"exact", MOEX_WIRE_EXACT}, {"f16", MOEX_DT_F16}, {"bf16", MOEX_DT_BF16},
+             {"int8", MOEX_DT_INT8},     {"f32", MOEX_DT_F32}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(v, t[i].name)) return c->eng.wire_dtype = t[i].dtype, 0;
+    fprintf(stderr, "%s: %s expects f16, bf16, int8, f32 or exact, got '%s'\n", c->prog, a, v);
+    return -1;
+}
+
+/* One engine flag with a value; 1 when it is not one of them. */
+static int parse_engine_value(hub_cli *c, const char *a, const char *v) {
+    hub_cli_engine *e = &c->eng;
+    int64_t n;
+    double d;
+    if (!strcmp(a, "--backend")) return parse_backend(c, a, v);
+    if (!strcmp(a, "--wire-dtype")) return parse_wire_dtype(c, a, v);
+    if (!strcmp(a, "--device")) {
+        if (hub_cli_i64(c->prog, a, v, 0, 64, &n)) return -1;
+        e->device = (int)n;
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        if (hub_cli_i64(c->prog, a, v, 1, 1024, &n)) return -1;
+        e->threads = (int)n;
+    } else if (!strcmp(a, "--temp")) {
+        if (hub_cli_f64(c->prog, a, v, 0, 100, &d)) return -1;
+        e->sp.temp = (float)d;
+    } else if (!strcmp(a, "--top-k")) {
+        if (hub_cli_i64(c->prog, a, v, 0, 1 << 24, &n)) return -1;
+        e->sp.top_k = (int)n;
+    } else if (!strcmp(a, "--top-p")) {
+        if (hub_cli_f64(c->prog, a, v, 0, 1, &d)) return -1;
+        e->sp.top_p = (float)d;
+    } else if (!strcmp(a, "--min-p")) {
+        if (hub_cli_f64(c->prog, a, v, 0, 1, &d)) return -1;
+        e->sp.min_p = (float)d;
+    } else if (!strcmp(a, "--seed")) {
+        if (hub_cli_i64(c->prog, a, v, 0, INT64_MAX, &n)) return -1;
+        e->sp.seed = (uint64_t)n;
+    } else {
+        return 1;
+    }
+    return 0;
 }
 
 /* One flag with a value; 1 when it is not one of the shared flags. */
@@ -83,7 +154,7 @@ static int parse_value(hub_cli *c, const char *a, const char *v) {
         if (nonempty(c, a, v)) return -1;
         h->tls_dir = v;
     } else {
-        return 1;
+        return parse_engine_value(c, a, v);
     }
     return 0;
 }
@@ -91,6 +162,7 @@ static int parse_value(hub_cli *c, const char *a, const char *v) {
 static const char *const value_flags[] = {
     "--host", "--token", "--port", "--replicas", "--hedge", "--timeout-ms", "--verify", "--min-workers",
     "--wait-s", "--web-dir", "--tls-cert", "--tls-key", "--tls-dir",
+    "--backend", "--device", "-t", "--threads", "--wire-dtype", "--temp", "--top-k", "--top-p", "--min-p", "--seed",
 };
 
 static bool takes_value(const char *a) {
@@ -107,6 +179,10 @@ int hub_cli_parse(hub_cli *c, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--tls")) {
         c->hub->tls = true;
+        return 1;
+    }
+    if (!strcmp(a, "--local")) {
+        c->eng.local = true;
         return 1;
     }
     if (!takes_value(a)) return 0;
@@ -141,6 +217,11 @@ static bool default_web_dir(char *out, size_t cap) {
 
 int hub_cli_finish(hub_cli *c) {
     moex_hub_config *h = c->hub;
+    if (!c->eng.local && c->eng.wire_dtype == MOEX_WIRE_EXACT) {
+        fprintf(stderr, "%s: --wire-dtype exact exists only with --local; workers need a wire dtype\n", c->prog);
+        return -1;
+    }
+    h->wire_dtype = c->eng.wire_dtype;
     if ((h->tls_cert != NULL) != (h->tls_key != NULL)) {
         fprintf(stderr, "%s: give --tls-cert FILE and --tls-key FILE together (or --tls alone for a self-signed "
                         "certificate)\n", c->prog);
@@ -164,6 +245,23 @@ int hub_cli_finish(hub_cli *c) {
     if (default_web_dir(c->found_web_dir, sizeof c->found_web_dir) && has_index(c->found_web_dir))
         h->web_dir = c->found_web_dir;
     return 0;
+}
+
+void hub_cli_engine_usage(FILE *f, const hub_cli *c) {
+    const moex_sampler_params *sp = &c->eng.sp;
+    fprintf(f,
+            "  --local                 run the whole model in this process (no workers)\n"
+            "  --backend cpu|vulkan    where the hub's part runs (default cpu); --device N picks the GPU (default: best).\n"
+            "                          vulkan with --local: the whole model on the GPU; without --local: embeddings,\n"
+            "                          attention, norms, router and head on the GPU, the experts on the workers\n"
+            "  -t, --threads N         CPU threads (default: all cores)\n"
+            "  --wire-dtype T          expert inputs/outputs as f16 (default), bf16, int8, f32, or exact (--local only);\n"
+            "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"
+            "  --temp T                temperature, 0 = greedy (default %g)\n"
+            "  --top-k K               (default %d, 0 = off)   --top-p P  (default %g, 1 = off)\n"
+            "  --min-p P               (default %g, 0 = off)\n"
+            "  --seed S                sampling seed (default: from the clock, printed)\n",
+            sp->temp, sp->top_k, sp->top_p, sp->min_p);
 }
 
 void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help) {

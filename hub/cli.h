@@ -1,6 +1,7 @@
 /* Private to moex-hub's two commands (main.c: the one-shot hub, main_serve.c:
  * `moex-hub serve`): the flags they share, parsed and described in one place.
- * Those are the worker and network flags (where the hub listens, the token,
+ * Those are the engine flags (--local, the backend, threads, the wire dtype,
+ * sampling), the worker and network flags (where the hub listens, the token,
  * replication, hedging, verification, waiting for workers, the browser
  * worker page, TLS) and the checked number parsers both use. Messages start
  * with the command's name and go to stderr. */
@@ -11,10 +12,26 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/sampler.h"
 #include "hub/hub.h"
+
+/* Where and how the model runs: the same flags in both commands. */
+typedef struct hub_cli_engine {
+    bool local;                  /* --local: the whole model here, no workers */
+    bool vulkan;                 /* --backend vulkan */
+    int device;                  /* --device N; -1: the best */
+    int threads;                 /* -t N; 0: every core */
+    int wire_dtype;              /* --wire-dtype: a MOEX_DT_* or MOEX_WIRE_EXACT */
+    moex_sampler_params sp;      /* --temp, --top-k, --top-p, --min-p, --seed */
+} hub_cli_engine;
+
+/* The defaults: CPU, every core, f16 on the wire, temperature 0.8, top-k 40,
+ * top-p 0.95, min-p 0.05, a seed from the clock. */
+hub_cli_engine hub_cli_engine_default(void);
 
 typedef struct hub_cli {
     const char *prog;            /* "moex-hub" or "moex-hub serve" */
+    hub_cli_engine eng;
     moex_hub_config *hub;        /* host, port, token, replicas, hedge, timeout_ms, verify_p,
                                     local_fallback, web_dir, tls, tls_cert, tls_key, tls_dir */
     int64_t min_workers;         /* --min-workers */
@@ -35,13 +52,16 @@ typedef struct hub_cli_help {
  * after printing why its value is wrong. */
 int hub_cli_parse(hub_cli *c, int argc, char **argv, int *i);
 
-/* After the last flag: checks the TLS flags go together and finds the
+/* After the last flag: checks --wire-dtype exact goes with --local and the
+ * TLS flags go together, and finds the
  * browser worker page (--web-dir, else <dir of the executable>/../web),
  * leaving c->hub->web_dir NULL (and saying how to build it) when the page
  * is not built. 0, or -1 after printing why. */
 int hub_cli_finish(hub_cli *c);
 
-/* The shared flags' lines of --help, with c's defaults. */
+/* The shared flags' lines of --help, with c's defaults: the engine's, and
+ * the workers' and network's. */
+void hub_cli_engine_usage(FILE *f, const hub_cli *c);
 void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help);
 
 /* Checked numbers: the whole string, in [lo, hi]; -1 after printing

@@ -21,14 +21,9 @@ typedef struct options {
     const char *perplexity, *ppl_top1, *routing_trace;  /* --perplexity FILE and its companions */
     int64_t ppl_chunks;
     int64_t n_predict, n_ctx, n_batch;
-    int threads;
-    bool local, print_tokens, ignore_eos, parse_special;
-    moex_sampler_params sp;
+    bool print_tokens, ignore_eos, parse_special;
     moex_hub_config hub;
-    hub_cli cli;                 /* the flags shared with moex-hub serve (hub/cli.h) */
-    int wire_dtype;
-    bool vulkan;
-    int device;
+    hub_cli cli;                 /* the flags shared with moex-hub serve (hub/cli.h): cli.eng, the engine's */
 } options;
 
 #define NO_VULKAN "this moex-hub was built without Vulkan (-DMOEX_VULKAN=OFF); rebuild with -DMOEX_VULKAN=ON"
@@ -45,12 +40,6 @@ static void usage(FILE *f, const options *o) {
             "  -p, --prompt TEXT       prompt text (special tokens like <|im_start|> are parsed; --no-special to spell them)\n"
             "  --prompt-tokens LIST    prompt as comma-separated token ids (bypasses the tokenizer)\n"
             "  -n, --n-predict N       tokens to generate (default 128)\n"
-            "  --temp T                temperature, 0 = greedy (default 0.8)\n"
-            "  --top-k K               (default 40, 0 = off)\n"
-            "  --top-p P               (default 0.95, 1 = off)\n"
-            "  --min-p P               (default 0.05, 0 = off)\n"
-            "  --seed S                sampling seed (default: from the clock, printed)\n"
-            "  -t, --threads N         CPU threads (default: all cores)\n"
             "  --ctx N                 context positions (default: prompt + n, at most the model's)\n"
             "  --batch N               prompt tokens per forward pass (default 512)\n"
             "  --ignore-eos            keep generating past end-of-generation tokens\n"
@@ -61,14 +50,9 @@ static void usage(FILE *f, const options *o) {
             "  --ppl-chunks N          score only the first N windows   --ppl-top1 FILE  write each window's\n"
             "                          top-1 ids at the scored positions (one line per window)\n"
             "  --routing-trace FILE    write the experts chosen for every evaluated token and layer (CPU backend)\n"
-            "  --wire-dtype T          expert inputs/outputs as f16 (default), bf16, int8, f32, or exact (--local only);\n"
-            "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"
-            "  --local                 run the whole model in this process\n"
-            "  --backend cpu|vulkan    where the hub's part runs (default cpu); --device N picks the GPU (default: best).\n"
-            "                          vulkan with --local: the whole model on the GPU; without --local: embeddings,\n"
-            "                          attention, norms, router and head on the GPU, the experts on the workers\n"
-            "  --list-devices          list the Vulkan devices and exit\n"
-            "distributed (without --local): serve workers, and generate once --min-workers are ready\n");
+            "  --list-devices          list the Vulkan devices and exit\n");
+    hub_cli_engine_usage(f, &o->cli);
+    fprintf(f, "distributed (without --local): serve workers, and generate once --min-workers are ready\n");
     hub_cli_usage(f, &o->cli, &(hub_cli_help){.min_workers = "with a prompt: wait for N ready workers, generate, exit",
                                              .wait_s = "how long to wait for them"});
 }
@@ -77,24 +61,15 @@ static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, in
     return hub_cli_i64("moex-hub", flag, s, lo, hi, out);
 }
 
-static int parse_f32(const char *flag, const char *s, float lo, float hi, float *out) {
-    double d;
-    if (hub_cli_f64("moex-hub", flag, s, lo, hi, &d)) return -1;
-    *out = (float)d;
-    return 0;
-}
-
 /* Returns 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, options *o) {
-    *o = (options){.n_predict = 128, .n_batch = 512, .parse_special = true, .wire_dtype = MOEX_WIRE_DEFAULT,
-                   .device = -1,
-                   .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = (uint64_t)time(NULL)}};
+    *o = (options){.n_predict = 128, .n_batch = 512, .parse_special = true};
     moex_hub_config_default(&o->hub);
-    o->cli = (hub_cli){.prog = "moex-hub", .hub = &o->hub, .min_workers = 1, .min_workers_lo = 1, .wait_s = 120};
+    o->cli = (hub_cli){.prog = "moex-hub", .eng = hub_cli_engine_default(), .hub = &o->hub, .min_workers = 1,
+                       .min_workers_lo = 1, .wait_s = 120};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t n;
         const int shared = hub_cli_parse(&o->cli, argc, argv, &i);
         if (shared < 0) return -1;
         if (shared) continue;
@@ -123,8 +98,6 @@ static int parse_args(int argc, char **argv, options *o) {
             fprintf(stderr, "moex-hub: %s\n", NO_VULKAN);
             return -1;
 #endif
-        } else if (!strcmp(a, "--local")) {
-            o->local = true;
         } else if (!strcmp(a, "--print-tokens")) {
             o->print_tokens = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -164,57 +137,6 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--batch")) {
             NEED_VALUE();
             if (parse_i64(a, v, 1, 1 << 16, &o->n_batch)) return -1;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 1, 1024, &n)) return -1;
-            o->threads = (int)n;
-        } else if (!strcmp(a, "--seed")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 0, INT64_MAX, &n)) return -1;
-            o->sp.seed = (uint64_t)n;
-        } else if (!strcmp(a, "--top-k")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 0, 1 << 24, &n)) return -1;
-            o->sp.top_k = (int)n;
-        } else if (!strcmp(a, "--temp")) {
-            NEED_VALUE();
-            if (parse_f32(a, v, 0, 100, &o->sp.temp)) return -1;
-        } else if (!strcmp(a, "--top-p")) {
-            NEED_VALUE();
-            if (parse_f32(a, v, 0, 1, &o->sp.top_p)) return -1;
-        } else if (!strcmp(a, "--min-p")) {
-            NEED_VALUE();
-            if (parse_f32(a, v, 0, 1, &o->sp.min_p)) return -1;
-        } else if (!strcmp(a, "--wire-dtype")) {
-            NEED_VALUE();
-            if (!strcmp(v, "exact")) o->wire_dtype = MOEX_WIRE_EXACT;
-            else if (!strcmp(v, "f16")) o->wire_dtype = MOEX_DT_F16;
-            else if (!strcmp(v, "bf16")) o->wire_dtype = MOEX_DT_BF16;
-            else if (!strcmp(v, "int8")) o->wire_dtype = MOEX_DT_INT8;
-            else if (!strcmp(v, "f32")) o->wire_dtype = MOEX_DT_F32;
-            else {
-                fprintf(stderr, "moex-hub: --wire-dtype expects f16, bf16, int8, f32 or exact, got '%s'\n", v);
-                return -1;
-            }
-        } else if (!strcmp(a, "--backend")) {
-            NEED_VALUE();
-            if (!strcmp(v, "vulkan")) {
-#if MOEX_HAVE_VULKAN
-                o->vulkan = true;
-#else
-                fprintf(stderr, "moex-hub: --backend vulkan: %s\n", NO_VULKAN);
-                return -1;
-#endif
-            }
-            else if (!strcmp(v, "cpu")) o->vulkan = false;
-            else {
-                fprintf(stderr, "moex-hub: --backend expects cpu or vulkan, got '%s'\n", v);
-                return -1;
-            }
-        } else if (!strcmp(a, "--device")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 0, 64, &n)) return -1;
-            o->device = (int)n;
         } else {
             fprintf(stderr, "moex-hub: unknown option '%s' (see --help)\n", a);
             return -1;
@@ -234,19 +156,14 @@ static int parse_args(int argc, char **argv, options *o) {
         fprintf(stderr, "moex-hub: --perplexity scores a file; give it without -p or --prompt-tokens\n");
         return -1;
     }
-    if (o->routing_trace && o->vulkan) {
+    if (o->routing_trace && o->cli.eng.vulkan) {
         fprintf(stderr, "moex-hub: --routing-trace records on the CPU backend; drop --backend vulkan\n");
         return -1;
     }
-    if (o->local && !o->prompt && !o->prompt_tokens && !o->perplexity) {
+    if (o->cli.eng.local && !o->prompt && !o->prompt_tokens && !o->perplexity) {
         fprintf(stderr, "moex-hub: --local needs a prompt: -p TEXT or --prompt-tokens A,B,C (or --perplexity FILE)\n");
         return -1;
     }
-    if (!o->local && o->wire_dtype == MOEX_WIRE_EXACT) {
-        fprintf(stderr, "moex-hub: --wire-dtype exact exists only with --local; workers need a wire dtype\n");
-        return -1;
-    }
-    o->hub.wire_dtype = o->wire_dtype;
     o->hub.max_batch = o->n_batch;
     return 0;
 }
@@ -332,7 +249,7 @@ static int vk_engine_start(const options *o, const moex_model *m, moex_hub *hub,
                            moex_engine *eng, moex_error *err) {
     /* distributed: products round their inputs to 8 bits as the CPU does, so hub + workers print the tokens
      * of --local (the workers' experts see the same xn); --local keeps the faster f32 activations */
-    moex_vk_options vo = {.device = o->device, .round_activations = hub != NULL};
+    moex_vk_options vo = {.device = o->cli.eng.device, .round_activations = hub != NULL};
     /* distributed: the experts' weights stay off the GPU, the workers (or this CPU, as fallback) run them */
     vk->m = m;
     vk->vs = hub ? moex_vk_state_create_remote(m, n_ctx, o->n_batch, &vo, moex_hub_executor(hub), err)
@@ -417,11 +334,11 @@ static int run(const options *o) {
     moex_engine eng;
     moex_sampler *smp = NULL;
     output_ctx oc = {.m = m, .print_tokens = o->print_tokens};
-    if (!(pool = moex_pool_create(o->threads))) {
-        fprintf(stderr, "moex-hub: cannot start %d threads\n", o->threads);
+    if (!(pool = moex_pool_create(o->cli.eng.threads))) {
+        fprintf(stderr, "moex-hub: cannot start %d threads\n", o->cli.eng.threads);
         goto done;
     }
-    if (!o->local && !(hub = moex_hub_start(m, pool, &o->hub, &err))) {
+    if (!o->cli.eng.local && !(hub = moex_hub_start(m, pool, &o->hub, &err))) {
         fprintf(stderr, "moex-hub: %s\n", err.msg);
         goto done;
     }
@@ -441,7 +358,7 @@ static int run(const options *o) {
         goto done;
     }
     int64_t n_ctx = o->n_ctx ? o->n_ctx : o->perplexity ? 512 : n_prompt + o->n_predict;
-    if (!(le = moex_local_executor_create(m, pool, o->wire_dtype)) || !(smp = moex_sampler_create(&o->sp, m->hp.n_vocab))) {
+    if (!(le = moex_local_executor_create(m, pool, o->cli.eng.wire_dtype)) || !(smp = moex_sampler_create(&o->cli.eng.sp, m->hp.n_vocab))) {
         fprintf(stderr, "moex-hub: out of memory\n");
         goto done;
     }
@@ -452,7 +369,7 @@ static int run(const options *o) {
             goto done;
         }
     }
-    if (o->vulkan) {
+    if (o->cli.eng.vulkan) {
 #if MOEX_HAVE_VULKAN
         if (vk_engine_start(o, m, hub, n_ctx, &vk, &eng, &err)) {
             fprintf(stderr, "moex-hub: Vulkan: %s\n", err.msg);
@@ -482,7 +399,7 @@ static int run(const options *o) {
         fprintf(stderr, "moex-hub: cannot write %s: %s\n", o->dump_logits, strerror(errno));
         goto done;
     }
-    if (o->sp.temp > 0) moex_log(MOEX_LOG_INFO, "sampling seed %llu", (unsigned long long)o->sp.seed);
+    if (o->cli.eng.sp.temp > 0) moex_log(MOEX_LOG_INFO, "sampling seed %llu", (unsigned long long)o->cli.eng.sp.seed);
     moex_gen_params gp = {.n_predict = o->n_predict, .ignore_eos = o->ignore_eos, .on_token = on_token,
                           .on_logits = o->dump_logits ? on_logits : NULL, .cb_ctx = &oc};
     moex_gen_stats st;
@@ -499,7 +416,7 @@ static int run(const options *o) {
     fprintf(stderr, "moex-hub: load %.2f s | prompt %lld tokens %.1f tok/s | decode %lld tokens %.1f tok/s | threads %d | %s%s\n",
             load_s, (long long)st.n_prompt, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0,
             (long long)st.n_generated, st.decode_s > 0 ? st.n_decode_evals / st.decode_s : 0.0, moex_pool_size(pool),
-            o->vulkan ? "vulkan" : moex_kernels_simd_name(), hub ? " | distributed" : "");
+            o->cli.eng.vulkan ? "vulkan" : moex_kernels_simd_name(), hub ? " | distributed" : "");
     rc = interrupted ? 130 : 0;
 done:
     if (oc.logits && fclose(oc.logits) && rc == 0) {

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "hub/api.h"
@@ -25,14 +24,11 @@
 
 typedef struct serve_options {
     const char *model, *api_key, *chat_template, *alias;
-    bool local, vulkan;
-    int device, threads, parallel, max_queue;
+    int parallel, max_queue;
     int64_t n_ctx, n_batch, prompt_chunk, max_body;
     double client_timeout_s;
-    int wire_dtype;
-    moex_sampler_params sp;
     moex_hub_config hub;
-    hub_cli cli;                 /* the flags shared with the one-shot hub (hub/cli.h) */
+    hub_cli cli;                 /* the flags shared with the one-shot hub (hub/cli.h): cli.eng, the engine's */
 } serve_options;
 
 static volatile sig_atomic_t interrupted;
@@ -44,8 +40,6 @@ static void usage(FILE *f, const serve_options *o) {
             "One process serving the OpenAI-compatible API (POST /v1/chat/completions, /v1/completions,\n"
             "GET /v1/models, /health, /metrics) and a status page at /, workers on /ws of the same port.\n"
             "  -m, --model FILE        GGUF model\n"
-            "  --local                 run the whole model in this process (no workers)\n"
-            "  --backend cpu|vulkan    where the hub's part runs (default cpu); --device N picks the GPU\n"
             "  --api-key K             clients must send Authorization: Bearer K (default: none needed)\n"
             "  --alias NAME            the model's name in the API (default: the file name without .gguf)\n"
             "  --chat-template NAME    override the model's template: chatml, llama3, llama2, llama2-sys,\n"
@@ -58,11 +52,10 @@ static void usage(FILE *f, const serve_options *o) {
             "  --max-queue N           requests waiting for a slot at most; more get 503 (default 64)\n"
             "  --max-body BYTES        request bodies at most; more get 413 (default 1048576)\n"
             "  --client-timeout S      drop a client that reads nothing this long (default 30)\n"
-            "  --temp T, --top-k K, --top-p P, --min-p P   sampling for requests that leave them out\n"
-            "                          (defaults 0.8, 40, 0.95, 0.05)\n"
-            "  --seed S                seeds of requests without one: S + the request's number (default: clock)\n"
-            "  -t, --threads N         CPU threads (default: all cores)\n"
-            "  --wire-dtype T          f16 (default), bf16, int8, f32, or exact (--local only)\n"
+            "the engine; the sampling flags are the defaults of requests that leave them out, and a request\n"
+            "without a seed gets --seed S + its number\n");
+    hub_cli_engine_usage(f, &o->cli);
+    fprintf(f,
             "network and workers (without --local: workers on /ws; --token is separate from --api-key)\n");
     hub_cli_usage(f, &o->cli, &(hub_cli_help){.min_workers = "wait for N ready workers before serving requests",
                                              .wait_s = "how long to wait for them"});
@@ -76,43 +69,14 @@ static int parse_f64(const char *flag, const char *s, double lo, double hi, doub
     return hub_cli_f64("moex-hub serve", flag, s, lo, hi, out);
 }
 
-static int parse_wire(const char *v, int *out) {
-    static const struct {
-        const char *name;
-        int dtype;
-    } t[] = {{"exact", MOEX_WIRE_EXACT}, {"f16", MOEX_DT_F16}, {"bf16", MOEX_DT_BF16},
-             {"int8", MOEX_DT_INT8},     {"f32", MOEX_DT_F32}};
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (!strcmp(v, t[i].name)) return *out = t[i].dtype, 0;
-    fprintf(stderr, "moex-hub serve: --wire-dtype expects f16, bf16, int8, f32 or exact, got '%s'\n", v);
-    return -1;
-}
-
 /* Flags that take a value: one place for each, in the order of --help. */
 static int parse_value(serve_options *o, const char *a, const char *v) {
     int64_t n;
-    double d;
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
     else if (!strcmp(a, "--api-key")) o->api_key = v;
     else if (!strcmp(a, "--alias")) o->alias = v;
     else if (!strcmp(a, "--chat-template")) o->chat_template = v;
-    else if (!strcmp(a, "--backend")) {
-        if (strcmp(v, "cpu") && strcmp(v, "vulkan")) {
-            fprintf(stderr, "moex-hub serve: --backend expects cpu or vulkan, got '%s'\n", v);
-            return -1;
-        }
-        o->vulkan = !strcmp(v, "vulkan");
-#if !MOEX_HAVE_VULKAN
-        if (o->vulkan) {
-            fprintf(stderr, "moex-hub serve: --backend vulkan: this moex-hub was built without Vulkan "
-                            "(-DMOEX_VULKAN=OFF); rebuild with -DMOEX_VULKAN=ON\n");
-            return -1;
-        }
-#endif
-    } else if (!strcmp(a, "--device")) {
-        if (parse_i64(a, v, 0, 64, &n)) return -1;
-        o->device = (int)n;
-    } else if (!strcmp(a, "--parallel")) {
+    else if (!strcmp(a, "--parallel")) {
         if (parse_i64(a, v, 1, 256, &n)) return -1;
         o->parallel = (int)n;
     } else if (!strcmp(a, "--ctx")) {
@@ -128,26 +92,6 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
         if (parse_i64(a, v, 1024, (int64_t)1 << 30, &o->max_body)) return -1;
     } else if (!strcmp(a, "--client-timeout")) {
         if (parse_f64(a, v, 0.1, 86400, &o->client_timeout_s)) return -1;
-    } else if (!strcmp(a, "--temp")) {
-        if (parse_f64(a, v, 0, 100, &d)) return -1;
-        o->sp.temp = (float)d;
-    } else if (!strcmp(a, "--top-k")) {
-        if (parse_i64(a, v, 0, 1 << 24, &n)) return -1;
-        o->sp.top_k = (int)n;
-    } else if (!strcmp(a, "--top-p")) {
-        if (parse_f64(a, v, 0, 1, &d)) return -1;
-        o->sp.top_p = (float)d;
-    } else if (!strcmp(a, "--min-p")) {
-        if (parse_f64(a, v, 0, 1, &d)) return -1;
-        o->sp.min_p = (float)d;
-    } else if (!strcmp(a, "--seed")) {
-        if (parse_i64(a, v, 0, INT64_MAX, &n)) return -1;
-        o->sp.seed = (uint64_t)n;
-    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-        if (parse_i64(a, v, 1, 1024, &n)) return -1;
-        o->threads = (int)n;
-    } else if (!strcmp(a, "--wire-dtype")) {
-        if (parse_wire(v, &o->wire_dtype)) return -1;
     } else {
         return 1; /* not a flag with a value */
     }
@@ -156,13 +100,12 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
 
 /* 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, serve_options *o) {
-    *o = (serve_options){.device = -1, .parallel = 4, .max_queue = 64, .n_batch = 512, .prompt_chunk = 128,
-                         .max_body = 1 << 20, .client_timeout_s = 30,
-                         .wire_dtype = MOEX_WIRE_DEFAULT,
-                         .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = (uint64_t)time(NULL)}};
+    *o = (serve_options){.parallel = 4, .max_queue = 64, .n_batch = 512, .prompt_chunk = 128, .max_body = 1 << 20,
+                         .client_timeout_s = 30};
     moex_hub_config_default(&o->hub);
     o->hub.port = 8080;
-    o->cli = (hub_cli){.prog = "moex-hub serve", .hub = &o->hub, .min_workers = 0, .min_workers_lo = 0, .wait_s = 600};
+    o->cli = (hub_cli){.prog = "moex-hub serve", .eng = hub_cli_engine_default(), .hub = &o->hub, .min_workers = 0,
+                       .min_workers_lo = 0, .wait_s = 600};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -172,10 +115,6 @@ static int parse_args(int argc, char **argv, serve_options *o) {
         const int shared = hub_cli_parse(&o->cli, argc, argv, &i);
         if (shared < 0) return -1;
         if (shared) continue;
-        if (!strcmp(a, "--local")) {
-            o->local = true;
-            continue;
-        }
         if (i + 1 == argc) {
             fprintf(stderr, "moex-hub serve: '%s' is not an option or needs a value (see moex-hub serve --help)\n", a);
             return -1;
@@ -190,10 +129,6 @@ static int parse_args(int argc, char **argv, serve_options *o) {
         return -1;
     }
     if (hub_cli_finish(&o->cli)) return -1;
-    if (!o->local && o->wire_dtype == MOEX_WIRE_EXACT) {
-        fprintf(stderr, "moex-hub serve: --wire-dtype exact exists only with --local; workers need a wire dtype\n");
-        return -1;
-    }
     if (o->n_batch < o->parallel) {
         fprintf(stderr, "moex-hub serve: --batch %lld is below --parallel %d (each step feeds one token per slot)\n",
                 (long long)o->n_batch, o->parallel);
@@ -203,9 +138,8 @@ static int parse_args(int argc, char **argv, serve_options *o) {
         fprintf(stderr, "moex-hub serve: the API key is %zu bytes; at most %d\n", strlen(o->api_key), HUB_TOKEN_MAX);
         return -1;
     }
-    o->hub.wire_dtype = o->wire_dtype;
     o->hub.max_batch = o->n_batch;
-    o->hub.no_workers = o->local;
+    o->hub.no_workers = o->cli.eng.local;
     return 0;
 }
 
@@ -241,11 +175,11 @@ typedef struct serving {
 } serving;
 
 static int start_engine(const serve_options *o, serving *sv, int64_t n_ctx, moex_error *err) {
-    if (o->vulkan) {
+    if (o->cli.eng.vulkan) {
 #if MOEX_HAVE_VULKAN
-        moex_vk_options vo = {.device = o->device, .round_activations = sv->hub != NULL && !o->local};
+        moex_vk_options vo = {.device = o->cli.eng.device, .round_activations = sv->hub != NULL && !o->cli.eng.local};
         sv->vk.m = sv->m;
-        sv->vk.s = o->local ? moex_vk_state_create_multi(sv->m, n_ctx, o->n_batch, o->parallel, &vo, err)
+        sv->vk.s = o->cli.eng.local ? moex_vk_state_create_multi(sv->m, n_ctx, o->n_batch, o->parallel, &vo, err)
                             : moex_vk_state_create_remote_multi(sv->m, n_ctx, o->n_batch, o->parallel, &vo,
                                                                 moex_hub_executor(sv->hub), err);
         if (!sv->vk.s) return -1;
@@ -255,8 +189,8 @@ static int start_engine(const serve_options *o, serving *sv, int64_t n_ctx, moex
 #endif
     }
     moex_expert_executor exec;
-    if (o->local) {
-        if (!(sv->le = moex_local_executor_create(sv->m, sv->pool, o->wire_dtype))) return moex_fail(err, "out of memory");
+    if (o->cli.eng.local) {
+        if (!(sv->le = moex_local_executor_create(sv->m, sv->pool, o->cli.eng.wire_dtype))) return moex_fail(err, "out of memory");
         exec = moex_local_executor_iface(sv->le);
     } else {
         exec = moex_hub_executor(sv->hub);
@@ -281,19 +215,19 @@ static int start(const serve_options *o, serving *sv) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
     }
-    if (!(sv->pool = moex_pool_create(o->threads))) {
-        fprintf(stderr, "moex-hub serve: cannot start %d threads\n", o->threads);
+    if (!(sv->pool = moex_pool_create(o->cli.eng.threads))) {
+        fprintf(stderr, "moex-hub serve: cannot start %d threads\n", o->cli.eng.threads);
         return -1;
     }
     int64_t n_ctx = o->n_ctx;
     if (!n_ctx) n_ctx = sv->m->hp.n_ctx_train > 0 && sv->m->hp.n_ctx_train < 4096 ? sv->m->hp.n_ctx_train : 4096;
     model_id_of(o, sv->model_id, sizeof sv->model_id);
     sv->status = (hub_status_src){.m = sv->m, .model_id = sv->model_id, .backend = sv->backend,
-                                  .chat_template = moex_chat_name(chat), .distributed = !o->local,
+                                  .chat_template = moex_chat_name(chat), .distributed = !o->cli.eng.local,
                                   .sched = &sv->stats, .t_start = moex_time_s()};
     hub_api_config ac = {.api_key = o->api_key, .max_body = (size_t)o->max_body,
                          .client_timeout_s = o->client_timeout_s,
-                         .openai = {.model_id = sv->model_id, .chat = chat, .defaults = o->sp, .seed = o->sp.seed}};
+                         .openai = {.model_id = sv->model_id, .chat = chat, .defaults = o->cli.eng.sp, .seed = o->cli.eng.sp.seed}};
     if (!(sv->api = hub_api_create(&ac, &sv->status, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
@@ -305,7 +239,7 @@ static int start(const serve_options *o, serving *sv) {
         return -1;
     }
     sv->status.hub = sv->hub;
-    if (!o->local && o->cli.min_workers > 0) {
+    if (!o->cli.eng.local && o->cli.min_workers > 0) {
         moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->cli.min_workers);
         if (moex_hub_wait_ready(sv->hub, (int)o->cli.min_workers, o->cli.wait_s, &err)) {
             fprintf(stderr, "moex-hub serve: %s\n", err.msg);
