@@ -16,11 +16,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "web"))
+import webtest  # noqa: E402  (the browser tests' Chromium and DevTools client)
+from webtest import find_chromium  # noqa: E402,F401  (test_api.py's tool check)
+
 NODE_DIR = os.path.join(HERE, "api")
 SKIP = 77
 
@@ -38,14 +40,6 @@ def need(cond, what):
 
 def have_node_client():
     return shutil.which("node") is not None and os.path.isdir(os.path.join(NODE_DIR, "node_modules", "openai"))
-
-
-def find_chromium():
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        p = shutil.which(name)
-        if p:
-            return p
-    return None
 
 
 # ---- the server ----
@@ -264,58 +258,20 @@ def sample(fams, family, name=None, **labels):
 # ---- headless Chromium ----
 
 def chromium_eval_when(url, expression, timeout=30):
-    """Loads url in headless Chromium and evaluates expression (JavaScript) until it returns something
-    truthy or timeout; returns the last value."""
-    import websockets
+    """Loads url in headless Chromium (tests/web/webtest.py's browser and DevTools client) and evaluates
+    expression (JavaScript) until it returns something truthy; returns it, or None after timeout seconds."""
+    browser = webtest.Browser(webgpu=False)
 
-    profile = tempfile.mkdtemp(prefix="moex-chromium-")
-    args = [find_chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--remote-debugging-port=0",
-            f"--user-data-dir={profile}", "about:blank"]
-    log = open(os.path.join(profile, "chromium.log"), "w")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    async def drive():
+        s = await webtest.Session.connect(browser)
+        s.echo = False
+        try:
+            _, sid = await s.open(url)
+            return await s.wait_for(sid, expression, timeout)
+        finally:
+            await s.close()
+
     try:
-        port_file = os.path.join(profile, "DevToolsActivePort")
-        deadline = time.time() + 30
-        while not os.path.exists(port_file) or os.path.getsize(port_file) == 0:
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError("chromium did not start")
-            time.sleep(0.1)
-        time.sleep(0.2)
-        port = int(open(port_file).read().split()[0])
-        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
-        page = next(t for t in targets if t["type"] == "page")
-
-        async def drive():
-            async with websockets.connect(page["webSocketDebuggerUrl"], max_size=None) as ws:
-                ids = iter(range(1, 1 << 30))
-
-                async def call(method, **params):
-                    i = next(ids)
-                    await ws.send(json.dumps({"id": i, "method": method, "params": params}))
-                    while True:
-                        msg = json.loads(await ws.recv())
-                        if msg.get("id") == i:
-                            if "error" in msg:
-                                raise RuntimeError(f"{method}: {msg['error']}")
-                            return msg["result"]
-
-                await call("Page.navigate", url=url)
-                value, end = None, time.time() + timeout
-                while time.time() < end:
-                    r = await call("Runtime.evaluate", expression=expression, returnByValue=True)
-                    value = r.get("result", {}).get("value")
-                    if value:
-                        break
-                    await asyncio.sleep(0.25)
-                return value
-
         return asyncio.run(drive())
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        shutil.rmtree(profile, ignore_errors=True)
+        browser.close()
