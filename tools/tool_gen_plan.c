@@ -1,6 +1,7 @@
 /* The tensors of a generated model: names and shapes as llama.cpp's loader
  * expects them for each architecture (see llama.cpp src/models/<arch>.cpp),
  * the type of each under --type, and how its values are drawn. */
+#include "tools/tool.h"
 #include "tools/tool_gen.h"
 
 #include <math.h>
@@ -9,11 +10,6 @@
 #include <string.h>
 
 /* What a tensor is, for the type choice. */
-typedef enum tensor_role {
-    ROLE_NORM, ROLE_ROUTER, ROLE_EMBD, ROLE_OUTPUT,
-    ROLE_ATTN_Q, ROLE_ATTN_K, ROLE_ATTN_V, ROLE_ATTN_OUT,
-    ROLE_FFN_GATE_UP, ROLE_FFN_DOWN,
-} tensor_role;
 
 /* Every weight type, in the order --type mixed hands them out. */
 static const moex_type mixed_cycle[] = {
@@ -38,39 +34,6 @@ const char *gen_arch_gguf_name(gen_arch a) { return a == GEN_MIXTRAL ? "llama" :
 static bool arch_is_moe(gen_arch a) { return a == GEN_QWEN3MOE || a == GEN_MIXTRAL; }
 static bool arch_has_qk_norm(gen_arch a) { return a == GEN_QWEN3MOE || a == GEN_QWEN3; }
 
-/* llama.cpp's choice of layers that get more bits in the _M mixes. */
-static bool use_more_bits(int64_t layer, int64_t n_layer) {
-    return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
-}
-
-/* llama.cpp's Q4_K_M (llama-quant.cpp), simplified to what these archs have:
- * output Q6_K; attn_v and ffn_down(_exps) Q6_K on use_more_bits layers;
- * 8-expert models (Mixtral) take attn_k/attn_v in Q8_0 and attn_output in Q5_K;
- * everything else, token_embd included, Q4_K. */
-static moex_type q4_k_m_type(const gen_config *cfg, tensor_role role, int64_t layer) {
-    bool eight_experts = cfg->n_expert == 8 && arch_is_moe(cfg->arch);
-    switch (role) {
-    case ROLE_OUTPUT: return MOEX_TYPE_Q6_K;
-    case ROLE_ATTN_K: return eight_experts ? MOEX_TYPE_Q8_0 : MOEX_TYPE_Q4_K;
-    case ROLE_ATTN_V:
-        if (eight_experts) return MOEX_TYPE_Q8_0;
-        return use_more_bits(layer, cfg->n_layer) ? MOEX_TYPE_Q6_K : MOEX_TYPE_Q4_K;
-    case ROLE_ATTN_OUT: return eight_experts ? MOEX_TYPE_Q5_K : MOEX_TYPE_Q4_K;
-    case ROLE_FFN_DOWN: return use_more_bits(layer, cfg->n_layer) ? MOEX_TYPE_Q6_K : MOEX_TYPE_Q4_K;
-    default: return MOEX_TYPE_Q4_K;
-    }
-}
-
-/* llama.cpp's fallback when ne[0] is not a multiple of the block. */
-static moex_type fallback_type(moex_type t, int64_t ne0) {
-    moex_type f = t;
-    if (t == MOEX_TYPE_Q4_K) f = MOEX_TYPE_Q5_0;
-    else if (t == MOEX_TYPE_Q5_K) f = MOEX_TYPE_Q5_1;
-    else if (t == MOEX_TYPE_Q6_K) f = MOEX_TYPE_Q8_0;
-    if (ne0 % moex_type_get(f)->block_elems) f = MOEX_TYPE_F16;
-    return f;
-}
-
 typedef struct plan_builder {
     const gen_config *cfg;
     gen_plan *plan;
@@ -84,7 +47,8 @@ static moex_type pick_type(plan_builder *b, tensor_role role, int64_t layer) {
     int k = b->n_weights++;
     switch (cfg->type_mode) {
     case GEN_TYPES_MIXED: return mixed_cycle[k % N_MIXED];
-    case GEN_TYPES_Q4_K_M: return q4_k_m_type(cfg, role, layer);
+    case GEN_TYPES_Q4_K_M:
+        return moex_tool_q4_k_m_type(role, layer, cfg->n_layer, cfg->n_expert == 8 && arch_is_moe(cfg->arch));
     default: return cfg->type;
     }
 }
@@ -111,7 +75,7 @@ static int add_tensor(plan_builder *b, const char *name, tensor_role role, int64
     t->requested = pick_type(b, role, layer);
     t->type = t->requested;
     if (ne0 % moex_type_get(t->type)->block_elems) {
-        t->type = fallback_type(t->type, ne0);
+        t->type = moex_tool_fallback_type(t->type, ne0);
         t->fell_back = true;
     }
     int64_t n = ne0 * t->ne[1] * t->ne[2];

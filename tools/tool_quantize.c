@@ -9,7 +9,7 @@
  * copied byte for byte. Types per tensor:
  *   uniform (f32 ... q6_K)  every weight in the type
  *   q4_K_M                  llama.cpp's mix, the rule of `gen --type q4_K_M`
- *                           (tools/tool_gen_plan.c's q4_k_m_type) plus
+ *                           (moex_tool_q4_k_m_type, tools/tool_types.c) plus
  *                           llama.cpp's tied output: without output.weight,
  *                           token_embd is the output and takes Q6_K
  * A type whose block does not divide a tensor's rows falls back as llama.cpp
@@ -123,39 +123,26 @@ static int64_t layer_of(const moex_gguf_str *n) {
     return i > 4 ? v : -1;
 }
 
-/* llama.cpp's choice of layers that get more bits in the _M mixes. */
-static bool use_more_bits(int64_t layer, int64_t n_layer) {
-    return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
-}
-
-static moex_type q4_k_m_type(const quant_plan *p, const moex_gguf_str *n) {
-    bool eight_experts = p->n_expert == 8;
-    int64_t layer = layer_of(n);
-    if (name_is(n, MOEX_T_OUTPUT) || (!p->has_output && name_is(n, MOEX_T_TOKEN_EMBD))) return MOEX_TYPE_Q6_K;
-    if (name_has(n, ".attn_k.")) return eight_experts ? MOEX_TYPE_Q8_0 : MOEX_TYPE_Q4_K;
-    if (name_has(n, ".attn_v.")) {
-        if (eight_experts) return MOEX_TYPE_Q8_0;
-        return use_more_bits(layer, p->n_layer) ? MOEX_TYPE_Q6_K : MOEX_TYPE_Q4_K;
-    }
-    if (name_has(n, ".attn_output.")) return eight_experts ? MOEX_TYPE_Q5_K : MOEX_TYPE_Q4_K;
-    if (name_has(n, ".ffn_down")) return use_more_bits(layer, p->n_layer) ? MOEX_TYPE_Q6_K : MOEX_TYPE_Q4_K;
-    return MOEX_TYPE_Q4_K;
-}
-
-static moex_type fallback_type(moex_type t, int64_t ne0) {
-    moex_type f = t;
-    if (t == MOEX_TYPE_Q4_K) f = MOEX_TYPE_Q5_0;
-    else if (t == MOEX_TYPE_Q5_K) f = MOEX_TYPE_Q5_1;
-    else if (t == MOEX_TYPE_Q6_K) f = MOEX_TYPE_Q8_0;
-    if (ne0 % moex_type_get(f)->block_elems) f = MOEX_TYPE_F16;
-    return f;
+/* What the weight named n is for (tensor_role), from its GGUF name; an
+ * untied model's token_embd is output's too. */
+static tensor_role role_of(const quant_plan *p, const moex_gguf_str *n) {
+    if (name_is(n, MOEX_T_OUTPUT) || (!p->has_output && name_is(n, MOEX_T_TOKEN_EMBD))) return ROLE_OUTPUT;
+    if (name_is(n, MOEX_T_TOKEN_EMBD)) return ROLE_EMBD;
+    if (name_has(n, ".attn_q.")) return ROLE_ATTN_Q;
+    if (name_has(n, ".attn_k.")) return ROLE_ATTN_K;
+    if (name_has(n, ".attn_v.")) return ROLE_ATTN_V;
+    if (name_has(n, ".attn_output.")) return ROLE_ATTN_OUT;
+    if (name_has(n, ".ffn_down")) return ROLE_FFN_DOWN;
+    return ROLE_FFN_GATE_UP;
 }
 
 /* The new type of t: kept for norms and routers, else the plan's choice. */
 static moex_type target_type(const quant_plan *p, const moex_gguf_tensor *t) {
     if (t->n_dims < 2 || name_has(&t->name, "ffn_gate_inp")) return t->type;
-    moex_type want = p->q4_k_m ? q4_k_m_type(p, &t->name) : p->type;
-    return t->ne[0] % moex_type_get(want)->block_elems ? fallback_type(want, t->ne[0]) : want;
+    moex_type want = p->q4_k_m ? moex_tool_q4_k_m_type(role_of(p, &t->name), layer_of(&t->name), p->n_layer,
+                                                         p->n_expert == 8)
+                               : p->type;
+    return t->ne[0] % moex_type_get(want)->block_elems ? moex_tool_fallback_type(want, t->ne[0]) : want;
 }
 
 static int read_plan(const moex_gguf *g, quant_plan *p, moex_error *err) {
