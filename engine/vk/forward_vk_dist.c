@@ -162,20 +162,15 @@ static moex_vk_cmd **get_segments(const moex_model *m, moex_vk_state *s, const r
     return seg;
 }
 
-/* As vk_local_warm, for the segments. */
+/* Every segment of one forward of shape k into c (vk_warm's recording). */
+static int record_segments(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, const rec_key *k, moex_error *err) {
+    for (int il = 0; il < s->dist->n_seg; il++)
+        if (record_segment(m, s, c, il, k, err)) return -1;
+    return 0;
+}
+
 int vk_dist_warm(const moex_model *m, moex_vk_state *s, bool batches, moex_error *err) {
-    vk_dist *d = s->dist;
-    rec_key keys[16];
-    const int n = vk_warm_shapes(s, batches, keys);
-    moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
-    if (!c) return -1;
-    moex_vk_warm_begin(s->vk);
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++)
-        for (int il = 0; il < d->n_seg && !rc; il++) rc = record_segment(m, s, c, il, &keys[i], err);
-    moex_vk_cmd_free(c);
-    const int rc_end = moex_vk_warm_end(s->vk, rc ? NULL : err);
-    return rc || rc_end ? -1 : 0;
+    return vk_warm(m, s, batches, record_segments, err);
 }
 
 /* ---- running ---- */

@@ -146,10 +146,13 @@ int vk_rec_find(rec_lru *l, rec_key k, bool *hit);
 void vk_rec_recorded(rec_lru *l, int slot, rec_key k);
 /* Every slot invalid (the buffers the recordings point at changed). */
 void vk_rec_invalidate(rec_lru *l);
-/* The shapes whose recordings, together, use every pipeline the state's
- * forwards use (one sequence's sizes, with batches also theirs); at most
- * 16, returns how many. */
-int vk_warm_shapes(const moex_vk_state *s, bool batches, rec_key keys[16]);
+/* Records one forward of shape k into c (the local path's whole forward, or the distributed path's segments). */
+typedef int (*vk_record_fn)(const moex_model *m, moex_vk_state *s, moex_vk_cmd *c, const rec_key *k, moex_error *err);
+/* Creates every pipeline the state's forwards use now (in parallel) rather
+ * than when a timed token first records it: record makes, into one command
+ * buffer thrown away, the shapes where the ops switch kernels (one
+ * sequence's sizes, with batches also theirs). */
+int vk_warm(const moex_model *m, moex_vk_state *s, bool batches, vk_record_fn record, moex_error *err);
 
 /* ---- forward_vk_batch.c: a batch of several sequences ---- */
 
@@ -191,8 +194,7 @@ int vk_local_forward(const moex_model *m, moex_vk_state *s, const int32_t *token
 /* A batch's forward (its I/O words written by vk_batch_prepare); logits rows stay in logits_host. */
 int vk_local_forward_batch(const moex_model *m, moex_vk_state *s, const rec_key *k, moex_error *err);
 void vk_local_invalidate(moex_vk_state *s);   /* the logit buffers moved: record again */
-/* Creates every pipeline the local path's recordings use (with batches: theirs
- * too), before anything is timed. */
+/* vk_warm with the local path's recordings. */
 int vk_local_warm(const moex_model *m, moex_vk_state *s, bool batches, moex_error *err);
 void vk_local_free(moex_vk_state *s);
 

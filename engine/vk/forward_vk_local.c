@@ -48,18 +48,6 @@ void vk_local_free(moex_vk_state *s) {
     for (int i = 0; i < N_RECORDINGS; i++) moex_vk_cmd_free(s->rec[i]);
 }
 
-/* Every pipeline the state's forwards use, created now (in parallel) rather
- * than when a timed token first records it: the recordings of the shapes
- * where the ops switch kernels are made and thrown away. */
 int vk_local_warm(const moex_model *m, moex_vk_state *s, bool batches, moex_error *err) {
-    rec_key keys[16];
-    const int n = vk_warm_shapes(s, batches, keys);
-    moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
-    if (!c) return -1;
-    moex_vk_warm_begin(s->vk);
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++) rc = record_forward(m, s, c, &keys[i], err);
-    moex_vk_cmd_free(c);
-    const int rc_end = moex_vk_warm_end(s->vk, rc ? NULL : err);
-    return rc || rc_end ? -1 : 0;
+    return vk_warm(m, s, batches, record_forward, err);
 }

@@ -399,7 +399,7 @@ void vk_rec_invalidate(rec_lru *l) {
  * kernels for one token and the tiled ones for those sizes less one (with one
  * wanted tiled row: the tiled head), and each tokens for every slot; without
  * the logits copy (it uses no pipeline, and these rows may not fit yet). */
-int vk_warm_shapes(const moex_vk_state *s, bool batches, rec_key keys[16]) {
+static int warm_shapes(const moex_vk_state *s, bool batches, rec_key keys[16]) {
     int64_t sizes[8];
     const int n = moex_vk_warm_batch_sizes(s->n_batch, sizes);
     int nk = 0;
@@ -410,4 +410,17 @@ int vk_warm_shapes(const moex_vk_state *s, bool batches, rec_key keys[16]) {
     const int64_t each = s->n_seq < s->n_batch ? s->n_seq : s->n_batch;
     keys[nk++] = (rec_key){.n = each, .batch = true, .each = each, .rows = each};
     return nk;
+}
+
+int vk_warm(const moex_model *m, moex_vk_state *s, bool batches, vk_record_fn record, moex_error *err) {
+    rec_key keys[16];
+    const int n = warm_shapes(s, batches, keys);
+    moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
+    if (!c) return -1;
+    moex_vk_warm_begin(s->vk);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) rc = record(m, s, c, &keys[i], err);
+    moex_vk_cmd_free(c);
+    const int rc_end = moex_vk_warm_end(s->vk, rc ? NULL : err);
+    return rc || rc_end ? -1 : 0;
 }
