@@ -224,6 +224,11 @@ void moex_sampler_free(moex_sampler *s) {
     free(s);
 }
 
+/* Temperatures too small (or NaN) to divide by act as 0. */
+static bool greedy_temp(float temp) { return !(temp > 0.0f) || !isfinite(1.0f / temp); }
+
+bool moex_sampler_is_greedy(const moex_sampler *s) { return greedy_temp(s->p.temp); }
+
 int32_t moex_sampler_sample(moex_sampler *s, const float *logits) {
     const int32_t greedy = argmax(logits, s->n_vocab);
     const float max_logit = logits[greedy];
@@ -231,7 +236,7 @@ int32_t moex_sampler_sample(moex_sampler *s, const float *logits) {
      * where probabilities are undefined, and temperatures too small (or NaN)
      * to divide by. */
     const float temp = s->p.temp;
-    if (!(temp > 0.0f) || !isfinite(1.0f / temp) || !isfinite(max_logit)) return greedy;
+    if (greedy_temp(temp) || !isfinite(max_logit)) return greedy;
 
     candidate *c = s->cand;
     const bool use_top_k = s->p.top_k > 0 && s->p.top_k < s->n_vocab;

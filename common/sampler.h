@@ -3,6 +3,7 @@
 #ifndef MOEX_SAMPLER_H
 #define MOEX_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct moex_sampler_params {
@@ -19,5 +20,8 @@ moex_sampler *moex_sampler_create(const moex_sampler_params *p, int32_t n_vocab)
 void moex_sampler_free(moex_sampler *s);
 /* Picks the next token from raw logits (not modified). */
 int32_t moex_sampler_sample(moex_sampler *s, const float *logits);
+/* True when every pick is the argmax of the row (temperature 0), whatever
+ * the logits: an engine may then pick on its device instead. */
+bool moex_sampler_is_greedy(const moex_sampler *s);
 
 #endif

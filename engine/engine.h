@@ -147,6 +147,11 @@ typedef struct moex_engine {
     int n_seq;                 /* KV slots (forward uses slot 0) */
     /* moex_forward_batch's contract; NULL where the engine has one slot only */
     int (*forward_batch)(void *ctx, const moex_batch *b, float *logits, moex_error *err);
+    /* Optional: the argmax (ties: the lowest id) of the last forward's last
+     * logits row, computed where the logits are, so that a greedy decode
+     * can pass logits = NULL and read nothing back; -1 where the row has no
+     * finite maximum. NULL where the engine has no such thing. */
+    int32_t (*last_argmax)(void *ctx);
 } moex_engine;
 
 /* The CPU engine over a state (moex_forward with the state's model). */

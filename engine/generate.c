@@ -40,14 +40,20 @@ int moex_generate(const moex_model *m, const moex_engine *eng, moex_sampler *smp
     stats->n_prompt = n_prompt;
     stats->prompt_s = moex_time_s() - t0;
 
+    /* Greedy without a logits consumer: the engine's own argmax, the logits left where they are. */
+    const bool on_device = eng->last_argmax && !gp->on_logits && moex_sampler_is_greedy(smp);
     t0 = moex_time_s();
     for (int64_t i = 0, pos = n_prompt; i < gp->n_predict; i++, pos++) {
-        int32_t id = moex_sampler_sample(smp, last);
+        int32_t id = i > 0 && on_device ? eng->last_argmax(eng->ctx) : moex_sampler_sample(smp, last);
+        if (id < 0 || id >= m->hp.n_vocab) {
+            moex_fail(err, "the logits after position %lld have no finite maximum (a broken model?)", (long long)pos);
+            goto done;
+        }
         stats->n_generated++;
         if (gp->on_token && gp->on_token(gp->cb_ctx, id)) break;
         if (!gp->ignore_eos && m->tok && moex_tokenizer_is_eog(m->tok, id)) break;
         if (i + 1 == gp->n_predict) break; /* the last token needs no forward */
-        if (eng->forward(eng->ctx, &id, 1, pos, gp->on_logits != NULL, logits, err)) goto done;
+        if (eng->forward(eng->ctx, &id, 1, pos, gp->on_logits != NULL, on_device ? NULL : logits, err)) goto done;
         stats->n_decode_evals++;
         if (gp->on_logits && gp->on_logits(gp->cb_ctx, logits, 1)) {
             moex_fail(err, "writing logits failed");

@@ -151,9 +151,15 @@ static int engine_forward_batch(void *ctx, const moex_batch *b, float *logits, m
     return moex_vk_forward_batch(e->m, e->s, b, logits, err);
 }
 
+static int32_t engine_last_argmax(void *ctx) {
+    moex_vk_engine *e = ctx;
+    return moex_vk_last_argmax(e->s);
+}
+
 moex_engine moex_engine_vk(moex_vk_engine *e) {
     return (moex_engine){.ctx = e, .forward = engine_forward, .n_ctx = e->s->n_ctx, .n_batch = e->s->n_batch,
-                         .n_seq = e->s->n_seq, .forward_batch = engine_forward_batch};
+                         .n_seq = e->s->n_seq, .forward_batch = engine_forward_batch,
+                         .last_argmax = engine_last_argmax};
 }
 
 int32_t moex_vk_last_argmax(const moex_vk_state *s) { return s->last_argmax; }

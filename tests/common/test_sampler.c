@@ -68,6 +68,13 @@ static void test_greedy(void) {
         moex_sampler *tiny = make(1e-40f, 0, 1.0f, 0.0f, 3, n), *tnan = make(NAN, 0, 1.0f, 0.0f, 3, n);
         CHECK(moex_sampler_sample(tiny, l) == 123, "denormal temp is not greedy");
         CHECK(moex_sampler_sample(tnan, l) == 123, "NaN temp is not greedy");
+        /* is_greedy says so exactly where every pick is the argmax (an engine then picks on its device) */
+        CHECK(moex_sampler_is_greedy(g0) && moex_sampler_is_greedy(gneg) && moex_sampler_is_greedy(tiny) &&
+                  moex_sampler_is_greedy(tnan), "a greedy sampler not reported greedy");
+        moex_sampler *warm = make(0.3f, 1, 1.0f, 0.0f, 3, n);
+        CHECK(!moex_sampler_is_greedy(warm), "temp 0.3 reported greedy (top_k = 1 picks the argmax, but it is "
+                                             "a sampler's filter, not its temperature)");
+        moex_sampler_free(warm);
         moex_sampler_free(tiny), moex_sampler_free(tnan);
         moex_sampler_free(k1), moex_sampler_free(g0), moex_sampler_free(gneg);
         free(l);
