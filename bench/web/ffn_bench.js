@@ -10,7 +10,7 @@
 //
 // A classic script for node (bench_wgsl_ffn.mjs loads it with gpu.js and
 // reference.js) or a page: self.moexFfnBench(opts, log) resolves to
-// {adapter, cases: [...]}; it needs GpuExperts, makeRng, expertRef, relL2.
+// {adapter, cases: [...]}; it needs GpuExperts, makeRng, expertRef, relL2Flips.
 'use strict';
 
 (() => {
@@ -169,7 +169,7 @@
       for (const [shape, items] of Object.entries(batches)) {
         const outs = await gpu.run(items);
         let err = 0;
-        for (let k = 0; k < items.length; k++) err = Math.max(err, relL2(outs[k], refOf(k)));
+        for (let k = 0; k < items.length; k++) err = Math.max(err, relL2Flips(outs[k], refOf(k)).err);
         for (let i = 0; i < 5; i++) await gpu.run(items);
         const wall = [], pass = [];
         for (let r = 0; r < reps; r++) {

@@ -40,6 +40,29 @@ function roundActivations(x, mode) {
   return out;
 }
 
+// Where the rounding of x to mode's integers is a near thing: for each element
+// whose scaled value lies within eps of a rounding boundary, what the
+// activation would change by had it rounded the other way (0 elsewhere).
+// The reference computes the FFN's intermediate in float64 where a kernel
+// uses f32, so such an element may legitimately round the other way there.
+function nearTies(x, mode, eps = 2e-4) {
+  const n = x.length, delta = new Float64Array(n), B = mode === 0 ? 256 : 32;
+  if (mode === 2) return delta;
+  for (let b = 0; b < n; b += B) {
+    let amax = 0, max = 0;
+    for (let j = b; j < b + B; j++) { const a = Math.abs(fr(x[j])); if (a > amax) { amax = a; max = fr(x[j]); } }
+    if (amax === 0) continue;
+    let inv, d;
+    if (mode === 0) { inv = fr(-127 / max); d = fr(1 / inv); }
+    else { const s = fr(amax / 127); inv = s ? fr(1 / s) : 0; d = Math.f16round(s); }
+    for (let j = b; j < b + B; j++) {
+      const v = fr(inv * fr(x[j])), q = mode === 0 ? Math.min(127, roundEven(v)) : roundAway(v);
+      if (Math.abs(Math.abs(v - q) - 0.5) < eps) delta[j] = (v > q ? 1 : -1) * d;
+    }
+  }
+  return delta;
+}
+
 // y[r] = sum_c W[r][c] x[c] in float64 (W: rows x cols, row-major Float32Array).
 function matvec64(W, rows, cols, x) {
   const y = new Float64Array(rows);
@@ -54,7 +77,9 @@ function matvec64(W, rows, cols, x) {
 
 // The expert FFN of one token in float64: gate * down(silu(G x) * U x).
 // actMode: [modes for gate's, up's and down's inputs] to round them as the
-// kernels do, or null for exact f32 activations.
+// kernels do, or null for exact f32 activations. With actMode, y.flips lists
+// how y would move ({at: 0, v}) for each intermediate element whose rounding
+// is a near thing (nearTies): a kernel may have rounded any of them the other way.
 function expertRef(w, x, gate, actMode) {
   const xg = actMode ? roundActivations(x, actMode[0]) : Float64Array.from(x);
   const xu = actMode ? roundActivations(x, actMode[1]) : xg;
@@ -64,6 +89,16 @@ function expertRef(w, x, gate, actMode) {
   const ha = actMode ? roundActivations(Float32Array.from(h), actMode[2]) : h;
   const y = matvec64(w.down, w.hidden, w.nFF, ha);
   for (let i = 0; i < y.length; i++) y[i] *= gate;
+  y.flips = [];
+  if (actMode) {
+    const delta = nearTies(Float32Array.from(h), actMode[2]);
+    for (let c = 0; c < w.nFF; c++) {
+      if (!delta[c]) continue;
+      const f = new Float64Array(w.hidden);
+      for (let r = 0; r < w.hidden; r++) f[r] = w.down[r * w.nFF + c] * delta[c] * gate;
+      y.flips.push({ at: 0, v: f });
+    }
+  }
   return y;
 }
 
@@ -73,7 +108,27 @@ function relL2(a, ref) {
   return Math.sqrt(num / Math.max(den, 1e-300));
 }
 
+// relL2 of a against ref once the near-tie roundings that a rounded the
+// other way are taken out of the difference: ref.flips (expertRef's, each
+// with its offset .at in ref) are applied, one by one, where that brings ref
+// closer to a. Returns {err, flipped}.
+function relL2Flips(a, ref) {
+  const diff = Float64Array.from(ref, (v, i) => a[i] - v);
+  let flipped = 0;
+  for (const f of ref.flips || []) {
+    let gain = 0;
+    for (let r = 0; r < f.v.length; r++) gain += diff[f.at + r] ** 2 - (diff[f.at + r] - f.v[r]) ** 2;
+    if (gain <= 0) continue;
+    for (let r = 0; r < f.v.length; r++) diff[f.at + r] -= f.v[r];
+    flipped++;
+  }
+  let num = 0, den = 0;
+  for (let i = 0; i < ref.length; i++) { num += diff[i] ** 2; den += ref[i] ** 2; }
+  return { err: Math.sqrt(num / Math.max(den, 1e-300)), flipped };
+}
+
 self.makeRng = makeRng;
 self.roundActivations = roundActivations;
 self.expertRef = expertRef;
 self.relL2 = relL2;
+self.relL2Flips = relL2Flips;
