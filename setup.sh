@@ -1,10 +1,34 @@
 #!/usr/bin/env bash
 # Installs what MoEx needs on Debian 12 (only the packages that are missing),
 # then configures and builds into ./build (or $MOEX_BUILD).
-#   ./setup.sh            install + build
-#   ./setup.sh --deps     install only
+#   ./setup.sh                  install + build
+#   ./setup.sh --deps           install only
+#   ./setup.sh --packages P...  install only those Debian packages, where missing (the other setup scripts' way)
 set -euo pipefail
 cd "$(dirname "$0")"
+
+# Installs the Debian packages among "$@" that are not installed (apt-get, as root or through sudo).
+install_missing() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  echo "setup: installing ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+if [ "${1:-}" = "--packages" ]; then
+  shift
+  install_missing "$@"
+  exit 0
+fi
 web/setup_web.sh   # emscripten, chromium, node: the browser worker and its tests
 
 PKGS=(build-essential cmake pkg-config git
@@ -12,20 +36,7 @@ PKGS=(build-essential cmake pkg-config git
       libvulkan-dev glslc mesa-vulkan-drivers
       clang libclang-rt-14-dev python3 python3-numpy python3-websockets time bc)
 
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
-    SUDO=sudo
-  fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+install_missing "${PKGS[@]}"
 [ "${1:-}" = "--deps" ] && exit 0
 
 BUILD=${MOEX_BUILD:-build}
