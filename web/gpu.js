@@ -388,6 +388,35 @@ class GpuExperts {
     return all;
   }
 
+  // act.wgsl alone on rows x cols values (cols a multiple of 256) in mode 0
+  // (Q8_K) or 1 (Q8_0): the int8 activations and, per 32-value unit, the
+  // scale and the sum of its ints, as the products read them (the tests
+  // compare them bit for bit with the CPU's rounding).
+  async quantizeActivations(x, rows, cols, mode) {
+    const dev = this.device, S = GPUBufferUsage, units = rows * cols / 32;
+    const src = dev.createBuffer({ size: x.byteLength, usage: S.STORAGE | S.COPY_DST });
+    const aq = dev.createBuffer({ size: rows * cols, usage: S.STORAGE | S.COPY_SRC });
+    const am = dev.createBuffer({ size: units * 8, usage: S.STORAGE | S.COPY_SRC });
+    const params = dev.createBuffer({ size: 32, usage: S.UNIFORM | S.COPY_DST });
+    const read = dev.createBuffer({ size: rows * cols + units * 8, usage: S.MAP_READ | S.COPY_DST });
+    dev.queue.writeBuffer(src, 0, x);
+    dev.queue.writeBuffer(params, 0, new Uint32Array([cols, cols / 32, mode, 0, 0, cols, 0, 0]));
+    const enc = dev.createCommandEncoder(), cp = enc.beginComputePass();
+    cp.setPipeline(await this.actPipeline());
+    cp.setBindGroup(0, dev.createBindGroup({ layout: this.layout('act').bgl,
+      entries: [src, aq, am, params].map((buffer, binding) => ({ binding, resource: { buffer } })) }));
+    cp.dispatchWorkgroups(cols / 256, rows, 1);
+    cp.end();
+    enc.copyBufferToBuffer(aq, 0, read, 0, rows * cols);
+    enc.copyBufferToBuffer(am, 0, read, rows * cols, units * 8);
+    dev.queue.submit([enc.finish()]);
+    await read.mapAsync(GPUMapMode.READ);
+    const bytes = read.getMappedRange().slice(0);
+    read.unmap();
+    for (const b of [src, aq, am, params, read]) b.destroy();
+    return { q: new Int8Array(bytes, 0, rows * cols), scaleSum: new Float32Array(bytes, rows * cols, units * 2) };
+  }
+
   destroy() {
     for (const a of this.arenas) a.buffer.destroy();
     for (const b of Object.values(this.bufs)) b.destroy();

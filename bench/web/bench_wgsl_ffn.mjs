@@ -9,7 +9,8 @@
 // On a bare Linux x64 GPU machine without node: the tarball of pack.sh, then
 //   tar -xJf moex-wgsl-bench.tar.xz -C /tmp && /tmp/moex-wgsl-bench/run.sh [options]
 // options: --reps N (timed runs per case, default 30), --seed S, --json FILE (the results),
-//          --dawn KEY=VALUE (a Dawn option for create(), e.g. backend=vulkan; repeatable)
+//          --dawn KEY=VALUE (a Dawn option for create(), e.g. backend=vulkan; repeatable; without a
+//          disable-dawn-features= option, disable-dawn-features=timestamp_quantization)
 // Exit status: 0 every case computed right, 1 a wrong result or an error, 2 no WebGPU adapter
 // (or npm's webgpu missing): "no adapter: ..." on stderr.
 import fs from 'node:fs';
@@ -67,6 +68,8 @@ async function main() {
   } catch (e) {
     noAdapter(`npm's webgpu is not installed (cd bench/web && npm install): ${e.message}`);
   }
+  // Dawn rounds timestamps to 65.536 us for pages (a timing side channel); a benchmark wants them whole.
+  if (!opts.dawn.some((o) => o.startsWith('disable-dawn-features='))) opts.dawn.push('disable-dawn-features=timestamp_quantization');
   const gpu = webgpu.create(opts.dawn);
   // the browser's globals, as gpu.js expects them
   Object.assign(globalThis, webgpu.globals);

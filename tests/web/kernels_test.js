@@ -66,6 +66,73 @@
       }
       return out;
     }
+    // ---- act.wgsl: the int8 activations and their scales, bit for bit ----
+    // The CPU's rounding (reference.js roundActivations, unit by unit):
+    // mode 0 per 256 (iscale = -127 / signed max, round half to even, scale
+    // 1 / iscale), mode 1 per 32 (d = amax / 127, round half away with 1 / d,
+    // scale d rounded to f16), every division and the f16 rounding correctly
+    // rounded. The inputs: gaussian rows, then rows built to sit on the edges
+    // a GPU's own rounding would get wrong: values halfway between integers
+    // after scaling, and blocks whose amax / 127 lies within a few ulp of a
+    // point halfway between two f16 values (where a conversion that
+    // truncates, as NVIDIA's pack2x16float does, picks the lower one).
+    function actRef(x, mode) {
+      const fr = Math.fround, B = mode === 0 ? 256 : 32, q = new Int8Array(x.length), scale = new Float32Array(x.length / 32);
+      for (let b = 0; b < x.length; b += B) {
+        let amax = 0, max = 0;
+        for (let j = b; j < b + B; j++) if (Math.abs(x[j]) > amax) { amax = Math.abs(x[j]); max = x[j]; }
+        let d = 0;
+        if (mode === 0 && amax) {
+          const iscale = fr(-127 / max);
+          for (let j = b; j < b + B; j++) { const v = fr(iscale * x[j]), r = Math.round(v); q[j] = Math.min(127, (r - v === 0.5 && r % 2) ? r - 1 : r); }
+          d = fr(1 / iscale);
+        } else if (mode === 1) {
+          const dd = fr(amax / 127), id = dd ? fr(1 / dd) : 0;
+          for (let j = b; j < b + B; j++) { const v = fr(x[j] * id); q[j] = Math.sign(v) * Math.floor(Math.abs(v) + 0.5); }
+          d = Math.f16round(dd);
+        }
+        for (let u = b / 32; u < (b + B) / 32; u++) scale[u] = d;
+      }
+      return { q, scale };
+    }
+    function edgeRows(mode, rows, cols) {
+      const x = new Float32Array(rows * cols), fr = Math.fround;
+      for (let r = 0; r < rows; r++) {
+        for (let u = 0; u < cols / 32; u++) {
+          const o = r * cols + u * 32;
+          if (r % 2 === 0) {   // halves after scaling: the block's extreme 127 makes the scale 1
+            for (let j = 0; j < 32; j++) x[o + j] = (Math.floor(rng.uniform() * 253) - 126) + (j % 2 ? 0.5 : 0);
+            x[o + (u % 32)] = mode === 0 ? -127 : 127;
+          } else {             // amax / 127 a few ulp from a halfway point between f16 values
+            const e = Math.floor(rng.uniform() * 20) - 14, m = 1024 + Math.floor(rng.uniform() * 1023);
+            const half = (m + 0.5) * 2 ** (e - 10);
+            const ulp = 2 ** (Math.floor(Math.log2(half * 127)) - 23);
+            const amax = fr(half * 127 + (Math.floor(rng.uniform() * 7) - 3) * ulp);
+            for (let j = 0; j < 32; j++) x[o + j] = fr((rng.uniform() * 2 - 1) * amax);
+            x[o + (u % 32)] = u % 2 ? -amax : amax;
+          }
+        }
+      }
+      return x;
+    }
+    async function checkActivations(gpu) {
+      const rows = 8, cols = 2048;
+      for (const mode of [0, 1]) {
+        for (const [what, x] of [['gaussian', gauss(rows * cols, 3)], ['edge cases', edgeRows(mode, rows, cols)]]) {
+          const got = await gpu.quantizeActivations(x, rows, cols, mode), want = actRef(x, mode);
+          let bad = 0, first = '';
+          for (let u = 0; u < rows * cols / 32; u++) {
+            let sum = 0, same = Object.is(got.scaleSum[2 * u], want.scale[u]);
+            for (let j = u * 32; j < u * 32 + 32; j++) { sum += want.q[j]; same = same && got.q[j] === want.q[j]; }
+            same = same && got.scaleSum[2 * u + 1] === sum;
+            if (!same && !bad++) first = ` (first: unit ${u}, scale ${got.scaleSum[2 * u]} vs ${want.scale[u]})`;
+          }
+          check(`webgpu act.wgsl mode ${mode} ${what}: ints, scales and sums equal the CPU's`, bad === 0,
+                `${bad} of ${rows * cols / 32} units differ${first}`);
+        }
+      }
+    }
+
     const flipNote = (n) => (n ? ` after ${n} near-tie rounding${n > 1 ? 's' : ''} taken the other way` : '');
 
     const combos = [
@@ -106,6 +173,7 @@
       const caps = gpu.capabilities();
       console.log(`webgpu ${JSON.stringify(fl)}: ${JSON.stringify(caps)}`);
       const label = `${caps.subgroups ? 'subgroups' : 'shared'}+${caps.dot4 ? 'dot4' : 'soft-dot'}`;
+      if (!fl.noSubgroups) await checkActivations(gpu);
       gpu.configure(3 * 2048 * 768 * 4 + 256);
       for (const [hidden, nFF, toks] of shapes) {
         for (const types of combos) {

@@ -19,6 +19,42 @@ var<workgroup> s_amax: array<f32, 32>;
 var<workgroup> s_max: array<f32, 32>;
 var<workgroup> s_sum: array<i32, 32>;
 
+// WGSL lets division be off by 2.5 ulp and pack2x16float round either way
+// (NVIDIA's rounds toward zero), and either moves values across an int8
+// rounding step: the scales are computed here in integers, correctly rounded
+// as the CPU computes them.
+
+// a / b rounded to nearest for a, b > 0: 24 quotient bits of the mantissas
+// by restoring division, then the remainder decides the rounding (ties to
+// even). Subnormal operands (which GPUs may flush) keep the plain division.
+fn div_rn(a: f32, b: f32) -> f32 {
+  let ua = bitcast<u32>(a);
+  let ub = bitcast<u32>(b);
+  if ((ua >> 23u) == 0u || (ub >> 23u) == 0u) { return a / b; }
+  let mb = (ub & 0x7fffffu) | 0x800000u;
+  var r = (ua & 0x7fffffu) | 0x800000u;
+  var e = i32(ua >> 23u) - i32(ub >> 23u);
+  if (r < mb) { r = r << 1u; e = e - 1; }
+  var q = 0u;
+  for (var i = 0u; i < 24u; i++) {
+    q = q << 1u;
+    if (r >= mb) { q = q | 1u; r = r - mb; }
+    r = r << 1u;
+  }
+  if (r > mb || (r == mb && (q & 1u) == 1u)) { q = q + 1u; }
+  return ldexp(f32(q), e - 23);
+}
+
+// The f16 nearest to x >= 0 (ties to even), as an f32.
+fn f16_rne(x: f32) -> f32 {
+  if (x < 6.103515625e-05) { return round(x * 16777216.0) * 5.9604644775390625e-08; }   // f16 subnormals: steps of 2^-24
+  let u = bitcast<u32>(x);
+  var keep = u >> 13u;
+  let rest = u & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (keep & 1u) == 1u)) { keep = keep + 1u; }
+  return bitcast<f32>(keep << 13u);
+}
+
 fn pack4(a: i32, b: i32, c: i32, d: i32) -> u32 {
   return (u32(a) & 0xffu) | ((u32(b) & 0xffu) << 8u) | ((u32(c) & 0xffu) << 16u) | ((u32(d) & 0xffu) << 24u);
 }
@@ -70,18 +106,18 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
   var scale = 0.0;
   if (A.mode == 0u) {
     if (am != 0.0) {
-      let iscale = -127.0 / m;
+      let iscale = -sign(m) * div_rn(127.0, abs(m));
       for (var i = 0u; i < 8u; i++) { q[i] = min(127, i32(round(iscale * v[i]))); }
-      scale = 1.0 / iscale;
+      scale = sign(iscale) * div_rn(1.0, abs(iscale));
     }
   } else {
-    let d = am / 127.0;
-    let id = select(0.0, 1.0 / d, d != 0.0);
+    let d = select(0.0, div_rn(am, 127.0), am != 0.0);
+    let id = select(0.0, div_rn(1.0, d), d != 0.0);
     for (var i = 0u; i < 8u; i++) {
       let y = v[i] * id;
       q[i] = i32(sign(y) * floor(abs(y) + 0.5));
     }
-    scale = unpack2x16float(pack2x16float(vec2<f32>(d, 0.0))).x;
+    scale = f16_rne(d);
   }
   s_sum[li] = q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7];
   workgroupBarrier();
