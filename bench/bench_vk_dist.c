@@ -16,13 +16,18 @@
  *   V_first_us, V_head_us       the same for segment 0 (embedding + layer 0)
  *                               and for the head (last result -> logits/argmax)
  *   V_exec_us (dist only)       time in exec.run per layer
+ * --idle-us N,M,...: dist_sleepN and dist_spinN, the zero executor taking N us
+ * a layer (sleeping, spinning) before it answers: the segment's time after
+ * the GPU idled that long, as it does while the experts are on the network.
  * and, on an empty recording,
  *   roundtrip_fence_us          vkQueueSubmit + fence wait of an empty command buffer
  *   local_layer_us              local ms per token / n_layer (experts included)
- * usage: bench_vk_dist MODEL.gguf [--device N] [-p 16] [-n 64] [-r 3] [--skip-cpu] */
+ * usage: bench_vk_dist MODEL.gguf [--device N] [-p 16] [-n 64] [-r 3] [--skip-cpu] [--idle-us N,...] */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/vk/engine_vk.h"
 #define BENCH_NAME "bench_vk_dist"
@@ -30,9 +35,27 @@
 
 static moex_error err;
 
+/* The zero executor; idle_us > 0: it first takes that long, sleeping or
+ * spinning (the GPU idles meanwhile, as it does while a layer's experts are
+ * on the network), to tell the GPU's cost of waking from idle apart from the
+ * host thread's. */
+typedef struct zero_exec {
+    int64_t n_embd;
+    int idle_us;
+    bool spin;
+} zero_exec;
+
 static int zero_run(void *ctx, const moex_moe_request *req, moex_error *e) {
     (void)e;
-    memset(req->out, 0, (size_t)req->n_tokens * (size_t)*(const int64_t *)ctx * sizeof(float));
+    const zero_exec *z = ctx;
+    if (z->idle_us > 0 && z->spin) {
+        const double until = moex_time_s() + 1e-6 * z->idle_us;
+        while (moex_time_s() < until) {}
+    } else if (z->idle_us > 0) {
+        struct timespec ts = {0, 1000L * z->idle_us};
+        nanosleep(&ts, NULL);
+    }
+    memset(req->out, 0, (size_t)req->n_tokens * (size_t)z->n_embd * sizeof(float));
     return 0;
 }
 
@@ -102,15 +125,17 @@ static void roundtrip(moex_vk *vk) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_vk_dist MODEL.gguf [--device N] [-p 16] [-n 64] [-r 3] [--skip-cpu]\n");
+        fprintf(stderr, "usage: bench_vk_dist MODEL.gguf [--device N] [-p 16] [-n 64] [-r 3] [--skip-cpu] [--idle-us N,...]\n");
         return 2;
     }
     int device = -1;
     bench b = {.n_prompt = 16, .n_gen = 64, .reps = 3};
     bool skip_cpu = false;
+    const char *idle = NULL;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--skip-cpu")) skip_cpu = true;
+        else if (i + 1 < argc && !strcmp(a, "--idle-us")) idle = argv[++i];
         else if (i + 1 < argc && !strcmp(a, "--device")) device = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(a, "-p")) b.n_prompt = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(a, "-n")) b.n_gen = atoi(argv[++i]);
@@ -149,10 +174,26 @@ int main(int argc, char **argv) {
     report("local", local, NULL, L);
     printf("local_layer_us %.2f\n", 1e6 * local / L);
 
-    int64_t n_embd = m->hp.n_embd;
+    zero_exec z = {.n_embd = m->hp.n_embd};
     moex_vk_dist_stats st;
-    MUST(moex_vk_state_set_executor(m, b.s, (moex_expert_executor){.ctx = &n_embd, .run = zero_run}, &err));
+    MUST(moex_vk_state_set_executor(m, b.s, (moex_expert_executor){.ctx = &z, .run = zero_run}, &err));
     report("dist_zero", decode_s(&b, true, &st), &st, L);
+    for (const char *p = idle; p && *p;) {
+        char *end;
+        z.idle_us = (int)strtol(p, &end, 10);
+        if (end == p || z.idle_us < 0 || z.idle_us > 1000000) {
+            fprintf(stderr, "bench_vk_dist: --idle-us takes microseconds, comma-separated (0..1000000)\n");
+            return 2;
+        }
+        for (int spin = 0; spin < 2; spin++) {
+            char name[64];
+            z.spin = spin;
+            snprintf(name, sizeof name, "dist_%s%d", spin ? "spin" : "sleep", z.idle_us);
+            report(name, decode_s(&b, true, &st), &st, L);
+        }
+        p = *end == ',' ? end + 1 : end;
+    }
+    z.idle_us = 0;
     if (!skip_cpu) {
         moex_pool *pool = moex_pool_create(0);
         moex_local_executor *le = moex_local_executor_create(m, pool, MOEX_WIRE_DEFAULT);

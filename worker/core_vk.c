@@ -34,11 +34,22 @@ typedef struct vk_slot {
     moex_expert_weights shape;   /* types and shapes of the resident copy (data: the host copy) */
 } vk_slot;
 
-/* One moex_vk_op_experts: rows [r0, r0 + n), slots within [lo, hi]. */
+/* One moex_vk_op_experts: rows [r0, r0 + n), slots within [lo, hi]; each:
+ * every row on one token's matrix-vector kernels (MOEX_VK_EACH), for rows
+ * spread over many experts (decode), where the tiled kernels would fill a
+ * whole tile per expert for a row or two. */
 typedef struct vk_op {
     int64_t r0, n;
     int lo, hi;
+    bool each;
 } vk_op;
+
+/* Rows per expert up to which an op takes the matrix-vector kernels: each
+ * row then streams its expert's weights (from L2 when its neighbour did),
+ * where a tile of the prompt kernels costs several such streams.
+ * MOEX_WORKER_EACH_ROWS overrides it (0: always the kernels by row count, to
+ * compare). */
+#define EACH_ROWS_PER_EXPERT 4
 
 /* A dispatch of the batch: its rows [row0, row0 + n) read from the view at
  * run time (values NULL: zero rows, for the warm-up). */
@@ -76,6 +87,7 @@ struct moex_worker_vk {
     int64_t cap_tokens;
     io_plan plan;
     double stage_s, gpu_s;       /* the last run's two parts */
+    int each_rows;               /* EACH_ROWS_PER_EXPERT or MOEX_WORKER_EACH_ROWS */
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -146,6 +158,8 @@ moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options
     g->n_layers = hp->n_layer;
     g->n_experts = hp->n_expert;
     g->hidden = hp->n_embd;
+    const char *each = getenv("MOEX_WORKER_EACH_ROWS");
+    g->each_rows = each && *each ? atoi(each) : EACH_ROWS_PER_EXPERT;
     plan_slots(g, m);
     if (g->max_span < 1) {
         moex_fail(err, "worker vulkan: an expert of %zu bytes is over the kernels' 4 GiB", g->slot_bytes);
@@ -409,7 +423,10 @@ static int plan_ops(moex_worker_vk *g, moex_error *err) {
             g->ops = p;
             g->cap_ops = cap;
         }
-        g->ops[g->n_ops] = (vk_op){.r0 = r0, .n = r - r0, .lo = lo, .hi = hi};
+        int experts = 1; /* a dispatch's rows are adjacent: count the slot changes */
+        for (int64_t i = r0 + 1; i < r; i++) experts += g->row_slot[i] != g->row_slot[i - 1];
+        g->ops[g->n_ops] = (vk_op){.r0 = r0, .n = r - r0, .lo = lo, .hi = hi,
+                                   .each = r - r0 <= (int64_t)g->each_rows * experts};
         write_ids(g, &g->ops[g->n_ops++]);
         r0 = r;
     }
@@ -428,8 +445,9 @@ static int record_op(moex_worker_vk *g, const vk_op *op, moex_error *err) {
         .down = {w->down.type, w->down.rows, w->down.cols, w->down.row_bytes, base + g->off_down, stride},
         .n_expert = op->hi - op->lo + 1};
     const moex_vk_ptr y = act + g->plan.y + r0 * d4;
-    if (moex_vk_op_experts(g->cmd, &e, act + g->plan.x + r0 * d4, op->n, 1, act + g->plan.ids + r0 * 4,
-                           act + g->plan.gates + r0 * 4, y, y, moex_vk_buffer_ptr(g->scratch), err))
+    if (moex_vk_op_experts_pick(g->cmd, op->each ? MOEX_VK_EACH : MOEX_VK_BY_N, &e, act + g->plan.x + r0 * d4, op->n,
+                                1, act + g->plan.ids + r0 * 4, act + g->plan.gates + r0 * 4, y, y,
+                                moex_vk_buffer_ptr(g->scratch), err))
         return -1;
     moex_vk_barrier(g->cmd); /* the next op reuses the scratch and the rounding buffer */
     return 0;

@@ -7,6 +7,8 @@
 #              with empty shader/pipeline caches, then twice warm
 #   bench      bench_vk: pp512 and decode after a 512-token prompt (docs/PERF.md's figures)
 #   dist       the same prompt through hub --backend vulkan + 4 workers (Vulkan, then CPU) against --local
+#   each       apidist at 8 streams and dist's Vulkan run, each with MOEX_WORKER_EACH_ROWS=4 (default) and 0
+#   probe      hub + 4, 2 and 1 Vulkan workers, and with the hub's CPU pool at one thread (where a layer goes)
 #   nospin     local and hub + 4 Vulkan workers again with MOEX_VK_SPIN_US=0 (every submit blocks on its fence at
 #              once), to set against dist's runs, which poll first
 #   apidist    the API's hub + 4 Vulkan workers at 1 stream, then at 8, each run's hub and worker timings kept
@@ -32,7 +34,7 @@ nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$nvidia_icd" ] && ! ls /usr/share/vulkan/icd.d/*nvidia* >/dev/null 2>&1; then
     export VK_DRIVER_FILES=$nvidia_icd
 fi
-prompt=$(seq -s, 1 512)
+prompt=$(seq -s, 1 ${MOEX_BENCH_PROMPT:-512})
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # "moex-hub: load ... | prompt N tokens X tok/s | decode M tokens Y tok/s ..." -> "X Y"
 stats() { sed -nE 's/.*prompt [0-9]+ tokens ([0-9.]+) tok\/s \| decode [0-9]+ tokens ([0-9.]+) tok\/s.*/\1 \2/p'; }
@@ -74,30 +76,55 @@ step_bench() {
     "$bin/bench_vk" "$model" -p 512 -n 128 -r 3 --no-kernels 2>&1 | grep -E "tok_s|fnv" || echo "bench_vk failed"
 }
 
-# hub --backend vulkan + 4 workers; $1: tag, $2: worker backend, $3: worker threads
+# hub --backend vulkan + workers; $1: tag, $2: worker backend, $3: worker threads, then optionally
+# $4: workers (4), $5: replicas (2), the rest: more hub options
 dist_run() {
+    tag=$1 wb=$2 wt=$3 nw=${4:-4} reps=${5:-2}
+    shift 3; shift $(( $# < 2 ? $# : 2 ))
     p=$(port)
     pids=""
-    for i in 0 1 2 3; do
-        "$bin/moex-worker" --hub "ws://127.0.0.1:$p/ws" --token b --model "$model" --backend "$2" --threads "$3" \
-            --name "w$i" 2> "$work/$1-w$i.err" &
+    for i in $(seq 0 $((nw - 1))); do
+        "$bin/moex-worker" --hub "ws://127.0.0.1:$p/ws" --token b --model "$model" --backend "$wb" --threads "$wt" \
+            --name "w$i" 2> "$work/$tag-w$i.err" &
         pids="$pids $!"
     done
-    "$bin/moex-hub" --backend vulkan -m "$model" --port "$p" --token b --replicas 2 --min-workers 4 --wait-s 300 \
-        --prompt-tokens "$prompt" -n 128 --temp 0 --ignore-eos --print-tokens > "$work/$1.out" 2> "$work/$1.err" ||
-        tail -5 "$work/$1.err"
+    "$bin/moex-hub" --backend vulkan -m "$model" --port "$p" --token b --replicas "$reps" --min-workers "$nw" \
+        --wait-s 300 "$@" --prompt-tokens "$prompt" -n 128 --temp 0 --ignore-eos --print-tokens > "$work/$tag.out" \
+        2> "$work/$tag.err" || tail -5 "$work/$tag.err"
     kill -TERM $pids 2>/dev/null; wait $pids 2>/dev/null || true
-    echo "$1 $(stats < "$work/$1.err") tokens_fnv $(cksum < "$work/$1.out" | cut -d' ' -f1)"
-    grep -h "hub layer timing\|hub gpu" "$work/$1.err" | sed "s/^/$1 /"
-    for i in 0 1 2 3; do grep -ho "worker timing:.*" "$work/$1-w$i.err" | sed "s/^/$1 w$i /"; done
-    grep -A6 "^  worker " "$work/$1.err" | sed "s/^/$1 /"
-    keep "$work/$1.err"
+    echo "$tag $(stats < "$work/$tag.err") tokens_fnv $(cksum < "$work/$tag.out" | cut -d' ' -f1)"
+    grep -h "hub layer timing\|hub gpu" "$work/$tag.err" | sed "s/^/$tag /"
+    for i in $(seq 0 $((nw - 1))); do grep -ho "worker timing:.*" "$work/$tag-w$i.err" | sed "s/^/$tag w$i /"; done
+    grep -A6 "^  worker " "$work/$tag.err" | sed "s/^/$tag /"
+    keep "$work/$tag.err"
 }
 
 step_dist() {
     local_run dist_local
     dist_run dist_vk vulkan 1
     dist_run dist_cpu cpu 3
+}
+
+# Where a distributed layer's time goes on one GPU: the same run with fewer GPU processes (one or two Vulkan
+# workers) and with the hub's CPU thread pool cut to one thread (its spinning threads against the workers')
+step_probe() {
+    local_run probe_local
+    dist_run probe_vk4 vulkan 1
+    dist_run probe_vk4_hubt1 vulkan 1 4 2 --threads 1
+    dist_run probe_vk2 vulkan 1 2 1
+    dist_run probe_vk1 vulkan 1 1 1
+    dist_run probe_cpu4_hubt1 cpu 3 4 2 --threads 1
+}
+
+# The workers' decode batches on one token's kernels (the default) against the kernels by row count
+# (MOEX_WORKER_EACH_ROWS=0: more than 8 rows took the prompt's tiled kernels): the API at 8 streams, then one stream
+step_each() {
+    for e in 4 0; do
+        (export MOEX_WORKER_EACH_ROWS=$e MOEX_APIDIST_STREAMS=8; step_apidist) | sed "s/^/each$e /"
+    done
+    for e in 4 0; do
+        (export MOEX_WORKER_EACH_ROWS=$e; dist_run "each${e}_dist_vk" vulkan 1)
+    done
 }
 
 step_nospin() {

@@ -159,10 +159,14 @@ static void test_discriminates(const moex_model *m, moex_worker_core *core, moex
 
 /* ---- batches: several dispatches in one submission ---- */
 
-/* Token counts that straddle the op size (256 rows): 278 rows in two ops. */
-static void test_batch(const moex_model *m, moex_worker_core *core, moex_worker_vk *g, int dtype) {
+/* Token counts that straddle the op size (256 rows): 278 rows in two ops
+ * (the prompt's tiled kernels); and a decode layer's batch: 13 rows over six
+ * experts, more rows than one matrix-vector dispatch takes, each row on one
+ * token's kernels. */
+static void test_batch(const moex_model *m, moex_worker_core *core, moex_worker_vk *g, int dtype, bool decode) {
     enum { N = 6 };
-    const int layer[N] = {1, 1, 1, 1, 0, 1}, expert[N] = {5, 2, 6, 5, 7, 0}, count[N] = {17, 1, 200, 3, 17, 40};
+    const int layer[N] = {1, 1, 1, 1, 0, 1}, expert[N] = {5, 2, 6, 5, 7, 0};
+    const int count[N] = {decode ? 2 : 17, decode ? 2 : 1, decode ? 2 : 200, decode ? 2 : 3, decode ? 2 : 17, decode ? 3 : 40};
     dispatch d[N];
     moex_error err;
     moex_worker_vk_batch_begin(g);
@@ -244,8 +248,10 @@ static int run_model(const char *path, moex_pool *pool) {
     for (int i = 0; i < 6; i++) hold(g, m, first[i][0], first[i][1]);
     test_single(m, core, g);
     test_discriminates(m, core, g);
-    test_batch(m, core, g, MOEX_DT_F16);
-    test_batch(m, core, g, MOEX_DT_INT8);
+    test_batch(m, core, g, MOEX_DT_F16, false);
+    test_batch(m, core, g, MOEX_DT_INT8, false);
+    test_batch(m, core, g, MOEX_DT_F16, true);
+    test_batch(m, core, g, MOEX_DT_INT8, true);
     test_slots(m, core, g);
     moex_worker_vk_free(g);
     moex_worker_core_free(core);
