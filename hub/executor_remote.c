@@ -293,7 +293,8 @@ static bool already_sent(const hub_task *t, uint32_t worker) {
  * number while its peers carry all the load. */
 static int candidates(hub_executor *x, const hub_task *t, hub_replica *out) {
     hub_replica all[MOEX_PLACEMENT_MAX_REPLICAS];
-    const int n_all = hub_registry_replicas(x->reg, x->layer, t->expert, all, MOEX_PLACEMENT_MAX_REPLICAS);
+    const int n_all = hub_registry_replicas(x->reg, x->layer, t->expert, hub_size_of(t->n_tokens), all,
+                                            MOEX_PLACEMENT_MAX_REPLICAS);
     int n = 0;
     for (int i = 0; i < n_all; i++) {
         if (already_sent(t, all[i].id)) {
@@ -395,7 +396,8 @@ static int fall_back(hub_executor *x, hub_task *t, moex_error *err) {
 }
 
 /* The task's first sends: h replicas (or one plus a deferred hedge). */
-static int dispatch_task(hub_executor *x, hub_task *t, float median, double now, moex_error *err) {
+static int dispatch_task(hub_executor *x, hub_task *t, const float median_of[2], double now, moex_error *err) {
+    const float median = median_of[hub_size_of(t->n_tokens)];
     hub_replica c[MOEX_PLACEMENT_MAX_REPLICAS];
     const int n = candidates(x, t, c);
     t->hedge_at_s = INFINITY;
@@ -445,7 +447,8 @@ static double service(hub_executor *x, double now, int *rc, moex_error *err) {
             for (int s = 0; s < t->n_sent; s++) {
                 if (t->sends[s].failed) continue;
                 t->sends[s].failed = true;
-                hub_registry_record(x->reg, t->sends[s].worker, (float)x->cfg.timeout_ms, HUB_TIMEOUT);
+                hub_registry_record(x->reg, t->sends[s].worker, hub_size_of(t->n_tokens), (float)x->cfg.timeout_ms,
+                                    HUB_TIMEOUT);
                 HUB_COUNT(x->metrics, timeouts);
             }
             *rc = redispatch(x, t, now, err);
@@ -504,7 +507,7 @@ static void cancel_losers(hub_executor *x, hub_task *t, int winner, double now) 
         if (i == winner || s->failed) continue;
         /* their answer will not come: what they took so far is a lower bound
          * of their latency, so a slow replica stops being picked first */
-        hub_registry_record(x->reg, s->worker, (float)((now - s->at) * 1000.0), HUB_LOST);
+        hub_registry_record(x->reg, s->worker, hub_size_of(t->n_tokens), (float)((now - s->at) * 1000.0), HUB_LOST);
         uint8_t buf[64];
         size_t n;
         if (!moex_proto_encode_cancel(t->seq, (uint16_t)x->layer, (uint16_t)t->expert, buf, sizeof buf, &n, NULL) &&
@@ -563,13 +566,13 @@ static void finish_result(hub_executor *x, uint32_t worker, pending_result *pr, 
     if (!pr->finite) {
         t->sends[pr->send].failed = true; /* re-dispatched like a wrong answer, counted against the worker */
         HUB_COUNT(x->metrics, bad_results);
-        hub_registry_record(x->reg, worker, ms, HUB_TIMEOUT);
+        hub_registry_record(x->reg, worker, hub_size_of(t->n_tokens), ms, HUB_TIMEOUT);
         moex_log(MOEX_LOG_WARN, "layer %d expert %d: a RESULT with non-finite values; re-dispatched", x->layer, t->expert);
         return;
     }
     t->done = true;
     t->winner = worker;
-    hub_registry_record(x->reg, worker, ms, HUB_WON);
+    hub_registry_record(x->reg, worker, hub_size_of(t->n_tokens), ms, HUB_WON);
     if (pr->send != 0) HUB_COUNT(x->metrics, hedges_won);
     cancel_losers(x, t, pr->send, t_rx);
 }
@@ -783,7 +786,8 @@ static int prepare(hub_executor *x, const moex_moe_request *req, moex_error *err
 
 static int send_layer(hub_executor *x, moex_error *err) {
     x->n_inflight = 0;
-    const float median = x->cfg.hedge == 0 ? hub_registry_median_ms(x->reg) : 0.0f;
+    const float median[2] = {x->cfg.hedge == 0 ? hub_registry_median_ms(x->reg, HUB_SMALL) : 0.0f,
+                             x->cfg.hedge == 0 ? hub_registry_median_ms(x->reg, HUB_LARGE) : 0.0f};
     const double now = moex_time_s();
     int rc = 0;
     for (int i = 0; i < x->n_tasks && rc == 0; i++) rc = dispatch_task(x, &x->tasks[i], median, now, err);

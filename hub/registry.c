@@ -38,8 +38,8 @@ struct hub_worker {
     int consecutive_timeouts;
     float lat_ms[LAT_SAMPLES];   /* round trips of its winning results, a ring */
     uint32_t lat_n;
-    float lat_ewma_ms;           /* < 0: unknown */
-    double last_sample_s;
+    float lat_ewma_ms[2];        /* by hub_size, < 0: unknown */
+    double last_sample_s[2];
     float rtt_ms;                /* from heartbeats */
     uint64_t bytes_in, n_dispatched, n_won, n_lost, n_timeouts;
 };
@@ -271,7 +271,7 @@ hub_worker *hub_registry_connect(hub_registry *r, hub_conn *c) {
         hub_conn_ref(c);
         w->conn = c;
         w->last_rx_s = moex_time_s();
-        w->lat_ewma_ms = -1;
+        w->lat_ewma_ms[HUB_SMALL] = w->lat_ewma_ms[HUB_LARGE] = -1;
         r->w[r->n++] = w;
     }
     pthread_mutex_unlock(&r->mu);
@@ -372,7 +372,7 @@ static void adopt(hub_registry *r, hub_worker *w, hub_worker *old) {
     w->id = old->id;
     memcpy(w->lat_ms, old->lat_ms, sizeof w->lat_ms);
     w->lat_n = old->lat_n;
-    w->lat_ewma_ms = old->lat_ewma_ms;
+    memcpy(w->lat_ewma_ms, old->lat_ewma_ms, sizeof w->lat_ewma_ms);
     w->n_dispatched = old->n_dispatched;
     w->n_won = old->n_won;
     w->n_timeouts = old->n_timeouts;
@@ -513,8 +513,9 @@ void hub_registry_tick(hub_registry *r, double now) {
         if (!w->joined) continue;
         /* A worker not picked for a while (it looked slow) drifts back towards
          * its network round trip, so it gets tried again and stays current. */
-        if (w->lat_ewma_ms >= 0 && now - w->last_sample_s > 2.0)
-            w->lat_ewma_ms = 0.8f * w->lat_ewma_ms + 0.2f * w->rtt_ms;
+        for (int c = 0; c < 2; c++)
+            if (w->lat_ewma_ms[c] >= 0 && now - w->last_sample_s[c] > 2.0)
+                w->lat_ewma_ms[c] = 0.8f * w->lat_ewma_ms[c] + 0.2f * w->rtt_ms;
         moex_proto_heartbeat hb = {.timestamp_us = (uint64_t)(now * 1e6), .state = MOEX_STATE_READY};
         size_t len;
         if (!moex_proto_encode_heartbeat(0, &hb, r->ctl, sizeof r->ctl, &len, NULL)) send_ctl(r, w, len);
@@ -526,7 +527,7 @@ void hub_registry_tick(hub_registry *r, double now) {
 
 /* ---- the executor's questions ---- */
 
-int hub_registry_replicas(hub_registry *r, int layer, int expert, hub_replica *out, int max) {
+int hub_registry_replicas(hub_registry *r, int layer, int expert, hub_size size, hub_replica *out, int max) {
     int n = 0;
     pthread_mutex_lock(&r->mu);
     const uint32_t *ids = r->placement ? moex_placement_lookup(r->placement, (uint32_t)layer, (uint32_t)expert) : NULL;
@@ -536,19 +537,19 @@ int hub_registry_replicas(hub_registry *r, int layer, int expert, hub_replica *o
             !hub_conn_open(w->conn))
             continue;
         hub_conn_ref(w->conn);
-        out[n++] = (hub_replica){.id = w->id, .conn = w->conn, .lat_ms = w->lat_ewma_ms, .sampled_s = w->last_sample_s,
+        out[n++] = (hub_replica){.id = w->id, .conn = w->conn, .lat_ms = w->lat_ewma_ms[size], .sampled_s = w->last_sample_s[size],
                                  .backend = w->backend};
     }
     pthread_mutex_unlock(&r->mu);
     return n;
 }
 
-float hub_registry_median_ms(hub_registry *r) {
+float hub_registry_median_ms(hub_registry *r, hub_size size) {
     float v[HUB_MAX_WORKERS];
     int n = 0;
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < r->n; i++)
-        if (r->w[i]->lat_ewma_ms >= 0 && is_member(r->w[i])) v[n++] = r->w[i]->lat_ewma_ms;
+        if (r->w[i]->lat_ewma_ms[size] >= 0 && is_member(r->w[i])) v[n++] = r->w[i]->lat_ewma_ms[size];
     pthread_mutex_unlock(&r->mu);
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
@@ -559,18 +560,18 @@ float hub_registry_median_ms(hub_registry *r) {
     return n ? v[n / 2] : 0.0f;
 }
 
-static void record_latency(hub_worker *w, float ms) {
-    w->last_sample_s = moex_time_s();
+static void record_latency(hub_worker *w, hub_size size, float ms) {
+    w->last_sample_s[size] = moex_time_s();
     w->lat_ms[w->lat_n % LAT_SAMPLES] = ms;
     w->lat_n++;
-    w->lat_ewma_ms = w->lat_ewma_ms < 0 ? ms : 0.8f * w->lat_ewma_ms + 0.2f * ms;
+    w->lat_ewma_ms[size] = w->lat_ewma_ms[size] < 0 ? ms : 0.8f * w->lat_ewma_ms[size] + 0.2f * ms;
 }
 
-void hub_registry_record(hub_registry *r, uint32_t id, float ms, hub_outcome o) {
+void hub_registry_record(hub_registry *r, uint32_t id, hub_size size, float ms, hub_outcome o) {
     pthread_mutex_lock(&r->mu);
     hub_worker *w = by_id(r, id);
     if (w) {
-        record_latency(w, ms);
+        record_latency(w, size, ms);
         if (o == HUB_WON) {
             w->n_won++;
             w->consecutive_timeouts = 0;
@@ -753,7 +754,8 @@ int hub_registry_workers(hub_registry *r, hub_worker_info *out, int max) {
         if (n < max) {
             hub_worker_info *o = &out[n];
             *o = (hub_worker_info){.id = w->id, .state = state_of(w), .backend = w->backend, .capacity = w->capacity,
-                                   .lat_ewma_ms = w->lat_ewma_ms, .rtt_ms = w->rtt_ms, .dispatched = w->n_dispatched,
+                                   .lat_ewma_ms = {w->lat_ewma_ms[HUB_SMALL], w->lat_ewma_ms[HUB_LARGE]},
+                                   .rtt_ms = w->rtt_ms, .dispatched = w->n_dispatched,
                                    .won = w->n_won, .lost = w->n_lost, .timeouts = w->n_timeouts, .bytes_in = w->bytes_in};
             snprintf(o->name, sizeof o->name, "%s", w->name);
             snprintf(o->peer, sizeof o->peer, "%s", w->conn ? hub_conn_peer(w->conn) : "");

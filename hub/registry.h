@@ -56,26 +56,36 @@ void hub_registry_tick(hub_registry *r, double now);
 
 /* ---- the executor ---- */
 
+/* A dispatch's size: what a worker takes for a decode dispatch (a token or
+ * two) says nothing about a prompt dispatch (dozens of tokens) and the other
+ * way round, so each worker has a latency estimate of each. Were there one,
+ * the worker that happened to carry the prompt's last big batches would
+ * look slow to every decode layer after it and be left out. */
+typedef enum hub_size { HUB_SMALL, HUB_LARGE } hub_size;
+#define HUB_SMALL_TOKENS 4   /* tokens of a dispatch up to which it is HUB_SMALL */
+static inline hub_size hub_size_of(int64_t n_tokens) { return n_tokens <= HUB_SMALL_TOKENS ? HUB_SMALL : HUB_LARGE; }
+
 typedef struct hub_replica {
     uint32_t id;
     hub_conn *conn;          /* a reference: hub_conn_unref when done */
-    float lat_ms;            /* recent round trips (EWMA), < 0: unknown */
+    float lat_ms;            /* recent round trips of the size asked (EWMA), < 0: unknown */
     double sampled_s;        /* when lat_ms last learned something (0: never) */
     uint8_t backend;
 } hub_replica;
 
 /* The usable replicas of (layer, expert): joined, ready for it, healthy, not
- * evicted, connection open; at most max, in placement order. */
-int hub_registry_replicas(hub_registry *r, int layer, int expert, hub_replica *out, int max);
-/* The median of the known workers' latency estimates (0 when none). */
-float hub_registry_median_ms(hub_registry *r);
+ * evicted, connection open; at most max, in placement order; their estimates
+ * for dispatches of that size. */
+int hub_registry_replicas(hub_registry *r, int layer, int expert, hub_size size, hub_replica *out, int max);
+/* The median of the known workers' latency estimates for that size (0 when none). */
+float hub_registry_median_ms(hub_registry *r, hub_size size);
 
 typedef enum hub_outcome {
     HUB_WON,       /* its RESULT was used */
     HUB_LOST,      /* another replica answered first (ms: its wait so far, a lower bound) */
     HUB_TIMEOUT,   /* no answer by the deadline */
 } hub_outcome;
-void hub_registry_record(hub_registry *r, uint32_t id, float ms, hub_outcome o);
+void hub_registry_record(hub_registry *r, uint32_t id, hub_size size, float ms, hub_outcome o);
 /* A worker whose result disagreed with the hub's: banned (its session key is
  * refused from now on) and disconnected. */
 void hub_registry_evict(hub_registry *r, uint32_t id, const char *why);
@@ -105,7 +115,8 @@ typedef struct hub_worker_info {
     uint8_t backend;
     float capacity;
     uint32_t experts_assigned, experts_ready;
-    float lat_p50_ms, lat_p95_ms, lat_p99_ms, lat_ewma_ms, rtt_ms;  /* < 0: no sample yet */
+    float lat_p50_ms, lat_p95_ms, lat_p99_ms, rtt_ms;  /* < 0: no sample yet */
+    float lat_ewma_ms[2];        /* by hub_size, < 0: no sample yet */
     uint64_t dispatched, won, timeouts, bytes_in;
     uint64_t lost;               /* tasks another replica (a hedge) answered first */
 } hub_worker_info;

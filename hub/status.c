@@ -258,7 +258,8 @@ static void add_worker(cJSON *arr, const hub_worker_info *w) {
     cJSON_AddNumberToObject(o, "experts_ready", w->experts_ready);
     cJSON_AddNumberToObject(o, "latency_p50_ms", w->lat_p50_ms);
     cJSON_AddNumberToObject(o, "latency_p95_ms", w->lat_p95_ms);
-    cJSON_AddNumberToObject(o, "latency_ewma_ms", w->lat_ewma_ms);
+    cJSON_AddNumberToObject(o, "latency_ewma_ms", w->lat_ewma_ms[HUB_SMALL]);         /* decode dispatches */
+    cJSON_AddNumberToObject(o, "latency_ewma_prompt_ms", w->lat_ewma_ms[HUB_LARGE]);  /* prompt dispatches */
     cJSON_AddNumberToObject(o, "rtt_ms", w->rtt_ms);
     cJSON_AddNumberToObject(o, "dispatched", (double)w->dispatched);
     cJSON_AddNumberToObject(o, "won", (double)w->won);

@@ -2,7 +2,8 @@
  * on detached connections whose queues the test reads: the worker-record
  * bound, the JOIN rate, repeated JOINs, a reconnect presenting its session
  * key (same id, same experts), a ban that follows the key and not the name,
- * and rejections queued before the close. */
+ * rejections queued before the close, and latency estimates kept per
+ * dispatch size. */
 #include <string.h>
 
 #include "hub/registry.h"
@@ -260,13 +261,58 @@ static void test_bad_frame_departs(void) {
     read_queue(&a, &in);
     CHECK(in.n_errors == 1 && in.errors[0] < 0 && !hub_conn_open(a.conn), "and it is told (ERROR < 0), then closed");
     hub_replica r[4];
-    CHECK(hub_registry_replicas(wd.reg, 0, 0, r, 4) == 0, "and is no replica any more");
+    CHECK(hub_registry_replicas(wd.reg, 0, 0, HUB_SMALL, r, 4) == 0, "and is no replica any more");
     close_peer(&wd, &a);
+    world_free(&wd);
+}
+
+/* A worker's latency is learned per dispatch size: one that carried a
+ * prompt's big batches (slow) is unknown, so tried, for decode dispatches,
+ * instead of looking slow to them. */
+static void test_latency_by_size(void) {
+    world wd;
+    world_init(&wd);
+    peer a = connect_peer(&wd), b = connect_peer(&wd);
+    inbox_of ia = {0}, ib = {0};
+    join(&wd, &a, "prompt-carrier", 100, 0);
+    join(&wd, &b, "decoder", 100, 0);
+    for (int round = 0; round < 2; round++) { /* the second join re-assigns the first */
+        read_queue(&a, &ia);
+        read_queue(&b, &ib);
+        ready(&wd, &a, ia.gen);
+        ready(&wd, &b, ib.gen);
+    }
+    for (int i = 0; i < 5; i++) {
+        hub_registry_record(wd.reg, ia.worker_id, HUB_LARGE, 72.0f, HUB_WON);
+        hub_registry_record(wd.reg, ib.worker_id, HUB_LARGE, 70.0f, HUB_WON);
+        hub_registry_record(wd.reg, ib.worker_id, HUB_SMALL, 0.8f, HUB_WON);
+    }
+    hub_replica r[4];
+    float small[2] = {-2, -2}, large[2] = {-2, -2};
+    int n = hub_registry_replicas(wd.reg, 0, 0, HUB_SMALL, r, 4);
+    for (int i = 0; i < n; i++) {
+        small[r[i].id == ib.worker_id] = r[i].lat_ms;
+        hub_conn_unref(r[i].conn);
+    }
+    CHECK(n == 2, "both workers replicate expert (0, 0): %d", n);
+    CHECK(small[0] < 0 && fabsf(small[1] - 0.8f) < 1e-3f,
+          "decode estimates: the prompt carrier unknown (%.2f), the decoder 0.8 (%.2f)", small[0], small[1]);
+    n = hub_registry_replicas(wd.reg, 0, 0, HUB_LARGE, r, 4);
+    for (int i = 0; i < n; i++) {
+        large[r[i].id == ib.worker_id] = r[i].lat_ms;
+        hub_conn_unref(r[i].conn);
+    }
+    CHECK(fabsf(large[0] - 72.0f) < 1e-2f && fabsf(large[1] - 70.0f) < 1e-2f, "prompt estimates 72 and 70: %.2f %.2f",
+          large[0], large[1]);
+    CHECK(fabsf(hub_registry_median_ms(wd.reg, HUB_SMALL) - 0.8f) < 1e-3f, "decode median from the decoder alone");
+    close_peer(&wd, &a);
+    close_peer(&wd, &b);
     world_free(&wd);
 }
 
 int main(void) {
     setenv("MOEX_LOG", "error", 0);
+    test_latency_by_size();
     test_record_bound();
     test_join_rate();
     test_repeated_join();
