@@ -94,7 +94,8 @@ async function main() {
     res = await globalThis.moexFfnBench({ base: 'moex-web/', reps: opts.reps, seed: opts.seed }, (l) => console.log(l));
   } catch (e) {
     if (/no adapter/.test(String(e.message || e))) noAdapter(`${e.message} (Dawn found no usable GPU: ` +
-      'Vulkan needs its loader and the GPU driver\'s ICD, e.g. VK_DRIVER_FILES=.../nvidia_icd.json)');
+      'Vulkan needs its loader and the GPU driver\'s ICD, e.g. VK_DRIVER_FILES=.../nvidia_icd.json, and ' +
+      'NVIDIA\'s driver glvnd\'s libraries: libglvnd0 libglx0 libegl1 libgl1, see pack.sh)');
     throw e;
   }
   res.node = process.version;
