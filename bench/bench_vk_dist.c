@@ -125,7 +125,8 @@ static void roundtrip(moex_vk *vk) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_vk_dist MODEL.gguf [--device N] [-p 16] [-n 64] [-r 3] [--skip-cpu] [--idle-us N,...]\n");
+        fprintf(stderr,
+                "usage: bench_vk_dist MODEL.gguf [--device N] [-p 16] [-n 64] [-r 3] [--skip-cpu] [--idle-us N,...]\n");
         return 2;
     }
     int device = -1;

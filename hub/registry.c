@@ -537,8 +537,8 @@ int hub_registry_replicas(hub_registry *r, int layer, int expert, hub_size size,
             !hub_conn_open(w->conn))
             continue;
         hub_conn_ref(w->conn);
-        out[n++] = (hub_replica){.id = w->id, .conn = w->conn, .lat_ms = w->lat_ewma_ms[size], .sampled_s = w->last_sample_s[size],
-                                 .backend = w->backend};
+        out[n++] = (hub_replica){.id = w->id, .conn = w->conn, .lat_ms = w->lat_ewma_ms[size],
+                                 .sampled_s = w->last_sample_s[size], .backend = w->backend};
     }
     pthread_mutex_unlock(&r->mu);
     return n;

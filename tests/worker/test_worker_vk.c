@@ -166,7 +166,8 @@ static void test_discriminates(const moex_model *m, moex_worker_core *core, moex
 static void test_batch(const moex_model *m, moex_worker_core *core, moex_worker_vk *g, int dtype, bool decode) {
     enum { N = 6 };
     const int layer[N] = {1, 1, 1, 1, 0, 1}, expert[N] = {5, 2, 6, 5, 7, 0};
-    const int count[N] = {decode ? 2 : 17, decode ? 2 : 1, decode ? 2 : 200, decode ? 2 : 3, decode ? 2 : 17, decode ? 3 : 40};
+    const int prompt_rows[N] = {17, 1, 200, 3, 17, 40}, decode_rows[N] = {2, 2, 2, 2, 2, 3};
+    const int *count = decode ? decode_rows : prompt_rows;
     dispatch d[N];
     moex_error err;
     moex_worker_vk_batch_begin(g);
