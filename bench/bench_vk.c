@@ -2,7 +2,8 @@
  * decode from an empty context and after the prompt), and the achieved
  * bandwidth of the main kernels on the model's own layer-0 weights against
  * the device's buffer-copy bandwidth. Prints "key value" lines.
- * usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--ctx N] [--exact|--round] */
+ * usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--ctx N] [--exact|--round]
+ *        [--streams N,...]: only the batched decode of N sequences (bench_streams) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -402,15 +403,69 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
     moex_vk_buffer_free(act);
 }
 
+/* Decode of n_streams sequences at once through moex_vk_forward_batch (what
+ * `moex-hub serve --parallel` runs): each slot's 32-token prompt, then n_g
+ * steps of one token per slot with its logits read back (the server samples
+ * on the host); the greedy token is taken on the host from the rows. Prints
+ * streams<N>_step_ms (median step: forward + read-back) and
+ * streams<N>_argmax_ms (the host's share: the rows' argmax), and the
+ * aggregate tok/s. MOEX_VK_PROFILE=1 adds the GPU's per-op table. */
+static void bench_streams(const moex_model *m, const moex_vk_options *o, int n_streams, int n_g) {
+    const int P = 32;
+    const int64_t V = m->hp.n_vocab, n_ctx = P + n_g + 8;
+    moex_vk_state *s = moex_vk_state_create_multi(m, n_ctx, P > n_streams ? P : n_streams, n_streams, o, &err);
+    MUST(!s);
+    const size_t nt = (size_t)(P + n_streams);
+    int32_t *tok = malloc(nt * sizeof *tok), *seq = malloc(nt * sizeof *seq), *pos = malloc(nt * sizeof *pos);
+    bool *want = malloc(nt * sizeof *want);
+    float *logits = malloc((size_t)n_streams * (size_t)V * sizeof *logits);
+    int32_t *next = malloc((size_t)n_streams * sizeof *next);
+    MUST(!tok || !seq || !pos || !want || !logits || !next);
+    for (int q = 0; q < n_streams; q++) {   /* each slot's prompt: distinct tokens */
+        for (int i = 0; i < P; i++) {
+            tok[i] = (int32_t)((1 + 7919 * (int64_t)(q * P + i)) % V);
+            seq[i] = q, pos[i] = i, want[i] = i == P - 1;
+        }
+        MUST(moex_vk_forward_batch(m, s, &(moex_batch){.n = P, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want},
+                                   logits, &err));
+        next[q] = 0;
+        for (int64_t v = 1; v < V; v++) if (logits[v] > logits[next[q]]) next[q] = (int32_t)v;
+    }
+    double *step = malloc((size_t)n_g * sizeof *step), *host = malloc((size_t)n_g * sizeof *host);
+    MUST(!step || !host);
+    const double t_all = moex_time_s();
+    for (int i = 0; i < n_g; i++) {
+        for (int q = 0; q < n_streams; q++) tok[q] = next[q], seq[q] = q, pos[q] = P + i, want[q] = true;
+        const double t0 = moex_time_s();
+        MUST(moex_vk_forward_batch(m, s, &(moex_batch){.n = n_streams, .tokens = tok, .seq = seq, .pos = pos,
+                                                        .want_logits = want}, logits, &err));
+        const double t1 = moex_time_s();
+        for (int q = 0; q < n_streams; q++) {
+            const float *row = logits + (size_t)q * (size_t)V;
+            next[q] = 0;
+            for (int64_t v = 1; v < V; v++) if (row[v] > row[next[q]]) next[q] = (int32_t)v;
+        }
+        step[i] = moex_time_s() - t0;
+        host[i] = moex_time_s() - t1;
+    }
+    const double wall = moex_time_s() - t_all;
+    printf("streams%d_step_ms %.3f\nstreams%d_argmax_ms %.3f\nstreams%d_tok_s %.1f\n", n_streams, 1e3 * median(step, n_g),
+           n_streams, 1e3 * median(host, n_g), n_streams, n_streams * n_g / wall);
+    free(step), free(host), free(tok), free(seq), free(pos), free(want), free(logits), free(next);
+    moex_vk_state_free(s);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--ctx N] [--round] [--no-kernels|--only-kernels|--only-experts]\n");
+        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--ctx N] [--round] "
+                        "[--no-kernels|--only-kernels|--only-experts|--streams N,...]\n");
         return 2;
     }
     int n_p = 512, n_g = 128, reps = 3;
     bool kernels = true, only_kernels = false;   /* --only-kernels: skip pp/tg (compare kernel variants) */
     bool only_experts = false;   /* --only-experts: the expert shapes of MOEX_VK_EX_SWEEP alone */
     int n_ctx = 0;   /* --ctx: the state's context (default: the prompt, the decode and 8) */
+    const char *streams = NULL;   /* --streams 1,8: only the batched decode of that many sequences (bench_streams) */
     moex_vk_options o = {.device = -1, .verbose = true};
     for (int i = 2; i < argc; i++) {
         const bool has = i + 1 < argc;
@@ -423,6 +478,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-kernels")) kernels = false;
         else if (!strcmp(argv[i], "--only-kernels")) only_kernels = true;
         else if (!strcmp(argv[i], "--only-experts")) only_experts = true;
+        else if (!strcmp(argv[i], "--streams") && has) streams = argv[++i];
         else {
             fprintf(stderr, "bench_vk: unknown argument %s\n", argv[i]);
             return 2;
@@ -436,6 +492,20 @@ int main(int argc, char **argv) {
     char desc[256];
     moex_model_describe(m, desc, sizeof desc);
     printf("model %s\n", desc);
+    if (streams) {
+        for (const char *p = streams; *p;) {
+            char *end;
+            const long n = strtol(p, &end, 10);
+            if (end == p || n < 1 || n > 256) {
+                fprintf(stderr, "bench_vk: --streams takes counts 1..256, comma-separated\n");
+                return 2;
+            }
+            bench_streams(m, &o, (int)n, n_g);
+            p = *end == ',' ? end + 1 : end;
+        }
+        moex_model_free(m);
+        return 0;
+    }
     moex_vk_state *s = moex_vk_state_create(m, n_ctx, n_p, &o, &err);
     MUST(!s);
     printf("device %s\nload_s %.2f\n", moex_vk_get_info(moex_vk_state_device(s))->name, moex_time_s() - t0);

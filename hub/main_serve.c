@@ -252,7 +252,8 @@ static int start(const serve_options *o, serving *sv) {
     }
     const int parallel = o->parallel;   /* both engines decode --parallel sequences in one forward */
     sv->status.sched_cfg = (hub_sched_config){.n_slots = parallel, .n_ctx = sv->eng.n_ctx, .n_batch = sv->eng.n_batch,
-                                              .prompt_chunk = o->prompt_chunk, .max_queue = o->max_queue};
+                                              .prompt_chunk = o->prompt_chunk, .max_queue = o->max_queue,
+                                              .pool = sv->pool};
     if (!(sv->sched = hub_sched_start(sv->m, &sv->eng, &sv->status.sched_cfg, &sv->stats, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;

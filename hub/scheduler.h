@@ -94,6 +94,8 @@ typedef struct hub_sched_config {
     int64_t n_batch;             /* tokens per forward at most */
     int64_t prompt_chunk;        /* prompt tokens per forward while other sequences decode */
     int max_queue;               /* jobs waiting for a slot at most; more are refused */
+    moex_pool *pool;             /* samples the step's rows in parallel (each its own sampler); NULL: one by one.
+                                    Used between forwards only, so it may be the engine's */
 } hub_sched_config;
 
 typedef struct hub_sched hub_sched;

@@ -6,7 +6,7 @@
  * sequence and prompt chunks within --prompt-chunk, positions in order per
  * slot; concurrent jobs equal their runs alone; a cancelled job frees its
  * slot and the next job rewrites it from position 0; the context's end; a
- * failing forward; a full queue.
+ * failing forward; a full queue. The rows are sampled on a thread pool.
  *
  * usage: test_scheduler QWEN2_VOCAB.gguf */
 #include <pthread.h>
@@ -102,6 +102,7 @@ static int fake_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos
 
 static moex_tokenizer *tok;
 static moex_model model;
+static moex_pool *g_pool;   /* the schedulers sample their rows on it (three threads) */
 
 static void sleep_ms(int ms) {
     struct timespec ts = {0, ms * 1000000L};
@@ -185,7 +186,7 @@ static hub_sched *start(hub_sched_stats *st, int slots, int64_t n_ctx, int64_t c
                        .n_batch = 64, .n_seq = MAX_SLOTS};
     for (int i = 0; i < MAX_SLOTS; i++) fk.last_pos[i] = -1;
     hub_sched_config cfg = {.n_slots = slots, .n_ctx = n_ctx, .n_batch = 64, .prompt_chunk = chunk,
-                            .max_queue = max_queue};
+                            .max_queue = max_queue, .pool = g_pool};
     moex_error err = {0};
     hub_sched *s = hub_sched_start(&model, &eng, &cfg, st, &err);
     CHECK(s != NULL, "start: %s", err.msg);
@@ -358,6 +359,8 @@ int main(int argc, char **argv) {
     model.tok = tok;
     pthread_mutex_init(&fk.mu, NULL);
     fk.n_vocab = model.hp.n_vocab;
+    g_pool = moex_pool_create(3);
+    CHECK(g_pool != NULL, "a thread pool");
     for (int s = 0; s < MAX_SLOTS; s++) fk.last_pos[s] = -1;
 
     const char *hello_text = "Hello world, this is a test";
@@ -382,6 +385,7 @@ int main(int argc, char **argv) {
     check_queue_limit(&st2);
     moex_tokenizer_free(tok);
     moex_gguf_close(g);
+    moex_pool_destroy(g_pool);
     if (g_failures) {
         fprintf(stderr, "%d checks failed\n", g_failures);
         return 1;
