@@ -43,7 +43,8 @@ for t in "test_vk_layout" "test_vk_matmul" "test_vk_matmul --no-subgroup" "test_
          "test_vk_ops attention" "test_vk_ops router" "test_vk_ops experts" "test_vk_ops fused" "test_vk_ops decode" \
          "test_vk_experts_mv" "test_vk_coop" "test_vk_coop_forward /tmp/vkm/qwen3moe.gguf" \
          "test_vk_forward /tmp/vkm/qwen3moe.gguf" "test_vk_forward /tmp/vkm/llama.gguf --loose" \
-         "test_vk_dist /tmp/vkm/qwen3moe.gguf"; do
+         "test_vk_dist /tmp/vkm/qwen3moe.gguf" "test_vk_batch /tmp/vkm/qwen3moe.gguf" "test_vk_batch /tmp/vkm/llama.gguf" \
+         "test_worker_vk /tmp/vkm/qwen3moe.gguf"; do
     if $bin/$t > /tmp/vkm/log 2>&1; then echo "test ok: $t"; else echo "test FAILED: $t"; tail -n 15 /tmp/vkm/log; fi
 done
 grep -h "teacher-forced\|greedy" /tmp/vkm/log || true
