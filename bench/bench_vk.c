@@ -426,8 +426,8 @@ static void bench_streams(const moex_model *m, const moex_vk_options *o, int n_s
             tok[i] = (int32_t)((1 + 7919 * (int64_t)(q * P + i)) % V);
             seq[i] = q, pos[i] = i, want[i] = i == P - 1;
         }
-        MUST(moex_vk_forward_batch(m, s, &(moex_batch){.n = P, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want},
-                                   logits, &err));
+        const moex_batch prompt = {.n = P, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want};
+        MUST(moex_vk_forward_batch(m, s, &prompt, logits, &err));
         next[q] = 0;
         for (int64_t v = 1; v < V; v++) if (logits[v] > logits[next[q]]) next[q] = (int32_t)v;
     }
@@ -449,8 +449,8 @@ static void bench_streams(const moex_model *m, const moex_vk_options *o, int n_s
         host[i] = moex_time_s() - t1;
     }
     const double wall = moex_time_s() - t_all;
-    printf("streams%d_step_ms %.3f\nstreams%d_argmax_ms %.3f\nstreams%d_tok_s %.1f\n", n_streams, 1e3 * median(step, n_g),
-           n_streams, 1e3 * median(host, n_g), n_streams, n_streams * n_g / wall);
+    printf("streams%d_step_ms %.3f\nstreams%d_argmax_ms %.3f\nstreams%d_tok_s %.1f\n", n_streams,
+           1e3 * median(step, n_g), n_streams, 1e3 * median(host, n_g), n_streams, n_streams * n_g / wall);
     free(step), free(host), free(tok), free(seq), free(pos), free(want), free(logits), free(next);
     moex_vk_state_free(s);
 }
