@@ -81,18 +81,20 @@ static void check_against_forward(world *w, int i, double tol) {
     if (L > BATCH) return;   /* moex_vk_forward takes the prompt in one batch here */
     float *row = malloc((size_t)V * 4);
     double worst = 0;
-    int same = 0;
+    int same = 0, over = 0;
     MUST(moex_vk_forward(w->m, w->s, w->prompt[i], L, 0, false, row, &g_err));
     for (int g = 0; g < N_GEN; g++) {
         if (g) MUST(moex_vk_forward(w->m, w->s, &w->alone[i].tok[g - 1], 1, L + g - 1, false, row, &g_err));
         const double e = rel_l2_f(w->alone[i].rows + (size_t)g * V, row, V);
         worst = e > worst ? e : worst;
+        over += e > tol;
         same += greedy(row, V) == w->alone[i].tok[g];
     }
     printf("  sequence %d (prompt %lld): one-sequence path rel err %.3g, %d/%d tokens alike\n", i, (long long)L, worst,
            same, N_GEN);
-    CHECK(worst <= tol, "sequence %d: batched logits differ from moex_vk_forward's by %.3g (tolerance %.1g)", i, worst,
-          tol);
+    /* one row may cross an int8 rounding step (check_all_rows says why) */
+    CHECK(over <= 1 && worst <= 3 * tol, "sequence %d: batched logits differ from moex_vk_forward's by %.3g (%d rows "
+          "over %.1g)", i, worst, over, tol);
     free(row);
 }
 
