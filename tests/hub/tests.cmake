@@ -4,12 +4,27 @@
 # worker page (test_static.py) and TLS (test_tls.py); the command line and
 # bad inputs (hub_cli_test.sh); and, in Vulkan builds, a Vulkan worker beside
 # a CPU one and the hub on Vulkan (test_*_vk.py).
-add_test(NAME dist_end_to_end
-  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_dist.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-          ${CMAKE_BINARY_DIR}/dist-work)
-set_tests_properties(dist_end_to_end PROPERTIES TIMEOUT 600 LABELS "hub;dist" RUN_SERIAL TRUE
-  ENVIRONMENT "MOEX_LOG=warn")
-file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/dist-work)
+
+# moex_hub_script_test(name script work_dir TIMEOUT s LABELS ... [SKIP77] [ENV ...]):
+# tests/hub/<script> over real processes, run as SCRIPT BIN_DIR VOCAB_DIR
+# <build>/<work_dir>, alone (RUN_SERIAL: they bind ports and use every core);
+# SKIP77: exit 77 means skipped (no device, no Chromium).
+function(moex_hub_script_test name script work)
+  cmake_parse_arguments(T "SKIP77" "TIMEOUT" "LABELS;ENV" ${ARGN})
+  add_test(NAME ${name} COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/${script} ${CMAKE_BINARY_DIR}/bin
+           ${moex_vocab} ${CMAKE_BINARY_DIR}/${work})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}" RUN_SERIAL TRUE)
+  if(T_SKIP77)
+    set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+  if(T_ENV)
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${T_ENV}")
+  endif()
+  file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/${work})
+endfunction()
+
+moex_hub_script_test(dist_end_to_end test_dist.py dist-work TIMEOUT 600 LABELS "hub;dist"
+  ENV "MOEX_LOG=warn")
 
 # conn.c: the per-connection bound on queued bytes, close after flush, kill.
 moex_c_test(test_hub_conn SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hub_conn.c LIBS moex_hub TIMEOUT 30 LABELS hub)
@@ -41,84 +56,50 @@ endif()
 
 # Hostile and broken peers (test_hostile.py): Python peers on real sockets
 # beside real workers, one scenario per defect of issue 20 and per resource bound.
-add_test(NAME dist_hostile
-  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_hostile.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-          ${CMAKE_BINARY_DIR}/hostile-work)
-set_tests_properties(dist_hostile PROPERTIES TIMEOUT 600 LABELS "hub;dist" RUN_SERIAL TRUE
-  ENVIRONMENT "MOEX_LOG=warn")
-file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/hostile-work)
+moex_hub_script_test(dist_hostile test_hostile.py hostile-work TIMEOUT 600 LABELS "hub;dist"
+  ENV "MOEX_LOG=warn")
 
 # Chaos (test_chaos.py): generation while workers are killed, stopped, slowed,
 # restarted and corrupted and the hub is killed once; the short run (the long
 # one's figures are in docs/PERF.md).
-add_test(NAME dist_chaos
-  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-          ${CMAKE_BINARY_DIR}/chaos-work)
-set_tests_properties(dist_chaos PROPERTIES TIMEOUT 400 LABELS "hub;dist" RUN_SERIAL TRUE
-  ENVIRONMENT "MOEX_LOG=warn;MOEX_TEST_SANITIZED=$<BOOL:${MOEX_SANITIZE}>")
-file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/chaos-work)
+moex_hub_script_test(dist_chaos test_chaos.py chaos-work TIMEOUT 400 LABELS "hub;dist"
+  ENV "MOEX_LOG=warn;MOEX_TEST_SANITIZED=$<BOOL:${MOEX_SANITIZE}>")
 
-add_test(NAME dist_download
-  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_download.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-          ${CMAKE_BINARY_DIR}/download-work)
-set_tests_properties(dist_download PROPERTIES TIMEOUT 120 LABELS "hub;dist" RUN_SERIAL TRUE)
-file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/download-work)
+moex_hub_script_test(dist_download test_download.py download-work TIMEOUT 120 LABELS "hub;dist")
 
 # The browser worker page served by the hub (test_static.py: a generated page
 # directory, no emscripten needed): types, HEAD, 404s, traversal, tokens,
 # streaming, keep-alive, the default directory, moex-hub serve.
-add_test(NAME hub_static
-  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_static.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-          ${CMAKE_BINARY_DIR}/static-work)
-set_tests_properties(hub_static PROPERTIES TIMEOUT 120 LABELS "hub;dist" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
-file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/static-work)
+moex_hub_script_test(hub_static test_static.py static-work TIMEOUT 120 LABELS "hub;dist"
+  ENV "MOEX_LOG=warn")
 
 # The hub over TLS (test_tls.py): the self-signed certificate (made, reused,
 # renewed), a given pair, HTTPS, native workers over wss:// with --ca, refused
 # without it, --insecure.
-add_test(NAME hub_tls
-  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_tls.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-          ${CMAKE_BINARY_DIR}/tls-work)
-set_tests_properties(hub_tls PROPERTIES TIMEOUT 180 LABELS "hub;dist;worker" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
-file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/tls-work)
+moex_hub_script_test(hub_tls test_tls.py tls-work TIMEOUT 180 LABELS "hub;dist;worker"
+  ENV "MOEX_LOG=warn")
 
 add_test(NAME hub_cli COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/hub_cli_test.sh ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
          ${CMAKE_BINARY_DIR}/tests/hub_cli)
 set_tests_properties(hub_cli PROPERTIES TIMEOUT 120 LABELS hub)
 
 if(MOEX_VULKAN)
-  add_test(NAME dist_worker_vk
-    COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_worker_vk.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-            ${CMAKE_BINARY_DIR}/dist-vk-work)
-  set_tests_properties(dist_worker_vk PROPERTIES TIMEOUT 300 LABELS "hub;dist;vulkan" RUN_SERIAL TRUE
-    SKIP_RETURN_CODE 77 ENVIRONMENT "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
-  file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/dist-vk-work)
-
-  add_test(NAME dist_hub_vk
-    COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_dist_vk.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-            ${CMAKE_BINARY_DIR}/distvk-work)
-  set_tests_properties(dist_hub_vk PROPERTIES TIMEOUT 400 LABELS "hub;dist;vulkan" RUN_SERIAL TRUE
-    SKIP_RETURN_CODE 77 ENVIRONMENT "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
-  file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/distvk-work)
+  moex_hub_script_test(dist_worker_vk test_worker_vk.py dist-vk-work TIMEOUT 300 LABELS "hub;dist;vulkan" SKIP77
+    ENV "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
+  moex_hub_script_test(dist_hub_vk test_dist_vk.py distvk-work TIMEOUT 400 LABELS "hub;dist;vulkan" SKIP77
+    ENV "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
 endif()
 
 # Hub and workers through moex-relay (bench/relay.c) at 2 ms RTT: the tokens of --local.
-add_test(NAME dist_relay
-  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_relay.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-          ${CMAKE_BINARY_DIR}/relay-work)
-set_tests_properties(dist_relay PROPERTIES TIMEOUT 300 LABELS "hub;dist" RUN_SERIAL TRUE ENVIRONMENT "MOEX_LOG=warn")
-file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/relay-work)
+moex_hub_script_test(dist_relay test_relay.py relay-work TIMEOUT 300 LABELS "hub;dist"
+  ENV "MOEX_LOG=warn")
 
 # moex-hub serve through the official openai npm client (tests/hub/api/setup.sh
 # installs it, and chromium): --local and with workers, concurrency, bad
 # input, a killed client, /metrics, the status page in headless Chromium;
 # in Vulkan builds with a device, --backend vulkan (4 slots) against the Vulkan CLI and alone.
-add_test(NAME hub_api
-  COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_api.py ${CMAKE_BINARY_DIR}/bin ${moex_vocab}
-          ${CMAKE_BINARY_DIR}/api-work)
-set_tests_properties(hub_api PROPERTIES TIMEOUT 600 LABELS "hub;api" RUN_SERIAL TRUE SKIP_RETURN_CODE 77
-  ENVIRONMENT "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
-file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/api-work)
+moex_hub_script_test(hub_api test_api.py api-work TIMEOUT 600 LABELS "hub;api" SKIP77
+  ENV "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
 
 # The scheduler's batching, text and limits over a scripted engine (no model).
 moex_c_test(test_scheduler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler.c LIBS moex_hub
