@@ -4,6 +4,9 @@
  * session mutex and the lws thread is woken with lws_cancel_service(); it
  * sleeps on the session's condition variable until work arrives.
  *
+ * The lws thread runs run_batch itself for a small message when this thread
+ * is idle (worker_compute_inline): s->running keeps the two apart.
+ *
  * A batch is every dispatch queued when the thread takes work (whole
  * received messages: the backlog holds one layer's, a prefill or a hub's
  * per-layer message sends several), computed together: on the CPU in one
@@ -471,12 +474,51 @@ static void run_batch(compute *c) {
     s->batch_n = 0;
 }
 
+/* ---- small messages on the lws thread ---- */
+
+/* A received message of at most this many rows (tokens, summed over its
+ * dispatches) is computed by the lws thread itself when the compute thread
+ * is idle: a decode layer's message then costs no hand-off to the compute
+ * thread and back (two thread wake-ups, most of a round trip on a loaded
+ * machine). Larger ones go to the compute thread, so that the lws thread
+ * stays free for CANCELs and heartbeats during long batches.
+ * MOEX_WORKER_INLINE_ROWS overrides it (0: never inline, to compare). */
+#define INLINE_ROWS 16
+
+static int inline_rows_setting(void) {
+    const char *e = getenv("MOEX_WORKER_INLINE_ROWS");
+    return e && *e ? atoi(e) : INLINE_ROWS;
+}
+
+/* Called with mu held: whether the queued work is whole messages of at most
+ * s->inline_rows rows in all. */
+static bool small_work(const session *s) {
+    uint64_t rows = 0;
+    const moex_worker_item *it;
+    for (int i = 0; (it = moex_worker_backlog_at(s->backlog, i)); i++) {
+        if (!((const rx_msg *)it->owner)->sealed) return false;
+        rows += it->msg.h.n_tokens;
+        if (rows > (uint64_t)s->inline_rows) return false;
+    }
+    return rows > 0;
+}
+
+bool worker_compute_inline(session *s) {
+    compute *c = s->compute;
+    if (!c || s->quit || s->running || s->assign_pending || s->o->inject_delay_prob > 0 || !small_work(s)) return false;
+    run_batch(c);
+    s->stats.inline_batches++;
+    if (s->assign_pending || work_ready(s)) pthread_cond_broadcast(&s->cv); /* the compute thread waited for it */
+    return true;
+}
+
 static void *compute_main(void *arg) {
     compute *c = arg;
     session *s = c->s;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->quit && !s->assign_pending && !work_ready(s)) pthread_cond_wait(&s->cv, &s->mu);
+        /* running: the lws thread computes a small message (worker_compute_inline) */
+        while (!s->quit && (s->running || (!s->assign_pending && !work_ready(s)))) pthread_cond_wait(&s->cv, &s->mu);
         if (s->quit) break;
         if (s->assign_pending) run_assignment(c);
         else run_batch(c);
@@ -565,7 +607,14 @@ int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err) {
     else
         moex_log(MOEX_LOG_INFO, "worker: compute pool of %d threads (%s kernels)", moex_pool_size(c->pool),
                  moex_kernels_simd_name());
+    s->inline_rows = inline_rows_setting();
+    pthread_mutex_lock(&s->mu);
+    s->compute = c;
+    pthread_mutex_unlock(&s->mu);
     if (pthread_create(th, NULL, compute_thread, c)) {
+        pthread_mutex_lock(&s->mu);
+        s->compute = NULL;
+        pthread_mutex_unlock(&s->mu);
         compute_free(c);
         return moex_fail(err, "cannot start the compute thread");
     }
@@ -575,6 +624,7 @@ int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err) {
 void moex_worker_compute_stop(session *s, pthread_t th) {
     pthread_mutex_lock(&s->mu);
     s->quit = true;
+    s->compute = NULL;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(th, NULL);

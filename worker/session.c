@@ -230,41 +230,6 @@ static void check_hub(session *s) {
     free(p.json);
 }
 
-/* ---- sending ---- */
-
-/* Writes the oldest message of the current connection. -1: close. */
-static int on_writeable(session *s, struct lws *wsi) {
-    if (s->close_requested) {
-        lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
-        return -1;
-    }
-    pthread_mutex_lock(&s->mu);
-    const moex_worker_buf *b;
-    while ((b = moex_worker_outbox_peek(s->outbox)) && b->conn != s->conn) moex_worker_outbox_pop(s->outbox);
-    const bool have = moex_worker_outbox_take(s->outbox, &s->tx);
-    const int left = moex_worker_outbox_count(s->outbox);
-    pthread_mutex_unlock(&s->mu);
-    if (have) {
-        const int n = lws_write(wsi, s->tx.buf + LWS_PRE, s->tx.len, LWS_WRITE_BINARY);
-        const double now = moex_time_s();
-        pthread_mutex_lock(&s->mu);
-        s->stats.messages_out++;
-        if (s->tx.ready_s > 0) moex_worker_timing_add(&s->stats.timing[MOEX_WT_OUTBOX], now - s->tx.ready_s);
-        pthread_mutex_unlock(&s->mu);
-        if (n < (int)s->tx.len) {
-            moex_log(MOEX_LOG_WARN, "worker: write to the hub failed");
-            return -1;
-        }
-    }
-    if (left) {
-        lws_callback_on_writable(wsi);
-    } else if (s->fatal) { /* the fatal ERROR has left */
-        lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
-        return -1;
-    }
-    return 0;
-}
-
 static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len) {
     session *s = lws_context_user(lws_get_context(wsi));
     switch (reason) {
@@ -300,7 +265,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         if (s->link == LINK_UP) return worker_on_receive(s, wsi, in, len);
         break;
     case LWS_CALLBACK_CLIENT_WRITEABLE:
-        if (s->link == LINK_UP) return on_writeable(s, wsi);
+        if (s->link == LINK_UP) return worker_on_writeable(s, wsi);
         break;
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED: {
         check_loader(s);
@@ -440,7 +405,7 @@ static void session_free(session *s) {
 }
 
 static struct lws_context *create_context(session *s, moex_error *err) {
-    struct lws_context *ctx = worker_lws_client_context(protocols, s, &s->hub, 5, 5, 64, 0);
+    struct lws_context *ctx = worker_lws_client_context(protocols, s, &s->hub, 5, 5, 64, RX_BUFFER_BYTES);
     if (!ctx) moex_fail(err, "cannot create the libwebsockets context");
     return ctx;
 }

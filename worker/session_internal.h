@@ -3,11 +3,13 @@
  * "lws thread" are touched by that thread only; fields under "shared" only
  * with mu held.
  *
- * The hot path, DISPATCH to RESULT, has two hand-offs and no polling: the
- * lws thread decodes a received message's frames once, in place, queues its
- * DISPATCHes as views into it and signals cv; the compute thread computes
- * them, queues each received message's RESULTs as one message in the outbox
- * and wakes the lws thread with lws_cancel_service(). */
+ * The hot path, DISPATCH to RESULT, has no polling: the lws thread decodes a
+ * received message's frames once, in place, and queues its DISPATCHes as
+ * views into it. A small message (a decode layer's) it then computes itself
+ * when the compute thread is idle, and writes its RESULTs as soon as the
+ * socket is writable: no hand-off. Otherwise it signals cv; the compute
+ * thread computes them, queues each received message's RESULTs as one
+ * message in the outbox and wakes the lws thread with lws_cancel_service(). */
 #ifndef MOEX_WORKER_SESSION_INTERNAL_H
 #define MOEX_WORKER_SESSION_INTERNAL_H
 
@@ -83,7 +85,9 @@ typedef struct session {
     int rx_n_all, rx_cap_all;
     uint32_t conn;                   /* id of the current connection; bumped on connect and disconnect */
     bool quit;                       /* compute thread: exit */
-    bool running;                    /* the compute thread is computing batch_seqs[0 .. batch_n) */
+    bool running;                    /* a batch, batch_seqs[0 .. batch_n), is being computed (either thread) */
+    struct compute *compute;         /* the compute thread's context, for worker_compute_inline; NULL once it stops */
+    int inline_rows;                 /* worker_compute_inline takes messages of at most this many rows */
     const uint32_t *batch_seqs;
     bool *batch_cancelled;           /* CANCEL marks them here */
     int batch_n;
@@ -106,6 +110,9 @@ typedef struct session {
 
 /* session_io.c: the lws thread's outgoing side and the session's end. */
 void worker_request_write(session *s);
+/* Writes the oldest message of the current connection (the socket is
+ * writable), asking for another callback if more wait. -1: close. */
+int worker_on_writeable(session *s, struct lws *wsi);
 /* Queues the control frame in s->ctl (len bytes) for the current connection. */
 void worker_send_ctl(session *s, size_t len);
 void worker_send_error(session *s, uint32_t seq, int32_t code, const char *text);
@@ -137,6 +144,12 @@ int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len);
 
 /* compute.c: the compute thread. */
 int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err);
+/* Called by the lws thread with mu held, once a message is sealed: if the
+ * compute thread is idle and the queued work is small (a decode layer's
+ * message), computes it on the calling thread and queues its answers in the
+ * outbox (mu is released meanwhile). Returns whether it did; the caller then
+ * asks for a write instead of waking the compute thread. */
+bool worker_compute_inline(session *s);
 void moex_worker_compute_stop(session *s, pthread_t th);
 
 #endif

@@ -1,6 +1,6 @@
 /* What both sides of the session's lws thread use (session.c, which runs
  * the connection, and session_rx.c, which reads the hub's messages): queuing
- * a control frame or an ERROR for the hub, asking for a write, and ending
+ * a control frame or an ERROR for the hub, writing the outbox, and ending
  * the session (fatal errors, a hub serving another model). */
 #include <string.h>
 
@@ -8,6 +8,38 @@
 
 void worker_request_write(session *s) {
     if (s->wsi && s->link == LINK_UP) lws_callback_on_writable(s->wsi);
+}
+
+int worker_on_writeable(session *s, struct lws *wsi) {
+    if (s->close_requested) {
+        lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
+        return -1;
+    }
+    pthread_mutex_lock(&s->mu);
+    const moex_worker_buf *b;
+    while ((b = moex_worker_outbox_peek(s->outbox)) && b->conn != s->conn) moex_worker_outbox_pop(s->outbox);
+    const bool have = moex_worker_outbox_take(s->outbox, &s->tx);
+    const int left = moex_worker_outbox_count(s->outbox);
+    pthread_mutex_unlock(&s->mu);
+    if (have) {
+        const int n = lws_write(wsi, s->tx.buf + LWS_PRE, s->tx.len, LWS_WRITE_BINARY);
+        const double now = moex_time_s();
+        pthread_mutex_lock(&s->mu);
+        s->stats.messages_out++;
+        if (s->tx.ready_s > 0) moex_worker_timing_add(&s->stats.timing[MOEX_WT_OUTBOX], now - s->tx.ready_s);
+        pthread_mutex_unlock(&s->mu);
+        if (n < (int)s->tx.len) {
+            moex_log(MOEX_LOG_WARN, "worker: write to the hub failed");
+            return -1;
+        }
+    }
+    if (left) {
+        lws_callback_on_writable(wsi);
+    } else if (s->fatal) { /* the fatal ERROR has left */
+        lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
+        return -1;
+    }
+    return 0;
 }
 
 /* Queues a control frame from s->ctl for the current connection. */

@@ -226,8 +226,9 @@ static void read_frames(session *s, rx_msg *m) {
 }
 
 /* A whole message: its buffer moves into a pooled rx_msg (the reassembly
- * buffer gets that one's), its frames are read, then it is sealed. */
-static void on_message(session *s) {
+ * buffer gets that one's), its frames are read, then it is sealed. Returns
+ * whether its dispatches were computed here (worker_compute_inline). */
+static bool on_message(session *s) {
     pthread_mutex_lock(&s->mu);
     rx_msg *m = worker_rx_take(s);
     s->stats.messages_in++;
@@ -235,7 +236,7 @@ static void on_message(session *s) {
     if (!m) {
         moex_log(MOEX_LOG_ERROR, "worker: out of memory for a message from the hub; dropped");
         moex_proto_reasm_reset(&s->reasm);
-        return;
+        return false;
     }
     uint8_t *buf = m->bytes;
     const size_t cap = m->cap;
@@ -252,9 +253,12 @@ static void on_message(session *s) {
     read_frames(s, m);
     pthread_mutex_lock(&s->mu);
     m->sealed = true;
-    if (m->refs > 1) pthread_cond_broadcast(&s->cv); /* its dispatches may go */
+    const bool queued = m->refs > 1;
     worker_rx_release(s, m);
+    const bool computed = queued && worker_compute_inline(s);
+    if (queued && !computed) pthread_cond_broadcast(&s->cv); /* its dispatches may go */
     pthread_mutex_unlock(&s->mu);
+    return computed;
 }
 
 int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len) {
@@ -270,6 +274,12 @@ int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len) {
         moex_proto_reasm_reset(&s->reasm);
         return 0;
     }
-    on_message(s);
-    return 0;
+    if (!on_message(s)) return 0;
+    /* its answers: written at once when the socket takes them (lws's rule:
+     * nothing partly sent, room to write), else on the writable callback */
+    if (lws_send_pipe_choked(wsi)) {
+        worker_request_write(s);
+        return 0;
+    }
+    return worker_on_writeable(s, wsi);
 }

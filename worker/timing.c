@@ -43,6 +43,7 @@ void moex_worker_timing_line(const moex_worker_stats *st, char *buf, size_t cap)
         any = true;
     }
     if (n < cap)
-        snprintf(buf + n, cap - n, "%s (%llu batches, %llu messages written)", any ? "" : " no samples",
-                 (unsigned long long)st->batches, (unsigned long long)st->messages_out);
+        snprintf(buf + n, cap - n, "%s (%llu batches, %llu on the socket thread, %llu messages written)",
+                 any ? "" : " no samples", (unsigned long long)st->batches, (unsigned long long)st->inline_batches,
+                 (unsigned long long)st->messages_out);
 }

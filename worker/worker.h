@@ -285,6 +285,7 @@ typedef struct moex_worker_stats {
     uint64_t connects, disconnects;
     uint64_t computed;     /* dispatches computed */
     uint64_t batches;      /* compute batches they ran in */
+    uint64_t inline_batches; /* of which computed on the socket thread (small messages, no hand-off) */
     uint64_t messages_in;  /* WebSocket messages received from the hub */
     uint64_t messages_out; /* WebSocket messages written to the hub */
     double compute_s;      /* time spent computing them */

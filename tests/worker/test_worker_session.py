@@ -266,6 +266,13 @@ async def results_per_message():
           f"{[[s for _, s, *_ in m] for m in (a, b)]}")
     check("  the same bytes as the core's", [a[0][5], b[0][5]] == reference(ds))
 
+    ds = [dispatch(22, 1, 4, 12, F32, d), dispatch(23, 1, 6, 9, F16, d)]
+    await c.send(*ds)
+    got = await c.answer()
+    check("a message of 21 rows (computed by the compute thread, not the socket's): the same bytes as the core's",
+          [(t, s) for t, s, *_ in got] == [(RESULT, 22), (RESULT, 23)] and [f for *_, f in got] == reference(ds),
+          f"{[(t, s) for t, s, *_ in got]}")
+
     ds = [dispatch(30, 0, 4, 2, F32, d), dispatch(31, 0, 6, 3, F32, d)]
     await c.send(ds[0], ds[1], frame(CANCEL, 30, layer=0, expert=4))
     got = await c.answer()
@@ -298,13 +305,16 @@ async def results_per_message():
     rc = await w.stop()
     log = w.log()
     check("SIGTERM: exit 0", rc == 0, f"rc={rc}")
-    check("  the counters", re.search(r"moex-worker: 11 dispatches, 10 results, 1 cancels \(1 effective\), 2 errors", log),
+    check("  the counters", re.search(r"moex-worker: 13 dispatches, 12 results, 1 cancels \(1 effective\), 2 errors", log),
           log[-600:])
     stages = "|".join(["queued", "compute", "encode", "outbox"])
     line = re.search(r"^worker timing:.*$", log, re.M)
     check("  one 'worker timing:' line with p50/p99 of each stage",
           line and len(re.findall(rf"(?:{stages}) p50 [\d.]+ p99 [\d.]+ ms", line.group(0))) == 4,
           line.group(0) if line else log[-400:])
+    split = re.search(r"\((\d+) batches, (\d+) on the socket thread", line.group(0) if line else "")
+    check("  small messages computed on the socket thread, the 21-row one not",
+          split and 0 < int(split.group(2)) == int(split.group(1)) - 1, line.group(0) if line else log[-400:])
     await hub.stop()
 
 
