@@ -505,7 +505,9 @@ static bool small_work(const session *s) {
 
 bool worker_compute_inline(session *s) {
     compute *c = s->compute;
-    if (!c || s->quit || s->running || s->assign_pending || s->o->inject_delay_prob > 0 || !small_work(s)) return false;
+    if (!c || !s->compute_parked || s->quit || s->running || s->assign_pending || s->o->inject_delay_prob > 0 ||
+        !small_work(s))
+        return false;
     run_batch(c);
     s->stats.inline_batches++;
     if (s->assign_pending || work_ready(s)) pthread_cond_broadcast(&s->cv); /* the compute thread waited for it */
@@ -518,7 +520,9 @@ static void *compute_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     for (;;) {
         /* running: the lws thread computes a small message (worker_compute_inline) */
+        s->compute_parked = true;
         while (!s->quit && (s->running || (!s->assign_pending && !work_ready(s)))) pthread_cond_wait(&s->cv, &s->mu);
+        s->compute_parked = false;
         if (s->quit) break;
         if (s->assign_pending) run_assignment(c);
         else run_batch(c);

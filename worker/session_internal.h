@@ -87,6 +87,7 @@ typedef struct session {
     bool quit;                       /* compute thread: exit */
     bool running;                    /* a batch, batch_seqs[0 .. batch_n), is being computed (either thread) */
     struct compute *compute;         /* the compute thread's context, for worker_compute_inline; NULL once it stops */
+    bool compute_parked;             /* the compute thread waits for work (not applying an assignment, not computing) */
     int inline_rows;                 /* worker_compute_inline takes messages of at most this many rows */
     const uint32_t *batch_seqs;
     bool *batch_cancelled;           /* CANCEL marks them here */
