@@ -1,7 +1,8 @@
 // Router epilogue for token t: softmax over the pc.rows expert logits in
 // pc.y row t, keep the pc.k largest (ties: lower id), renormalise them when
-// flags & 2 (as engine/forward.c route_token does). Whole workgroup; needs
-// the workgroup size WG and, with subgroups, their size SG.
+// flags & 2 (as engine/forward.c route_token does). With subgroups, one
+// subgroup routes a token (the caller picks which); without, the whole
+// workgroup. Needs the workgroup size WG and, with subgroups, their size SG.
 shared float rk_p[MAXE];
 shared float rk_v[WG];
 shared uint rk_i[WG];
@@ -23,13 +24,12 @@ void argmax_reduce(float v, uint i) {
 }
 
 #ifdef USE_SUBGROUP
-// One subgroup routes the token: each lane keeps MAXE/SG probabilities in
-// registers; max, sum and the k argmax picks are subgroup operations (no
-// workgroup barriers). Other subgroups return at once.
+// The calling subgroup routes the token: each lane keeps MAXE/SG
+// probabilities in registers; max, sum and the k argmax picks are subgroup
+// operations (no workgroup barriers), the same in whichever subgroup runs them.
 const uint NPL = MAXE / SG;
 void route_token(uint t) {
-    const uint lane = gl_LocalInvocationID.x, E = pc.rows;
-    if (lane >= gl_SubgroupSize) return;
+    const uint lane = gl_SubgroupInvocationID, E = pc.rows;
     const uint S = gl_SubgroupSize;
     float v[NPL];
     float m = NEG_BIG;

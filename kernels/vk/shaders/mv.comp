@@ -165,7 +165,9 @@ void argmax_epilogue(float bv, uint bi) {
 #if MODE == 3
 #include "_topk.comp"
 // The last workgroup to finish routes every token (one dispatch for the whole
-// router); it leaves the counter at zero for the next dispatch.
+// router), a token per subgroup where subgroups route (each token's
+// arithmetic that of one token alone); it leaves the counter at zero for the
+// next dispatch.
 void route_when_last() {
     memoryBarrierBuffer();
     barrier();
@@ -174,7 +176,11 @@ void route_when_last() {
     barrier();
     if (!last_group) return;
     memoryBarrierBuffer();
+#ifdef USE_SUBGROUP
+    for (uint t = gl_SubgroupID; t < pc.n; t += gl_NumSubgroups) route_token(t);
+#else
     for (uint t = 0u; t < pc.n; t++) route_token(t);
+#endif
     if (gl_LocalInvocationID.x == 0u) pc.counter.v[0] = 0u;
 }
 #endif

@@ -11,4 +11,8 @@ layout(push_constant) uniform PC {
     uint rows, cols, n, xs, ys, flags, k, estride, n_expert;
 } pc;
 #include "_topk.comp"
+#ifdef USE_SUBGROUP
+void main() { if (gl_SubgroupID == 0u) route_token(gl_WorkGroupID.x); }
+#else
 void main() { route_token(gl_WorkGroupID.x); }
+#endif
