@@ -9,6 +9,8 @@
 #   dist       the same prompt through hub --backend vulkan + 4 workers (Vulkan, then CPU) against --local
 #   each       apidist at 8 streams and dist's Vulkan run, each with MOEX_WORKER_EACH_ROWS=4 (default) and 0
 #   probe      hub + 4, 2 and 1 Vulkan workers, and with the hub's CPU pool at one thread (where a layer goes)
+#   inline     dist's Vulkan run and apidist at 1 and 8 streams, each with the workers' small messages computed
+#              on their socket thread (default) and with MOEX_WORKER_INLINE_ROWS=0 (all on the compute thread)
 #   nospin     local and hub + 4 Vulkan workers again with MOEX_VK_SPIN_US=0 (every submit blocks on its fence at
 #              once), to set against dist's runs, which poll first
 #   apidist    the API's hub + 4 Vulkan workers at 1 stream, then at 8, each run's hub and worker timings kept
@@ -124,6 +126,15 @@ step_each() {
     done
     for e in 4 0; do
         (export MOEX_WORKER_EACH_ROWS=$e; dist_run "each${e}_dist_vk" vulkan 1)
+    done
+}
+
+# The workers' small messages computed on their socket thread (the default, MOEX_WORKER_INLINE_ROWS=16)
+# against every message handed to the compute thread and back (0): dist's Vulkan run, then the API at 1 and 8 streams
+step_inline() {
+    for r in 16 0; do
+        (export MOEX_WORKER_INLINE_ROWS=$r; dist_run "inline${r}_dist_vk" vulkan 1)
+        (export MOEX_WORKER_INLINE_ROWS=$r MOEX_APIDIST_STREAMS="1 8"; step_apidist) | sed "s/^/inline$r /"
     done
 }
 

@@ -211,7 +211,12 @@ static int upload_weights(const moex_model *m, moex_vk_state *s, moex_error *err
     }
     for (int i = 0; i < s->n_chunks; i++)
         if (!(s->chunks[i] = moex_vk_buffer_create(s->vk, sizes[i], MOEX_VK_MEM_DEVICE, err))) goto done;
+    const double t0 = moex_time_s();
     if (copy_uploads(s, &u, err)) goto done;
+    size_t bytes = 0;
+    for (int i = 0; i < u.n; i++) bytes += u.items[i].bytes;
+    moex_log(MOEX_LOG_INFO, "vulkan: %.2f GB of weights copied to the GPU in %.2f s", (double)bytes / 1e9,
+             moex_time_s() - t0);
     if (m->output.data == m->tok_embd.data) s->output = s->tok_embd;
     rc = 0;
 done:

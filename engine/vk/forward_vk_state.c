@@ -27,6 +27,14 @@ static int set_rounding(const moex_model *m, moex_vk_state *s, moex_error *err) 
     return moex_vk_set_activation_rounding(s->vk, (size_t)(s->n_batch * w), err);
 }
 
+/* The local path's pipelines and recordings, timed. */
+static int warm(const moex_model *m, moex_vk_state *s, bool batches, moex_error *err) {
+    const double t0 = moex_time_s();
+    if (vk_local_warm(m, s, batches, err)) return -1;
+    moex_log(MOEX_LOG_INFO, "vulkan: pipelines ready in %.2f s", moex_time_s() - t0);
+    return 0;
+}
+
 /* experts_remote: the experts' weights stay off the GPU (an executor runs them).
  * batches: made for moex_vk_forward_batch (its pipelines created up front too). */
 static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq,
@@ -60,8 +68,7 @@ static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n
                                  .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = hp->rope_neox,
                                  .qk_norm = hp->qk_norm, .n_ctx = n_ctx};
     if (!(s->vk = moex_vk_create(opt, err)) || vk_memory_create(m, s, err) ||
-        (opt && opt->round_activations && set_rounding(m, s, err)) ||
-        (!s->experts_remote && vk_local_warm(m, s, batches, err))) {
+        (opt && opt->round_activations && set_rounding(m, s, err)) || (!s->experts_remote && warm(m, s, batches, err))) {
         moex_vk_state_free(s);
         return NULL;
     }
