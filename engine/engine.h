@@ -112,6 +112,11 @@ typedef struct moex_batch {
     const int32_t *seq;        /* [n] KV slot of each token, 0 .. n_seq-1 */
     const int32_t *pos;        /* [n] its position in that sequence */
     const bool *want_logits;   /* [n] whether its logits row is wanted */
+    /* Engines with batch_argmax (moex_engine) only, else ignored: */
+    int32_t *argmax;           /* NULL, or out: each wanted row's argmax (ties: the lowest id; -1: no finite
+                                  maximum), in the order of the logits rows */
+    const bool *argmax_only;   /* NULL, or [n]: wanted rows whose argmax is all the caller reads (a greedy
+                                  sampler's): their logits rows may be left unwritten */
 } moex_batch;
 
 /* logits: one n_vocab row per wanted token, in batch order. Everything is
@@ -147,6 +152,9 @@ typedef struct moex_engine {
     int n_seq;                 /* KV slots (forward uses slot 0) */
     /* moex_forward_batch's contract; NULL where the engine has one slot only */
     int (*forward_batch)(void *ctx, const moex_batch *b, float *logits, moex_error *err);
+    /* forward_batch fills b->argmax where the logits are computed, so that
+     * greedy rows need not be read back (moex_batch.argmax_only) */
+    bool batch_argmax;
     /* Optional: the argmax (ties: the lowest id) of the last forward's last
      * logits row, computed where the logits are, so that a greedy decode
      * can pass logits = NULL and read nothing back; -1 where the row has no

@@ -5,7 +5,8 @@
  *   admit     queued jobs into free slots, in arrival order
  *   batch     one token of every decoding sequence, then chunks of prompts (positions in order)
  *   forward   one engine call for all of them (so a distributed MoE layer is one round of dispatches)
- *   sample    each sequence's wanted row with its own sampler; text out, stop sequences, limits
+ *   sample    each sequence's wanted row with its own sampler (a greedy one's: the engine's argmax, where it
+ *             computes one, with nothing read back); text out, stop sequences, limits
  *
  * Jobs are shared with their submitter: the scheduler writes their output
  * under the job's lock and calls notify; the submitter takes it. */
@@ -126,9 +127,12 @@ struct hub_sched {
     int n_waiting, cap_waiting;
     int32_t *b_tok, *b_seq, *b_pos;
     bool *b_want;
+    bool *b_greedy;              /* [n_batch] wanted rows whose argmax is the token (engines with batch_argmax) */
     float *logits;               /* [n_slots x n_vocab] */
+    int32_t *row_argmax;         /* [n_slots] each logits row's argmax, from the engine (batch_argmax) */
     int32_t *row_id;             /* [n_slots] the token sampled from each logits row */
     hub_job **row_job;           /* [n_slots] whose sampler that row takes */
+    bool *row_greedy;            /* [n_slots] the row's token is its argmax, not read back */
 };
 
 /* Publishes a state change and tells the submitter. */
@@ -492,11 +496,14 @@ static void admit(hub_sched *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* A greedy job's row needs only its argmax, which an engine with
+ * batch_argmax computes where the logits are (152k floats not read back). */
 static void add_token(hub_sched *s, int64_t *n, int32_t tok, int seq, int64_t pos, bool want) {
     s->b_tok[*n] = tok;
     s->b_seq[*n] = seq;
     s->b_pos[*n] = (int32_t)pos;
     s->b_want[*n] = want;
+    s->b_greedy[*n] = want && s->eng.batch_argmax && moex_sampler_is_greedy(s->slot[seq]->smp);
     (*n)++;
 }
 
@@ -530,7 +537,8 @@ static int64_t build_batch(hub_sched *s) {
 
 static int run_forward(hub_sched *s, int64_t n, moex_error *err) {
     if (s->eng.forward_batch) {
-        const moex_batch b = {.n = n, .tokens = s->b_tok, .seq = s->b_seq, .pos = s->b_pos, .want_logits = s->b_want};
+        const moex_batch b = {.n = n, .tokens = s->b_tok, .seq = s->b_seq, .pos = s->b_pos, .want_logits = s->b_want,
+                              .argmax = s->eng.batch_argmax ? s->row_argmax : NULL, .argmax_only = s->b_greedy};
         return s->eng.forward_batch(s->eng.ctx, &b, s->logits, err);
     }
     /* one slot: the batch is one run of positions; the last row is the only one that can be wanted */
@@ -554,17 +562,23 @@ static void sample_rows(void *ctx, int ith, int nth) {
     const sample_job *sj = ctx;
     hub_sched *s = sj->s;
     for (int64_t r = ith; r < sj->n_rows; r += nth)
-        s->row_id[r] = moex_sampler_sample(s->row_job[r]->smp, s->logits + r * s->m->hp.n_vocab);
+        s->row_id[r] = s->row_greedy[r] ? s->row_argmax[r]
+                                         : moex_sampler_sample(s->row_job[r]->smp, s->logits + r * s->m->hp.n_vocab);
 }
 
-/* Every wanted row sampled, on the pool when there are several (a greedy
- * row is an argmax over the vocabulary: ~0.15 ms for 152k entries). */
+/* Every wanted row sampled, on the pool when several are read back (a
+ * greedy row on the host is an argmax over the vocabulary: ~0.15 ms for
+ * 152k entries; with batch_argmax the engine has taken it). */
 static void sample_wanted(hub_sched *s, int64_t n) {
-    int64_t rows = 0;
-    for (int64_t t = 0; t < n; t++)
-        if (s->b_want[t] && s->slot[s->b_seq[t]]) s->row_job[rows++] = s->slot[s->b_seq[t]];
+    int64_t rows = 0, on_host = 0;
+    for (int64_t t = 0; t < n; t++) {
+        if (!s->b_want[t] || !s->slot[s->b_seq[t]]) continue;
+        s->row_greedy[rows] = s->b_greedy[t];
+        on_host += !s->b_greedy[t];
+        s->row_job[rows++] = s->slot[s->b_seq[t]];
+    }
     sample_job sj = {.s = s, .n_rows = rows};
-    if (rows > 1 && s->cfg.pool) moex_pool_run(s->cfg.pool, sample_rows, &sj);
+    if (on_host > 1 && s->cfg.pool) moex_pool_run(s->cfg.pool, sample_rows, &sj);
     else sample_rows(&sj, 0, 1);
 }
 
@@ -580,6 +594,12 @@ static void after_forward(hub_sched *s, int64_t n) {
         if (j->n_fed < j->n_prompt) j->n_fed++, n_prompt++;
         if (!s->b_want[t]) continue;
         const int32_t id = s->row_id[row++];
+        if (id < 0 || id >= s->m->hp.n_vocab) { /* the engine's argmax found no finite logit */
+            moex_log(MOEX_LOG_WARN, "api: a sequence's logits have no finite maximum (a broken model?)");
+            fail_job(s, j, 500, "server_error", "generation failed: the logits have no finite maximum (a broken model?)");
+            free_slot(s, s->b_seq[t]);
+            continue;
+        }
         const int64_t n_completion = ++j->n_gen;
         n_gen++;
         if (n_completion == 1) hub_hist_observe(&s->stats->ttft, now - j->t_submit);
@@ -684,8 +704,11 @@ void hub_sched_free(hub_sched *s) {
     free(s->b_seq);
     free(s->b_pos);
     free(s->b_want);
+    free(s->b_greedy);
+    free(s->row_argmax);
     free(s->row_id);
     free(s->row_job);
+    free(s->row_greedy);
     free(s->logits);
     free(s);
 }
@@ -724,10 +747,15 @@ hub_sched *hub_sched_start(const moex_model *m, const moex_engine *eng, const hu
     s->b_seq = malloc(nb * sizeof *s->b_seq);
     s->b_pos = malloc(nb * sizeof *s->b_pos);
     s->b_want = malloc(nb * sizeof *s->b_want);
+    s->b_greedy = malloc(nb * sizeof *s->b_greedy);
     s->logits = malloc((size_t)cfg->n_slots * (size_t)m->hp.n_vocab * sizeof *s->logits);
-    s->row_id = malloc((size_t)cfg->n_slots * sizeof *s->row_id);
-    s->row_job = malloc((size_t)cfg->n_slots * sizeof *s->row_job);
-    if (!s->slot || !s->b_tok || !s->b_seq || !s->b_pos || !s->b_want || !s->logits || !s->row_id || !s->row_job) {
+    const size_t ns = (size_t)cfg->n_slots;
+    s->row_argmax = malloc(ns * sizeof *s->row_argmax);
+    s->row_id = malloc(ns * sizeof *s->row_id);
+    s->row_job = malloc(ns * sizeof *s->row_job);
+    s->row_greedy = malloc(ns * sizeof *s->row_greedy);
+    if (!s->slot || !s->b_tok || !s->b_seq || !s->b_pos || !s->b_want || !s->b_greedy || !s->logits ||
+        !s->row_argmax || !s->row_id || !s->row_job || !s->row_greedy) {
         moex_fail(err, "out of memory for %d slots", cfg->n_slots);
         hub_sched_free(s);
         return NULL;

@@ -43,7 +43,9 @@ int32_t moex_vk_last_argmax(const moex_vk_state *s);
 moex_vk_state *moex_vk_state_create_multi(const moex_model *m, int64_t n_ctx, int64_t n_batch, int n_seq,
                                           const moex_vk_options *opt, moex_error *err);
 int moex_vk_state_n_seq(const moex_vk_state *s);
-/* As moex_forward_batch; logits may be NULL when no row is wanted back. */
+/* As moex_forward_batch; logits may be NULL when no row is wanted back.
+ * b->argmax is filled (the rows' argmax computed on the GPU, as
+ * moex_vk_last_argmax's), and rows b->argmax_only marks are not read back. */
 int moex_vk_forward_batch(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits, moex_error *err);
 
 /* The engine interface (engine.h) over a state and its model, both

@@ -123,11 +123,17 @@ int vk_batch_prepare(const moex_model *m, moex_vk_state *s, const moex_batch *bt
     return 0;
 }
 
-void vk_batch_take_logits(const moex_model *m, moex_vk_state *s, const moex_batch *bt, float *logits) {
+void vk_batch_take_outputs(const moex_model *m, moex_vk_state *s, const moex_batch *bt, float *logits) {
     const vk_batch *b = s->batch;
     const size_t row = (size_t)m->hp.n_vocab * sizeof *logits;
     const char *src = moex_vk_buffer_map(s->logits_host);
+    const int32_t *io = moex_vk_buffer_map(s->io);
     int64_t out = 0;
-    for (int64_t t = 0; t < bt->n; t++)
-        if (bt->want_logits[t]) memcpy((char *)logits + (size_t)out++ * row, src + (size_t)b->row_of[t] * row, row);
+    for (int64_t t = 0; t < bt->n; t++) {
+        if (!bt->want_logits[t]) continue;
+        if (bt->argmax) bt->argmax[out] = io[s->io_rows_argmax + (size_t)b->row_of[t]];
+        const bool skip = bt->argmax && bt->argmax_only && bt->argmax_only[t];
+        if (logits && !skip) memcpy((char *)logits + (size_t)out * row, src + (size_t)b->row_of[t] * row, row);
+        out++;
+    }
 }

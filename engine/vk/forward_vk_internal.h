@@ -92,6 +92,7 @@ struct moex_vk_state {
     moex_vk_buffer *kv, *act, *io, *logits_dev, *logits_host;
     moex_vk_buffer *grid;             /* indirect grids (device memory the host writes, a BAR): GRID_* */
     size_t io_tokpos, io_blocks;      /* I/O words of a batch: (pos, base) per token, the attention's run blocks */
+    size_t io_rows_argmax;            /* I/O words: each logits row's argmax, one per row (batches) */
     int64_t logit_rows;               /* rows logits_dev/logits_host hold */
     act_plan a;
     moex_vk_attn_shape sh;
@@ -111,8 +112,9 @@ struct moex_vk_state {
 
 /* I/O buffer layout (int32 words): params[4] (params[0] = position of the
  * first token, params[1] = 0: its KV rows' base), argmax, tokens[n_batch],
- * then (at s->io_tokpos) a batch's (pos, base) pairs [n_batch][2] and (at
- * s->io_blocks) its attention blocks. */
+ * then (at s->io_tokpos) a batch's (pos, base) pairs [n_batch][2], (at
+ * s->io_rows_argmax) its logits rows' argmax [n_batch] and (at s->io_blocks)
+ * its attention blocks. */
 enum { IO_PARAMS = 0, IO_ARGMAX = 4, IO_TOKENS = 8 };
 /* Byte offsets of the indirect grids in s->grid: one sequence's decode
  * attention, a batch's decode attention of its each tokens, and its prompt
@@ -162,8 +164,10 @@ int vk_warm(const moex_model *m, moex_vk_state *s, bool batches, vk_record_fn re
  * the recording's shape in *k (k->copy_logits: logits wanted and not NULL). */
 int vk_batch_prepare(const moex_model *m, moex_vk_state *s, const moex_batch *b, bool want_rows, rec_key *k,
                      moex_error *err);
-/* After the forward: the wanted rows from logits_host into logits, in batch order. */
-void vk_batch_take_logits(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits);
+/* After the forward: the wanted rows' argmax into b->argmax (when asked) and
+ * their logits from logits_host into logits (when not NULL), in batch order;
+ * rows b->argmax_only marks are not copied. */
+void vk_batch_take_outputs(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits);
 void vk_batch_free(moex_vk_state *s);
 
 /* ---- forward_vk_record.c: each appends its ops (and the barrier after them) to c ---- */

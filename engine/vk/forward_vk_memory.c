@@ -289,9 +289,10 @@ moex_vk_ptr vk_v_cache(const moex_model *m, const moex_vk_state *s, int il) {
 }
 
 /* The I/O words batches need beyond the tokens: each token's slot and
- * position, and the attention runs' block table (forward_vk_batch.c). */
+ * position, each logits row's argmax, and the attention runs' block table
+ * (forward_vk_batch.c). */
 static size_t batch_io_words(const moex_model *m, const moex_vk_state *s) {
-    return 2 * (size_t)s->n_batch + 4 * moex_vk_attention_runs_blocks(s->vk, &s->sh, vk_v_cache(m, s, 0), s->n_batch);
+    return 3 * (size_t)s->n_batch + 4 * moex_vk_attention_runs_blocks(s->vk, &s->sh, vk_v_cache(m, s, 0), s->n_batch);
 }
 
 static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err) {
@@ -301,7 +302,8 @@ static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err
         !(s->act = moex_vk_buffer_create(s->vk, s->a.total, MOEX_VK_MEM_DEVICE, err)))
         return -1;
     s->io_tokpos = IO_TOKENS + (size_t)s->n_batch;
-    s->io_blocks = s->io_tokpos + 2 * (size_t)s->n_batch;
+    s->io_rows_argmax = s->io_tokpos + 2 * (size_t)s->n_batch;
+    s->io_blocks = s->io_rows_argmax + (size_t)s->n_batch;
     const size_t io_words = IO_TOKENS + (size_t)s->n_batch + batch_io_words(m, s);
     if (!(s->io = moex_vk_buffer_create(s->vk, io_words * 4, MOEX_VK_MEM_HOST, err)) ||
         !(s->grid = moex_vk_buffer_create(s->vk, GRID_BYTES, MOEX_VK_MEM_UPLOAD, err)))

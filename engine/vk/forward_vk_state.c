@@ -143,7 +143,7 @@ int moex_vk_forward_batch(const moex_model *m, moex_vk_state *s, const moex_batc
     rec_key k;
     if (vk_batch_prepare(m, s, b, logits != NULL, &k, err) || reserve_logits(m, s, k.rows, err)) return -1;
     if (vk_dist_active(s) ? vk_dist_forward_batch(m, s, &k, err) : vk_local_forward_batch(m, s, &k, err)) return -1;
-    if (logits) vk_batch_take_logits(m, s, b, logits);
+    vk_batch_take_outputs(m, s, b, logits);
     return 0;
 }
 
@@ -165,7 +165,7 @@ static int32_t engine_last_argmax(void *ctx) {
 
 moex_engine moex_engine_vk(moex_vk_engine *e) {
     return (moex_engine){.ctx = e, .forward = engine_forward, .n_ctx = e->s->n_ctx, .n_batch = e->s->n_batch,
-                         .n_seq = e->s->n_seq, .forward_batch = engine_forward_batch,
+                         .n_seq = e->s->n_seq, .forward_batch = engine_forward_batch, .batch_argmax = true,
                          .last_argmax = engine_last_argmax};
 }
 

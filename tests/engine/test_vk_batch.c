@@ -7,7 +7,9 @@
  * of 5 tokens while others decode (whole prompts up to the batch size when
  * none does), new sequences taking the slots finished ones free (restarting
  * at position 0 over older rows). Checks, for every sequence and N: the same
- * greedy tokens and bit-identical logits rows as alone; the alone rows against
+ * greedy tokens and bit-identical logits rows as alone (every other step half
+ * the rows only as their GPU argmax, b.argmax_only: the argmax must be the
+ * alone token, and those rows are not read back); the alone rows against
  * moex_vk_forward (the one-sequence path) within a float tolerance; a batch
  * that wants every row of a prompt; refused batches (bad slot, position order,
  * token id, size) changing nothing. Configurations: f32 activations with a
@@ -128,9 +130,9 @@ static void check_refusals(world *w, int step) {
 static void run_together(world *w, int n_slots, bool refusals) {
     const int64_t V = w->V;
     live sl[SLOTS];
-    int32_t tok[BATCH], seq[BATCH], pos[BATCH];
-    bool want[BATCH];
-    int next = 0, done = 0, steps = 0, mismatched = 0;
+    int32_t tok[BATCH], seq[BATCH], pos[BATCH], amax[BATCH];
+    bool want[BATCH], only[BATCH];
+    int next = 0, done = 0, steps = 0, mismatched = 0, by_argmax = 0;
     for (int i = 0; i < SLOTS; i++) sl[i].seq = -1;
     while (done < N_SEQ) {
         /* admit one sequence a step into the highest free slot: arrivals staggered, slots other than 0 */
@@ -158,7 +160,13 @@ static void run_together(world *w, int n_slots, bool refusals) {
             budget -= take;
         }
         if (refusals && steps == 3) check_refusals(w, steps);
-        const moex_batch b = {.n = n, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want};
+        /* odd steps: the rows of even sequences are taken from the GPU's argmax alone */
+        for (int64_t t = 0; t < n; t++) only[t] = want[t] && steps % 2 && sl[seq[t]].seq % 2 == 0;
+        for (int64_t t = 0; t < n; t++) amax[t] = -2;
+        if (steps % 2)   /* the skipped rows' logits must stay as they were: poison them */
+            for (size_t i = 0; i < (size_t)n * V; i++) w->logits[i] = NAN;
+        const moex_batch b = {.n = n, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want, .argmax = amax,
+                              .argmax_only = only};
         MUST(moex_vk_forward_batch(w->m, w->s, &b, w->logits, &g_err));
         steps++;
         int64_t row = 0;
@@ -167,13 +175,20 @@ static void run_together(world *w, int n_slots, bool refusals) {
             l->past++;
             if (l->fed < prompt_len[l->seq]) l->fed++;
             if (!want[t]) continue;
-            const float *lg = w->logits + (size_t)row++ * V;
+            const float *lg = w->logits + (size_t)row * V;
             const seq_out *ref = &w->alone[l->seq];
-            const int32_t id = greedy(lg, V);
-            if (id != ref->tok[l->gen] || memcmp(lg, ref->rows + (size_t)l->gen * V, (size_t)V * 4)) {
+            const int32_t gpu = amax[row++], id = only[t] ? gpu : greedy(lg, V);
+            by_argmax += only[t];
+            if (gpu != ref->tok[l->gen]) {
+                if (mismatched++ < 4)
+                    CHECK(0, "%d slots: sequence %d token %d: the GPU's argmax %d where alone gave %d", n_slots, l->seq,
+                          l->gen, gpu, ref->tok[l->gen]);
+            } else if (!only[t] && (id != ref->tok[l->gen] || memcmp(lg, ref->rows + (size_t)l->gen * V, (size_t)V * 4))) {
                 if (mismatched++ < 4)
                     CHECK(0, "%d slots: sequence %d token %d: %d (logits rel err %.3g) where alone gave %d", n_slots,
                           l->seq, l->gen, id, rel_l2_f(lg, ref->rows + (size_t)l->gen * V, V), ref->tok[l->gen]);
+            } else if (only[t] && !isnan(lg[0])) {
+                if (mismatched++ < 4) CHECK(0, "%d slots: an argmax-only row was read back", n_slots);
             }
             l->last = id;
             if (++l->gen == N_GEN) {
@@ -182,7 +197,9 @@ static void run_together(world *w, int n_slots, bool refusals) {
             }
         }
     }
-    printf("  %d slots: %d steps, %d of %d rows differ from alone\n", n_slots, steps, mismatched, N_SEQ * N_GEN);
+    printf("  %d slots: %d steps, %d of %d rows differ from alone (%d taken from the GPU's argmax alone)\n", n_slots,
+           steps, mismatched, N_SEQ * N_GEN, by_argmax);
+    CHECK(by_argmax > 0, "%d slots: no row was taken from the GPU's argmax alone", n_slots);
     CHECK(mismatched == 0, "%d slots: %d rows differ from the sequences run alone", n_slots, mismatched);
 }
 

@@ -38,6 +38,10 @@ typedef struct fake_engine {
     int calls, bad_order, fail_next, delay_ms;
     int64_t max_prompt_tokens_beside_decode;
     bool decoding[MAX_SLOTS];    /* the slot's prompt has ended: its tokens are decode tokens */
+    /* batch_argmax: the engine gives each row's argmax and leaves argmax_only rows NaN */
+    bool batch_argmax;
+    int32_t broken_first;        /* a sequence starting with it has no finite maximum (argmax -1) */
+    int argmax_only_rows;
     int zero_pos_writes[MAX_SLOTS];
 } fake_engine;
 
@@ -72,11 +76,19 @@ static int fake_forward_batch(void *ctx, const moex_batch *b, float *logits, moe
         if (fk.decoding[s]) any_decoding = true;
         else prompt_tokens++;
         if (!b->want_logits[t]) continue;
-        float *row_p = logits + row++ * fk.n_vocab;
-        for (int32_t v = 0; v < fk.n_vocab; v++) row_p[v] = -1.0f;
+        float *row_p = logits + row * fk.n_vocab;
         const script *sc = script_of(fk.first[s]);
         const int k = b->pos[t] + 1 - (sc ? sc->prompt_len : 0);
-        row_p[sc && k >= 0 && k < sc->n ? sc->next[k] : 220 /* a space */] = 1.0f;
+        const int32_t next = sc && k >= 0 && k < sc->n ? sc->next[k] : 220 /* a space */;
+        if (b->argmax) b->argmax[row] = fk.first[s] == fk.broken_first ? -1 : next;
+        row++;
+        if (b->argmax && b->argmax_only && b->argmax_only[t]) {
+            for (int32_t v = 0; v < fk.n_vocab; v++) row_p[v] = NAN;
+            fk.argmax_only_rows++;
+            continue;
+        }
+        for (int32_t v = 0; v < fk.n_vocab; v++) row_p[v] = -1.0f;
+        row_p[next] = 1.0f;
     }
     if (any_decoding && prompt_tokens > fk.max_prompt_tokens_beside_decode)
         fk.max_prompt_tokens_beside_decode = prompt_tokens;
@@ -183,7 +195,7 @@ static void wait_idle(hub_sched_stats *st) {
 static hub_sched *start(hub_sched_stats *st, int slots, int64_t n_ctx, int64_t chunk, int max_queue) {
     memset(st, 0, sizeof *st);
     moex_engine eng = {.ctx = &fk, .forward = fake_forward, .forward_batch = fake_forward_batch, .n_ctx = n_ctx,
-                       .n_batch = 64, .n_seq = MAX_SLOTS};
+                       .n_batch = 64, .n_seq = MAX_SLOTS, .batch_argmax = fk.batch_argmax};
     for (int i = 0; i < MAX_SLOTS; i++) fk.last_pos[i] = -1;
     hub_sched_config cfg = {.n_slots = slots, .n_ctx = n_ctx, .n_batch = 64, .prompt_chunk = chunk,
                             .max_queue = max_queue, .pool = g_pool};
@@ -320,6 +332,45 @@ static void check_failure_and_queue(hub_sched *s, hub_sched_stats *st) {
     wait_idle(st);
 }
 
+/* An engine that takes the greedy rows' argmax where its logits are: the
+ * same text, with those rows never read (the fake leaves them NaN); a row
+ * with no finite maximum (argmax -1) fails its job alone, with 500, while
+ * another job goes on. */
+static void check_engine_argmax(const int32_t *hello, int n_hello, const char *hello_text) {
+    hub_sched_stats st;
+    fk.batch_argmax = true;
+    fk.argmax_only_rows = 0;
+    hub_sched *s = start(&st, 4, N_CTX, 3, 16);
+    if (s) {
+        check_text(s, hello, n_hello, hello_text);
+        pthread_mutex_lock(&fk.mu);
+        const int only = fk.argmax_only_rows;
+        const int32_t next[3] = {300, 301, 302};
+        add_script(4100, 2, next, 3);
+        fk.broken_first = 4100;
+        pthread_mutex_unlock(&fk.mu);
+        CHECK(only > 0, "the greedy rows went as argmax alone (%d rows)", only);
+        const int32_t bad[2] = {4100, 7}, good[4] = {1000, 11, 12, 13};
+        set_delay(1);
+        hub_job *jb = submit(s, bad, 2, 3, NULL), *jg = submit(s, good, 4, n_hello, NULL);
+        result rb = {0}, rg = {0};
+        if (jb) wait_job(jb, &rb, 10), hub_job_unref(jb);
+        if (jg) wait_job(jg, &rg, 10), hub_job_unref(jg);
+        set_delay(0);
+        CHECK(rb.st.finish == HUB_FINISH_ERROR && rb.st.http_status == 500 && strstr(rb.st.error, "finite"),
+              "no finite maximum: the job fails with 500 (%d, %s)", rb.st.http_status, rb.st.error);
+        CHECK(rg.st.finish == HUB_FINISH_LENGTH && !strcmp(rg.text, hello_text),
+              "and the job beside it completes: '%s'", rg.text);
+        wait_idle(&st);
+        pthread_mutex_lock(&fk.mu);
+        fk.broken_first = -1;
+        pthread_mutex_unlock(&fk.mu);
+        hub_sched_stop(s);
+        hub_sched_free(s);
+    }
+    fk.batch_argmax = false;
+}
+
 static void check_queue_limit(hub_sched_stats *st) {
     hub_sched *s = start(st, 1, 4096, 8, 1);
     if (!s) return;
@@ -359,6 +410,7 @@ int main(int argc, char **argv) {
     model.tok = tok;
     pthread_mutex_init(&fk.mu, NULL);
     fk.n_vocab = model.hp.n_vocab;
+    fk.broken_first = -1;
     g_pool = moex_pool_create(3);
     CHECK(g_pool != NULL, "a thread pool");
     for (int s = 0; s < MAX_SLOTS; s++) fk.last_pos[s] = -1;
@@ -381,6 +433,7 @@ int main(int argc, char **argv) {
         hub_sched_stop(s);
         hub_sched_free(s);
     }
+    check_engine_argmax(hello, (int)n_hello, hello_text);
     hub_sched_stats st2;
     check_queue_limit(&st2);
     moex_tokenizer_free(tok);
