@@ -139,9 +139,17 @@ int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
     return vk_local_forward(m, s, tokens, n, pos, all_logits, logits, err);
 }
 
+/* Whether any wanted row's logits are read back (not only its argmax). */
+static bool reads_rows(const moex_batch *b, const float *logits) {
+    if (!logits) return false;
+    for (int64_t t = 0; t < b->n; t++)
+        if (b->want_logits[t] && !(b->argmax && b->argmax_only && b->argmax_only[t])) return true;
+    return false;
+}
+
 int moex_vk_forward_batch(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits, moex_error *err) {
     rec_key k;
-    if (vk_batch_prepare(m, s, b, logits != NULL, &k, err) || reserve_logits(m, s, k.rows, err)) return -1;
+    if (vk_batch_prepare(m, s, b, reads_rows(b, logits), &k, err) || reserve_logits(m, s, k.rows, err)) return -1;
     if (vk_dist_active(s) ? vk_dist_forward_batch(m, s, &k, err) : vk_local_forward_batch(m, s, &k, err)) return -1;
     vk_batch_take_outputs(m, s, b, logits);
     return 0;
