@@ -127,16 +127,32 @@ static int check_norm_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
     return vk_check_grid(1, n, 1, err);
 }
 
+/* Tokens one workgroup of mode 1 | VK_MV_TOKENS takes: as many rows of x as
+ * its stage holds (vk_mv_stage_copies XMAX-wide rows), at most VK_MV_TPW;
+ * only the fast units of the types variants.cmake compiles it for (their
+ * bank padding every 8 or more vec4s keeps two rows in ~36 KiB), never int8
+ * x. 1: one token a workgroup. */
+static int64_t mv_tokens_per_group(const moex_vk *vk, const moex_vk_matrix *w, int mode, int64_t n) {
+    const bool typed = w->type == MOEX_TYPE_Q4_K || w->type == MOEX_TYPE_Q6_K || w->type == MOEX_TYPE_Q8_0 ||
+                       w->type == MOEX_TYPE_F32;
+    if (n < 2 || !typed || (mode & (VK_MV_GENERIC | VK_MV_IDOT))) return 1;
+    const int64_t fit = vk_mv_stage_copies(vk) * VK_MV_XMAX / w->cols;
+    return fit < VK_MV_TPW ? fit : VK_MV_TPW;
+}
+
 int moex_vk_op_norm_matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
                                 int64_t n, moex_vk_ptr y, moex_vk_ptr resid, moex_error *err) {
     if (check_norm_each(c, w, x, nw, n, err)) return -1;
     if (n <= 0) return 0;
-    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mv_mode_of(c->vk, 1, w) | VK_MV_NORM, err);
+    const int mode = mv_mode_of(c->vk, 1, w) | VK_MV_NORM;
+    const int64_t tpw = mv_tokens_per_group(c->vk, w, mode, n);
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, tpw > 1 ? mode | VK_MV_TOKENS : mode, err);
     if (!p) return -1;
     vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);
     pc.p[1] = nw;
+    pc.u[6] = (uint32_t)tpw;   /* k: the tokens of each workgroup */
     pc.u[9] = vk_fbits(eps);
-    vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 1, true), (uint32_t)n, 1);
+    vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 1, true), (uint32_t)vk_ceil_div(n, tpw), 1);
     return 0;
 }
 

@@ -20,6 +20,10 @@ int vk_mv_row_groups(const moex_vk *vk, int mode) {
     return g;
 }
 
+/* XMAX-wide rows of x a VK_MV_TOKENS stage holds: two (~36 KiB) where the
+ * device has 48 KiB of shared memory, else one. */
+int vk_mv_stage_copies(const moex_vk *vk) { return vk->info.shared_mem >= 49152 ? 2 : 1; }
+
 uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode) {
     return vk_ceil_div(rows, vk_mv_row_groups(vk, mode) * vk_mv_rpt(vk, mode));
 }

@@ -8,7 +8,7 @@
 #ifndef MOEX_VK_VARIANTS_H
 #define MOEX_VK_VARIANTS_H
 
-#define VK_MODES 64             /* modes per kernel and weight type (the pipeline table's last index) */
+#define VK_MODES 128            /* modes per kernel and weight type (the pipeline table's last index) */
 #define VK_MV_NMAX 8            /* tokens per matrix-vector dispatch; more go to the tiled kernels */
 #define VK_MAX_EXPERTS 512      /* shared-memory arrays of the router and the expert grouping */
 #define VK_ATTN_MAX_SPLITS 64   /* key splits of the decode attention at most (vk_attn.c, attn_dec.comp's merge) */
@@ -27,6 +27,8 @@
 #define VK_MV_NORM 8      /* RMSNorm of x fused (modes 0 to 3, one token) */
 #define VK_MV_STAGE 16    /* the router (mode 3, one token) on the staged loop of mode 1 */
 #define VK_MV_IDOT 32     /* modes 1 and 2 on Q4_K stage x as int8 (vk_idot) */
+#define VK_MV_TOKENS 64   /* mode 1 with the norm, x staged as f32: up to VK_MV_TPW tokens a workgroup */
+#define VK_MV_TPW 4       /* tokens a VK_MV_TOKENS workgroup takes at most (its stage: two XMAX-wide rows) */
 
 /* mm.comp: mode & 3 is MODE (0 products, 1 experts gate+up, 2 experts down); */
 #define VK_MM_SMALL 4     /* 32 x 32 tiles (products with few rows) */

@@ -37,9 +37,15 @@ shared vec4 xgs[XMAX4 / 16u];
 #else
 #define XPAD 1u
 #endif
-shared vec4 xsh[XMAX4 + (XMAX4 >> XPAD)];
+#ifndef XCOPIES
+#define XCOPIES 1u   // XMAX-wide rows of x the stage holds (the includer's several tokens)
+#endif
+#ifndef XTB
+#define XTB 0u       // where the x being dotted starts in the stage (the includer's several tokens)
+#endif
+shared vec4 xsh[(XMAX4 + (XMAX4 >> XPAD)) * XCOPIES];
 #define XSLOT(i) ((i) + ((i) >> XPAD))
-#define XV(x, i) xsh[XSLOT(i)]
+#define XV(x, i) xsh[XTB + XSLOT(i)]
 #endif
 #ifndef XV
 #define XV(x, i) x.v[i]

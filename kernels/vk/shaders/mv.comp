@@ -33,6 +33,12 @@
 // The staged modes take several tokens as the grid's y (token t: x row t, y
 // row t, and in MODE 2 each matrix's row t), each with exactly the arithmetic
 // of one token alone: batches of several sequences (the argmax stays one token's).
+// TOKENS (mode 1 with NORM, x staged as f32): a workgroup takes pc.k tokens
+// (at most VK_MV_TPW; the grid's y counts groups of them), stages each one's
+// x in its own stretch of xsh and dots every weight unit it loads with all of
+// them, so a batch reads each row once instead of once per token (the output
+// head of several sequences). Each token's staging, norm, sums and
+// reductions are those of the token alone, in the same order.
 // IDOT (modes 1 and 2 on Q4_K, vk_idot): x staged as int8 in groups of 32
 // values (_mvunit.comp), each thread rounding 8 of them (4 lanes share a
 // group's scale through shuffles; without subgroups a thread rounds a unit's
@@ -51,6 +57,15 @@
 #endif
 #define IDOT ((VARIANT & VK_MV_IDOT) != 0)
 #define FAST ((VARIANT & VK_MV_GENERIC) == 0)
+#if (VARIANT & VK_MV_TOKENS) != 0
+#define TOKENS 1
+#define TPW VK_MV_TPW
+layout(constant_id = 4) const uint XCOPIES = 1u;   // XMAX-wide rows of x the stage holds (vk_mv_stage_copies)
+uint xtb = 0u;   // the stretch of xsh of the token being dotted
+#define XTB xtb
+#else
+#define TPW 1u
+#endif
 #include "_common.comp"
 #include "_quant.comp"
 layout(local_size_x_id = 0) in;
@@ -327,7 +342,13 @@ void main() {
 #endif
     const uint units = pc.cols / UNIT, row_bytes = (pc.cols / BLK) * BLK_BYTES, ng = gl_NumWorkGroups.x;
     const uint nsteps = (units + TPR - 1u) / TPR, rpb = GROUPS * NR;
-    const uint tok = gl_WorkGroupID.y, xb = tok * (pc.xs / 4u);   // the token's x row (vec4s)
+#ifdef TOKENS
+    const uint tok = gl_WorkGroupID.y * pc.k, ntok = min(pc.k, pc.n - tok);   // this workgroup's first token, count
+    const uint xstride = XSLOT(pc.cols / 4u);   // one token's stretch of xsh
+#else
+    const uint tok = gl_WorkGroupID.y, ntok = 1u, xstride = 0u;
+#endif
+    const uint xb = tok * (pc.xs / 4u);   // the (first) token's x row (vec4s)
 #if MODE == 2
     const uint nblk = (pc.rows + rpb - 1u) / rpb + (pc.rows1 + rpb - 1u) / rpb + (pc.rows2 + rpb - 1u) / rpb;
 #else
@@ -338,13 +359,14 @@ void main() {
     uint b = gl_WorkGroupID.x, s = 0u;
     WU cur[NR], nxt[NR];
     if (b < nblk) load_rows(b, grp, lane, units, row_bytes, cur);
-    float ss = 0.0;
+    float ss[TPW];   // each token's sum of x^2 over the x this thread stages
+    for (uint t = 0u; t < TPW; t++) ss[t] = 0.0;
 #if IDOT && defined(USE_SUBGROUP)
     // 8 values a thread, 4 neighbouring lanes a 32-value group (whole groups drop out of the loop together)
     for (uint i = 2u * tid; i < pc.cols / 4u; i += 2u * WG) {
         vec4 v0 = pc.x.v[xb + i], v1 = pc.x.v[xb + i + 1u];
 #ifdef NORM
-        ss += dot(v0, v0) + dot(v1, v1);
+        ss[0] += dot(v0, v0) + dot(v1, v1);
         v0 *= pc.nw.v[i];
         v1 *= pc.nw.v[i + 1u];
 #endif
@@ -356,30 +378,38 @@ void main() {
         for (uint i = 0u; i < 16u; i++) v[i] = pc.x.v[xb + 16u * u + i];
 #ifdef NORM
         for (uint i = 0u; i < 16u; i++) {
-            ss += dot(v[i], v[i]);
+            ss[0] += dot(v[i], v[i]);
             v[i] *= pc.nw.v[16u * u + i];
         }
 #endif
         stage_unit(u, v);
     }
 #else
-    for (uint i = tid; i < pc.cols / 4u; i += WG) {
-        vec4 v = pc.x.v[xb + i];
+    for (uint t = 0u; t < TPW; t++) {
+        if (t >= ntok) break;   // uniform
+        for (uint i = tid; i < pc.cols / 4u; i += WG) {
+            vec4 v = pc.x.v[xb + t * (pc.xs / 4u) + i];
 #ifdef NORM
-        ss += dot(v, v);
-        v *= pc.nw.v[i];
+            ss[t] += dot(v, v);
+            v *= pc.nw.v[i];
 #endif
-        xsh[XSLOT(i)] = v;
+            xsh[t * xstride + XSLOT(i)] = v;
+        }
     }
 #endif
+    float invs[TPW];   // each token's 1 / rms (1: no norm)
+    for (uint t = 0u; t < TPW; t++) invs[t] = 1.0;
 #ifdef NORM
-    const float inv = 1.0 / sqrt(wg_sum(ss) / float(pc.cols) + uintBitsToFloat(pc.eps_bits));
+    for (uint t = 0u; t < TPW; t++) {
+        if (t >= ntok) break;   // uniform: wg_sum's barriers
+        invs[t] = 1.0 / sqrt(wg_sum(ss[t]) / float(pc.cols) + uintBitsToFloat(pc.eps_bits));
+    }
 #else
-    const float inv = 1.0;
     barrier();
 #endif
-    float acc[NR];
-    for (uint r = 0u; r < NR; r++) acc[r] = 0.0;
+    const float inv = invs[0];
+    float acc[TPW * NR];   // token t's rows at t * NR
+    for (uint i = 0u; i < TPW * NR; i++) acc[i] = 0.0;
     float bv = -3.4e38;   // argmax: this thread's best output so far
     uint bi = 0xffffffffu;
     while (b < nblk) {   // uniform over the workgroup: every row group walks the same (block, step)
@@ -387,7 +417,17 @@ void main() {
         if (s2 == nsteps) { s2 = 0u; b2 += ng; }
         if (b2 < nblk) load_rows(b2, grp, s2 * TPR + lane, units, row_bytes, nxt);
         const uint u = s * TPR + lane;
-        if (u < units) wdot(pc.x, cur, ubase(u) / 4u, acc);
+        if (u < units)
+            for (uint t = 0u; t < TPW; t++) {   // the unit's weights, loaded once, dotted with each token's x
+                if (t >= ntok) break;
+#ifdef TOKENS
+                xtb = t * xstride;
+#endif
+                float a[NR];
+                for (uint r = 0u; r < NR; r++) a[r] = acc[t * NR + r];
+                wdot(pc.x, cur, ubase(u) / 4u, a);
+                for (uint r = 0u; r < NR; r++) acc[t * NR + r] = a[r];
+            }
         if (s2 == 0u) {   // the block's last step: reduce and write its rows
             const uvec3 m = block_of(b);
             CF32 y = pc.y;
@@ -397,16 +437,19 @@ void main() {
             else if (m.x == 2u) { y = pc.y2; yb = tok * pc.rows2; }
 #endif
             const uint row0 = m.y + grp * NR;
-            for (uint r = 0u; r < NR; r++) {
-                float v = group_sum(acc[r]) * inv;
-                acc[r] = 0.0;
-                const uint row = row0 + r;
-                if (lane == r % TPR && row < m.z) {
+            for (uint t = 0u; t < TPW; t++) {
+                if (t >= ntok) break;   // uniform: group_sum
+                for (uint r = 0u; r < NR; r++) {
+                    float v = group_sum(acc[t * NR + r]) * invs[t];
+                    acc[t * NR + r] = 0.0;
+                    const uint row = row0 + r, yo = yb + t * pc.ys + row;   // token tok + t (one token but TOKENS)
+                    if (lane == r % TPR && row < m.z) {
 #if MODE == 1
-                    if ((pc.flags & 1u) != 0u) v += pc.r.v[yb + row];
-                    if (v > bv) { bv = v; bi = row; }   // a lane's rows increase: ties keep the lower
+                        if ((pc.flags & 1u) != 0u) v += pc.r.v[yo];
+                        if (v > bv) { bv = v; bi = row; }   // a lane's rows increase: ties keep the lower
 #endif
-                    y.v[yb + row] = v;
+                        y.v[yo] = v;
+                    }
                 }
             }
         }

@@ -106,6 +106,10 @@ foreach(sg "" SUBGROUP)
       vk_variant(mv ${t} ${m} ${sg})
       vk_variant(mv ${t} ${m}|VK_MV_NORM ${sg})
     endforeach()
+    # several tokens a workgroup: the fast units' staged f32 x (vk_ops.c mv_tokens_per_group)
+    if(t STREQUAL Q4_K OR t STREQUAL Q6_K OR t STREQUAL Q8_0 OR t STREQUAL F32)
+      vk_variant(mv ${t} 1|VK_MV_NORM|VK_MV_TOKENS ${sg})
+    endif()
   endforeach()
   # experts_mv.comp: both halves of every type; Q4_K also off 16 bytes
   # (generic positions); Q4_K and Q6_K positions also with int8 activations.
