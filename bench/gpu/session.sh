@@ -13,6 +13,7 @@
 #              on their socket thread (default) and with MOEX_WORKER_INLINE_ROWS=0 (all on the compute thread)
 #   nospin     local and hub + 4 Vulkan workers again with MOEX_VK_SPIN_US=0 (every submit blocks on its fence at
 #              once), to set against dist's runs, which poll first
+#   apilocal   api's --local run alone
 #   apidist    the API's hub + 4 Vulkan workers at 1 stream, then at 8, each run's hub and worker timings kept
 #              (what a batched decode layer costs against a one-token layer)
 #   table3     per-token time through moex-relay at RTT 0.5 / 2 / 10 ms, h = 1 / 2, hub on Vulkan + 4 CPU
@@ -210,6 +211,12 @@ step_api() {
         --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w1" \
         --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w2" \
         --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w3"
+}
+
+# api's --local run alone
+step_apilocal() {
+    api_run api_local --hub "$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port} --local" \
+        --cli "$bin/moex-hub --local --backend vulkan -m $model --prompt-tokens {prompt} -n {n} --temp 0 --ignore-eos"
 }
 
 step_apidist() {

@@ -31,6 +31,8 @@ static void read_tuning(vk_tuning *t) {
     t->mv_rpt = rpt >= 1 && rpt <= 8 ? rpt : 0;
     const int groups = env_int("MOEX_VK_MV_GROUPS");
     t->mv_groups = groups >= 1 && groups <= 32 ? groups : 0;
+    const int tokens = env_int("MOEX_VK_MV_TOKENS");
+    t->mv_tokens = tokens >= 1 && tokens <= VK_MV_TPW ? tokens : VK_MV_TPW;
     t->gu_off = env_int("MOEX_VK_GU") == 0;
     const int gwg = env_int("MOEX_VK_GU_WG"), gru = env_int("MOEX_VK_GU_RU");
     t->gu_wg = gwg >= 64 && gwg <= 1024 ? gwg : 0;

@@ -67,6 +67,7 @@ typedef struct vk_tuning {
     int coop_nbuf;       /* MOEX_VK_COOP_NBUF: 2 asks for double-buffered coop tiles, else 1 */
     int mv_rpt;          /* MOEX_VK_MV_RPT: rows per thread of the staged one-token products (1-8), 0: default */
     int mv_groups;       /* MOEX_VK_MV_GROUPS: row groups per workgroup of those products (1-32), 0: default */
+    int mv_tokens;       /* MOEX_VK_MV_TOKENS: tokens a workgroup of the batched head takes at most (1: one) */
     bool gu_off;         /* MOEX_VK_GU=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
     int gu_wg, gu_ru;    /* MOEX_VK_GU_WG (64-1024), MOEX_VK_GU_RU (1-16): experts_gu.comp's shape, 0: default */
     int gu_ch;           /* MOEX_VK_GU_CH (16, 32, 48, 64): experts_gu.comp's rows per workgroup, 0: default */

@@ -137,7 +137,7 @@ static int64_t mv_tokens_per_group(const moex_vk *vk, const moex_vk_matrix *w, i
                        w->type == MOEX_TYPE_F32;
     if (n < 2 || !typed || (mode & (VK_MV_GENERIC | VK_MV_IDOT))) return 1;
     const int64_t fit = vk_mv_stage_copies(vk) * VK_MV_XMAX / w->cols;
-    return fit < VK_MV_TPW ? fit : VK_MV_TPW;
+    return fit < vk->tune.mv_tokens ? fit : vk->tune.mv_tokens;
 }
 
 int moex_vk_op_norm_matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
