@@ -4,8 +4,9 @@
  * session mutex and the lws thread is woken with lws_cancel_service(); it
  * sleeps on the session's condition variable until work arrives.
  *
- * The lws thread runs run_batch itself for a small message when this thread
- * is idle (worker_compute_inline): s->running keeps the two apart.
+ * The lws thread runs run_batch itself for a small message while this
+ * thread is parked waiting for work (worker_compute_inline): s->running
+ * keeps the two apart.
  *
  * A batch is every dispatch queued when the thread takes work (whole
  * received messages: the backlog holds one layer's, a prefill or a hub's

@@ -146,10 +146,10 @@ int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len);
 /* compute.c: the compute thread. */
 int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err);
 /* Called by the lws thread with mu held, once a message is sealed: if the
- * compute thread is idle and the queued work is small (a decode layer's
+ * compute thread is parked and the queued work is small (a decode layer's
  * message), computes it on the calling thread and queues its answers in the
  * outbox (mu is released meanwhile). Returns whether it did; the caller then
- * asks for a write instead of waking the compute thread. */
+ * writes them (or asks for a write) instead of waking the compute thread. */
 bool worker_compute_inline(session *s);
 void moex_worker_compute_stop(session *s, pthread_t th);
 
