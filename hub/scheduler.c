@@ -131,8 +131,7 @@ struct hub_sched {
     float *logits;               /* [n_slots x n_vocab] */
     int32_t *row_argmax;         /* [n_slots] each logits row's argmax, from the engine (batch_argmax) */
     int32_t *row_id;             /* [n_slots] the token sampled from each logits row */
-    hub_job **row_job;           /* [n_slots] whose sampler that row takes */
-    bool *row_greedy;            /* [n_slots] the row's token is its argmax, not read back */
+    int64_t *row_tok;            /* [n_slots] each logits row's token in the batch */
 };
 
 /* Publishes a state change and tells the submitter. */
@@ -561,9 +560,11 @@ typedef struct sample_job {
 static void sample_rows(void *ctx, int ith, int nth) {
     const sample_job *sj = ctx;
     hub_sched *s = sj->s;
-    for (int64_t r = ith; r < sj->n_rows; r += nth)
-        s->row_id[r] = s->row_greedy[r] ? s->row_argmax[r]
-                                         : moex_sampler_sample(s->row_job[r]->smp, s->logits + r * s->m->hp.n_vocab);
+    for (int64_t r = ith; r < sj->n_rows; r += nth) {
+        const int64_t t = s->row_tok[r];
+        s->row_id[r] = s->b_greedy[t] ? s->row_argmax[r]
+                                      : moex_sampler_sample(s->slot[s->b_seq[t]]->smp, s->logits + r * s->m->hp.n_vocab);
+    }
 }
 
 /* Every wanted row sampled, on the pool when several are read back (a
@@ -573,9 +574,8 @@ static void sample_wanted(hub_sched *s, int64_t n) {
     int64_t rows = 0, on_host = 0;
     for (int64_t t = 0; t < n; t++) {
         if (!s->b_want[t] || !s->slot[s->b_seq[t]]) continue;
-        s->row_greedy[rows] = s->b_greedy[t];
         on_host += !s->b_greedy[t];
-        s->row_job[rows++] = s->slot[s->b_seq[t]];
+        s->row_tok[rows++] = t;
     }
     sample_job sj = {.s = s, .n_rows = rows};
     if (on_host > 1 && s->cfg.pool) moex_pool_run(s->cfg.pool, sample_rows, &sj);
@@ -707,8 +707,7 @@ void hub_sched_free(hub_sched *s) {
     free(s->b_greedy);
     free(s->row_argmax);
     free(s->row_id);
-    free(s->row_job);
-    free(s->row_greedy);
+    free(s->row_tok);
     free(s->logits);
     free(s);
 }
@@ -752,10 +751,9 @@ hub_sched *hub_sched_start(const moex_model *m, const moex_engine *eng, const hu
     const size_t ns = (size_t)cfg->n_slots;
     s->row_argmax = malloc(ns * sizeof *s->row_argmax);
     s->row_id = malloc(ns * sizeof *s->row_id);
-    s->row_job = malloc(ns * sizeof *s->row_job);
-    s->row_greedy = malloc(ns * sizeof *s->row_greedy);
+    s->row_tok = malloc(ns * sizeof *s->row_tok);
     if (!s->slot || !s->b_tok || !s->b_seq || !s->b_pos || !s->b_want || !s->b_greedy || !s->logits ||
-        !s->row_argmax || !s->row_id || !s->row_job || !s->row_greedy) {
+        !s->row_argmax || !s->row_id || !s->row_tok) {
         moex_fail(err, "out of memory for %d slots", cfg->n_slots);
         hub_sched_free(s);
         return NULL;

@@ -486,11 +486,6 @@ static void run_batch(compute *c) {
  * MOEX_WORKER_INLINE_ROWS overrides it (0: never inline, to compare). */
 #define INLINE_ROWS 16
 
-static int inline_rows_setting(void) {
-    const char *e = getenv("MOEX_WORKER_INLINE_ROWS");
-    return e && *e ? atoi(e) : INLINE_ROWS;
-}
-
 /* Called with mu held: whether the queued work is whole messages of at most
  * s->inline_rows rows in all. */
 static bool small_work(const session *s) {
@@ -612,7 +607,7 @@ int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err) {
     else
         moex_log(MOEX_LOG_INFO, "worker: compute pool of %d threads (%s kernels)", moex_pool_size(c->pool),
                  moex_kernels_simd_name());
-    s->inline_rows = inline_rows_setting();
+    s->inline_rows = moex_env_int("MOEX_WORKER_INLINE_ROWS", INLINE_ROWS);
     pthread_mutex_lock(&s->mu);
     s->compute = c;
     pthread_mutex_unlock(&s->mu);

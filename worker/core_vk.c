@@ -158,8 +158,7 @@ moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options
     g->n_layers = hp->n_layer;
     g->n_experts = hp->n_expert;
     g->hidden = hp->n_embd;
-    const char *each = getenv("MOEX_WORKER_EACH_ROWS");
-    g->each_rows = each && *each ? atoi(each) : EACH_ROWS_PER_EXPERT;
+    g->each_rows = moex_env_int("MOEX_WORKER_EACH_ROWS", EACH_ROWS_PER_EXPERT);
     plan_slots(g, m);
     if (g->max_span < 1) {
         moex_fail(err, "worker vulkan: an expert of %zu bytes is over the kernels' 4 GiB", g->slot_bytes);

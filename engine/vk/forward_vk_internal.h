@@ -164,6 +164,10 @@ int vk_warm(const moex_model *m, moex_vk_state *s, bool batches, vk_record_fn re
  * the recording's shape in *k (k->copy_logits: logits wanted and not NULL). */
 int vk_batch_prepare(const moex_model *m, moex_vk_state *s, const moex_batch *b, bool want_rows, rec_key *k,
                      moex_error *err);
+/* Whether batch token t's row is wanted for its argmax alone (not read back). */
+static inline bool vk_argmax_only(const moex_batch *b, int64_t t) {
+    return b->argmax && b->argmax_only && b->argmax_only[t];
+}
 /* After the forward: the wanted rows' argmax into b->argmax (when asked) and
  * their logits from logits_host into logits (when not NULL), in batch order;
  * rows b->argmax_only marks are not copied. */

@@ -143,7 +143,7 @@ int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens
 static bool reads_rows(const moex_batch *b, const float *logits) {
     if (!logits) return false;
     for (int64_t t = 0; t < b->n; t++)
-        if (b->want_logits[t] && !(b->argmax && b->argmax_only && b->argmax_only[t])) return true;
+        if (b->want_logits[t] && !vk_argmax_only(b, t)) return true;
     return false;
 }
 
