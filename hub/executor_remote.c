@@ -24,7 +24,10 @@
 #define TIMING_LAYERS 4096       /* layers kept for the time breakdown */
 #define PROBE_AFTER_S 0.5        /* a replica whose estimate is older than this ... */
 #define PROBE_ONE_IN 16          /* ... goes first for one task in this many */
-#define PARALLEL_ELEMENTS 65536  /* values to convert at which the pool helps (encode, decode) */
+/* Values to convert at which the pool helps (encode, decode): below it the
+ * threads' wake-up costs more than they save (an 8-stream decode layer's
+ * 64 rows x 2048 encode alone in ~30 us, against ~240 on the pool). */
+#define PARALLEL_ELEMENTS (1 << 20)
 
 typedef struct hub_send {
     uint32_t worker;
@@ -76,10 +79,23 @@ typedef struct worker_count {
     int n;
 } worker_count;
 
-/* Per-layer times (µs), a ring. */
+/* A worker's message of this round is sent once it holds this many bytes,
+ * and the rest of its frames follow in further messages: a prompt's layer
+ * (megabytes a worker) then flows as a pipeline — the network thread writes
+ * the first part while the executor queues the next, the worker computes
+ * one part while it receives the next — instead of each side waiting for
+ * the whole. A decode layer's message (a few rows) stays one message.
+ * MOEX_HUB_SPLIT_BYTES overrides it (tests split every frame apart). */
+#define MESSAGE_SPLIT_BYTES (256 * 1024)
+
+/* Per-layer times (µs), a ring; n_tokens tells a prompt's layers from a decode's. */
 typedef struct layer_times {
     float plan_encode, send, wait, decode, combine;
+    int64_t n_tokens;
 } layer_times;
+
+/* Layers of more tokens than this (a prompt's batches) get a timing line of their own. */
+#define TIMING_SMALL_TOKENS 16
 
 struct hub_executor {
     const moex_model *m;
@@ -116,6 +132,7 @@ struct hub_executor {
     bool x_wire_ready;
     outgoing out[HUB_MAX_WORKERS];
     int n_out;
+    size_t split_bytes;          /* MESSAGE_SPLIT_BYTES, or MOEX_HUB_SPLIT_BYTES */
     worker_count inflight[HUB_MAX_WORKERS];  /* sends of this layer per worker */
     int n_inflight;
     uint64_t rng;
@@ -147,6 +164,8 @@ hub_executor *hub_executor_create(const moex_model *m, moex_pool *pool, const hu
     x->d = m->hp.n_embd;
     x->next_seq = 1;
     x->rng = cfg->seed * 0x9E3779B97F4A7C15ull + 1;
+    const int split = moex_env_int("MOEX_HUB_SPLIT_BYTES", MESSAGE_SPLIT_BYTES);
+    x->split_bytes = split > 0 ? (size_t)split : MESSAGE_SPLIT_BYTES;
     atomic_init(&x->stopping, false);
     return x;
 }
@@ -321,7 +340,20 @@ static void release_candidates(hub_replica *c, int from, int n) {
     for (int i = from; i < n; i++) hub_conn_unref(c[i].conn);
 }
 
-/* Appends the task's frame to the worker's message of this round. */
+/* Hands the worker's message so far to its connection; the buffer is the connection's now. */
+static void send_outgoing(hub_executor *x, outgoing *o) {
+    if (o->buf && hub_conn_send_owned(o->conn, o->buf, o->len)) {
+        HUB_ADD(x->metrics, bytes_out, o->len);
+        HUB_COUNT(x->metrics, messages_out);
+    }
+    hub_registry_count_dispatch(x->reg, o->worker, o->frames);
+    o->buf = NULL;
+    o->len = o->cap = 0;
+    o->frames = 0;
+}
+
+/* Appends the task's frame to the worker's message of this round; a full
+ * message leaves at once (MESSAGE_SPLIT_BYTES). */
 static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *frame, size_t len) {
     outgoing *o = NULL;
     for (int i = 0; i < x->n_out && !o; i++)
@@ -331,6 +363,10 @@ static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *fr
         o = &x->out[x->n_out++];
         hub_conn_ref(r->conn);
         *o = (outgoing){.worker = r->id, .conn = r->conn};
+    }
+    if (o->len && o->len + len > x->split_bytes) {
+        send_outgoing(x, o);
+        hub_net_wake(x->net);
     }
     if (o->len + len > o->cap) {
         size_t cap = o->cap ? 2 * o->cap : 4 * len;
@@ -347,15 +383,11 @@ static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *fr
     o->frames++;
 }
 
-/* Sends every worker its message of this round, then wakes the network thread once. */
+/* Sends every worker the rest of its message of this round, then wakes the network thread once. */
 static void flush_round(hub_executor *x) {
     for (int i = 0; i < x->n_out; i++) {
         outgoing *o = &x->out[i];
-        if (o->buf && hub_conn_send_owned(o->conn, o->buf, o->len)) {
-            HUB_ADD(x->metrics, bytes_out, o->len);
-            HUB_COUNT(x->metrics, messages_out);
-        }
-        hub_registry_count_dispatch(x->reg, o->worker, o->frames);
+        if (o->len) send_outgoing(x, o);
         hub_conn_unref(o->conn);
     }
     if (x->n_out) hub_net_wake(x->net);
@@ -830,7 +862,7 @@ static void record_times(hub_executor *x, double t0, double t1, double t2, doubl
     layer_times *lt = &x->times[x->n_times++ % TIMING_LAYERS];
     *lt = (layer_times){.plan_encode = (float)((t1 - t0) * 1e6), .send = (float)((t2 - t1) * 1e6),
                         .wait = (float)((t3 - t2 - x->decode_s) * 1e6), .decode = (float)(x->decode_s * 1e6),
-                        .combine = (float)((t4 - t3) * 1e6)};
+                        .combine = (float)((t4 - t3) * 1e6), .n_tokens = x->n_req_tokens};
 }
 
 static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
@@ -871,19 +903,40 @@ static void percentiles(float *v, size_t n, float *p50, float *p99) {
     *p99 = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
 }
 
-void hub_executor_print_timing(hub_executor *x, FILE *f) {
-    const size_t n = x->n_times < TIMING_LAYERS ? (size_t)x->n_times : TIMING_LAYERS;
-    if (!n) return;
-    float *v = malloc(n * sizeof *v);
-    if (!v) return;
+/* Appends " plan+encode P50/P99 send ..." over the held layers of at least
+ * min_tokens tokens; returns how many there were. v: room for them all. */
+static size_t append_phases(const hub_executor *x, int64_t min_tokens, float *v, char *buf, size_t *len, size_t cap) {
     static const char *const names[] = {"plan+encode", "send", "wait", "decode", "combine"};
-    fprintf(f, "hub layer timing (us, p50/p99 over %zu layers):", n);
+    const size_t held = x->n_times < TIMING_LAYERS ? (size_t)x->n_times : TIMING_LAYERS;
+    size_t n = 0;
     for (int k = 0; k < 5; k++) {
-        for (size_t i = 0; i < n; i++) v[i] = ((const float *)&x->times[i])[k];
+        n = 0;
+        for (size_t i = 0; i < held; i++)
+            if (x->times[i].n_tokens >= min_tokens) v[n++] = ((const float *)&x->times[i])[k];
+        if (!n) return 0;
         float p50, p99;
         percentiles(v, n, &p50, &p99);
-        fprintf(f, " %s %.0f/%.0f", names[k], p50, p99);
+        if (*len < cap) *len += (size_t)snprintf(buf + *len, cap - *len, " %s %.0f/%.0f", names[k], p50, p99);
     }
-    fprintf(f, "\n");
+    return n;
+}
+
+/* One write, so that another thread's log line cannot land inside it. */
+void hub_executor_print_timing(hub_executor *x, FILE *f) {
+    const size_t held = x->n_times < TIMING_LAYERS ? (size_t)x->n_times : TIMING_LAYERS;
+    if (!held) return;
+    float *v = malloc(held * sizeof *v);
+    if (!v) return;
+    char line[640] = "", phases[256];
+    size_t len = 0, n;
+    if ((n = append_phases(x, 0, v, phases, &len, sizeof phases)))
+        snprintf(line, sizeof line, "hub layer timing (us, p50/p99 over %zu layers):%s\n", n, phases);
+    len = 0;
+    if ((n = append_phases(x, TIMING_SMALL_TOKENS + 1, v, phases, &len, sizeof phases))) {
+        const size_t used = strlen(line);
+        snprintf(line + used, sizeof line - used, "hub layer timing, layers of over %d tokens (us, p50/p99 over %zu):%s\n",
+                 TIMING_SMALL_TOKENS, n, phases);
+    }
+    fputs(line, f);
     free(v);
 }

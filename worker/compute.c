@@ -282,8 +282,9 @@ static void stage(compute *c, batch_item *b) {
 
 /* One batch's stage times (seconds), recorded once the lock is held again. */
 typedef struct batch_times {
-    double queued, compute, vk_stage, vk_gpu, encode;
+    double receive, queued, compute, vk_stage, vk_gpu, encode;
     bool vk;
+    bool large; /* over MOEX_WORKER_SMALL_ROWS rows */
 } batch_times;
 
 /* Computes the n taken dispatches: each gets values, or failed with a reason. */
@@ -311,7 +312,11 @@ static void compute_batch(compute *c, int n, batch_times *bt) {
         maybe_corrupt(c, b);
     }
     const double t1 = moex_time_s();
-    bt->queued = t0 - c->items[0].it.rx_s; /* the batch's oldest message */
+    bt->receive = c->items[0].it.rx_s - c->items[0].it.rx_first_s; /* the batch's oldest message */
+    bt->queued = t0 - c->items[0].it.rx_s;
+    uint64_t rows = 0;
+    for (int i = 0; i < n; i++) rows += c->items[i].it.msg.h.n_tokens;
+    bt->large = rows > MOEX_WORKER_SMALL_ROWS;
     bt->compute = t1 - t0;
     if (bt->vk) moex_worker_vk_batch_times(c->gpu, &bt->vk_stage, &bt->vk_gpu);
     const int n_gpu = bt->vk ? moex_worker_vk_batch_count(c->gpu) : 0;
@@ -324,14 +329,16 @@ static void compute_batch(compute *c, int n, batch_times *bt) {
 
 /* Called with mu held. */
 static void record_times(session *s, const batch_times *bt) {
-    moex_worker_timing *t = s->stats.timing;
-    moex_worker_timing_add(&t[MOEX_WT_QUEUED], bt->queued);
-    moex_worker_timing_add(&t[MOEX_WT_COMPUTE], bt->compute);
-    moex_worker_timing_add(&t[MOEX_WT_ENCODE], bt->encode);
+    moex_worker_stats *st = &s->stats;
+    moex_worker_timing_record(st, MOEX_WT_RECEIVE, bt->large, bt->receive);
+    moex_worker_timing_record(st, MOEX_WT_QUEUED, bt->large, bt->queued);
+    moex_worker_timing_record(st, MOEX_WT_COMPUTE, bt->large, bt->compute);
+    moex_worker_timing_record(st, MOEX_WT_ENCODE, bt->large, bt->encode);
     if (bt->vk) {
-        moex_worker_timing_add(&t[MOEX_WT_VK_STAGE], bt->vk_stage);
-        moex_worker_timing_add(&t[MOEX_WT_VK_GPU], bt->vk_gpu);
+        moex_worker_timing_record(st, MOEX_WT_VK_STAGE, bt->large, bt->vk_stage);
+        moex_worker_timing_record(st, MOEX_WT_VK_GPU, bt->large, bt->vk_gpu);
     }
+    if (bt->large) st->large_batches++;
     s->busy_s += bt->compute;
     s->stats.compute_s += bt->compute;
 }
@@ -424,7 +431,8 @@ static int message_end(const compute *c, int i0, int n) {
 
 /* Called with mu held: queues message [i0, i1)'s answers for the connection
  * they were computed for (dropped if it is gone) and counts them. */
-static void queue_message(compute *c, int i0, int i1, moex_worker_buf *out, uint32_t conn, double ready_s) {
+static void queue_message(compute *c, int i0, int i1, moex_worker_buf *out, uint32_t conn, double ready_s,
+                          bool large) {
     session *s = c->s;
     drop_late_cancels(c, i0, i1, out);
     const bool live = conn == s->conn && out->len;
@@ -437,6 +445,7 @@ static void queue_message(compute *c, int i0, int i1, moex_worker_buf *out, uint
     if (live) {
         out->conn = conn;
         out->ready_s = ready_s;
+        out->large = large;
         if (moex_worker_outbox_push_swap(s->outbox, out))
             moex_log(MOEX_LOG_ERROR, "worker: out of memory queueing %d results", i1 - i0);
     }
@@ -469,7 +478,7 @@ static void run_batch(compute *c) {
     s->stats.computed += (uint64_t)n;
     s->stats.batches++;
     for (int i0 = 0, m = 0; i0 < n; i0 = message_end(c, i0, n), m++)
-        queue_message(c, i0, message_end(c, i0, n), &c->out[m], conn, ready);
+        queue_message(c, i0, message_end(c, i0, n), &c->out[m], conn, ready, bt.large);
     for (int i = 0; i < n; i++) worker_rx_release(s, c->items[i].it.owner);
     s->running = false;
     s->batch_n = 0;

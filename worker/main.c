@@ -34,7 +34,7 @@ static void print_stats(const moex_worker_stats *st) {
             (unsigned long long)st->dispatches, (unsigned long long)st->results, (unsigned long long)st->cancels,
             (unsigned long long)st->cancelled, (unsigned long long)st->errors, (unsigned long long)st->connects,
             st->computed ? st->compute_s * 1e3 / (double)st->computed : 0.0);
-    char line[512];
+    char line[1024];
     moex_worker_timing_line(st, line, sizeof line);
     fprintf(stderr, "%s\n", line);
 }

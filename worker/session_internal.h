@@ -34,6 +34,7 @@ typedef struct rx_msg {
     bool sealed;                /* every frame read: its dispatches may be taken, all together */
     uint64_t serial;
     double rx_s;                /* when its last fragment arrived */
+    double rx_first_s;          /* when its first fragment arrived */
     struct rx_msg *next_free;
 } rx_msg;
 
@@ -56,6 +57,7 @@ typedef struct session {
     char path[2048];                 /* hub.path with ?token=... */
     double backoff_s, next_attempt_s, down_since_s;
     double last_rx_s, next_hb_s, last_hb_s;
+    double msg_first_rx_s;           /* when the message being reassembled began */
     bool handshake_sent;             /* this attempt reached the HTTP upgrade */
     bool check_hub;                  /* a refused upgrade or JOIN: ask the hub's HTTP side why (token, model) */
     bool accepted;                   /* this connection got an ASSIGN */

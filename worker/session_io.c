@@ -26,7 +26,7 @@ int worker_on_writeable(session *s, struct lws *wsi) {
         const double now = moex_time_s();
         pthread_mutex_lock(&s->mu);
         s->stats.messages_out++;
-        if (s->tx.ready_s > 0) moex_worker_timing_add(&s->stats.timing[MOEX_WT_OUTBOX], now - s->tx.ready_s);
+        if (s->tx.ready_s > 0) moex_worker_timing_record(&s->stats, MOEX_WT_OUTBOX, s->tx.large, now - s->tx.ready_s);
         pthread_mutex_unlock(&s->mu);
         if (n < (int)s->tx.len) {
             moex_log(MOEX_LOG_WARN, "worker: write to the hub failed");

@@ -64,7 +64,8 @@ static void on_dispatch(session *s, rx_msg *m, const moex_proto_msg *msg) {
         moex_log(MOEX_LOG_WARN, "worker: inject: exiting abruptly on dispatch %ld", exit_after);
         _exit(3);
     }
-    const moex_worker_item it = {.msg = *msg, .owner = m, .group = m->serial, .rx_s = m->rx_s};
+    const moex_worker_item it = {
+        .msg = *msg, .owner = m, .group = m->serial, .rx_s = m->rx_s, .rx_first_s = m->rx_first_s};
     int n_stale = 0;
     pthread_mutex_lock(&s->mu);
     s->stats.dispatches++;
@@ -250,6 +251,7 @@ static bool on_message(session *s) {
     m->sealed = false;
     m->serial = ++s->rx_serial;
     m->rx_s = s->last_rx_s;
+    m->rx_first_s = s->msg_first_rx_s;
     read_frames(s, m);
     pthread_mutex_lock(&s->mu);
     m->sealed = true;
@@ -263,6 +265,7 @@ static bool on_message(session *s) {
 
 int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len) {
     s->last_rx_s = moex_time_s();
+    if (s->reasm.len == 0) s->msg_first_rx_s = s->last_rx_s;
     moex_error err;
     if (moex_proto_reasm_add(&s->reasm, in, len, &err)) {
         moex_log(MOEX_LOG_ERROR, "worker: message from the hub refused (%s); closing", err.msg);

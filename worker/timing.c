@@ -27,23 +27,40 @@ double moex_worker_timing_quantile(const moex_worker_timing *t, double q) {
     return sorted[rank < 1 ? 0 : rank > n ? n - 1 : rank - 1];
 }
 
+void moex_worker_timing_record(moex_worker_stats *st, moex_worker_timer k, bool large, double seconds) {
+    moex_worker_timing_add(&st->timing[k], seconds);
+    if (large) moex_worker_timing_add(&st->timing_large[k], seconds);
+}
+
 const char *moex_worker_timer_name(moex_worker_timer k) {
-    static const char *const names[MOEX_WT_COUNT] = {"queued", "compute", "vk-stage", "vk-gpu", "encode", "outbox"};
+    static const char *const names[MOEX_WT_COUNT] = {"receive", "queued", "compute", "vk-stage",
+                                                     "vk-gpu",  "encode", "outbox"};
     return k >= 0 && k < MOEX_WT_COUNT ? names[k] : "?";
 }
 
-void moex_worker_timing_line(const moex_worker_stats *st, char *buf, size_t cap) {
-    size_t n = (size_t)snprintf(buf, cap, "worker timing:");
+/* Appends "stage p50 X p99 Y ms, ..." of each timer with samples; returns the new length. */
+static size_t append_stages(const moex_worker_timing *timing, char *buf, size_t n, size_t cap) {
     bool any = false;
     for (int k = 0; k < MOEX_WT_COUNT && n < cap; k++) {
-        const moex_worker_timing *t = &st->timing[k];
+        const moex_worker_timing *t = &timing[k];
         if (!t->n) continue;
         n += (size_t)snprintf(buf + n, cap - n, "%s %s p50 %.3f p99 %.3f ms", any ? "," : "", moex_worker_timer_name(k),
                               moex_worker_timing_quantile(t, 0.5), moex_worker_timing_quantile(t, 0.99));
         any = true;
     }
+    if (!any && n < cap) n += (size_t)snprintf(buf + n, cap - n, " no samples");
+    return n;
+}
+
+void moex_worker_timing_line(const moex_worker_stats *st, char *buf, size_t cap) {
+    size_t n = (size_t)snprintf(buf, cap, "worker timing:");
+    n = append_stages(st->timing, buf, n, cap);
     if (n < cap)
-        snprintf(buf + n, cap - n, "%s (%llu batches, %llu on the socket thread, %llu messages written)",
-                 any ? "" : " no samples", (unsigned long long)st->batches, (unsigned long long)st->inline_batches,
-                 (unsigned long long)st->messages_out);
+        n += (size_t)snprintf(buf + n, cap - n, " (%llu batches, %llu on the socket thread, %llu messages written)",
+                              (unsigned long long)st->batches, (unsigned long long)st->inline_batches,
+                              (unsigned long long)st->messages_out);
+    if (!st->large_batches || n >= cap) return;
+    n += (size_t)snprintf(buf + n, cap - n, "\nworker timing, batches over %d rows:", MOEX_WORKER_SMALL_ROWS);
+    n = append_stages(st->timing_large, buf, n, cap);
+    if (n < cap) snprintf(buf + n, cap - n, " (%llu batches)", (unsigned long long)st->large_batches);
 }

@@ -164,6 +164,7 @@ typedef struct moex_worker_item {
     void *owner;         /* the received message holding those bytes (the caller's reference) */
     uint64_t group;      /* the received message's serial: one message's results leave together */
     double rx_s;         /* when that message was received (moex_time_s) */
+    double rx_first_s;   /* when its first fragment arrived */
 } moex_worker_item;
 
 moex_worker_backlog *moex_worker_backlog_create(int capacity);
@@ -197,6 +198,7 @@ typedef struct moex_worker_buf {
     size_t len, cap;
     uint32_t conn;
     double ready_s;  /* when it was queued (moex_time_s), for the outbox wait; 0: not timed */
+    bool large;      /* the answer to a batch of over MOEX_WORKER_SMALL_ROWS rows (timed apart) */
 } moex_worker_buf;
 
 moex_worker_outbox *moex_worker_outbox_create(size_t headroom);
@@ -255,6 +257,8 @@ void moex_worker_usage(FILE *f);
  * taken together: one received message, or several of one layer), except
  * OUTBOX: one per message written. */
 typedef enum moex_worker_timer {
+    MOEX_WT_RECEIVE,   /* a message's first fragment -> its last (the batch's oldest message): the transfer and
+                          libwebsockets' parsing of a message larger than one read */
     MOEX_WT_QUEUED,    /* message received -> its batch's compute starts (the batch's oldest message) */
     MOEX_WT_COMPUTE,   /* compute start -> every value of the batch ready (vulkan: stage + GPU + CPU fallback) */
     MOEX_WT_VK_STAGE,  /* vulkan: inputs converted into the mapped buffer, ops planned and recorded */
@@ -265,6 +269,9 @@ typedef enum moex_worker_timer {
 } moex_worker_timer;
 
 #define MOEX_WORKER_TIMING_SAMPLES 1024
+/* Batches of more rows than this (a prompt's) are also timed on their own:
+ * the few a prompt makes would be lost among a decode's many small ones. */
+#define MOEX_WORKER_SMALL_ROWS 16
 
 typedef struct moex_worker_timing {
     float ms[MOEX_WORKER_TIMING_SAMPLES];  /* the latest samples (a ring), milliseconds */
@@ -289,11 +296,18 @@ typedef struct moex_worker_stats {
     uint64_t messages_in;  /* WebSocket messages received from the hub */
     uint64_t messages_out; /* WebSocket messages written to the hub */
     double compute_s;      /* time spent computing them */
-    moex_worker_timing timing[MOEX_WT_COUNT];
+    uint64_t large_batches;  /* batches of over MOEX_WORKER_SMALL_ROWS rows */
+    moex_worker_timing timing[MOEX_WT_COUNT];        /* every batch */
+    moex_worker_timing timing_large[MOEX_WT_COUNT];  /* the large batches again */
 } moex_worker_stats;
 
-/* "worker timing: queued p50 0.012 p99 0.310 ms, compute p50 ... (N batches)":
- * p50/p99 of each stage with samples, on one line (no newline). */
+/* Adds one batch's (or, for OUTBOX, one message's) sample to the rings:
+ * the large ones to both. */
+void moex_worker_timing_record(moex_worker_stats *st, moex_worker_timer k, bool large, double seconds);
+
+/* "worker timing: receive p50 0.004 p99 0.020 ms, queued ... (N batches, ...)":
+ * p50/p99 of each stage with samples, on one line; then, when there were
+ * large batches, "\nworker timing, batches over 16 rows: ..." (no final newline). */
 void moex_worker_timing_line(const moex_worker_stats *st, char *buf, size_t cap);
 
 /* Runs the session until *stop becomes nonzero (returns 0) or a fatal error:

@@ -7,6 +7,7 @@
 #              with empty shader/pipeline caches, then twice warm
 #   bench      bench_vk: pp512 and decode after a 512-token prompt (docs/PERF.md's figures)
 #   dist       the same prompt through hub --backend vulkan + 4 workers (Vulkan, then CPU) against --local
+#   distvk     dist without the CPU workers' run
 #   each       apidist at 8 streams and dist's Vulkan run, each with MOEX_WORKER_EACH_ROWS=4 (default) and 0
 #   probe      hub + 4, 2 and 1 Vulkan workers, and with the hub's CPU pool at one thread (where a layer goes)
 #   inline     dist's Vulkan run and apidist at 1 and 8 streams, each with the workers' small messages computed
@@ -14,6 +15,8 @@
 #   nospin     local and hub + 4 Vulkan workers again with MOEX_VK_SPIN_US=0 (every submit blocks on its fence at
 #              once), to set against dist's runs, which poll first
 #   apilocal   api's --local run alone
+#   apidistonly  api's hub + 4 Vulkan workers alone (MOEX_API_STREAMS=1,8: those stream counts)
+#   (the api steps take each stream count's best of MOEX_API_REPS runs, default 1)
 #   apidist    the API's hub + 4 Vulkan workers at 1 stream, then at 8, each run's hub and worker timings kept
 #              (what a batched decode layer costs against a one-token layer)
 #   table3     per-token time through moex-relay at RTT 0.5 / 2 / 10 ms, h = 1 / 2, hub on Vulkan + 4 CPU
@@ -97,7 +100,7 @@ dist_run() {
     kill -TERM $pids 2>/dev/null; wait $pids 2>/dev/null || true
     echo "$tag $(stats < "$work/$tag.err") tokens_fnv $(cksum < "$work/$tag.out" | cut -d' ' -f1)"
     grep -h "hub layer timing\|hub gpu" "$work/$tag.err" | sed "s/^/$tag /"
-    for i in $(seq 0 $((nw - 1))); do grep -ho "worker timing:.*" "$work/$tag-w$i.err" | sed "s/^/$tag w$i /"; done
+    for i in $(seq 0 $((nw - 1))); do grep -h "worker timing" "$work/$tag-w$i.err" | sed "s/^/$tag w$i /"; done
     grep -A6 "^  worker " "$work/$tag.err" | sed "s/^/$tag /"
     keep "$work/$tag.err"
 }
@@ -106,6 +109,12 @@ step_dist() {
     local_run dist_local
     dist_run dist_vk vulkan 1
     dist_run dist_cpu cpu 3
+}
+
+# dist without its CPU workers' run
+step_distvk() {
+    local_run dist_local
+    dist_run dist_vk vulkan 1
 }
 
 # Where a distributed layer's time goes on one GPU: the same run with fewer GPU processes (one or two Vulkan
@@ -165,7 +174,7 @@ relay_run() {
     kill -TERM $pids 2>/dev/null; wait $pids 2>/dev/null || true
     echo "$tag $(stats < "$work/$tag.err")"
     grep -h "hub layer timing\|hub gpu" "$work/$tag.err" | sed "s/^/$tag /"
-    for i in 0 1 2 3; do grep -ho "worker timing:.*" "$work/$tag-w$i.err" | sed "s/^/$tag w$i /"; done
+    for i in 0 1 2 3; do grep -h "worker timing" "$work/$tag-w$i.err" | sed "s/^/$tag w$i /"; done
 }
 
 step_table3() {
@@ -187,11 +196,12 @@ api_keys() {
                                     print t "_api_over_cli " w[13] }'
 }
 
-# $1: tag, then bench_api.py's arguments
+# $1: tag, then bench_api.py's arguments (MOEX_API_REPS=N: each stream count's best of N runs)
 api_run() {
     tag=$1
     shift
-    if python3 "$repo/bench/bench_api.py" --streams 1,2,4,8,16 --tokens 128 --prompt 32 "$@" > "$work/$tag.md" \
+    if python3 "$repo/bench/bench_api.py" --streams 1,2,4,8,16 --tokens 128 --prompt 32 --reps "${MOEX_API_REPS:-1}" "$@" \
+        > "$work/$tag.md" \
         2> "$work/$tag.err"; then
         api_keys "$tag" < "$work/$tag.md"
     else
@@ -199,6 +209,14 @@ api_run() {
         tail -5 "$work/$tag.err"
     fi
     keep "$work/$tag.md" "$work/$tag.err"
+}
+
+# api's hub + 4 Vulkan workers alone (MOEX_API_STREAMS: the stream counts, default 1,2,4,8,16)
+step_apidistonly() {
+    serve="$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port}"
+    w() { echo "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w$1"; }
+    api_run api_dist --hub "$serve --token b --replicas 2 --min-workers 4 --wait-s 300" --streams "${MOEX_API_STREAMS:-1,2,4,8,16}" \
+        --worker "$(w 0)" --worker "$(w 1)" --worker "$(w 2)" --worker "$(w 3)"
 }
 
 step_api() {
@@ -229,7 +247,7 @@ step_apidist() {
             --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w3" \
             | grep '^| [0-9]' | sed "s/^/apidist$n /"
         grep -h "hub layer timing\|hub gpu\|hub metrics" "$work/apidist$n/hub.err" | sed "s/^/apidist$n /"
-        for i in 0 1 2 3; do grep -ho "worker timing:.*" "$work/apidist$n/w$i.err" | sed "s/^/apidist$n w$i /"; done
+        for i in 0 1 2 3; do grep -h "worker timing" "$work/apidist$n/w$i.err" | sed "s/^/apidist$n w$i /"; done
         [ -n "${OUT:-}" ] && cp -r "$work/apidist$n" "$OUT"/ 2>/dev/null || true
     done
 }

@@ -34,6 +34,27 @@ def matches_local():
               f"rc={rc} got={toks[:6]} want={REF[model][:6]}" + ("" if rc == 0 else err[-2000:]))
         fb = metric(err, "fallbacks")
         check("  no expert fell back to the hub", fb == 0, f"fallbacks={fb}")
+        if model == MOE:
+            d, m = metric(err, "dispatches"), metric(err, "messages")
+            check("  a worker's DISPATCHes of a prompt layer share a message", d and m and m < d, f"{d} {m}")
+
+
+@scenario
+def split_messages():
+    # MOEX_HUB_SPLIT_BYTES=1: every DISPATCH leaves as a message of its own (a prompt layer's message is
+    # cut at 256 KiB by default); the worker answers each apart and computes them as they come.
+    # A 40-token prompt: its layers are timed apart from the decode's.
+    prompt = ",".join(str(7 + 97 * i) for i in range(40))
+    ref = local_tokens(MOE, N, prompt)
+    c = Cluster(MOE, 3, N, hub_args=["--replicas", "2"], hub_env={"MOEX_HUB_SPLIT_BYTES": "1"}, prompt=prompt)
+    rc, toks, err = c.finish()
+    check("every frame its own message: tokens equal --local", rc == 0 and toks == ref,
+          f"rc={rc} got={toks[:6]} want={ref[:6]}" + ("" if rc == 0 else err[-2000:]))
+    d, m = metric(err, "dispatches"), metric(err, "messages")
+    check("  one message per DISPATCH", d and m == d, f"dispatches={d} messages={m}")
+    lines = re.findall(r"^hub layer timing(, layers of over 16 tokens)? \(us, p50/p99 over (\d+)(?: layers)?\):", err, re.M)
+    check("  the hub's timing: all layers, then the prompt's apart (one forward: a layer each)",
+          len(lines) == 2 and not lines[0][0] and lines[1][0] and 0 < int(lines[1][1]) < int(lines[0][1]), f"{lines}")
 
 
 @scenario

@@ -48,13 +48,13 @@ def vulkan_available():
     return True
 
 
-def run_cluster(model, worker_args, hub_args=("--replicas", "1")):
+def run_cluster(model, worker_args, hub_args=("--replicas", "1"), hub_env=None):
     """A hub with --verify 1 (--replicas 1 by default) and one worker per (name, flags, environment) of worker_args.
     Returns (hub rc, tokens, hub stderr, worker logs, worker exit codes)."""
     # --timeout-ms 5000: this test is about the Vulkan worker's results, not deadlines; a first dispatch that
     # compiles pipelines on lavapipe under ASan can outlast the default 500 ms and fall back to the hub
     c = distlib.Cluster(model, 0, N, hub_args=["--verify", "1", "--timeout-ms", "5000", *hub_args],
-                        min_workers=len(worker_args))
+                        min_workers=len(worker_args), hub_env=hub_env)
     for name, extra, env in worker_args:
         c.start_worker(name, extra, env)
     rc, toks, err = c.finish(timeout=180)
@@ -137,6 +137,20 @@ def hedged(model):
     check("  the workers stopped cleanly", codes == [0, 0], f"exit codes {codes}")
 
 
+def split_messages(model):
+    # every DISPATCH in a message of its own (MOEX_HUB_SPLIT_BYTES=1; a prompt layer's message is cut at 256 KiB):
+    # the Vulkan worker computes a layer's dispatches as they arrive, in as many submissions as it takes
+    ref = local_tokens(model)
+    rc, toks, err, _, codes = run_cluster(model, [("vk", ["--backend", "vulkan"], {})], hub_env={"MOEX_HUB_SPLIT_BYTES": "1"})
+    check("a vulkan worker, one message per DISPATCH, --verify 1: equal --local", rc == 0 and toks == ref,
+          f"rc={rc} got={toks[:6]} want={ref[:6]}" + ("" if rc == 0 else err[-2000:]))
+    d, m = metric(err, "dispatches"), metric(err, "messages")
+    check("  one message per DISPATCH", d and m == d, f"dispatches={d} messages={m}")
+    check("  no mismatch, no fallback", metric(err, "mismatches") == 0 and metric(err, "fallbacks") == 0,
+          f"mismatches={metric(err, 'mismatches')} fallbacks={metric(err, 'fallbacks')}")
+    check("  the worker stopped cleanly", codes == [0], f"exit codes {codes}")
+
+
 def bad_device():
     """A device index the machine lacks: a clear error, exit 1, before any connection."""
     p = subprocess.run([f"{BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{free_port()}/ws", "--token", TOKEN,
@@ -153,7 +167,7 @@ for model, budget in ((gen_model("qwen3moe", "q8_0", 11), None), (gen_model("mix
     t0 = time.time()
     vulkan_and_cpu(model, budget)
     print(f"     ({os.path.basename(model)}: {time.time() - t0:.1f} s)", flush=True)
-for fn in (takes_over_experts, hedged):
+for fn in (takes_over_experts, hedged, split_messages):
     t0 = time.time()
     fn(gen_model("qwen3moe", "q8_0", 11))
     print(f"     ({fn.__name__}: {time.time() - t0:.1f} s)", flush=True)

@@ -315,6 +315,11 @@ async def results_per_message():
     split = re.search(r"\((\d+) batches, (\d+) on the socket thread", line.group(0) if line else "")
     check("  small messages computed on the socket thread, the 21-row one not",
           split and 0 < int(split.group(2)) == int(split.group(1)) - 1, line.group(0) if line else log[-400:])
+    large = re.search(r"^worker timing, batches over 16 rows: receive p50 [\d.]+ p99 [\d.]+ ms, .*\((\d+) batches\)$",
+                      log, re.M)
+    check("  the 21-row batch timed apart as well, its receive included",
+          large and large.group(1) == "1" and all(f"{k} p50" in large.group(0) for k in ("queued", "compute", "outbox")),
+          large.group(0) if large else log[-600:])
     await hub.stop()
 
 
