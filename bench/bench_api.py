@@ -7,7 +7,8 @@ stream through the API against the CLI's decode speed on the same model.
 
 --hub     the server's command line; {port} is replaced by a free port, e.g.
           "build/bin/moex-hub serve -m M.gguf --local --parallel 16 --ctx 1024 --port {port}"
---worker  a worker's command line, started once the hub listens ({port} as above);
+          ({tcp_port}: a second free port, for the hub's --tcp-port)
+--worker  a worker's command line, started once the hub listens ({port} and {tcp_port} as above);
           repeat for more workers (the hub should wait for them: --min-workers N)
 --cli     the CLI run to compare one stream with, e.g.
           "build/bin/moex-hub --local -m M.gguf --prompt-tokens {prompt} -n {n} --temp 0 --ignore-eos";
@@ -166,8 +167,9 @@ def main():
     if a.smoke:
         a.streams, a.tokens, a.prompt = "1,2", 8, 8
     levels = [int(x) for x in a.streams.split(",")]
-    port = free_port()
-    hub = subprocess.Popen(shlex.split(a.hub.replace("{port}", str(port))), stdout=subprocess.DEVNULL,
+    port, tcp_port = free_port(), free_port()
+    fill = lambda cmd: cmd.replace("{port}", str(port)).replace("{tcp_port}", str(tcp_port))
+    hub = subprocess.Popen(shlex.split(fill(a.hub)), stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)
     err_tail = []
     threading.Thread(target=lambda: [err_tail.append(l) for l in hub.stderr], daemon=True).start()
@@ -176,7 +178,7 @@ def main():
         time.sleep(0.5)
         for w in a.worker:
             log = tempfile.TemporaryFile("w+")
-            workers.append(subprocess.Popen(shlex.split(w.replace("{port}", str(port))), stdout=log,
+            workers.append(subprocess.Popen(shlex.split(fill(w)), stdout=log,
                                             stderr=subprocess.STDOUT, text=True))
             workers[-1].log = log
         wait_health(port, hub, a.start_timeout, err_tail, workers)

@@ -15,6 +15,8 @@
  * `Authorization: Bearer T`. An empty want accepts everyone. The comparison
  * takes the same time wherever the strings differ. */
 bool hub_auth_ok(struct lws *wsi, const char *want);
+/* The same for a token as bytes (the TCP transport's AUTH frame). */
+bool hub_auth_token_ok(const char *got, size_t n, const char *want);
 
 /* Rate-limited logging of refusals: returns true when this refusal should
  * be logged (the first few of each second; the rest are only counted and

@@ -121,6 +121,9 @@ static int parse_value(hub_cli *c, const char *a, const char *v) {
     else if (!strcmp(a, "--port")) {
         if (hub_cli_i64(c->prog, a, v, 0, 65535, &n)) return -1;
         h->port = (int)n;
+    } else if (!strcmp(a, "--tcp-port")) {
+        if (hub_cli_i64(c->prog, a, v, 1, 65535, &n)) return -1;
+        h->tcp_port = (int)n;
     } else if (!strcmp(a, "--replicas")) {
         if (hub_cli_i64(c->prog, a, v, 1, 16, &n)) return -1;
         h->replicas = (int)n;
@@ -160,7 +163,7 @@ static int parse_value(hub_cli *c, const char *a, const char *v) {
 }
 
 static const char *const value_flags[] = {
-    "--host", "--token", "--port", "--replicas", "--hedge", "--timeout-ms", "--verify", "--min-workers",
+    "--host", "--token", "--port", "--tcp-port", "--replicas", "--hedge", "--timeout-ms", "--verify", "--min-workers",
     "--wait-s", "--web-dir", "--tls-cert", "--tls-key", "--tls-dir",
     "--backend", "--device", "-t", "--threads", "--wire-dtype", "--temp", "--top-k", "--top-p", "--min-p", "--seed",
 };
@@ -233,6 +236,16 @@ int hub_cli_finish(hub_cli *c) {
         return -1;
     }
     if (h->tls_dir) h->tls = true;
+    if (h->tcp_port && h->tls) {
+        fprintf(stderr, "%s: --tcp-port carries the workers' frames in the clear; with TLS, workers join over wss:// "
+                        "only (leave out --tcp-port)\n", c->prog);
+        return -1;
+    }
+    if (h->tcp_port && h->tcp_port == h->port) {
+        fprintf(stderr, "%s: --tcp-port %d is also --port: give the TCP transport a port of its own\n", c->prog,
+                h->tcp_port);
+        return -1;
+    }
     if (c->web_dir_given) {
         if (!has_index(h->web_dir)) {
             fprintf(stderr, "%s: --web-dir %s has no index.html: give the build's web directory (<build>/web, made by "
@@ -270,6 +283,8 @@ void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help) {
             "  --host ADDR             listen address (default %s; 0.0.0.0: every interface)\n"
             "  --port N                listen port (default %d)\n"
             "  --token T               workers must present it (?token=T or Authorization: Bearer T)\n"
+            "  --tcp-port N            native workers may also join over plain TCP on port N (moex-worker --hub\n"
+            "                          tcp://HOST:N): no WebSocket framing, much faster for prompts; in the clear\n"
             "  --replicas R            replicas of every expert (default %d)\n"
             "  --hedge N|auto          send each expert to N replicas, or adapt (default %d)\n"
             "  --timeout-ms MS         per-expert deadline before re-dispatch (default %d)\n"

@@ -29,6 +29,7 @@ struct hub_conn {
     size_t queued, max_queued;
     bool pending;            /* in the net's pending list */
     bool flush_close, kill, close_started;
+    bool raw;                /* TCP transport: no WebSocket framing */
     char why[96];
 };
 
@@ -254,6 +255,17 @@ int hub_conn_on_writeable(hub_conn *c) {
         pthread_mutex_unlock(&c->mu);
         return -1;
     }
+    if (c->raw && lws_send_pipe_choked(c->wsi)) {
+        /* A raw socket is called writeable while libwebsockets still holds
+         * the rest of an earlier write (it sends tx_packet_size at a time):
+         * that goes first, and the queue waits, so that the bound on queued
+         * bytes holds. */
+        struct lws *wsi = c->wsi;
+        pthread_mutex_unlock(&c->mu);
+        if (lws_write(wsi, NULL, 0, LWS_WRITE_RAW) < 0) return -1;
+        lws_callback_on_writable(wsi);
+        return 0;
+    }
     tx_msg *m = c->head;
     if (m) {
         c->head = m->next;
@@ -264,18 +276,21 @@ int hub_conn_on_writeable(hub_conn *c) {
     struct lws *wsi = c->wsi;
     pthread_mutex_unlock(&c->mu);
     if (m) {
-        const int w = lws_write(wsi, m->buf + LWS_PRE, m->len, LWS_WRITE_BINARY);
+        /* raw: a partial send keeps the rest inside libwebsockets (sent above on the next calls) */
+        const int w = lws_write(wsi, m->buf + LWS_PRE, m->len, c->raw ? LWS_WRITE_RAW : LWS_WRITE_BINARY);
         free(m->buf);
         free(m);
         if (w < 0) return -1;
     }
     if (close_now) {
-        lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION, (unsigned char *)c->why, strlen(c->why));
+        if (!c->raw) lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION, (unsigned char *)c->why, strlen(c->why));
         return -1;
     }
     if (more) lws_callback_on_writable(wsi);
     return 0;
 }
+
+void hub_conn_set_raw(hub_conn *c) { c->raw = true; }
 
 void hub_conn_closed(hub_conn *c) {
     pthread_mutex_lock(&c->mu);

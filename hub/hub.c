@@ -83,7 +83,8 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
     hub_server_config sc = {.host = cfg->host, .port = cfg->port, .token = cfg->token, .heartbeat_ms = cfg->heartbeat_ms,
                             .limits = lim, .max_message = max_message, .max_queued = 2 * max_message + (1u << 20),
                             .handler = cfg->http_handler, .refuse_workers = cfg->no_workers, .web = hub->web,
-                            .tls_cert = cfg->tls ? hub->tls.cert : NULL, .tls_key = cfg->tls ? hub->tls.key : NULL};
+                            .tls_cert = cfg->tls ? hub->tls.cert : NULL, .tls_key = cfg->tls ? hub->tls.key : NULL,
+                            .tcp_port = cfg->tcp_port};
     /* results waiting for the executor: a layer's worth, hedged copies included, many times over */
     if (!(hub->net = hub_net_create()) || !(hub->inbox = hub_inbox_create(4096, 16 * max_message)) ||
         !(hub->reg = hub_registry_create(&rc, hub->net, hub->inbox, &hub->metrics, err)) ||
@@ -98,6 +99,9 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
         moex_log(MOEX_LOG_INFO, "hub listening on %s://%s:%d/ws (model %016llx, r=%d, hedge %s%d, timeout %d ms)",
                  moex_hub_ws_scheme(hub), cfg->host, hub_server_port(hub->server), (unsigned long long)model_hash,
                  cfg->replicas, cfg->hedge ? "" : "auto, max ", cfg->hedge ? cfg->hedge : cfg->replicas, cfg->timeout_ms);
+        if (cfg->tcp_port)
+            moex_log(MOEX_LOG_INFO, "native workers also on tcp://%s:%d (the TCP transport)", cfg->host,
+                     hub_server_tcp_port(hub->server));
         if (hub->web) moex_log(MOEX_LOG_INFO, "worker page: %s at /worker", hub_static_dir(hub->web));
     }
     hub_announce(cfg->host, hub_server_port(hub->server), cfg->token, cfg->tls ? &hub->tls : NULL, !cfg->no_workers,

@@ -37,6 +37,10 @@ typedef struct moex_hub_config {
      * $XDG_CACHE_HOME/moex/tls or ~/.cache/moex/tls) and reuses */
     bool tls;
     const char *tls_cert, *tls_key, *tls_dir;
+    /* > 0: native workers may also join over plain TCP on this port
+     * (moex-worker --hub tcp://HOST:PORT): no WebSocket framing, so a
+     * prompt's megabytes cost a copy; in the clear, so not with tls */
+    int tcp_port;
 } moex_hub_config;
 
 void moex_hub_config_default(moex_hub_config *cfg);

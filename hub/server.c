@@ -26,7 +26,7 @@ struct hub_server {
     pthread_t thread;
     bool thread_started;
     atomic_bool stop;
-    int port;
+    int port, tcp_port;
     hub_log_limit refusals;
 };
 
@@ -34,7 +34,7 @@ struct hub_server {
 typedef struct conn_data {
     hub_conn *conn;
     hub_worker *w;
-    moex_proto_reasm rx;
+    moex_proto_reasm rx;          /* WebSocket: the message so far; TCP: bytes not yet whole frames */
     void *http;                   /* an HTTP request: owned by http_weights.c */
     void *handler_req;            /* one owned by the handler (cfg.handler) */
     enum { BY_WEIGHTS, BY_HANDLER, BY_PAGE } by;   /* who answers the current request */
@@ -79,11 +79,12 @@ static int filter(hub_server *s, struct lws *wsi) {
     return 0;
 }
 
-static int established(hub_server *s, struct lws *wsi, conn_data *cd) {
+static int established(hub_server *s, struct lws *wsi, conn_data *cd, bool raw) {
     char peer[64];
     peer_name(wsi, peer, sizeof peer);
     cd->rx.max_bytes = s->cfg.max_message;
     cd->conn = hub_conn_create(s->net, wsi, s->cfg.max_queued, peer);
+    if (cd->conn && raw) hub_conn_set_raw(cd->conn);
     cd->w = cd->conn ? hub_registry_connect(s->reg, cd->conn) : NULL;
     if (!cd->w) {
         moex_log(MOEX_LOG_WARN, "refused %s: %d workers already", peer, HUB_MAX_WORKERS);
@@ -158,6 +159,154 @@ static int on_receive(hub_server *s, struct lws *wsi, conn_data *cd, const void 
     return 0;
 }
 
+static int closed(hub_server *s, conn_data *cd) {
+    if (cd->conn) hub_conn_closed(cd->conn);
+    if (cd->w) hub_registry_disconnect(s->reg, cd->w, "connection closed");
+    hub_conn_unref(cd->conn);
+    moex_proto_reasm_free(&cd->rx);
+    cd->w = NULL;
+    cd->conn = NULL;
+    return 0;
+}
+
+/* ---- the TCP transport (--tcp-port) ----
+ *
+ * Native workers may skip WebSocket: the same frames back to back on a plain
+ * TCP stream (libwebsockets' raw sockets). A WebSocket client parses what it
+ * receives one byte at a time and masks every byte it sends (libwebsockets
+ * 4.1, RFC 6455): megabytes a prompt layer; a stream costs a copy. The first
+ * frame must be AUTH with the hub's token, within TCP_AUTH_S; the connection
+ * is then a worker's like any other, each run of whole frames received one
+ * "message" (docs/PROTOCOL.md, "Transports"). */
+#define TCP_AUTH_S 5
+
+/* ERROR "unauthorized", then the close. */
+static int tcp_refuse(hub_server *s, struct lws *wsi, const char *why) {
+    log_refusal(s, wsi, why);
+    uint8_t f[LWS_PRE + MOEX_PROTO_HEADER_BYTES + MOEX_PROTO_ERROR_FIXED_BYTES + 128];
+    size_t n = 0;
+    const size_t len = strlen(why) < 128 ? strlen(why) : 128;
+    if (!moex_proto_encode_error(0, MOEX_ERR_UNAUTHORIZED, why, (uint16_t)len, f + LWS_PRE, sizeof f - LWS_PRE, &n, NULL))
+        lws_write(wsi, f + LWS_PRE, n, LWS_WRITE_RAW);
+    return -1;
+}
+
+/* The connection's first frame: AUTH with the token makes it a worker's. */
+static int tcp_authenticate(hub_server *s, struct lws *wsi, conn_data *cd, size_t *used) {
+    *used = 0;
+    const size_t magic = cd->rx.len < 4 ? cd->rx.len : 4;
+    if (memcmp(cd->rx.buf, MOEX_PROTO_MAGIC, magic) != 0) /* HTTP, TLS, anything else: told at once */
+        return tcp_refuse(s, wsi, "the first frame on the TCP port must be AUTH with the hub's token");
+    if (cd->rx.len < MOEX_PROTO_HEADER_BYTES) return 0;
+    moex_proto_header h;
+    moex_proto_header_read(cd->rx.buf, &h);
+    if (h.type != MOEX_MSG_AUTH)
+        return tcp_refuse(s, wsi, "the first frame on the TCP port must be AUTH with the hub's token");
+    size_t n;
+    moex_error err = {0};
+    if (moex_proto_frame_size(cd->rx.buf, cd->rx.len, &s->cfg.limits, &n, &err))
+        return tcp_refuse(s, wsi, "a malformed AUTH frame");
+    if (n > cd->rx.len) return 0; /* the rest of the token is on its way */
+    moex_proto_msg m;
+    if (moex_proto_decode(cd->rx.buf, n, &s->cfg.limits, NULL, 0, &m, &err))
+        return tcp_refuse(s, wsi, "a malformed AUTH frame");
+    if (!hub_auth_token_ok(m.u.auth.token, m.u.auth.len, s->cfg.token))
+        return tcp_refuse(s, wsi, "wrong or missing token");
+    if (established(s, wsi, cd, true)) return -1;
+    lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
+    *used = n;
+    return 0;
+}
+
+/* Hands the whole frames at the start of cd->rx on as one message; the
+ * incomplete rest stays. */
+static void tcp_route_frames(hub_server *s, conn_data *cd) {
+    size_t whole = 0;
+    moex_error err = {0};
+    const int rc = moex_proto_stream_frames(cd->rx.buf, cd->rx.len, &s->cfg.limits, &whole, &err);
+    if (whole) {
+        uint8_t *msg = cd->rx.buf;
+        const size_t len = cd->rx.len;
+        cd->rx.buf = NULL;
+        cd->rx.len = cd->rx.cap = 0;
+        if (whole < len && moex_proto_reasm_add(&cd->rx, msg + whole, len - whole, &err)) {
+            free(msg);
+            hub_registry_bad_frame(s->reg, cd->w, 0, MOEX_PROTO_E_TOO_BIG, err.msg);
+            return;
+        }
+        hub_route_message(s->reg, s->inbox, &s->cfg.limits, cd->w, &msg, whole);
+        free(msg); /* NULL when the inbox took it */
+    }
+    if (rc < 0) {
+        char why[sizeof err.msg + 64];
+        snprintf(why, sizeof why, "bad frame (%s): %s", moex_proto_strerror(rc), err.msg);
+        hub_registry_bad_frame(s->reg, cd->w, 0, rc, why);
+        moex_proto_reasm_reset(&cd->rx);
+    }
+}
+
+static int tcp_receive(hub_server *s, struct lws *wsi, conn_data *cd, const void *in, size_t len) {
+    if (cd->w && !hub_conn_open(cd->conn)) return 0; /* closing: what it sends is dropped */
+    moex_error err = {0};
+    if (moex_proto_reasm_add(&cd->rx, in, len, &err)) {
+        if (!cd->w) return tcp_refuse(s, wsi, "more bytes than a frame before AUTH");
+        hub_registry_bad_frame(s->reg, cd->w, 0, MOEX_PROTO_E_TOO_BIG, err.msg);
+        return 0;
+    }
+    if (!cd->w) {
+        size_t used;
+        if (tcp_authenticate(s, wsi, cd, &used)) return -1;
+        if (!used) return 0;
+        memmove(cd->rx.buf, cd->rx.buf + used, cd->rx.len - used);
+        cd->rx.len -= used;
+    }
+    tcp_route_frames(s, cd);
+    return 0;
+}
+
+static int tcp_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len) {
+    hub_server *s = server_of(wsi);
+    conn_data *cd = user;
+    switch (reason) {
+    case LWS_CALLBACK_RAW_ADOPT:
+        if (s->cfg.refuse_workers) {
+            log_refusal(s, wsi, "this hub runs the whole model itself (--local): no workers");
+            return -1;
+        }
+        cd->rx.max_bytes = s->cfg.max_message;
+        lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, TCP_AUTH_S);
+        return 0;
+    case LWS_CALLBACK_RAW_RX: return tcp_receive(s, wsi, cd, in, len);
+    case LWS_CALLBACK_RAW_WRITEABLE: return cd->conn ? hub_conn_on_writeable(cd->conn) : 0;
+    case LWS_CALLBACK_RAW_CLOSE: return closed(s, cd);
+    default: return 0; /* EVENT_WAIT_CANCELLED reaches every protocol: the WebSocket one services the queues */
+    }
+}
+
+static const struct lws_protocols tcp_protocols[] = {
+    /* 1 MiB a send: a prompt layer's megabytes in few system calls */
+    {"moex-tcp", tcp_callback, sizeof(conn_data), 64 * 1024, 0, NULL, 1 << 20},
+    {NULL, NULL, 0, 0, 0, NULL, 0},
+};
+
+/* A second listener for the TCP transport, on the same network thread. */
+static int start_tcp(hub_server *s, moex_error *err) {
+    struct lws_context_creation_info info;
+    memset(&info, 0, sizeof info);
+    info.vhost_name = "moex-tcp";
+    info.port = s->cfg.tcp_port;
+    info.iface = s->cfg.host;
+    info.protocols = tcp_protocols;
+    info.options = LWS_SERVER_OPTION_ADOPT_APPLY_LISTEN_ACCEPT_CONFIG;
+    info.listen_accept_role = "raw-skt";
+    info.listen_accept_protocol = "moex-tcp";
+    struct lws_vhost *vh = lws_create_vhost(s->ctx, &info);
+    if (!vh) return moex_fail(err, "cannot listen for TCP workers on %s:%d (port in use? try another --tcp-port)",
+                              s->cfg.host ? s->cfg.host : "*", s->cfg.tcp_port);
+    s->tcp_port = lws_get_vhost_listen_port(vh);
+    return 0;
+}
+
 /* The worker page first (no token), then the API's routes, then the weights. */
 static int route_of(hub_server *s, struct lws *wsi) {
     if (s->cfg.web && hub_static_claims(wsi)) return BY_PAGE;
@@ -170,19 +319,12 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     conn_data *cd = user;
     switch (reason) {
     case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: return filter(s, wsi);
-    case LWS_CALLBACK_ESTABLISHED: return established(s, wsi, cd);
+    case LWS_CALLBACK_ESTABLISHED: return established(s, wsi, cd, false);
     case LWS_CALLBACK_RECEIVE:
         if (!cd->w || !hub_conn_open(cd->conn)) return 0; /* closing: what it sends is dropped */
         return on_receive(s, wsi, cd, in, len);
     case LWS_CALLBACK_SERVER_WRITEABLE: return cd->conn ? hub_conn_on_writeable(cd->conn) : -1;
-    case LWS_CALLBACK_CLOSED:
-        if (cd->conn) hub_conn_closed(cd->conn);
-        if (cd->w) hub_registry_disconnect(s->reg, cd->w, "connection closed");
-        hub_conn_unref(cd->conn);
-        moex_proto_reasm_free(&cd->rx);
-        cd->w = NULL;
-        cd->conn = NULL;
-        return 0;
+    case LWS_CALLBACK_CLOSED: return closed(s, cd);
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
         hub_net_service(s->net);
         if (s->cfg.handler) s->cfg.handler->service(s->cfg.handler->ctx);
@@ -275,6 +417,11 @@ hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hu
     }
     struct lws_vhost *vh = lws_get_vhost_by_name(s->ctx, "default");
     s->port = vh ? lws_get_vhost_listen_port(vh) : cfg->port;
+    if (cfg->tcp_port > 0 && start_tcp(s, err)) {
+        lws_context_destroy(s->ctx);
+        free(s);
+        return NULL;
+    }
     hub_net_set_context(net, s->ctx);
     lws_sul_schedule(s->ctx, 0, &s->tick, on_tick, (lws_usec_t)cfg->heartbeat_ms * LWS_US_PER_MS);
     if (pthread_create(&s->thread, NULL, net_main, s)) {
@@ -287,6 +434,8 @@ hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hu
 }
 
 int hub_server_port(const hub_server *s) { return s->port; }
+
+int hub_server_tcp_port(const hub_server *s) { return s->tcp_port; }
 
 void hub_server_stop(hub_server *s) {
     if (!s) return;

@@ -24,6 +24,7 @@ typedef struct hub_server_config {
     hub_static *web;               /* the browser worker page at /worker (NULL: none) */
     bool refuse_workers;           /* no /ws: the model runs in this process */
     const char *tls_cert, *tls_key;    /* PEM files: HTTPS and WSS only (NULL: plain) */
+    int tcp_port;                  /* > 0: native workers may also connect over plain TCP there (--tcp-port) */
 } hub_server_config;
 
 /* Connections open at once, WebSocket and HTTP together (HUB_MAX_WORKERS
@@ -37,6 +38,8 @@ typedef struct hub_server hub_server;
 hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hub_inbox *inbox, hub_net *net,
                              hub_http *http, hub_metrics *metrics, moex_error *err);
 int hub_server_port(const hub_server *s);
+/* The TCP transport's port (cfg.tcp_port), 0 when off. */
+int hub_server_tcp_port(const hub_server *s);
 /* What the network thread does with one whole message from a worker's
  * connection (exposed for the frame-sequence fuzzer, hub/fuzz_hub.c):
  * JOIN and HEARTBEAT go to the registry, a message with RESULT or ERROR

@@ -62,6 +62,9 @@ static size_t reencode(const moex_proto_msg *m) {
         rc = moex_proto_encode_error(h->seq, m->u.error.code, m->u.error.text, m->u.error.text_len, again,
                                      sizeof again, &n, NULL);
         break;
+    case MOEX_MSG_AUTH:
+        rc = moex_proto_encode_auth(h->seq, m->u.auth.token, m->u.auth.len, again, sizeof again, &n, NULL);
+        break;
     }
     REQUIRE(rc == MOEX_PROTO_OK);
     return n;
@@ -74,11 +77,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lim.max_hidden = 8192;
     moex_proto_msg m;
     moex_error err;
+    /* as a TCP stream: whole frames never run past the bytes there are */
+    size_t whole = 0;
+    const int stream_rc = moex_proto_stream_frames(data, size, &lim, &whole, NULL);
+    REQUIRE(stream_rc <= 0 && whole <= size);
     int rc = moex_proto_decode(data, size, &lim, scratch, sizeof scratch, &m, &err);
     REQUIRE(rc <= 0 && rc >= MOEX_PROTO_E_ARG);
     if (rc != MOEX_PROTO_OK) return 0;
     size_t frame_len = 0;
     REQUIRE(moex_proto_frame_size(data, size, &lim, &frame_len, NULL) == MOEX_PROTO_OK && frame_len == size);
+    REQUIRE(stream_rc == MOEX_PROTO_OK && whole == size); /* one valid frame: the whole stream */
 
     size_t n = reencode(&m);
     if (!(m.h.flags & MOEX_FLAG_COMPRESSED)) {

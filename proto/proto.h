@@ -58,6 +58,7 @@ typedef enum moex_proto_msg_type {
     MOEX_MSG_JOIN = 6,        /* worker -> hub: capabilities and experts already held */
     MOEX_MSG_ASSIGN = 7,      /* hub -> worker: model identity and the experts to hold */
     MOEX_MSG_ERROR = 8,       /* both ways: a request (by sequence id) failed */
+    MOEX_MSG_AUTH = 9,        /* worker -> hub, TCP transport only: the hub's token, the connection's first frame */
 } moex_proto_msg_type;
 
 /* Tensor element types on the wire (the header's dtype byte). */
@@ -82,9 +83,10 @@ typedef enum moex_proto_error_code {
     MOEX_ERR_VERSION = 6,         /* hub -> worker: no common protocol version */
     MOEX_ERR_EVICTED = 7,         /* hub -> worker: this worker returned wrong results and is refused */
     MOEX_ERR_REFUSED = 8,         /* hub -> worker: a limit (capacity, JOIN rate, workers) refused the JOIN */
+    MOEX_ERR_UNAUTHORIZED = 9,    /* hub -> worker (TCP transport): no AUTH first, or a wrong token */
 } moex_proto_error_code;
 #define MOEX_ERR_FIRST MOEX_ERR_MODEL_MISMATCH
-#define MOEX_ERR_LAST MOEX_ERR_REFUSED
+#define MOEX_ERR_LAST MOEX_ERR_UNAUTHORIZED
 
 /* What the receiver of an ERROR does. */
 typedef enum moex_proto_error_action {
@@ -286,6 +288,8 @@ typedef struct moex_proto_assign {
 #define MOEX_PROTO_ASSIGN_FIXED_BYTES 32
 
 #define MOEX_PROTO_ERROR_FIXED_BYTES 6
+/* AUTH's payload is the token itself: 1 to this many bytes. */
+#define MOEX_PROTO_AUTH_MAX_BYTES 1024
 
 int moex_proto_encode_cancel(uint32_t seq, uint16_t layer, uint16_t expert, uint8_t *out, size_t cap,
                              size_t *out_len, moex_error *err);
@@ -300,6 +304,9 @@ int moex_proto_encode_join(uint32_t seq, const moex_proto_join *j, const moex_pr
 int moex_proto_encode_assign(uint32_t seq, const moex_proto_assign *a, const moex_proto_expert *experts,
                              uint32_t n_experts, uint8_t *out, size_t cap, size_t *out_len,
                              moex_error *err);
+/* token: 1..MOEX_PROTO_AUTH_MAX_BYTES bytes (a worker sends seq 0). */
+int moex_proto_encode_auth(uint32_t seq, const char *token, size_t len, uint8_t *out, size_t cap, size_t *out_len,
+                           moex_error *err);
 /* text: UTF-8, not NUL-terminated, <= 65535 bytes. */
 int moex_proto_encode_error(uint32_t seq, int32_t code, const char *text, uint16_t text_len,
                             uint8_t *out, size_t cap, size_t *out_len, moex_error *err);
@@ -334,6 +341,14 @@ void moex_proto_reasm_free(moex_proto_reasm *r);
 int moex_proto_next_frame(const uint8_t *msg, size_t len, size_t *off, const moex_proto_limits *lim,
                           size_t *frame_len, moex_error *err);
 
+/* Stream transports (TCP, no message boundaries): *whole is how many bytes
+ * at the start of buf are complete frames (0 while the first is still
+ * arriving). A negative status when a header is invalid: the stream is
+ * then unusable. Each frame is bounded by lim, so a reader holds at most one
+ * incomplete frame beyond what it hands on. */
+int moex_proto_stream_frames(const uint8_t *buf, size_t len, const moex_proto_limits *lim, size_t *whole,
+                             moex_error *err);
+
 /* ---- Decoding ----------------------------------------------------------------- */
 
 typedef struct moex_proto_msg {
@@ -347,6 +362,7 @@ typedef struct moex_proto_msg {
         struct { moex_proto_join info; moex_proto_expert_list held; } join;
         struct { moex_proto_assign info; moex_proto_expert_list experts; } assign;
         struct { int32_t code; const char *text; uint16_t text_len; } error;
+        struct { const char *token; uint32_t len; } auth;  /* the payload itself */
     } u;
 } moex_proto_msg;
 

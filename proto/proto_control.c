@@ -145,6 +145,16 @@ int moex_proto_encode_error(uint32_t seq, int32_t code, const char *text, uint16
     return MOEX_PROTO_OK;
 }
 
+int moex_proto_encode_auth(uint32_t seq, const char *token, size_t len, uint8_t *out, size_t cap, size_t *out_len,
+                           moex_error *err) {
+    if (!token || len < 1 || len > MOEX_PROTO_AUTH_MAX_BYTES)
+        return moex_proto_fail(err, MOEX_PROTO_E_ARG, "a token of %zu bytes (1..%d)", len, MOEX_PROTO_AUTH_MAX_BYTES);
+    int rc = begin_control(MOEX_MSG_AUTH, seq, 0, 0, len, out, cap, out_len, err);
+    if (rc) return rc;
+    memcpy(out + MOEX_PROTO_HEADER_BYTES, token, len);
+    return MOEX_PROTO_OK;
+}
+
 /* ---- decoding ---- */
 
 static int parse_heartbeat(moex_proto_msg *m, moex_error *err) {
@@ -266,6 +276,10 @@ int moex_proto_parse_control(moex_proto_msg *m, const moex_proto_limits *lim, mo
     case MOEX_MSG_JOIN: return parse_join(m, lim, err);
     case MOEX_MSG_ASSIGN: return parse_assign(m, lim, err);
     case MOEX_MSG_ERROR: return parse_error(m, err);
+    case MOEX_MSG_AUTH: /* its length was checked with the header */
+        m->u.auth.token = (const char *)m->payload;
+        m->u.auth.len = m->payload_len;
+        return MOEX_PROTO_OK;
     default: return moex_proto_fail(err, MOEX_PROTO_E_TYPE, "message type %u", m->h.type);
     }
 }

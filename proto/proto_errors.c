@@ -13,6 +13,7 @@ static const moex_proto_error_info errors[] = {
     {MOEX_ERR_VERSION,        "no common protocol version", MOEX_ERR_ACT_IGNORE,     MOEX_ERR_ACT_EXIT},
     {MOEX_ERR_EVICTED,        "evicted",                    MOEX_ERR_ACT_IGNORE,     MOEX_ERR_ACT_EXIT},
     {MOEX_ERR_REFUSED,        "refused",                    MOEX_ERR_ACT_IGNORE,     MOEX_ERR_ACT_RECONNECT},
+    {MOEX_ERR_UNAUTHORIZED,   "unauthorized",               MOEX_ERR_ACT_IGNORE,     MOEX_ERR_ACT_EXIT},
 };
 
 /* A negative code: the receiver's frame was malformed. A hub re-sends the

@@ -88,6 +88,11 @@ static int check_control_header(const moex_proto_header *h, const moex_proto_lim
         if (n < MOEX_PROTO_ERROR_FIXED_BYTES)
             return moex_proto_fail(err, MOEX_PROTO_E_LENGTH, "ERROR payload of %u bytes < %d", n, MOEX_PROTO_ERROR_FIXED_BYTES);
         break;
+    case MOEX_MSG_AUTH:
+        if (n < 1 || n > MOEX_PROTO_AUTH_MAX_BYTES)
+            return moex_proto_fail(err, MOEX_PROTO_E_LENGTH, "AUTH payload of %u bytes (1..%d)", n,
+                                   MOEX_PROTO_AUTH_MAX_BYTES);
+        break;
     }
     return MOEX_PROTO_OK;
 }
@@ -96,7 +101,7 @@ int moex_proto_header_check(const moex_proto_header *h, const moex_proto_limits 
     if (h->version != MOEX_PROTO_VERSION)
         return moex_proto_fail(err, MOEX_PROTO_E_VERSION, "version %u, this build speaks %d", h->version,
                                MOEX_PROTO_VERSION);
-    if (h->type < MOEX_MSG_DISPATCH || h->type > MOEX_MSG_ERROR)
+    if (h->type < MOEX_MSG_DISPATCH || h->type > MOEX_MSG_AUTH)
         return moex_proto_fail(err, MOEX_PROTO_E_TYPE, "message type %u", h->type);
     if (h->flags & ~MOEX_FLAG_COMPRESSED)
         return moex_proto_fail(err, MOEX_PROTO_E_FLAGS, "reserved flag bits set: 0x%02x", h->flags);

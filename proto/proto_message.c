@@ -53,3 +53,19 @@ int moex_proto_next_frame(const uint8_t *msg, size_t len, size_t *off, const moe
     *frame_len = n;
     return 1;
 }
+
+int moex_proto_stream_frames(const uint8_t *buf, size_t len, const moex_proto_limits *lim, size_t *whole,
+                             moex_error *err) {
+    size_t off = 0, n = 0;
+    while (len - off >= MOEX_PROTO_HEADER_BYTES) {
+        int rc = moex_proto_frame_size(buf + off, len - off, lim, &n, err);
+        if (rc) {
+            *whole = off;
+            return rc;
+        }
+        if (n > len - off) break;
+        off += n;
+    }
+    *whole = off;
+    return MOEX_PROTO_OK;
+}

@@ -235,6 +235,11 @@ dl_http *dl_http_create(const moex_worker_options *o, moex_error *err) {
         dl_http_free(h);
         return NULL;
     }
+    if (h->hub.tcp) { /* the TCP transport's port speaks frames only */
+        moex_fail(err, "--hub tcp:// needs --model: the experts download over HTTP, from the hub's ws:// port");
+        dl_http_free(h);
+        return NULL;
+    }
     snprintf(h->base, sizeof h->base, "%s://%s", h->hub.tls ? "https" : "http", h->hub.host);
     if (!(h->ctx = worker_lws_client_context(protocols, h, &h->hub, 30, 10, 16, RX_BYTES))) {
         moex_fail(err, "cannot create the libwebsockets context for downloads");

@@ -12,12 +12,18 @@ int worker_hub_addr_parse(worker_hub_addr *a, const moex_worker_options *o, moex
     if (lws_parse_uri(a->url_buf, &prot, &a->address, &a->port, &a->path) || !a->address[0])
         return moex_fail(err, "--hub: cannot parse '%s' (expected ws://HOST:PORT/PATH)", hub_url);
     a->tls = !strcmp(prot, "wss") || !strcmp(prot, "https");
-    if (strcmp(prot, "ws") && strcmp(prot, "http") && !a->tls)
-        return moex_fail(err, "--hub: '%s' is not a ws:// or wss:// URL", hub_url);
+    a->tcp = !strcmp(prot, "tcp");
+    if (strcmp(prot, "ws") && strcmp(prot, "http") && !a->tls && !a->tcp)
+        return moex_fail(err, "--hub: '%s' is not a ws://, wss:// or tcp:// URL", hub_url);
+    if (a->tcp && !strstr(hub_url + 6, ":"))
+        return moex_fail(err, "--hub: '%s' names no port: tcp://HOST:PORT, the hub's --tcp-port", hub_url);
+    if (a->tcp && !*token)
+        return moex_fail(err, "--hub tcp://: give the hub's --token (the TCP transport's AUTH frame carries it)");
     if (!a->path[0] || !strcmp(a->path, "/")) a->path = "ws"; /* no path: the hub's WebSocket */
     a->ca_file = o->ca_file;
     a->insecure = o->insecure;
     if (strlen(token) > 400) return moex_fail(err, "--token: longer than 400 bytes");
+    a->token = token;
     snprintf(a->host, sizeof a->host, "%s:%d", a->address, a->port);
     snprintf(a->auth, sizeof a->auth, "Bearer %s", token);
     return 0;

@@ -18,14 +18,16 @@ typedef struct worker_hub_addr {
     const char *path;     /* without its leading '/' */
     int port;
     bool tls;             /* wss:// (https for downloads) */
+    bool tcp;             /* tcp://: the TCP transport (the hub's --tcp-port), frames without WebSocket */
+    const char *token;    /* --token as given (AUTH's payload on tcp://) */
     const char *ca_file;  /* --ca: the only certificate trusted (NULL: the system's CAs) */
     bool insecure;        /* --insecure: no verification */
     char host[300];       /* "HOST:PORT" */
     char auth[600];       /* "Bearer TOKEN" */
 } worker_hub_addr;
 
-/* o's ws[s]://HOST[:PORT][/PATH] (or http[s]://; PATH defaults to ws), token
- * and TLS checks into a; a clear error otherwise. */
+/* o's ws[s]://HOST[:PORT][/PATH] (or http[s]://; PATH defaults to ws) or
+ * tcp://HOST:PORT, token and TLS checks into a; a clear error otherwise. */
 int worker_hub_addr_parse(worker_hub_addr *a, const moex_worker_options *o, moex_error *err);
 
 /* A client-only context (no listening port) able to reach a, lws logging at MOEX_LOG's level. */

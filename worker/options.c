@@ -13,7 +13,9 @@ void moex_worker_usage(FILE *f) {
     fprintf(f,
             "usage: moex-worker --hub ws[s]://HOST:PORT/ws --token T [--model MODEL.gguf] [options]\n"
             "  --hub URL                the hub: ws://HOST:PORT/ws, or wss:// when it serves TLS (https:// and\n"
-            "                           http:// work too; the path defaults to /ws)\n"
+            "                           http:// work too; the path defaults to /ws), or tcp://HOST:PORT, the\n"
+            "                           hub's --tcp-port: frames without WebSocket's costs (in the clear; needs\n"
+            "                           --model)\n"
             "  --ca FILE                wss: trust the hub's certificate FILE (PEM; the one --tls printed), not\n"
             "                           the system's certificate authorities\n"
             "  --insecure               wss: skip certificate verification (anyone on the way can pose as the hub)\n"
@@ -163,8 +165,11 @@ static int apply_flag(moex_worker_options *o, const char *flag, const char *val,
 static int check_required(const moex_worker_options *o, moex_error *err) {
     if (!o->hub_url) return moex_fail(err, "--hub ws://HOST:PORT/PATH is required");
     const bool tls = !strncmp(o->hub_url, "wss://", 6) || !strncmp(o->hub_url, "https://", 8);
-    if (!tls && strncmp(o->hub_url, "ws://", 5) && strncmp(o->hub_url, "http://", 7))
-        return moex_fail(err, "--hub: '%s' is not a ws:// or wss:// URL", o->hub_url);
+    const bool tcp = !strncmp(o->hub_url, "tcp://", 6);
+    if (!tls && !tcp && strncmp(o->hub_url, "ws://", 5) && strncmp(o->hub_url, "http://", 7))
+        return moex_fail(err, "--hub: '%s' is not a ws://, wss:// or tcp:// URL", o->hub_url);
+    if (tcp && !o->model_path)
+        return moex_fail(err, "--hub tcp:// needs --model: the experts download over HTTP, from the hub's ws:// port");
     if (!tls && (o->ca_file || o->insecure))
         return moex_fail(err, "--%s is for a hub that serves TLS: give --hub wss://...", o->ca_file ? "ca" : "insecure");
     if (o->ca_file && o->insecure) return moex_fail(err, "--ca and --insecure exclude each other");

@@ -64,5 +64,8 @@ void worker_rx_free_all(session *s) {
     s->rx_free = NULL;
     s->rx_n_all = s->rx_cap_all = 0;
     moex_proto_reasm_free(&s->reasm);
+    free(s->tail);
+    s->tail = NULL;
+    s->tail_cap = 0;
 }
 

@@ -32,6 +32,16 @@ static uint64_t now_us(void) {
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* tcp://: the connection's first frame, the hub's token (docs/PROTOCOL.md, "Transports"). */
+static void send_auth(session *s) {
+    size_t len;
+    moex_error err;
+    if (moex_proto_encode_auth(0, s->hub.token, strlen(s->hub.token), s->ctl, sizeof s->ctl, &len, &err) == 0)
+        worker_send_ctl(s, len);
+    else
+        moex_log(MOEX_LOG_ERROR, "worker: cannot send the token: %s", err.msg);
+}
+
 static void send_join(session *s) {
     const moex_worker_options *o = s->o;
     moex_proto_join j = {
@@ -106,8 +116,13 @@ static void connect_hub(session *s) {
     s->handshake_sent = false;
     struct lws_client_connect_info ci;
     worker_lws_connect_info(&ci, s->ctx, &s->hub);
-    ci.path = s->path;
-    ci.protocol = "moex";
+    if (s->hub.tcp) { /* a plain TCP stream of frames (libwebsockets' raw socket) */
+        ci.method = "RAW";
+        ci.local_protocol_name = "moex-tcp";
+    } else {
+        ci.path = s->path;
+        ci.protocol = "moex";
+    }
     ci.pwsi = &s->wsi;
     s->link = LINK_CONNECTING;
     if (!lws_client_connect_via_info(&ci) && s->link == LINK_CONNECTING) schedule_reconnect(s, "cannot start a connection");
@@ -158,6 +173,7 @@ static void connection_up(session *s) {
     pthread_cond_broadcast(&s->cv); /* the download thread watches conn */
     pthread_mutex_unlock(&s->mu);
     moex_log(MOEX_LOG_INFO, "worker: connected to the hub %s as '%s'", s->o->hub_url, s->name);
+    if (s->hub.tcp) send_auth(s);
     send_join(s);
 }
 
@@ -203,7 +219,7 @@ static int probe_body(void *arg, const void *data, size_t len, moex_error *err) 
 
 static void check_hub(session *s) {
     s->check_hub = false;
-    if (s->fatal) return;
+    if (s->fatal || s->hub.tcp) return; /* tcp://: the hub says why in an ERROR, and its HTTP is on another port */
     moex_error err = {{0}};
     if (!s->probe && !(s->probe = dl_http_create(s->o, &err))) {
         moex_log(MOEX_LOG_WARN, "worker: cannot ask the hub: %s", err.msg);
@@ -259,12 +275,22 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         }
         break;
     case LWS_CALLBACK_CLIENT_CLOSED:
+    case LWS_CALLBACK_RAW_CLOSE:
         if (s->link == LINK_UP) connection_lost(s, "connection closed");
+        break;
+    case LWS_CALLBACK_RAW_CONNECTED:
+        s->wsi = wsi;
+        connection_up(s);
+        worker_request_write(s);
         break;
     case LWS_CALLBACK_CLIENT_RECEIVE:
         if (s->link == LINK_UP) return worker_on_receive(s, wsi, in, len);
         break;
+    case LWS_CALLBACK_RAW_RX:
+        if (s->link == LINK_UP) return worker_on_receive_stream(s, wsi, in, len);
+        break;
     case LWS_CALLBACK_CLIENT_WRITEABLE:
+    case LWS_CALLBACK_RAW_WRITEABLE:
         if (s->link == LINK_UP) return worker_on_writeable(s, wsi);
         break;
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED: {
@@ -283,6 +309,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 
 static const struct lws_protocols protocols[] = {
     {"moex", callback, 0, RX_BUFFER_BYTES, 0, NULL, 0},
+    {"moex-tcp", callback, 0, RX_BUFFER_BYTES, 0, NULL, 1 << 20}, /* 1 MiB a send */
     {NULL, NULL, 0, 0, 0, NULL, 0},
 };
 

@@ -58,6 +58,8 @@ typedef struct session {
     double backoff_s, next_attempt_s, down_since_s;
     double last_rx_s, next_hb_s, last_hb_s;
     double msg_first_rx_s;           /* when the message being reassembled began */
+    uint8_t *tail;                   /* tcp://: an incomplete frame's bytes, kept across a message's hand-off */
+    size_t tail_cap;
     bool handshake_sent;             /* this attempt reached the HTTP upgrade */
     bool check_hub;                  /* a refused upgrade or JOIN: ask the hub's HTTP side why (token, model) */
     bool accepted;                   /* this connection got an ASSIGN */
@@ -144,6 +146,8 @@ void worker_rx_free_all(session *s);
 /* session_rx.c: messages from the hub (lws thread). A fragment of a
  * message; -1: close the connection. */
 int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len);
+/* The same for tcp://'s stream of frames (no message boundaries). */
+int worker_on_receive_stream(session *s, struct lws *wsi, const void *in, size_t len);
 
 /* compute.c: the compute thread. */
 int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err);

@@ -12,8 +12,16 @@ void worker_request_write(session *s) {
 
 int worker_on_writeable(session *s, struct lws *wsi) {
     if (s->close_requested) {
-        lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
+        if (!s->hub.tcp) lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
         return -1;
+    }
+    if (s->hub.tcp && lws_send_pipe_choked(wsi)) {
+        /* a raw socket is called writeable while libwebsockets still holds
+         * the rest of an earlier write (it sends tx_packet_size at a time):
+         * that goes first */
+        if (lws_write(wsi, NULL, 0, LWS_WRITE_RAW) < 0) return -1;
+        lws_callback_on_writable(wsi);
+        return 0;
     }
     pthread_mutex_lock(&s->mu);
     const moex_worker_buf *b;
@@ -22,7 +30,7 @@ int worker_on_writeable(session *s, struct lws *wsi) {
     const int left = moex_worker_outbox_count(s->outbox);
     pthread_mutex_unlock(&s->mu);
     if (have) {
-        const int n = lws_write(wsi, s->tx.buf + LWS_PRE, s->tx.len, LWS_WRITE_BINARY);
+        const int n = lws_write(wsi, s->tx.buf + LWS_PRE, s->tx.len, s->hub.tcp ? LWS_WRITE_RAW : LWS_WRITE_BINARY);
         const double now = moex_time_s();
         pthread_mutex_lock(&s->mu);
         s->stats.messages_out++;
@@ -36,7 +44,7 @@ int worker_on_writeable(session *s, struct lws *wsi) {
     if (left) {
         lws_callback_on_writable(wsi);
     } else if (s->fatal) { /* the fatal ERROR has left */
-        lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
+        if (!s->hub.tcp) lws_close_reason(wsi, LWS_CLOSE_STATUS_GOINGAWAY, NULL, 0);
         return -1;
     }
     return 0;

@@ -109,6 +109,10 @@ static void hub_says_stop(session *s, int32_t code, const char *name, const char
                  "the hub %s speaks no protocol version this worker speaks (%d) (the hub says: %s); run a moex-worker "
                  "of the hub's release", s->o->hub_url, MOEX_PROTO_VERSION, text);
         break;
+    case MOEX_ERR_UNAUTHORIZED:
+        snprintf(why, sizeof why, "the hub %s refused this worker (%s): check --token, the hub's --token", s->o->hub_url,
+                 text);
+        break;
     case MOEX_ERR_EVICTED:
         snprintf(why, sizeof why,
                  "the hub %s evicted this worker (the hub says: %s): its results disagreed with the hub's own; check "
@@ -280,6 +284,48 @@ int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len) {
     if (!on_message(s)) return 0;
     /* its answers: written at once when the socket takes them (lws's rule:
      * nothing partly sent, room to write), else on the writable callback */
+    if (lws_send_pipe_choked(wsi)) {
+        worker_request_write(s);
+        return 0;
+    }
+    return worker_on_writeable(s, wsi);
+}
+
+/* tcp://: the bytes are a stream of frames. Each run of whole frames
+ * received is a message (computed and answered together, as a WebSocket
+ * message is); the incomplete frame after it waits for the next bytes. */
+int worker_on_receive_stream(session *s, struct lws *wsi, const void *in, size_t len) {
+    s->last_rx_s = moex_time_s();
+    if (s->reasm.len == 0) s->msg_first_rx_s = s->last_rx_s;
+    moex_error err = {{0}};
+    if (moex_proto_reasm_add(&s->reasm, in, len, &err)) {
+        moex_log(MOEX_LOG_ERROR, "worker: bytes from the hub refused (%s); closing", err.msg);
+        return -1;
+    }
+    size_t whole = 0;
+    if (moex_proto_stream_frames(s->reasm.buf, s->reasm.len, &s->lim, &whole, &err)) {
+        moex_log(MOEX_LOG_ERROR, "worker: a bad frame from the hub (%s); closing", err.msg);
+        return -1;
+    }
+    if (!whole) return 0;
+    const size_t tail = s->reasm.len - whole;
+    if (tail > s->tail_cap) {
+        uint8_t *p = realloc(s->tail, tail);
+        if (!p) {
+            moex_log(MOEX_LOG_ERROR, "worker: out of memory for %zu bytes from the hub; closing", tail);
+            return -1;
+        }
+        s->tail = p;
+        s->tail_cap = tail;
+    }
+    if (tail) memcpy(s->tail, s->reasm.buf + whole, tail);
+    s->reasm.len = whole;
+    const bool computed = on_message(s); /* takes the reassembly buffer, leaves an empty one */
+    if (tail) {
+        s->msg_first_rx_s = s->last_rx_s;
+        if (moex_proto_reasm_add(&s->reasm, s->tail, tail, &err)) return -1;
+    }
+    if (!computed) return 0;
     if (lws_send_pipe_choked(wsi)) {
         worker_request_write(s);
         return 0;

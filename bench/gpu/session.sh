@@ -16,7 +16,8 @@
 #              once), to set against dist's runs, which poll first
 #   apilocal   api's --local run alone
 #   apidistonly  api's hub + 4 Vulkan workers alone (MOEX_API_STREAMS=1,8: those stream counts)
-#   (the api steps take each stream count's best of MOEX_API_REPS runs, default 1)
+#   (the api steps take each stream count's best of MOEX_API_REPS runs, default 1; with MOEX_BENCH_TCP=1 the
+#   workers of dist, distvk and apidistonly join over the hub's --tcp-port)
 #   apidist    the API's hub + 4 Vulkan workers at 1 stream, then at 8, each run's hub and worker timings kept
 #              (what a batched decode layer costs against a one-token layer)
 #   table3     per-token time through moex-relay at RTT 0.5 / 2 / 10 ms, h = 1 / 2, hub on Vulkan + 4 CPU
@@ -82,19 +83,25 @@ step_bench() {
     "$bin/bench_vk" "$model" -p 512 -n 128 -r 3 --no-kernels 2>&1 | grep -E "tok_s|fnv" || echo "bench_vk failed"
 }
 
+# MOEX_BENCH_TCP=1: the workers join over the hub's --tcp-port (the TCP transport) instead of its WebSocket
+worker_url() { # hub port, tcp port
+    if [ "${MOEX_BENCH_TCP:-0}" = 1 ]; then echo "tcp://127.0.0.1:$2"; else echo "ws://127.0.0.1:$1/ws"; fi
+}
+
 # hub --backend vulkan + workers; $1: tag, $2: worker backend, $3: worker threads, then optionally
 # $4: workers (4), $5: replicas (2), the rest: more hub options
 dist_run() {
     tag=$1 wb=$2 wt=$3 nw=${4:-4} reps=${5:-2}
     shift 3; shift $(( $# < 2 ? $# : 2 ))
     p=$(port)
+    tp=$(port)
     pids=""
     for i in $(seq 0 $((nw - 1))); do
-        "$bin/moex-worker" --hub "ws://127.0.0.1:$p/ws" --token b --model "$model" --backend "$wb" --threads "$wt" \
+        "$bin/moex-worker" --hub "$(worker_url "$p" "$tp")" --token b --model "$model" --backend "$wb" --threads "$wt" \
             --name "w$i" 2> "$work/$tag-w$i.err" &
         pids="$pids $!"
     done
-    "$bin/moex-hub" --backend vulkan -m "$model" --port "$p" --token b --replicas "$reps" --min-workers "$nw" \
+    "$bin/moex-hub" --backend vulkan -m "$model" --port "$p" --tcp-port "$tp" --token b --replicas "$reps" --min-workers "$nw" \
         --wait-s 300 "$@" --prompt-tokens "$prompt" -n 128 --temp 0 --ignore-eos --print-tokens > "$work/$tag.out" \
         2> "$work/$tag.err" || tail -5 "$work/$tag.err"
     kill -TERM $pids 2>/dev/null; wait $pids 2>/dev/null || true
@@ -214,8 +221,9 @@ api_run() {
 # api's hub + 4 Vulkan workers alone (MOEX_API_STREAMS: the stream counts, default 1,2,4,8,16)
 step_apidistonly() {
     serve="$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port}"
-    w() { echo "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w$1"; }
-    api_run api_dist --hub "$serve --token b --replicas 2 --min-workers 4 --wait-s 300" --streams "${MOEX_API_STREAMS:-1,2,4,8,16}" \
+    w() { echo "$bin/moex-worker --hub $(worker_url {port} {tcp_port}) --token b --model $model --backend vulkan --threads 1 --name w$1"; }
+    api_run api_dist --hub "$serve --tcp-port {tcp_port} --token b --replicas 2 --min-workers 4 --wait-s 300" \
+        --streams "${MOEX_API_STREAMS:-1,2,4,8,16}" \
         --worker "$(w 0)" --worker "$(w 1)" --worker "$(w 2)" --worker "$(w 3)"
 }
 

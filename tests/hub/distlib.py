@@ -221,6 +221,64 @@ def run_hostile_clients(port, token=TOKEN):
     return asyncio.run(hostile_clients(port, token))
 
 
+def tcp_frame(typ, payload=b"", seq=0):
+    """A control frame as the TCP transport carries it (layer, expert and the tensor fields 0)."""
+    return b"MoEx" + struct.pack("<HHIIHHIHBB", 1, typ, len(payload), seq, 0, 0, 0, 0, 0, 0) + payload
+
+
+AUTH, ERROR_TYPE, UNAUTHORIZED = 9, 8, 9
+
+
+def tcp_peer(port, send, timeout):
+    """Connects to the hub's --tcp-port, sends the bytes, reads until the hub closes or timeout s pass.
+    Returns (closed by the hub, the ERROR codes it sent first)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    got, closed = b"", False
+    try:
+        if send:
+            s.sendall(send)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            s.settimeout(max(0.01, deadline - time.time()))
+            chunk = s.recv(65536)
+            if not chunk:
+                closed = True
+                break
+            got += chunk
+    except socket.timeout:
+        pass
+    except (ConnectionResetError, BrokenPipeError):
+        closed = True
+    finally:
+        s.close()
+    codes, off = [], 0
+    while len(got) - off >= 28 and got[off:off + 4] == b"MoEx":
+        typ, plen = struct.unpack_from("<HI", got, off + 6)
+        if typ == ERROR_TYPE and plen >= 4:
+            codes.append(struct.unpack_from("<i", got, off + 28)[0])
+        off += 28 + plen
+    return closed, codes
+
+
+def tcp_hostile_peers(port, token=TOKEN):
+    """What must not get in, or must be thrown out, on the TCP transport: HTTP, a wrong token, a JOIN before
+    AUTH, silence (closed after the hub's 5 s), and after a valid AUTH a frame with a bad magic, one over the
+    frame limit, half a frame then a close. Returns [(what, closed by the hub, ERROR codes received)]."""
+    auth = tcp_frame(AUTH, token.encode())
+    big = b"MoEx" + struct.pack("<HHIIHHIHBB", 1, 2, 1 << 31, 7, 0, 0, 1, 256, 1, 0)
+    cases = [("HTTP", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 5), ("wrong token", tcp_frame(AUTH, b"wrong"), 5),
+             ("JOIN before AUTH", tcp_frame(6, bytes(36)), 5), ("silence", b"", 9),
+             ("bad magic", auth + b"MOEX" + bytes(24), 5), ("over the frame limit", auth + big, 5)]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(cases)) as pool:  # at once: the silent one alone takes the hub's 5 s
+        results = list(pool.map(lambda c: tcp_peer(port, c[1], c[2]), cases))
+    out = [(what, *r) for (what, _, _), r in zip(cases, results)]
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(auth + tcp_frame(4, bytes(24))[:40])  # half a HEARTBEAT, then gone
+    s.close()
+    return out
+
+
 class Relay:
     """moex-relay in front of a port: each direction delayed by rtt_ms / 2 (+ jitter)."""
 

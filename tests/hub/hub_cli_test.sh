@@ -50,6 +50,9 @@ expect 2 "leave it out with --tls-cert" -- "$B/moex-hub" -m "$ME" --tls-dir "$W"
 expect 2 "has no index.html" -- "$B/moex-hub" -m "$ME" --web-dir "$W/no-such-dir" -p hi
 expect 2 "has no index.html" -- "$B/moex-hub" serve -m "$ME" --web-dir "$W"
 expect 2 "expects a path" -- "$B/moex-hub" -m "$ME" --tls-dir "" -p hi
+expect 2 "in the clear" -- "$B/moex-hub" -m "$ME" --tls --tls-dir "$W" --tcp-port 9999 -p hi
+expect 2 "a port of its own" -- "$B/moex-hub" serve -m "$ME" --port 9999 --tcp-port 9999
+expect 2 "tcp-port expects an integer in \[1, 65535\]" -- "$B/moex-hub" -m "$ME" --tcp-port 0 -p hi
 expect 1 "cannot read the TLS certificate" -- "$B/moex-hub" -m "$ME" --port 0 --tls-cert "$W/c.pem" --tls-key "$W/k.pem" -p hi
 # both --help texts describe the shared flags
 before=$fails

@@ -8,13 +8,15 @@ usage: test_dist.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from distlib import (Cluster, check, finish_script, gen_model, local_tokens, metric, run_hostile_clients,  # noqa: E402
-                     scenario, setup)
+import distlib  # noqa: E402
+from distlib import (Cluster, check, finish_script, free_port, gen_model, local_tokens, metric,  # noqa: E402
+                     run_hostile_clients, scenario, setup, tcp_hostile_peers)
 
 setup(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
 MOE = gen_model("qwen3moe", "q8_0", 11)
@@ -55,6 +57,43 @@ def split_messages():
     lines = re.findall(r"^hub layer timing(, layers of over 16 tokens)? \(us, p50/p99 over (\d+)(?: layers)?\):", err, re.M)
     check("  the hub's timing: all layers, then the prompt's apart (one forward: a layer each)",
           len(lines) == 2 and not lines[0][0] and lines[1][0] and 0 < int(lines[1][1]) < int(lines[0][1]), f"{lines}")
+
+
+@scenario
+def tcp_transport():
+    # Two workers on the hub's --tcp-port (frames on a plain TCP stream), one on its WebSocket, every worker
+    # 40 ms late so that the hostile TCP peers below connect while the hub generates (~8 s).
+    tcp_port = free_port()
+    slow = ["--inject-delay-ms", "40", "--inject-delay-prob", "1"]
+    c = Cluster(MOE, 0, N_TIMED, hub_args=["--replicas", "2", "--tcp-port", str(tcp_port)], min_workers=3)
+    c.start_worker("t0", slow, {"MOEX_LOG": "info"}, port=tcp_port, scheme="tcp")
+    c.start_worker("t1", slow, {"MOEX_LOG": "info"}, port=tcp_port, scheme="tcp")
+    c.start_worker("w2", slow)
+    while c.tokens_so_far() < 1 and c.hub.poll() is None:
+        time.sleep(0.01)
+    wrong = subprocess.run([f"{distlib.BIN}/moex-worker", "--hub", f"tcp://127.0.0.1:{tcp_port}", "--token", "wrong",
+                            "--model", MOE, "--threads", "1", "--reconnect-max-s", "10"],
+                           capture_output=True, text=True, timeout=60)
+    peers = tcp_hostile_peers(tcp_port)
+    during = c.hub.poll() is None and c.tokens_so_far() < N_TIMED
+    rc, toks, err = c.finish()
+    check("tcp:// and ws:// workers together: tokens equal --local", rc == 0 and toks == REF_TIMED,
+          f"rc={rc} got={toks[:6]} want={REF_TIMED[:6]}" + ("" if rc == 0 else err[-2000:]))
+    logs = c.worker_logs()
+    check("  the tcp:// workers joined over TCP and computed",
+          all("connected to the hub tcp://" in l and re.search(r"moex-worker: [1-9]\d* dispatches", l) for l in logs[:2]),
+          " | ".join(l[-300:] for l in logs[:2]))
+    check("  a tcp:// worker with a wrong token exits at once, saying so",
+          wrong.returncode == 1 and "check --token" in wrong.stderr, f"rc={wrong.returncode} {wrong.stderr[-400:]}")
+    check("  the hostile TCP peers connected during generation", during)
+    refused = {w: (closed, codes) for w, closed, codes in peers}
+    check("  HTTP, a wrong token, JOIN before AUTH: ERROR 9 (unauthorized), then the close",
+          all(refused[w] == (True, [9]) for w in ("HTTP", "wrong token", "JOIN before AUTH")), f"{peers}")
+    check("  silence: closed after the hub's 5 s, no ERROR", refused["silence"] == (True, []), f"{peers}")
+    check("  after AUTH, a bad magic and a frame over the limit: an ERROR (bad frame), then the close",
+          all(refused[w][0] and refused[w][1] and refused[w][1][0] < 0 for w in ("bad magic", "over the frame limit")),
+          f"{peers}")
+    check("  the hub counted the refusals", (metric(err, "refused") or 0) >= 3, f"refused={metric(err, 'refused')}")
 
 
 @scenario

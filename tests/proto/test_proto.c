@@ -355,6 +355,11 @@ static void test_control_roundtrips(void) {
         CHECK(m.h.seq == 99 && m.u.error.code == MOEX_PROTO_E_LENGTH && m.u.error.text_len == 9 &&
                   memcmp(m.u.error.text, "bad frame", 9) == 0,
               "error fields");
+
+    CHECK(moex_proto_encode_auth(0, "s3cret", 6, f, sizeof f, &n, NULL) == 0 && n == 28 + 6, "auth");
+    if (decode_expect(f, n, 0, &m, "auth") == 0)
+        CHECK(m.h.type == MOEX_MSG_AUTH && m.u.auth.len == 6 && memcmp(m.u.auth.token, "s3cret", 6) == 0, "auth token");
+    CHECK(moex_proto_encode_auth(0, "", 0, f, sizeof f, &n, NULL) == MOEX_PROTO_E_ARG, "auth: an empty token refused");
 }
 
 /* ---- malformed frames ---- */
@@ -406,7 +411,7 @@ static void test_malformed_header(void) {
     MUTATE(put16(f + 4, 2), MOEX_PROTO_E_VERSION, "version 2");
     MUTATE(put16(f + 4, 0x0100), MOEX_PROTO_E_VERSION, "big-endian version");
     MUTATE(put16(f + 6, 0), MOEX_PROTO_E_TYPE, "type 0");
-    MUTATE(put16(f + 6, 9), MOEX_PROTO_E_TYPE, "type 9");
+    MUTATE(put16(f + 6, 10), MOEX_PROTO_E_TYPE, "type 10");
     MUTATE(put16(f + 6, 0xffff), MOEX_PROTO_E_TYPE, "type 0xffff");
     MUTATE(f[26] = 0, MOEX_PROTO_E_DTYPE, "dtype 0");
     MUTATE(f[26] = 4, MOEX_PROTO_E_DTYPE, "dtype int4");
@@ -519,7 +524,7 @@ static void test_malformed_lz4(void) {
 }
 
 static void test_malformed_control(void) {
-    uint8_t f[512];
+    uint8_t f[2048];
     size_t n;
 #define CTRL(encode, stmt, want, what) do { encode; stmt; decode_expect(f, n, want, NULL, what); } while (0)
     moex_proto_heartbeat hb = {.state = 1};
@@ -535,6 +540,11 @@ static void test_malformed_control(void) {
          MOEX_PROTO_E_LENGTH, "cancel with a payload");
     CTRL(moex_proto_encode_cancel(1, 0, 0, f, sizeof f, &n, NULL), put16(f + 18, 60000), MOEX_PROTO_E_LIMIT,
          "cancel of expert 60000");
+#define AUTH moex_proto_encode_auth(0, "tok", 3, f, sizeof f, &n, NULL)
+    CTRL(AUTH, (put32(f + 8, 0), n = 28), MOEX_PROTO_E_LENGTH, "auth without a token");
+    CTRL(AUTH, (put32(f + 8, MOEX_PROTO_AUTH_MAX_BYTES + 1), n = 28 + MOEX_PROTO_AUTH_MAX_BYTES + 1), MOEX_PROTO_E_LENGTH,
+         "auth of 1025 bytes");
+    CTRL(AUTH, put16(f + 16, 1), MOEX_PROTO_E_FIELD, "auth with a layer");
 
     uint8_t data[64] = {0};
     moex_proto_weight_chunk c = {.kind = 0, .ggml_type = 1, .offset = 0, .total = 64, .data = data, .len = 64};
@@ -685,6 +695,23 @@ static int write_corpus(const char *dir) {
 
 /* A message of several frames splits back into them; a truncated or corrupt
  * frame stops the split with an error; reassembly is bounded. */
+/* The TCP transport's stream: whole frames first, an incomplete one waits, a bad header stops it. */
+static void test_stream_frames(void) {
+    uint8_t st[256];
+    size_t n1 = 0, n2 = 0, whole = 9;
+    CHECK(moex_proto_encode_cancel(1, 0, 0, st, sizeof st, &n1, NULL) == 0, "cancel");
+    moex_proto_heartbeat h = {.state = MOEX_STATE_READY};
+    CHECK(moex_proto_encode_heartbeat(2, &h, st + n1, sizeof st - n1, &n2, NULL) == 0, "heartbeat");
+    for (size_t len = 0; len <= n1 + n2; len++) {
+        CHECK(moex_proto_stream_frames(st, len, &lim, &whole, NULL) == 0, "stream of %zu bytes", len);
+        CHECK(whole == (len < n1 ? 0 : len < n1 + n2 ? n1 : n1 + n2), "%zu bytes: %zu whole", len, whole);
+    }
+    memcpy(st + n1 + n2, "MOEX", 4);
+    memset(st + n1 + n2 + 4, 0, 24);
+    CHECK(moex_proto_stream_frames(st, n1 + n2 + 28, &lim, &whole, NULL) == MOEX_PROTO_E_MAGIC && whole == n1 + n2,
+          "a bad magic after two frames: E_MAGIC, the two frames whole (%zu)", whole);
+}
+
 static void test_messages(void) {
     uint8_t msg[512];
     size_t off = 0, n = 0;
@@ -771,6 +798,7 @@ int main(int argc, char **argv) {
     test_malformed_control();
     test_encoder_errors();
     test_messages();
+    test_stream_frames();
     test_error_codes();
     if (g_failures) fprintf(stderr, "%d check(s) failed\n", g_failures);
     else printf("all proto checks passed\n");

@@ -28,9 +28,10 @@ expect 2 "--threads: 'abc'" $H --model "$MODEL" --threads abc
 expect 2 "--capacity" $H --model "$MODEL" --capacity 0
 expect 2 "--inject-delay-prob" $H --model "$MODEL" --inject-delay-ms 5 --inject-delay-prob 1.5
 expect 2 "--backend: 'webgpu'" $H --model "$MODEL" --backend webgpu
+expect 2 "tcp:// needs --model" --hub tcp://127.0.0.1:1 --token t
 expect 2 "--device is for --backend vulkan" $H --model "$MODEL" --device 0
 expect 2 "--memory-budget" $H --model "$MODEL" --memory-budget 12Q
-expect 2 "not a ws:// or wss:// URL" --hub ftp://x/ws --token t --model "$MODEL"
+expect 2 "not a ws://, wss:// or tcp:// URL" --hub ftp://x/ws --token t --model "$MODEL"
 expect 2 "--ca is for a hub that serves TLS" $H --model "$MODEL" --ca /nonexistent.pem
 expect 2 "--ca and --insecure exclude each other" --hub wss://127.0.0.1:1/ws --token t --model "$MODEL" --ca x.pem --insecure
 expect 2 "token is required" --hub ws://127.0.0.1:1/ws --model "$MODEL"
