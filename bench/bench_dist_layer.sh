@@ -7,6 +7,7 @@
 # send, wait for the results, decode, combine); each worker's "worker timing"
 # line its queue, compute, encode and outbox times.
 # usage: bench/bench_dist_layer.sh BUILD_DIR [WORK_DIR] [TOKENS]
+# MOEX_BENCH_TCP=1: the same over the hub's --tcp-port (workers on tcp://) instead of its WebSocket
 set -euo pipefail
 B=${1:?build dir}/bin
 W=${2:-/tmp/moex-bench-layer}
@@ -14,18 +15,20 @@ N=${3:-400}
 V=$(cd "$(dirname "$0")/../tests/data/vocab" && pwd)
 mkdir -p "$W"
 port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# MOEX_BENCH_TCP=1: the workers join over the hub's --tcp-port (the TCP transport) instead of its WebSocket
+url() { if [ "${MOEX_BENCH_TCP:-0}" = 1 ]; then echo "tcp://127.0.0.1:$2"; else echo "ws://127.0.0.1:$1/ws"; fi; }
 M=$W/layer-h2048.gguf
 [ -f "$M" ] || "$B/moex-gguf" gen --arch qwen3moe --preset test --hidden 2048 --heads 16 --kv-heads 4 --head-dim 128 \
   --experts 8 --experts-used 8 --expert-ff 32 --layers 8 --vocab "$V/ggml-vocab-llama-spm.gguf" --type q8_0 \
   --seed 7 -o "$M" --quiet
-P=$(port)
+P=$(port); TP=$(port)
 pids=()
 for i in 0 1 2 3; do
-  "$B/moex-worker" --hub "ws://127.0.0.1:$P/ws" --token bench --model "$M" --threads 1 --name "l$i" \
+  "$B/moex-worker" --hub "$(url "$P" "$TP")" --token bench --model "$M" --threads 1 --name "l$i" \
     2>"$W/worker-$i.log" &
   pids+=($!)
 done
-"$B/moex-hub" -m "$M" --port "$P" --token bench --replicas 1 --min-workers 4 --prompt-tokens 1 -n "$N" --temp 0 \
+"$B/moex-hub" -m "$M" --port "$P" --tcp-port "$TP" --token bench --replicas 1 --min-workers 4 --prompt-tokens 1 -n "$N" --temp 0 \
   --ignore-eos --print-tokens --threads 1 >/dev/null 2>"$W/hub.log"
 kill -TERM "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc), load $(cut -d' ' -f1 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%MZ)"

@@ -58,6 +58,9 @@ typedef struct moex_moe_plan {
 int moex_moe_plan_build(moex_moe_plan *p, const moex_moe_request *req, int n_expert, moex_error *err);
 /* req->out[t] = sum_j results[slot_of_pair[t*k + j] * dim .. + dim), in j order. */
 void moex_moe_plan_combine(const moex_moe_plan *p, const moex_moe_request *req, const float *results, int64_t dim);
+/* The same for tokens t0 <= t < t1 (threads may take disjoint ranges). */
+void moex_moe_plan_combine_tokens(const moex_moe_plan *p, const moex_moe_request *req, const float *results,
+                                  int64_t dim, int64_t t0, int64_t t1);
 void moex_moe_plan_free(moex_moe_plan *p);
 
 /* Expert boundary rounding. wire_dtype is a proto dtype (MOEX_DT_F16 = 1,

@@ -66,8 +66,13 @@ int moex_moe_plan_build(moex_moe_plan *p, const moex_moe_request *req, int n_exp
 }
 
 void moex_moe_plan_combine(const moex_moe_plan *p, const moex_moe_request *req, const float *results, int64_t dim) {
+    moex_moe_plan_combine_tokens(p, req, results, dim, 0, req->n_tokens);
+}
+
+void moex_moe_plan_combine_tokens(const moex_moe_plan *p, const moex_moe_request *req, const float *results,
+                                  int64_t dim, int64_t t0, int64_t t1) {
     const int k = req->n_used;
-    for (int64_t t = 0; t < req->n_tokens; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         float *o = req->out + t * dim;
         memcpy(o, results + (size_t)p->slot_of_pair[t * k] * dim, (size_t)dim * sizeof(float));
         for (int j = 1; j < k; j++) {
