@@ -177,7 +177,7 @@ static int closed(hub_server *s, conn_data *cd) {
  * 4.1, RFC 6455): megabytes a prompt layer; a stream costs a copy. The first
  * frame must be AUTH with the hub's token, within TCP_AUTH_S; the connection
  * is then a worker's like any other, each run of whole frames received one
- * "message" (docs/PROTOCOL.md, "Transports"). */
+ * "message" (docs/PROTOCOL.md, "The TCP transport"). */
 #define TCP_AUTH_S 5
 
 /* ERROR "unauthorized", then the close. */

@@ -32,7 +32,7 @@ static uint64_t now_us(void) {
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-/* tcp://: the connection's first frame, the hub's token (docs/PROTOCOL.md, "Transports"). */
+/* tcp://: the connection's first frame, the hub's token (docs/PROTOCOL.md, "The TCP transport"). */
 static void send_auth(session *s) {
     size_t len;
     moex_error err;

@@ -267,6 +267,17 @@ static bool on_message(session *s) {
     return computed;
 }
 
+/* The answers of a message computed on this thread: written at once when
+ * the socket takes them (lws's rule: nothing partly sent, room to write),
+ * else on the writable callback. */
+static int write_answers(session *s, struct lws *wsi) {
+    if (lws_send_pipe_choked(wsi)) {
+        worker_request_write(s);
+        return 0;
+    }
+    return worker_on_writeable(s, wsi);
+}
+
 int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len) {
     s->last_rx_s = moex_time_s();
     if (s->reasm.len == 0) s->msg_first_rx_s = s->last_rx_s;
@@ -281,14 +292,7 @@ int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len) {
         moex_proto_reasm_reset(&s->reasm);
         return 0;
     }
-    if (!on_message(s)) return 0;
-    /* its answers: written at once when the socket takes them (lws's rule:
-     * nothing partly sent, room to write), else on the writable callback */
-    if (lws_send_pipe_choked(wsi)) {
-        worker_request_write(s);
-        return 0;
-    }
-    return worker_on_writeable(s, wsi);
+    return on_message(s) ? write_answers(s, wsi) : 0;
 }
 
 /* tcp://: the bytes are a stream of frames. Each run of whole frames
@@ -325,10 +329,5 @@ int worker_on_receive_stream(session *s, struct lws *wsi, const void *in, size_t
         s->msg_first_rx_s = s->last_rx_s;
         if (moex_proto_reasm_add(&s->reasm, s->tail, tail, &err)) return -1;
     }
-    if (!computed) return 0;
-    if (lws_send_pipe_choked(wsi)) {
-        worker_request_write(s);
-        return 0;
-    }
-    return worker_on_writeable(s, wsi);
+    return computed ? write_answers(s, wsi) : 0;
 }
