@@ -1,6 +1,6 @@
 /* The hub's network thread: one libwebsockets context serving workers on /ws
- * and HTTP on everything else, in the clear or, given a certificate, over
- * TLS only (HTTP/1.1: the answers write from read-only mappings, which
+ * (and, with --tcp-port, on a second, plain TCP listener) and HTTP on
+ * everything else, in the clear or, given a certificate, over TLS only (HTTP/1.1: the answers write from read-only mappings, which
  * HTTP/2's framing cannot, so ALPN offers nothing else). It alone touches sockets. A received message
  * is split into frames: JOIN and HEARTBEAT go to the registry; a message with
  * RESULT or ERROR frames goes whole (no copy) to the executor's inbox; any

@@ -1,6 +1,7 @@
 /* Private to the hub: the network thread (server.c). One libwebsockets port,
  * plain or TLS: workers on /ws, HTTP (the worker page, expert weights, the
- * API) on the rest. It owns every socket;
+ * API) on the rest; optionally a second, plain one for workers on the TCP
+ * transport (tcp_port). It owns every socket;
  * decoded control frames go to the registry, messages holding results go to
  * the executor's inbox, outgoing messages come from the connections' queues. */
 #ifndef MOEX_HUB_SERVER_H
