@@ -292,6 +292,8 @@ int hub_conn_on_writeable(hub_conn *c) {
 
 void hub_conn_set_raw(hub_conn *c) { c->raw = true; }
 
+bool hub_conn_is_raw(const hub_conn *c) { return c->raw; }
+
 void hub_conn_closed(hub_conn *c) {
     pthread_mutex_lock(&c->mu);
     c->wsi = NULL;

@@ -33,6 +33,8 @@ hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, 
 /* Network thread: the connection is a plain TCP stream (the TCP transport),
  * not a WebSocket: its messages are written as raw bytes. */
 void hub_conn_set_raw(hub_conn *c);
+/* Whether it is (any thread: fixed before the connection is shared). */
+bool hub_conn_is_raw(const hub_conn *c);
 /* Tests and the frame-sequence fuzzer: a connection without a socket that
  * stays open; what is sent to it waits (bounded like any other) until
  * hub_conn_pop takes it. */

@@ -340,8 +340,24 @@ static void release_candidates(hub_replica *c, int from, int n) {
     for (int i = from; i < n; i++) hub_conn_unref(c[i].conn);
 }
 
+/* A TCP stream has no message boundaries: every frame but the message's
+ * last says MORE, so that the worker computes the layer's dispatches
+ * together however its reads cut them (docs/PROTOCOL.md). */
+static void mark_message(uint8_t *msg, size_t len) {
+    size_t off = 0;
+    while (len - off > MOEX_PROTO_HEADER_BYTES) {
+        moex_proto_header h;
+        moex_proto_header_read(msg + off, &h);
+        const size_t n = MOEX_PROTO_HEADER_BYTES + (size_t)h.payload_len;
+        if (off + n >= len) break; /* the last frame */
+        msg[off + 27] |= MOEX_FLAG_MORE; /* the header's flags byte */
+        off += n;
+    }
+}
+
 /* Hands the worker's message so far to its connection; the buffer is the connection's now. */
 static void send_outgoing(hub_executor *x, outgoing *o) {
+    if (o->buf && hub_conn_is_raw(o->conn)) mark_message(o->buf + LWS_PRE, o->len);
     if (o->buf && hub_conn_send_owned(o->conn, o->buf, o->len)) {
         HUB_ADD(x->metrics, bytes_out, o->len);
         HUB_COUNT(x->metrics, messages_out);

@@ -223,7 +223,7 @@ static int tcp_authenticate(hub_server *s, struct lws *wsi, conn_data *cd, size_
 static void tcp_route_frames(hub_server *s, conn_data *cd) {
     size_t whole = 0;
     moex_error err = {0};
-    const int rc = moex_proto_stream_frames(cd->rx.buf, cd->rx.len, &s->cfg.limits, &whole, &err);
+    const int rc = moex_proto_stream_frames(cd->rx.buf, cd->rx.len, &s->cfg.limits, &whole, NULL, &err);
     if (whole) {
         uint8_t *msg = cd->rx.buf;
         const size_t len = cd->rx.len;

@@ -109,6 +109,7 @@ typedef struct moex_proto_error_info {
 const moex_proto_error_info *moex_proto_error_info_of(int32_t code);
 
 #define MOEX_FLAG_COMPRESSED 0x01u /* payload is one LZ4 block (DISPATCH and RESULT only) */
+#define MOEX_FLAG_MORE 0x02u       /* TCP transport: more frames of this message follow (DISPATCH and RESULT only) */
 
 typedef enum moex_proto_backend {
     MOEX_BACKEND_CPU = 0, MOEX_BACKEND_VULKAN = 1, MOEX_BACKEND_WEBGPU = 2, MOEX_BACKEND_OTHER = 3
@@ -343,11 +344,12 @@ int moex_proto_next_frame(const uint8_t *msg, size_t len, size_t *off, const moe
 
 /* Stream transports (TCP, no message boundaries): *whole is how many bytes
  * at the start of buf are complete frames (0 while the first is still
- * arriving). A negative status when a header is invalid: the stream is
- * then unusable. Each frame is bounded by lim, so a reader holds at most one
- * incomplete frame beyond what it hands on. */
+ * arriving), *messages (may be NULL) how many of those end a message: up to
+ * the last whole frame without MOEX_FLAG_MORE. A negative status when a
+ * header is invalid: the stream is then unusable. Each frame is bounded by
+ * lim, so a reader holds at most one incomplete frame beyond what it hands on. */
 int moex_proto_stream_frames(const uint8_t *buf, size_t len, const moex_proto_limits *lim, size_t *whole,
-                             moex_error *err);
+                             size_t *messages, moex_error *err);
 
 /* ---- Decoding ----------------------------------------------------------------- */
 

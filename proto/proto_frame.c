@@ -103,10 +103,10 @@ int moex_proto_header_check(const moex_proto_header *h, const moex_proto_limits 
                                MOEX_PROTO_VERSION);
     if (h->type < MOEX_MSG_DISPATCH || h->type > MOEX_MSG_AUTH)
         return moex_proto_fail(err, MOEX_PROTO_E_TYPE, "message type %u", h->type);
-    if (h->flags & ~MOEX_FLAG_COMPRESSED)
+    if (h->flags & ~(MOEX_FLAG_COMPRESSED | MOEX_FLAG_MORE))
         return moex_proto_fail(err, MOEX_PROTO_E_FLAGS, "reserved flag bits set: 0x%02x", h->flags);
-    if ((h->flags & MOEX_FLAG_COMPRESSED) && !is_tensor_type(h->type))
-        return moex_proto_fail(err, MOEX_PROTO_E_FLAGS, "message type %u cannot be compressed", h->type);
+    if (h->flags && !is_tensor_type(h->type))
+        return moex_proto_fail(err, MOEX_PROTO_E_FLAGS, "message type %u takes no flags (0x%02x)", h->type, h->flags);
     if ((uint64_t)h->payload_len + MOEX_PROTO_HEADER_BYTES > lim->max_frame_bytes)
         return moex_proto_fail(err, MOEX_PROTO_E_TOO_BIG, "payload of %u bytes, frame limit %u", h->payload_len,
                                lim->max_frame_bytes);

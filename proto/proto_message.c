@@ -55,17 +55,17 @@ int moex_proto_next_frame(const uint8_t *msg, size_t len, size_t *off, const moe
 }
 
 int moex_proto_stream_frames(const uint8_t *buf, size_t len, const moex_proto_limits *lim, size_t *whole,
-                             moex_error *err) {
-    size_t off = 0, n = 0;
+                             size_t *messages, moex_error *err) {
+    size_t off = 0, n = 0, ends = 0;
+    int rc = MOEX_PROTO_OK;
     while (len - off >= MOEX_PROTO_HEADER_BYTES) {
-        int rc = moex_proto_frame_size(buf + off, len - off, lim, &n, err);
-        if (rc) {
-            *whole = off;
-            return rc;
-        }
+        if ((rc = moex_proto_frame_size(buf + off, len - off, lim, &n, err))) break;
         if (n > len - off) break;
+        const uint8_t flags = buf[off + 27];
         off += n;
+        if (!(flags & MOEX_FLAG_MORE)) ends = off;
     }
     *whole = off;
-    return MOEX_PROTO_OK;
+    if (messages) *messages = ends;
+    return rc;
 }

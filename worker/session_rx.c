@@ -295,9 +295,10 @@ int worker_on_receive(session *s, struct lws *wsi, const void *in, size_t len) {
     return on_message(s) ? write_answers(s, wsi) : 0;
 }
 
-/* tcp://: the bytes are a stream of frames. Each run of whole frames
- * received is a message (computed and answered together, as a WebSocket
- * message is); the incomplete frame after it waits for the next bytes. */
+/* tcp://: the bytes are a stream of frames. The hub marks every frame of a
+ * message but its last with MOEX_FLAG_MORE, so that a layer's DISPATCHes
+ * are computed together however the reads cut them; what has arrived of the
+ * next message waits for the rest. */
 int worker_on_receive_stream(session *s, struct lws *wsi, const void *in, size_t len) {
     s->last_rx_s = moex_time_s();
     if (s->reasm.len == 0) s->msg_first_rx_s = s->last_rx_s;
@@ -306,8 +307,8 @@ int worker_on_receive_stream(session *s, struct lws *wsi, const void *in, size_t
         moex_log(MOEX_LOG_ERROR, "worker: bytes from the hub refused (%s); closing", err.msg);
         return -1;
     }
-    size_t whole = 0;
-    if (moex_proto_stream_frames(s->reasm.buf, s->reasm.len, &s->lim, &whole, &err)) {
+    size_t frames = 0, whole = 0;
+    if (moex_proto_stream_frames(s->reasm.buf, s->reasm.len, &s->lim, &frames, &whole, &err)) {
         moex_log(MOEX_LOG_ERROR, "worker: a bad frame from the hub (%s); closing", err.msg);
         return -1;
     }

@@ -17,7 +17,7 @@
 #   apilocal   api's --local run alone
 #   apidistonly  api's hub + 4 Vulkan workers alone (MOEX_API_STREAMS=1,8: those stream counts)
 #   (the api steps take each stream count's best of MOEX_API_REPS runs, default 1; with MOEX_BENCH_TCP=1 the
-#   workers of dist, distvk and apidistonly join over the hub's --tcp-port)
+#   workers of every step but table3 join over the hub's --tcp-port instead of its WebSocket)
 #   apidist    the API's hub + 4 Vulkan workers at 1 stream, then at 8, each run's hub and worker timings kept
 #              (what a batched decode layer costs against a one-token layer)
 #   table3     per-token time through moex-relay at RTT 0.5 / 2 / 10 ms, h = 1 / 2, hub on Vulkan + 4 CPU
@@ -232,11 +232,7 @@ step_api() {
     cli="$bin/moex-hub --local --backend vulkan -m $model --prompt-tokens {prompt} -n {n} --temp 0 --ignore-eos"
     api_run api_local --hub "$serve --local" --cli "$cli"
     (export MOEX_VK_EACH_STAGED=0; api_run api_local_unstaged --hub "$serve --local" --cli "$cli")
-    api_run api_dist --hub "$serve --token b --replicas 2 --min-workers 4 --wait-s 300" \
-        --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w0" \
-        --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w1" \
-        --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w2" \
-        --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w3"
+    step_apidistonly
 }
 
 # api's --local run alone
@@ -246,13 +242,11 @@ step_apilocal() {
 }
 
 step_apidist() {
+    w() { echo "$bin/moex-worker --hub $(worker_url {port} {tcp_port}) --token b --model $model --backend vulkan --threads 1 --name w$1"; }
     for n in ${MOEX_APIDIST_STREAMS:-1 8}; do
         python3 "$repo/bench/bench_api.py" --streams $n --tokens 64 --prompt 32 --logs "$work/apidist$n" \
-            --hub "$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port} --token b --replicas 2 --min-workers 4 --wait-s 300" \
-            --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w0" \
-            --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w1" \
-            --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w2" \
-            --worker "$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --threads 1 --name w3" \
+            --hub "$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port} --tcp-port {tcp_port} --token b --replicas 2 --min-workers 4 --wait-s 300" \
+            --worker "$(w 0)" --worker "$(w 1)" --worker "$(w 2)" --worker "$(w 3)" \
             | grep '^| [0-9]' | sed "s/^/apidist$n /"
         grep -h "hub layer timing\|hub gpu\|hub metrics" "$work/apidist$n/hub.err" | sed "s/^/apidist$n /"
         for i in 0 1 2 3; do grep -h "worker timing" "$work/apidist$n/w$i.err" | sed "s/^/apidist$n w$i /"; done

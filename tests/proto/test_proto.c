@@ -417,7 +417,7 @@ static void test_malformed_header(void) {
     MUTATE(f[26] = 4, MOEX_PROTO_E_DTYPE, "dtype int4");
     MUTATE(f[26] = 6, MOEX_PROTO_E_DTYPE, "dtype 6");
     MUTATE(f[26] = 255, MOEX_PROTO_E_DTYPE, "dtype 255");
-    MUTATE(f[27] = 0x02, MOEX_PROTO_E_FLAGS, "flag bit 1");
+    MUTATE(f[27] = 0x04, MOEX_PROTO_E_FLAGS, "flag bit 2");
     MUTATE(f[27] = 0x80, MOEX_PROTO_E_FLAGS, "flag bit 7");
     /* dims that disagree with the payload length */
     MUTATE(put32(f + 20, 3), MOEX_PROTO_E_LENGTH, "tokens 3 for a 2-token payload");
@@ -702,14 +702,32 @@ static void test_stream_frames(void) {
     CHECK(moex_proto_encode_cancel(1, 0, 0, st, sizeof st, &n1, NULL) == 0, "cancel");
     moex_proto_heartbeat h = {.state = MOEX_STATE_READY};
     CHECK(moex_proto_encode_heartbeat(2, &h, st + n1, sizeof st - n1, &n2, NULL) == 0, "heartbeat");
+    size_t ends = 9;
     for (size_t len = 0; len <= n1 + n2; len++) {
-        CHECK(moex_proto_stream_frames(st, len, &lim, &whole, NULL) == 0, "stream of %zu bytes", len);
-        CHECK(whole == (len < n1 ? 0 : len < n1 + n2 ? n1 : n1 + n2), "%zu bytes: %zu whole", len, whole);
+        CHECK(moex_proto_stream_frames(st, len, &lim, &whole, &ends, NULL) == 0, "stream of %zu bytes", len);
+        CHECK(whole == (len < n1 ? 0 : len < n1 + n2 ? n1 : n1 + n2) && ends == whole, "%zu bytes: %zu whole, %zu ends",
+              len, whole, ends);
     }
     memcpy(st + n1 + n2, "MOEX", 4);
     memset(st + n1 + n2 + 4, 0, 24);
-    CHECK(moex_proto_stream_frames(st, n1 + n2 + 28, &lim, &whole, NULL) == MOEX_PROTO_E_MAGIC && whole == n1 + n2,
+    CHECK(moex_proto_stream_frames(st, n1 + n2 + 28, &lim, &whole, NULL, NULL) == MOEX_PROTO_E_MAGIC && whole == n1 + n2,
           "a bad magic after two frames: E_MAGIC, the two frames whole (%zu)", whole);
+
+    /* a message of two DISPATCHes, the first marked MORE: it ends with the second */
+    uint8_t msg[512];
+    size_t d1 = make_dispatch(msg, sizeof msg, MOEX_DT_F16), d2 = make_dispatch(msg + d1, sizeof msg - d1, MOEX_DT_F16);
+    msg[27] |= MOEX_FLAG_MORE;
+    CHECK(moex_proto_stream_frames(msg, d1, &lim, &whole, &ends, NULL) == 0 && whole == d1 && ends == 0,
+          "the first frame alone: whole, no message yet (%zu, %zu)", whole, ends);
+    CHECK(moex_proto_stream_frames(msg, d1 + d2, &lim, &whole, &ends, NULL) == 0 && whole == d1 + d2 && ends == d1 + d2,
+          "both frames: one message (%zu, %zu)", whole, ends);
+    moex_proto_msg m;
+    CHECK(moex_proto_decode(msg, d1, &lim, NULL, 0, &m, NULL) == 0 && (m.h.flags & MOEX_FLAG_MORE), "MORE decodes");
+    uint8_t hb2[64];
+    size_t nh = 0;
+    moex_proto_encode_heartbeat(3, &h, hb2, sizeof hb2, &nh, NULL);
+    hb2[27] = MOEX_FLAG_MORE;
+    CHECK(moex_proto_decode(hb2, nh, &lim, NULL, 0, &m, NULL) == MOEX_PROTO_E_FLAGS, "MORE on a control frame refused");
 }
 
 static void test_messages(void) {
