@@ -51,15 +51,15 @@ static void check_request(moex_moe_plan *p, rng *r, int64_t n_tokens, int k, int
             CHECK(out[t * dim + c] == want, "combine t %lld c %lld: the sum in slot order", (long long)t, (long long)c);
             if (out[t * dim + c] != want) goto done;
         }
-done:
-    /* in token ranges (the hub's pool splits a prompt's batch so): the same bits */
-    float *parts = malloc((size_t)n_tokens * (size_t)dim * sizeof *parts);
-    req.out = parts;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += 3)
-        moex_moe_plan_combine_tokens(p, &req, results, dim, t0, t0 + 3 < n_tokens ? t0 + 3 : n_tokens);
-    CHECK(memcmp(parts, out, (size_t)n_tokens * (size_t)dim * sizeof *parts) == 0, "combine in ranges of 3 tokens");
-    req.out = out;
-    free(parts);
+done: { /* in token ranges (the hub's pool splits a prompt's batch so): the same bits */
+        float *parts = malloc((size_t)n_tokens * (size_t)dim * sizeof *parts);
+        req.out = parts;
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += 3)
+            moex_moe_plan_combine_tokens(p, &req, results, dim, t0, t0 + 3 < n_tokens ? t0 + 3 : n_tokens);
+        CHECK(memcmp(parts, out, (size_t)n_tokens * (size_t)dim * sizeof *parts) == 0, "combine in ranges of 3 tokens");
+        req.out = out;
+        free(parts);
+    }
     ids[n_pairs / 2] = n_expert; /* a bad id: refused, named */
     moex_error err = {0};
     CHECK(moex_moe_plan_build(p, &req, n_expert, &err) != 0 && strstr(err.msg, "expert"), "bad id refused: %s", err.msg);
