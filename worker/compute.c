@@ -486,14 +486,14 @@ static void run_batch(compute *c) {
 
 /* ---- small messages on the lws thread ---- */
 
-/* A received message of at most this many rows (tokens, summed over its
- * dispatches) is computed by the lws thread itself when the compute thread
- * is idle: a decode layer's message then costs no hand-off to the compute
- * thread and back (two thread wake-ups, most of a round trip on a loaded
+/* A received message of at most MOEX_WORKER_SMALL_ROWS rows (tokens, summed
+ * over its dispatches) is computed by the lws thread itself when the compute
+ * thread is idle: a decode layer's message then costs no hand-off to the
+ * compute thread and back (two thread wake-ups, most of a round trip on a loaded
  * machine). Larger ones go to the compute thread, so that the lws thread
  * stays free for CANCELs and heartbeats during long batches.
  * MOEX_WORKER_INLINE_ROWS overrides it (0: never inline, to compare). */
-#define INLINE_ROWS 16
+#define INLINE_ROWS MOEX_WORKER_SMALL_ROWS
 
 /* Called with mu held: whether the queued work is whole messages of at most
  * s->inline_rows rows in all. */

@@ -269,8 +269,10 @@ typedef enum moex_worker_timer {
 } moex_worker_timer;
 
 #define MOEX_WORKER_TIMING_SAMPLES 1024
-/* Batches of more rows than this (a prompt's) are also timed on their own:
- * the few a prompt makes would be lost among a decode's many small ones. */
+/* A decode layer's message has at most this many rows: larger batches (a
+ * prompt's) are also timed on their own, since the few a prompt makes would
+ * be lost among a decode's many small ones; smaller messages may be computed
+ * on the socket thread (compute.c). */
 #define MOEX_WORKER_SMALL_ROWS 16
 
 typedef struct moex_worker_timing {

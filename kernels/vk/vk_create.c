@@ -15,33 +15,28 @@ static bool env_on(const char *name) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
-static int env_int(const char *name) {
-    const char *e = getenv(name);
-    return e ? atoi(e) : -1;
-}
-
 static void read_tuning(vk_tuning *t) {
     t->attn_simple = env_on("MOEX_VK_ATTN_SIMPLE");
     t->attn_no_coop = env_on("MOEX_VK_ATTN_NO_COOP");
-    t->coop_wide = env_int("MOEX_VK_COOP_NARROW") == 0;
-    t->coop_bm = env_int("MOEX_VK_COOP_BM") == 128 ? 128 : VK_COOP_BM;
-    t->coop_bk = env_int("MOEX_VK_COOP_BK") == 32 ? 32 : VK_COOP_BK;
-    t->coop_nbuf = env_int("MOEX_VK_COOP_NBUF") == 2 ? 2 : 1;
-    const int rpt = env_int("MOEX_VK_MV_RPT");
+    t->coop_wide = moex_env_int("MOEX_VK_COOP_NARROW", -1) == 0;
+    t->coop_bm = moex_env_int("MOEX_VK_COOP_BM", -1) == 128 ? 128 : VK_COOP_BM;
+    t->coop_bk = moex_env_int("MOEX_VK_COOP_BK", -1) == 32 ? 32 : VK_COOP_BK;
+    t->coop_nbuf = moex_env_int("MOEX_VK_COOP_NBUF", -1) == 2 ? 2 : 1;
+    const int rpt = moex_env_int("MOEX_VK_MV_RPT", -1);
     t->mv_rpt = rpt >= 1 && rpt <= 8 ? rpt : 0;
-    const int groups = env_int("MOEX_VK_MV_GROUPS");
+    const int groups = moex_env_int("MOEX_VK_MV_GROUPS", -1);
     t->mv_groups = groups >= 1 && groups <= 32 ? groups : 0;
-    const int tokens = env_int("MOEX_VK_MV_TOKENS");
+    const int tokens = moex_env_int("MOEX_VK_MV_TOKENS", -1);
     t->mv_tokens = tokens >= 1 && tokens <= VK_MV_TPW ? tokens : VK_MV_TPW;
-    t->gu_off = env_int("MOEX_VK_GU") == 0;
-    const int gwg = env_int("MOEX_VK_GU_WG"), gru = env_int("MOEX_VK_GU_RU");
+    t->gu_off = moex_env_int("MOEX_VK_GU", -1) == 0;
+    const int gwg = moex_env_int("MOEX_VK_GU_WG", -1), gru = moex_env_int("MOEX_VK_GU_RU", -1);
     t->gu_wg = gwg >= 64 && gwg <= 1024 ? gwg : 0;
     t->gu_ru = gru >= 1 && gru <= 16 ? gru : 0;
-    const int gch = env_int("MOEX_VK_GU_CH");
+    const int gch = moex_env_int("MOEX_VK_GU_CH", -1);
     t->gu_ch = gch >= 16 && gch <= 64 && gch % 16 == 0 ? gch : 0;
-    t->idot = env_int("MOEX_VK_IDOT");
-    t->spin_us = env_int("MOEX_VK_SPIN_US");   /* unset (-1): block at once; polling measured no faster */
-    t->each_unstaged = env_int("MOEX_VK_EACH_STAGED") == 0;
+    t->idot = moex_env_int("MOEX_VK_IDOT", -1);
+    t->spin_us = moex_env_int("MOEX_VK_SPIN_US", -1);   /* unset (-1): block at once; polling measured no faster */
+    t->each_unstaged = moex_env_int("MOEX_VK_EACH_STAGED", -1) == 0;
 }
 
 /* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's
