@@ -350,7 +350,7 @@ static void mark_message(uint8_t *msg, size_t len) {
         moex_proto_header_read(msg + off, &h);
         const size_t n = MOEX_PROTO_HEADER_BYTES + (size_t)h.payload_len;
         if (off + n >= len) break; /* the last frame */
-        msg[off + 27] |= MOEX_FLAG_MORE; /* the header's flags byte */
+        msg[off + MOEX_PROTO_FLAGS_AT] |= MOEX_FLAG_MORE;
         off += n;
     }
 }

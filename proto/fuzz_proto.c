@@ -89,7 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     REQUIRE(stream_rc == MOEX_PROTO_OK && whole == size); /* one valid frame: the whole stream */
 
     size_t n = reencode(&m);
-    if (m.h.flags & MOEX_FLAG_MORE) again[27] |= MOEX_FLAG_MORE; /* a transport's mark, not the encoder's */
+    if (m.h.flags & MOEX_FLAG_MORE) again[MOEX_PROTO_FLAGS_AT] |= MOEX_FLAG_MORE; /* a transport's mark, not the encoder's */
     if (!(m.h.flags & MOEX_FLAG_COMPRESSED)) {
         REQUIRE(n == size && memcmp(again, data, size) == 0);
     } else {

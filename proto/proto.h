@@ -23,6 +23,7 @@
 #define MOEX_PROTO_MAGIC "MoEx"
 #define MOEX_PROTO_VERSION 1
 #define MOEX_PROTO_HEADER_BYTES 28
+#define MOEX_PROTO_FLAGS_AT 27   /* the header's flags byte (MOEX_FLAG_*), which a transport may set in place */
 
 /* ---- Codes ---------------------------------------------------------------- */
 

@@ -83,7 +83,7 @@ void moex_proto_header_write(uint8_t out[MOEX_PROTO_HEADER_BYTES], const moex_pr
     moex_put_u32(out + 20, h->n_tokens);
     moex_put_u16(out + 24, h->hidden);
     out[26] = h->dtype;
-    out[27] = h->flags;
+    out[MOEX_PROTO_FLAGS_AT] = h->flags;
 }
 
 void moex_proto_header_read(const uint8_t in[MOEX_PROTO_HEADER_BYTES], moex_proto_header *h) {
@@ -96,7 +96,7 @@ void moex_proto_header_read(const uint8_t in[MOEX_PROTO_HEADER_BYTES], moex_prot
     h->n_tokens = moex_get_u32(in + 20);
     h->hidden = moex_get_u16(in + 24);
     h->dtype = in[26];
-    h->flags = in[27];
+    h->flags = in[MOEX_PROTO_FLAGS_AT];
 }
 
 int moex_proto_begin_frame(const moex_proto_header *h, uint8_t *out, size_t cap, moex_error *err) {

@@ -61,7 +61,7 @@ int moex_proto_stream_frames(const uint8_t *buf, size_t len, const moex_proto_li
     while (len - off >= MOEX_PROTO_HEADER_BYTES) {
         if ((rc = moex_proto_frame_size(buf + off, len - off, lim, &n, err))) break;
         if (n > len - off) break;
-        const uint8_t flags = buf[off + 27];
+        const uint8_t flags = buf[off + MOEX_PROTO_FLAGS_AT];
         off += n;
         if (!(flags & MOEX_FLAG_MORE)) ends = off;
     }
