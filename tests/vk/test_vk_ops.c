@@ -481,6 +481,60 @@ static void test_fused_norm(void) {
     free(x), free(nw), free(res), free(got), free(xn), free(ref), free(xg);
 }
 
+/* The batched head (moex_vk_op_norm_matmul_each): several sequences' rows,
+ * up to VK_MV_TPW of them staged in one workgroup. Each token's row equals the
+ * one-token product's bit for bit and a float64 reference; 2048 columns and
+ * 5 tokens put a workgroup's third and fourth token past one XMAX-wide row of
+ * its stage (the stage must hold them all). */
+static void test_fused_norm_each(void) {
+    const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F32};
+    const int64_t d = 2048, rows = 77, n = 5;
+    const float eps = 1e-5f;
+    if (!moex_vk_norm_each(vk, d)) {
+        printf("  norm+matvec of %d tokens: %lld columns are not staged here\n", (int)n, (long long)d);
+        return;
+    }
+    float *x = malloc(n * d * 4), *nw = malloc(d * 4), *got = malloc(n * rows * 4), *one = malloc(rows * 4);
+    double *xn = malloc(d * sizeof *xn), *ref = malloc(rows * sizeof *ref);
+    fill_gauss(&R, x, (size_t)(n * d), 4.0f);
+    fill_gauss(&R, nw, d, 1.0f);
+    moex_vk_buffer *xb = gpu_from(vk, x, n * d * 4), *wb = gpu_from(vk, nw, d * 4), *yb = gpu_from(vk, NULL, n * rows * 4),
+                   *y1 = gpu_from(vk, NULL, rows * 4);
+    for (int ti = 0; ti < (int)(sizeof types / sizeof types[0]); ti++) {
+        test_matrix m = make_matrix(&R, types[ti], rows, d);
+        moex_vk_buffer *mb = gpu_from(vk, m.data, rows * m.row_bytes);
+        moex_vk_matrix vm = vk_matrix_of(&m, mb);
+        moex_vk_cmd *c = cmd_begin(vk);
+        MUST(moex_vk_op_norm_matmul_each(c, &vm, P(xb), P(wb), eps, n, P(yb), 0, &g_err));
+        cmd_run_free(c);
+        gpu_read(vk, yb, got, n * rows * 4);
+        double worst = 0;
+        int differ = 0;
+        for (int64_t t = 0; t < n; t++) {
+            c = cmd_begin(vk);
+            MUST(moex_vk_op_norm_matmul(c, &vm, P(xb) + (size_t)(t * d * 4), P(wb), eps, P(y1), 0, &g_err));
+            cmd_run_free(c);
+            gpu_read(vk, y1, one, rows * 4);
+            differ += memcmp(one, got + t * rows, rows * 4) != 0;
+            norm_ref(xn, x + t * d, nw, d, eps);
+            for (int64_t r = 0; r < rows; r++) {
+                ref[r] = 0;
+                for (int64_t j = 0; j < d; j++) ref[r] += (double)m.deq[r * d + j] * xn[j];
+            }
+            worst = fmax(worst, rel_l2(got + t * rows, ref, rows));
+        }
+        CHECK(worst < 1e-5, "norm+matvec of %d tokens %s: rel err %.3g", (int)n, moex_type_get(types[ti])->name, worst);
+        CHECK(differ == 0, "norm+matvec of %d tokens %s: %d tokens' rows differ from the one-token product's", (int)n,
+              moex_type_get(types[ti])->name, differ);
+        printf("  norm+matvec of %d tokens %s: %.2g, rows as one token's\n", (int)n, moex_type_get(types[ti])->name, worst);
+        moex_vk_buffer_free(mb);
+        free_matrix(&m);
+    }
+    moex_vk_buffer *all[] = {xb, wb, yb, y1};
+    for (int i = 0; i < 4; i++) moex_vk_buffer_free(all[i]);
+    free(x), free(nw), free(got), free(one), free(xn), free(ref);
+}
+
 /* float64 RMSNorm (weight w) then RoPE of one head, as moex_rmsnorm + moex_rope do in f32. */
 static void norm_rope_ref(float *hv, const float *w, int hd, int rope_dim, int64_t pos, float base, bool neox, float eps,
                           bool norm) {
@@ -800,7 +854,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "attention")) test_attention(), test_attention_prompt();
     else if (!strcmp(argv[1], "router")) test_router();
     else if (!strcmp(argv[1], "experts")) test_experts();
-    else if (!strcmp(argv[1], "fused")) test_fused_norm();
+    else if (!strcmp(argv[1], "fused")) test_fused_norm(), test_fused_norm_each();
     else if (!strcmp(argv[1], "decode")) test_attention_decode(), test_head_argmax();
     else if (!strcmp(argv[1], "warm")) test_warm(argc > 2 && !strcmp(argv[2], "--no-subgroup"));
     else {

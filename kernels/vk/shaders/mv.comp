@@ -60,7 +60,10 @@
 #if (VARIANT & VK_MV_TOKENS) != 0
 #define TOKENS 1
 #define TPW VK_MV_TPW
-layout(constant_id = 4) const uint XCOPIES = 1u;   // XMAX-wide rows of x the stage holds (vk_mv_stage_copies)
+// XMAX-wide rows of x the stage holds (vk_mv_stage_copies). A macro naming the
+// constant, so that _mvunit.comp sizes xsh by it and does not fall back to one row.
+layout(constant_id = 4) const uint XCOPIES_SPEC = 1u;
+#define XCOPIES XCOPIES_SPEC
 uint xtb = 0u;   // the stretch of xsh of the token being dotted
 #define XTB xtb
 #else
