@@ -160,6 +160,7 @@ typedef struct ex_ctx {
     int64_t n;
     int k;
     int path;      /* 0 moex_vk_op_experts, 1 gate+up alone, 2 down alone */
+    bool each;     /* MOEX_VK_EACH: every token on one token's kernels (a batch of sequences) */
     int sets, i;   /* call i uses id set i % sets (EX_SET_BYTES apart) */
 } ex_ctx;
 #define EX_SET_BYTES 8192   /* an id set: the ids, then their routing weights 4 KiB on */
@@ -167,8 +168,10 @@ static int rec_experts(moex_vk_cmd *c, void *p) {
     ex_ctx *e = p;
     const moex_vk_ptr ids = e->ids + (size_t)(e->i++ % e->sets) * EX_SET_BYTES, w = ids + 4096;
     if (e->path)
-        return moex_vk_testing_experts_halves(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, e->path, &err);
-    return moex_vk_op_experts(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, &err);
+        return moex_vk_testing_experts_halves(c, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y, e->scratch, e->path,
+                                              e->each, &err);
+    return moex_vk_op_experts_pick(c, e->each ? MOEX_VK_EACH : MOEX_VK_BY_N, &e->e, e->x, e->n, e->k, ids, w, e->y, e->y,
+                                   e->scratch, &err);
 }
 
 /* E / k sets of k ids that together name each of E experts once (37 does
@@ -379,6 +382,27 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
                     for (int j = 0; j < k; j++) ids[t * k + j] = (int32_t)((t * 3 + j * 5) % 24);
                 bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, 1, "n8_shared24", copy_bw);
             }
+            /* The server's batch of 8 sequences (MOEX_VK_EACH): distinct experts, uniformly drawn ones (a
+             * random-weight model's router: ~52 distinct of 128), and every token the same k */
+            ex.each = true;
+            if (VK_MV_NMAX * k <= E)
+                bench_experts_mv(vk, &ex, act, (size_t)12 << 20, spread, VK_MV_NMAX, 1, "each8_distinct", copy_bw);
+            uint64_t rng = 0x9e3779b97f4a7c15u;
+            for (int t = 0; t < VK_MV_NMAX; t++)
+                for (int j = 0; j < k; j++) {
+                    bool dup;
+                    do {   /* k distinct experts a token, as top-k gives */
+                        rng = rng * 6364136223846793005u + 1442695040888963407u;
+                        ids[t * k + j] = (int32_t)((rng >> 33) % (uint64_t)E);
+                        dup = false;
+                        for (int q = 0; q < j; q++) dup |= ids[t * k + q] == ids[t * k + j];
+                    } while (dup);
+                }
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, 1, "each8_uniform", copy_bw);
+            for (int t = 0; t < VK_MV_NMAX; t++)
+                for (int j = 0; j < k; j++) ids[t * k + j] = spread[j];
+            bench_experts_mv(vk, &ex, act, (size_t)12 << 20, ids, VK_MV_NMAX, 1, "each8_same", copy_bw);
+            ex.each = false;
         }
         /* The same FFN over every expert at once (a 64-token batch on the tiled path): its weights once, compute-bound. */
         enum { NT = 64 };

@@ -33,7 +33,7 @@ static void read_tuning(vk_tuning *t) {
     t->gu_wg = gwg >= 64 && gwg <= 1024 ? gwg : 0;
     t->gu_ru = gru >= 1 && gru <= 16 ? gru : 0;
     const int gch = moex_env_int("MOEX_VK_GU_CH", -1);
-    t->gu_ch = gch >= 16 && gch <= 64 && gch % 16 == 0 ? gch : 0;
+    t->gu_ch = gch >= 16 && gch <= 256 && gch % 16 == 0 ? gch : 0;
     t->idot = moex_env_int("MOEX_VK_IDOT", -1);
     t->spin_us = moex_env_int("MOEX_VK_SPIN_US", -1);   /* unset (-1): block at once; polling measured no faster */
     t->each_unstaged = moex_env_int("MOEX_VK_EACH_STAGED", -1) == 0;

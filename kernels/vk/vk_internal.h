@@ -70,7 +70,7 @@ typedef struct vk_tuning {
     int mv_tokens;       /* MOEX_VK_MV_TOKENS: tokens a workgroup of the batched head takes at most (1: one) */
     bool gu_off;         /* MOEX_VK_GU=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
     int gu_wg, gu_ru;    /* MOEX_VK_GU_WG (64-1024), MOEX_VK_GU_RU (1-16): experts_gu.comp's shape, 0: default */
-    int gu_ch;           /* MOEX_VK_GU_CH (16, 32, 48, 64): experts_gu.comp's rows per workgroup, 0: default */
+    int gu_ch;           /* MOEX_VK_GU_CH (16 to 256, multiples of 16): experts_gu.comp's rows per workgroup, 0: default */
     int idot;            /* MOEX_VK_IDOT: the decode products' int8 activations (vk_idot): 0 off, 1 wherever the
                           * device has integer dot products, unset (-1) where it has them in hardware */
     int spin_us;         /* MOEX_VK_SPIN_US: how long a submit's wait polls its fence before it blocks (0) */

@@ -52,14 +52,17 @@ bool vk_ex_shape_ok(const moex_vk *vk, int half, vk_ex_shape s) {
 
 /* ---- experts_gu.comp ---- */
 
-/* 48 rows per workgroup in 12 row lanes (768 threads for d = 2048; 128
- * workgroups for Qwen3-30B-A3B's 8 x 768 rows, about one per SM of a large
- * GPU), each thread loading 2 of its 4 rows at a time (docs/PERF.md). Rows
- * per thread stay a power of two where a row lane allows (the butterfly
- * halves them); one row lane otherwise, whose 2 ch sums outnumber any
- * subgroup. */
+/* 32 rows per workgroup in row lanes of 256 threads at most (4 lanes of 64
+ * positions for d = 2048, 8 rows a thread, 2 loaded at a time): small
+ * workgroups, each with enough rows to amortise staging x and the final
+ * reduction, suit one token's 8 experts and a batch's ~50 alike (docs/PERF.md,
+ * "The gate+up's workgroup shape"). Rows per thread stay a power of two where a
+ * row lane allows (the butterfly halves them); one row lane otherwise, whose
+ * 2 ch sums outnumber any subgroup. A row's sum does not depend on the shape:
+ * each thread dots one position, and the reduction's order is fixed by the
+ * positions alone. */
 vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos) {
-    const int target = vk->tune.gu_wg ? vk->tune.gu_wg : 1024, ch = vk->tune.gu_ch ? vk->tune.gu_ch : 48;
+    const int target = vk->tune.gu_wg ? vk->tune.gu_wg : 256, ch = vk->tune.gu_ch ? vk->tune.gu_ch : 32;
     int rl = target / npos < ch ? target / npos : ch;
     while (rl > 1 && (ch % rl || ((ch / rl) & (ch / rl - 1)))) rl--;
     if (rl < 1) rl = 1;

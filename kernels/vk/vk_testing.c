@@ -48,6 +48,6 @@ void moex_vk_testing_set_gu(moex_vk *vk, int wg, int ru, int ch, bool off) {
 
 int moex_vk_testing_experts_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k,
                                    moex_vk_ptr ids, moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y,
-                                   moex_vk_ptr scratch, int halves, moex_error *err) {
-    return vk_experts_mv_halves(c, e, x, n, k, ids, weights, resid, y, scratch, halves, false, err);
+                                   moex_vk_ptr scratch, int halves, bool each, moex_error *err) {
+    return vk_experts_mv_halves(c, e, x, n, k, ids, weights, resid, y, scratch, halves, each, err);
 }

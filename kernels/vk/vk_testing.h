@@ -58,9 +58,10 @@ bool moex_vk_testing_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int
 void moex_vk_testing_set_gu(moex_vk *vk, int wg, int ru, int ch, bool off);
 
 /* The decode path of moex_vk_op_experts (n <= VK_MV_NMAX) with only some of
- * its halves, to time each alone: 1 gate+up, 2 down, 3 both. */
+ * its halves, to time each alone: 1 gate+up, 2 down, 3 both; each: every
+ * token on one token's kernels (MOEX_VK_EACH, a batch of sequences). */
 int moex_vk_testing_experts_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, int64_t n, int k,
                                    moex_vk_ptr ids, moex_vk_ptr weights, moex_vk_ptr resid, moex_vk_ptr y,
-                                   moex_vk_ptr scratch, int halves, moex_error *err);
+                                   moex_vk_ptr scratch, int halves, bool each, moex_error *err);
 
 #endif
