@@ -48,7 +48,8 @@ static void usage(FILE *f, const serve_options *o) {
             "  --parallel N            requests decoding together, each in its own KV slot (default 4)\n"
             "  --ctx N                 positions per slot: prompt + completion (default min(4096, the model's))\n"
             "  --batch N               tokens per forward pass at most (default 512)\n"
-            "  --prompt-chunk N        prompt tokens per forward while others decode (default 128)\n"
+            "  --prompt-chunk N        prompt tokens per forward while others decode (default 512;\n"
+            "                          lower: running streams keep their pace, new ones wait longer)\n"
             "  --max-queue N           requests waiting for a slot at most; more get 503 (default 64)\n"
             "  --max-body BYTES        request bodies at most; more get 413 (default 1048576)\n"
             "  --client-timeout S      drop a client that reads nothing this long (default 30)\n"
@@ -100,7 +101,7 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
 
 /* 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, serve_options *o) {
-    *o = (serve_options){.parallel = 4, .max_queue = 64, .n_batch = 512, .prompt_chunk = 128, .max_body = 1 << 20,
+    *o = (serve_options){.parallel = 4, .max_queue = 64, .n_batch = 512, .prompt_chunk = 512, .max_body = 1 << 20,
                          .client_timeout_s = 30};
     moex_hub_config_default(&o->hub);
     o->hub.port = 8080;

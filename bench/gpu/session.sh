@@ -16,7 +16,8 @@
 #              once), to set against dist's runs, which poll first
 #   apilocal   api's --local run alone
 #   apidistonly  api's hub + 4 Vulkan workers alone (MOEX_API_STREAMS=1,8: those stream counts)
-#   (the api steps take each stream count's best of MOEX_API_REPS runs, default 1; with MOEX_BENCH_TCP=1 the
+#   (the api steps take each stream count's best of MOEX_API_REPS runs, default 1, MOEX_API_SERVE_ARGS adds
+#   options to apilocal's and apidistonly's `serve`; with MOEX_BENCH_TCP=1 the
 #   workers of every step but table3 join over the hub's --tcp-port instead of its WebSocket)
 #   apidist    the API's hub + 4 Vulkan workers at 1 stream, then at 8, each run's hub and worker timings kept
 #              (what a batched decode layer costs against a one-token layer)
@@ -220,7 +221,7 @@ api_run() {
 
 # api's hub + 4 Vulkan workers alone (MOEX_API_STREAMS: the stream counts, default 1,2,4,8,16)
 step_apidistonly() {
-    serve="$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port}"
+    serve="$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port} ${MOEX_API_SERVE_ARGS:-}"
     w() { echo "$bin/moex-worker --hub $(worker_url {port} {tcp_port}) --token b --model $model --backend vulkan --threads 1 --name w$1"; }
     api_run api_dist --hub "$serve --tcp-port {tcp_port} --token b --replicas 2 --min-workers 4 --wait-s 300" \
         --streams "${MOEX_API_STREAMS:-1,2,4,8,16}" \
@@ -237,7 +238,7 @@ step_api() {
 
 # api's --local run alone
 step_apilocal() {
-    api_run api_local --hub "$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port} --local" \
+    api_run api_local --hub "$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port} --local ${MOEX_API_SERVE_ARGS:-}" \
         --cli "$bin/moex-hub --local --backend vulkan -m $model --prompt-tokens {prompt} -n {n} --temp 0 --ignore-eos"
 }
 
