@@ -194,7 +194,8 @@ static void run_case(const ex_case *t) {
 
 /* One token's Q4_K gate+up (experts_gu.comp where it applies) in other
  * shapes (target threads, rows loaded together, rows per workgroup; 64 threads
- * for 48 rows: one row lane, a thread writing several rows) and switched off
+ * for 32 rows: one row lane, a thread writing several rows; 1024 for 48: 12
+ * row lanes) and switched off
  * (experts_mv.comp's); Qwen3-30B-A3B's shape in the default one. */
 static void check_gu(void) {
     const ex_case cases[] = {
@@ -204,7 +205,8 @@ static void check_gu(void) {
     };
     /* target threads, rows loaded together, rows per workgroup; off */
     const struct { int wg, ru, ch; bool off; } shapes[] = {{0, 0, 0, false},   {64, 1, 0, false}, {256, 2, 64, false},
-                                                          {128, 16, 64, false}, {1024, 4, 16, false}, {0, 0, 0, true}};
+                                                          {128, 16, 64, false}, {1024, 4, 16, false}, {1024, 2, 48, false},
+                                                          {0, 0, 0, true}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         moex_vk_testing_set_gu(vk, shapes[s].wg, shapes[s].ru, shapes[s].ch, shapes[s].off);
         if (shapes[s].off) printf("  gate+up on experts_mv.comp (MOEX_VK_GU=0)\n");
