@@ -481,58 +481,108 @@ static void test_fused_norm(void) {
     free(x), free(nw), free(res), free(got), free(xn), free(ref), free(xg);
 }
 
-/* The batched head (moex_vk_op_norm_matmul_each): several sequences' rows,
- * up to VK_MV_TPW of them staged in one workgroup. Each token's row equals the
- * one-token product's bit for bit and a float64 reference; 2048 columns and
- * 5 tokens put a workgroup's third and fourth token past one XMAX-wide row of
- * its stage (the stage must hold them all). */
-static void test_fused_norm_each(void) {
+/* A batch of sequences' products on one token's kernels (MOEX_VK_EACH): the
+ * head (norm fused; up to VK_MV_TPW tokens staged in one workgroup), Wo (the
+ * residual added) and q/k/v (three matrices, norm fused). Each token's rows
+ * equal the one-token op's bit for bit and a float64 reference (of x rounded
+ * as the int8 path rounds it, where idot); 2048 columns and 5 tokens put a workgroup's
+ * third and fourth token past one XMAX-wide row of an f32 stage (the stage
+ * must hold them all). */
+static void test_batched_products(bool idot) {
     const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F32};
-    const int64_t d = 2048, rows = 77, n = 5;
+    const int64_t d = 2048, rows = 77, kv = 33, n = 5;
     const float eps = 1e-5f;
-    if (!moex_vk_norm_each(vk, d)) {
-        printf("  norm+matvec of %d tokens: %lld columns are not staged here\n", (int)n, (long long)d);
+    moex_vk_testing_set_idot(vk, idot ? 1 : 0);
+    if (!moex_vk_norm_each(vk, d) || (idot && !moex_vk_testing_idot(vk))) {
+        printf("  products of %d tokens%s: not on this device\n", (int)n, idot ? " (int8 x)" : "");
+        moex_vk_testing_set_idot(vk, 0);
         return;
     }
-    float *x = malloc(n * d * 4), *nw = malloc(d * 4), *got = malloc(n * rows * 4), *one = malloc(rows * 4);
-    double *xn = malloc(d * sizeof *xn), *ref = malloc(rows * sizeof *ref);
+    const int64_t outs = rows + 2 * kv;   /* every product's rows of one token: head/Wo rows, or q, k, v */
+    float *x = malloc(n * d * 4), *nw = malloc(d * 4), *res = malloc(n * rows * 4), *got = malloc(n * outs * 4),
+          *one = malloc(outs * 4);
+    float *xw = malloc(d * 4), *xr = malloc(d * 4);
+    double *ref = malloc(outs * sizeof *ref);
     fill_gauss(&R, x, (size_t)(n * d), 4.0f);
     fill_gauss(&R, nw, d, 1.0f);
-    moex_vk_buffer *xb = gpu_from(vk, x, n * d * 4), *wb = gpu_from(vk, nw, d * 4), *yb = gpu_from(vk, NULL, n * rows * 4),
-                   *y1 = gpu_from(vk, NULL, rows * 4);
+    fill_gauss(&R, res, (size_t)(n * rows), 1.0f);
+    moex_vk_buffer *xb = gpu_from(vk, x, n * d * 4), *wb = gpu_from(vk, nw, d * 4), *yb = gpu_from(vk, NULL, n * outs * 4),
+                   *y1 = gpu_from(vk, NULL, outs * 4), *rb = gpu_from(vk, NULL, n * rows * 4);
     for (int ti = 0; ti < (int)(sizeof types / sizeof types[0]); ti++) {
-        test_matrix m = make_matrix(&R, types[ti], rows, d);
-        moex_vk_buffer *mb = gpu_from(vk, m.data, rows * m.row_bytes);
-        moex_vk_matrix vm = vk_matrix_of(&m, mb);
-        moex_vk_cmd *c = cmd_begin(vk);
-        MUST(moex_vk_op_norm_matmul_each(c, &vm, P(xb), P(wb), eps, n, P(yb), 0, &g_err));
-        cmd_run_free(c);
-        gpu_read(vk, yb, got, n * rows * 4);
-        double worst = 0;
-        int differ = 0;
-        for (int64_t t = 0; t < n; t++) {
-            c = cmd_begin(vk);
-            MUST(moex_vk_op_norm_matmul(c, &vm, P(xb) + (size_t)(t * d * 4), P(wb), eps, P(y1), 0, &g_err));
+        const char *tn = moex_type_get(types[ti])->name;
+        test_matrix m[3] = {make_matrix(&R, types[ti], rows, d), make_matrix(&R, types[ti], kv, d),
+                            make_matrix(&R, types[ti], kv, d)};
+        moex_vk_buffer *mb[3];
+        moex_vk_matrix vm[3];
+        for (int i = 0; i < 3; i++) mb[i] = gpu_from(vk, m[i].data, m[i].rows * m[i].row_bytes), vm[i] = vk_matrix_of(&m[i], mb[i]);
+        const moex_vk_matrix *qkv[3] = {&vm[0], &vm[1], &vm[2]};
+        for (int op = 0; op < 3; op++) {   /* 0: head (norm), 1: Wo (residual), 2: q/k/v (norm) */
+            static const char *const names[] = {"norm+matvec", "matvec+residual", "norm+q/k/v"};
+            const int64_t w_out = op == 2 ? outs : rows;
+            /* y rows of n tokens: one buffer per matrix, as the model's q, k and v */
+            const moex_vk_ptr ys[3] = {P(yb), P(yb) + (size_t)(n * rows * 4), P(yb) + (size_t)(n * (rows + kv) * 4)};
+            MUST(moex_vk_upload(vk, rb, 0, res, n * rows * 4, &g_err));
+            moex_vk_cmd *c = cmd_begin(vk);
+            if (op == 0) MUST(moex_vk_op_norm_matmul_each(c, &vm[0], P(xb), P(wb), eps, n, P(yb), 0, &g_err));
+            else if (op == 1) MUST(moex_vk_op_matmul_pick(c, MOEX_VK_EACH, &vm[0], P(xb), n, P(rb), P(rb), &g_err));
+            else MUST(moex_vk_op_norm_matmul_multi_each(c, 3, qkv, ys, P(xb), P(wb), eps, n, &g_err));
             cmd_run_free(c);
-            gpu_read(vk, y1, one, rows * 4);
-            differ += memcmp(one, got + t * rows, rows * 4) != 0;
-            norm_ref(xn, x + t * d, nw, d, eps);
-            for (int64_t r = 0; r < rows; r++) {
-                ref[r] = 0;
-                for (int64_t j = 0; j < d; j++) ref[r] += (double)m.deq[r * d + j] * xn[j];
+            if (op == 1) gpu_read(vk, rb, got, n * rows * 4);
+            else gpu_read(vk, yb, got, n * w_out * 4);
+            double worst = 0;
+            int differ = 0;
+            for (int64_t t = 0; t < n; t++) {
+                const moex_vk_ptr xt = P(xb) + (size_t)(t * d * 4);
+                float *row[3];   /* token t's rows of each matrix in got */
+                row[0] = got + t * rows;
+                row[1] = got + n * rows + t * kv;
+                row[2] = got + n * (rows + kv) + t * kv;
+                const moex_vk_ptr y1s[3] = {P(y1), P(y1) + (size_t)(rows * 4), P(y1) + (size_t)((rows + kv) * 4)};
+                if (op == 1) MUST(moex_vk_upload(vk, y1, 0, res + t * rows, rows * 4, &g_err));
+                c = cmd_begin(vk);
+                if (op == 0) MUST(moex_vk_op_norm_matmul(c, &vm[0], xt, P(wb), eps, P(y1), 0, &g_err));
+                else if (op == 1) MUST(moex_vk_op_matmul(c, &vm[0], xt, 1, P(y1), P(y1), &g_err));
+                else MUST(moex_vk_op_norm_matmul_multi(c, 3, qkv, y1s, xt, P(wb), eps, &g_err));
+                cmd_run_free(c);
+                gpu_read(vk, y1, one, w_out * 4);
+                differ += memcmp(one, row[0], rows * 4) != 0 ||
+                          (op == 2 && (memcmp(one + rows, row[1], kv * 4) || memcmp(one + rows + kv, row[2], kv * 4)));
+                /* what is staged (x, or x * nw with the norm's 1 / rms applied to the sums), and as int8 */
+                const float *xt_host = x + t * d;
+                double inv = 1;
+                for (int64_t j = 0; j < d; j++) xw[j] = op == 1 ? xt_host[j] : xt_host[j] * nw[j];
+                if (op != 1) {
+                    double ss = 0;
+                    for (int64_t j = 0; j < d; j++) ss += (double)xt_host[j] * xt_host[j];
+                    inv = 1.0 / sqrt(ss / d + eps);
+                }
+                const bool i8 = idot && types[ti] == MOEX_TYPE_Q4_K;
+                if (i8)
+                    for (int64_t g = 0; g < d; g += 32) {
+                        int64_t idx[32];
+                        for (int j = 0; j < 32; j++) idx[j] = g + j;
+                        i8_round(xw, idx, 32, xr);
+                    }
+                for (int i = 0; i < (op == 2 ? 3 : 1); i++) {
+                    float *mins = i8 ? q4k_mins(&m[i]) : NULL;
+                    for (int64_t r = 0; r < m[i].rows; r++)
+                        ref[r] = (op == 1 ? res[t * rows + r] : 0) + inv * i8_dot(&m[i], mins, r, xw, i8 ? xr : xw);
+                    free(mins);
+                    worst = fmax(worst, rel_l2(row[i], ref, m[i].rows));
+                }
             }
-            worst = fmax(worst, rel_l2(got + t * rows, ref, rows));
+            CHECK(worst < 1e-5, "%s of %d tokens %s%s: rel err %.3g", names[op], (int)n, tn, idot ? " (int8 x)" : "", worst);
+            CHECK(differ == 0, "%s of %d tokens %s%s: %d tokens' rows differ from the one-token op's", names[op], (int)n,
+                  tn, idot ? " (int8 x)" : "", differ);
+            printf("  %s of %d tokens %s%s: %.2g, rows as one token's\n", names[op], (int)n, tn, idot ? " (int8 x)" : "",
+                   worst);
         }
-        CHECK(worst < 1e-5, "norm+matvec of %d tokens %s: rel err %.3g", (int)n, moex_type_get(types[ti])->name, worst);
-        CHECK(differ == 0, "norm+matvec of %d tokens %s: %d tokens' rows differ from the one-token product's", (int)n,
-              moex_type_get(types[ti])->name, differ);
-        printf("  norm+matvec of %d tokens %s: %.2g, rows as one token's\n", (int)n, moex_type_get(types[ti])->name, worst);
-        moex_vk_buffer_free(mb);
-        free_matrix(&m);
+        for (int i = 0; i < 3; i++) moex_vk_buffer_free(mb[i]), free_matrix(&m[i]);
     }
-    moex_vk_buffer *all[] = {xb, wb, yb, y1};
-    for (int i = 0; i < 4; i++) moex_vk_buffer_free(all[i]);
-    free(x), free(nw), free(got), free(one), free(xn), free(ref);
+    moex_vk_buffer *all[] = {xb, wb, yb, y1, rb};
+    for (int i = 0; i < 5; i++) moex_vk_buffer_free(all[i]);
+    free(x), free(nw), free(res), free(got), free(one), free(xw), free(xr), free(ref);
+    moex_vk_testing_set_idot(vk, 0);
 }
 
 /* float64 RMSNorm (weight w) then RoPE of one head, as moex_rmsnorm + moex_rope do in f32. */
@@ -854,7 +904,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "attention")) test_attention(), test_attention_prompt();
     else if (!strcmp(argv[1], "router")) test_router();
     else if (!strcmp(argv[1], "experts")) test_experts();
-    else if (!strcmp(argv[1], "fused")) test_fused_norm(), test_fused_norm_each();
+    else if (!strcmp(argv[1], "fused")) test_fused_norm(), test_batched_products(false), test_batched_products(true);
     else if (!strcmp(argv[1], "decode")) test_attention_decode(), test_head_argmax();
     else if (!strcmp(argv[1], "warm")) test_warm(argc > 2 && !strcmp(argv[2], "--no-subgroup"));
     else {
