@@ -481,13 +481,38 @@ static void test_fused_norm(void) {
     free(x), free(nw), free(res), free(got), free(xn), free(ref), free(xg);
 }
 
+/* float64 rows of m times one token's staged x: x, or x * nw (f32, as staged)
+ * with the norm's 1 / rms applied to the sums; i8: x rounded as the int8 path
+ * rounds each 32-value group (Q4_K's mins on the exact x). res: added, or NULL.
+ * xw, xr: d floats of scratch. */
+static void staged_ref(const test_matrix *m, const float *x, const float *nw, float eps, bool i8, const float *res,
+                       float *xw, float *xr, double *ref) {
+    const int64_t d = m->cols;
+    double inv = 1;
+    for (int64_t j = 0; j < d; j++) xw[j] = nw ? x[j] * nw[j] : x[j];
+    if (nw) {
+        double ss = 0;
+        for (int64_t j = 0; j < d; j++) ss += (double)x[j] * x[j];
+        inv = 1.0 / sqrt(ss / d + eps);
+    }
+    if (i8)
+        for (int64_t g = 0; g < d; g += 32) {
+            int64_t idx[32];
+            for (int j = 0; j < 32; j++) idx[j] = g + j;
+            i8_round(xw, idx, 32, xr);
+        }
+    float *mins = i8 ? q4k_mins(m) : NULL;
+    for (int64_t r = 0; r < m->rows; r++) ref[r] = (res ? res[r] : 0) + inv * i8_dot(m, mins, r, xw, i8 ? xr : xw);
+    free(mins);
+}
+
 /* A batch of sequences' products on one token's kernels (MOEX_VK_EACH): the
  * head (norm fused; up to VK_MV_TPW tokens staged in one workgroup), Wo (the
  * residual added) and q/k/v (three matrices, norm fused). Each token's rows
- * equal the one-token op's bit for bit and a float64 reference (of x rounded
- * as the int8 path rounds it, where idot); 2048 columns and 5 tokens put a workgroup's
- * third and fourth token past one XMAX-wide row of an f32 stage (the stage
- * must hold them all). */
+ * equal the one-token op's bit for bit and a float64 reference (x rounded as
+ * the int8 path rounds it, where idot); 2048 columns and 5 tokens put a
+ * workgroup's third and fourth token past one XMAX-wide row of an f32 stage
+ * (the stage must hold them all). */
 static void test_batched_products(bool idot) {
     const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F32};
     const int64_t d = 2048, rows = 77, kv = 33, n = 5;
@@ -500,8 +525,7 @@ static void test_batched_products(bool idot) {
     }
     const int64_t outs = rows + 2 * kv;   /* every product's rows of one token: head/Wo rows, or q, k, v */
     float *x = malloc(n * d * 4), *nw = malloc(d * 4), *res = malloc(n * rows * 4), *got = malloc(n * outs * 4),
-          *one = malloc(outs * 4);
-    float *xw = malloc(d * 4), *xr = malloc(d * 4);
+          *one = malloc(outs * 4), *xw = malloc(d * 4), *xr = malloc(d * 4);
     double *ref = malloc(outs * sizeof *ref);
     fill_gauss(&R, x, (size_t)(n * d), 4.0f);
     fill_gauss(&R, nw, d, 1.0f);
@@ -547,27 +571,9 @@ static void test_batched_products(bool idot) {
                 gpu_read(vk, y1, one, w_out * 4);
                 differ += memcmp(one, row[0], rows * 4) != 0 ||
                           (op == 2 && (memcmp(one + rows, row[1], kv * 4) || memcmp(one + rows + kv, row[2], kv * 4)));
-                /* what is staged (x, or x * nw with the norm's 1 / rms applied to the sums), and as int8 */
-                const float *xt_host = x + t * d;
-                double inv = 1;
-                for (int64_t j = 0; j < d; j++) xw[j] = op == 1 ? xt_host[j] : xt_host[j] * nw[j];
-                if (op != 1) {
-                    double ss = 0;
-                    for (int64_t j = 0; j < d; j++) ss += (double)xt_host[j] * xt_host[j];
-                    inv = 1.0 / sqrt(ss / d + eps);
-                }
-                const bool i8 = idot && types[ti] == MOEX_TYPE_Q4_K;
-                if (i8)
-                    for (int64_t g = 0; g < d; g += 32) {
-                        int64_t idx[32];
-                        for (int j = 0; j < 32; j++) idx[j] = g + j;
-                        i8_round(xw, idx, 32, xr);
-                    }
                 for (int i = 0; i < (op == 2 ? 3 : 1); i++) {
-                    float *mins = i8 ? q4k_mins(&m[i]) : NULL;
-                    for (int64_t r = 0; r < m[i].rows; r++)
-                        ref[r] = (op == 1 ? res[t * rows + r] : 0) + inv * i8_dot(&m[i], mins, r, xw, i8 ? xr : xw);
-                    free(mins);
+                    staged_ref(&m[i], x + t * d, op == 1 ? NULL : nw, eps, idot && types[ti] == MOEX_TYPE_Q4_K,
+                               op == 1 ? res + t * rows : NULL, xw, xr, ref);
                     worst = fmax(worst, rel_l2(row[i], ref, m[i].rows));
                 }
             }
