@@ -539,11 +539,10 @@ static void fail_sends_of(hub_executor *x, uint32_t worker) {
     }
 }
 
-/* Rows of a RESULT as f32 into dst; false when a value is not finite (an
- * overflowing or hostile worker: such a result must never reach the router). */
-/* The rows as f32; false when one holds inf or NaN. The check is
- * branch-free (an exponent of all ones anywhere) so that it vectorises: a
- * prompt layer's results are millions of values. */
+/* Rows of a RESULT as f32 into dst; false when a value is inf or NaN (an
+ * overflowing or hostile worker: such a result must never reach the router).
+ * The check is branch-free (an exponent of all ones anywhere) so that it
+ * vectorises: a prompt layer's results are millions of values. */
 static bool read_rows(const moex_proto_tensor_view *v, float *dst, int64_t d) {
     for (uint32_t i = 0; i < v->n_tokens; i++) moex_proto_tensor_row_f32(v, i, dst + i * d);
     const int64_t n = (int64_t)v->n_tokens * d;

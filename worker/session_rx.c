@@ -307,8 +307,8 @@ int worker_on_receive_stream(session *s, struct lws *wsi, const void *in, size_t
         moex_log(MOEX_LOG_ERROR, "worker: bytes from the hub refused (%s); closing", err.msg);
         return -1;
     }
-    size_t frames = 0, whole = 0;
-    if (moex_proto_stream_frames(s->reasm.buf, s->reasm.len, &s->lim, &frames, &whole, &err)) {
+    size_t whole_frames = 0, whole = 0;   /* whole: the bytes of whole messages (their last frame without MORE) */
+    if (moex_proto_stream_frames(s->reasm.buf, s->reasm.len, &s->lim, &whole_frames, &whole, &err)) {
         moex_log(MOEX_LOG_ERROR, "worker: a bad frame from the hub (%s); closing", err.msg);
         return -1;
     }

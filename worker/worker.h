@@ -295,8 +295,8 @@ typedef struct moex_worker_stats {
     uint64_t computed;     /* dispatches computed */
     uint64_t batches;      /* compute batches they ran in */
     uint64_t inline_batches; /* of which computed on the socket thread (small messages, no hand-off) */
-    uint64_t messages_in;  /* WebSocket messages received from the hub */
-    uint64_t messages_out; /* WebSocket messages written to the hub */
+    uint64_t messages_in;  /* messages received from the hub (WebSocket messages; on tcp://, runs of frames) */
+    uint64_t messages_out; /* messages written to the hub */
     double compute_s;      /* time spent computing them */
     uint64_t large_batches;  /* batches of over MOEX_WORKER_SMALL_ROWS rows */
     moex_worker_timing timing[MOEX_WT_COUNT];        /* every batch */
