@@ -36,6 +36,7 @@ static void read_tuning(vk_tuning *t) {
     t->gu_ch = gch >= 16 && gch <= 256 && gch % 16 == 0 ? gch : 0;
     t->idot = moex_env_int("MOEX_VK_IDOT", -1);
     t->spin_us = moex_env_int("MOEX_VK_SPIN_US", -1);   /* unset (-1): block at once; polling measured no faster */
+    t->ex_preq = moex_env_int("MOEX_VK_EX_PREQ", -1);
     t->each_unstaged = moex_env_int("MOEX_VK_EACH_STAGED", -1) == 0;
 }
 

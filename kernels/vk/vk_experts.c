@@ -4,10 +4,21 @@
  * tokens (moex_vk_op_experts_pick) take one token's kernels each, or the tiles. */
 #include "kernels/vk/vk_internal.h"
 
+/* experts_xq.comp's records for the down half's input: uvec4s a position
+ * (its PX_V4) and columns a position, by the down weights' type; 0 where the
+ * down half quantizes its input itself. */
+static int xq_v4(moex_type t) { return t == MOEX_TYPE_Q4_K ? 3 : t == MOEX_TYPE_Q6_K ? 2 : 0; }
+static int64_t xq_pe(moex_type t) { return t == MOEX_TYPE_Q4_K ? 32 : 16; }
+static size_t xq_bytes(const moex_vk_experts *e, int64_t n, int k) {
+    const int v4 = xq_v4(e->down.type);
+    return v4 ? (size_t)n * (size_t)k * (size_t)(e->down.cols / xq_pe(e->down.type)) * (size_t)v4 * 16 : 0;
+}
+
 size_t moex_vk_experts_scratch_pick(const moex_vk_experts *e, moex_vk_pick pick, int64_t n, int k) {
     size_t s = vk_experts_h_bytes(e, n, k);
     const bool tiled = pick == MOEX_VK_TILED || (pick == MOEX_VK_BY_N && n > VK_MV_NMAX);
     if (tiled) s += vk_experts_po_bytes(e, n, k) + ((size_t)(2 * e->n_expert) + (size_t)n * (size_t)k) * 4;
+    else s += xq_bytes(e, n, k);
     return s;
 }
 
@@ -81,6 +92,28 @@ static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, 
     return 0;
 }
 
+/* The down half's input h (n k rows) quantized once into position records
+ * (experts_xq.comp), where the down half takes int8 positions (VK_EX_IDOT)
+ * of Q4_K or Q6_K: for batches of tokens, whose d / RT workgroups a token
+ * would each quantize its k n_ff inputs again; one token's down half is
+ * faster without the extra dispatch (docs/PERF.md). MOEX_VK_EX_PREQ=0 never,
+ * 1 also for one token. */
+static bool xq_applies(const moex_vk *vk, const moex_vk_matrix *d, bool dgen, int64_t n) {
+    const int want = vk->tune.ex_preq;
+    return (want > 0 || (want < 0 && n > 1)) && xq_v4(d->type) && !dgen && vk_idot(vk);
+}
+
+static int dispatch_xq(moex_vk_cmd *c, const moex_vk_matrix *d, moex_vk_ptr h, int64_t rows, moex_vk_ptr xq,
+                       moex_error *err) {
+    const int64_t npos = d->cols / xq_pe(d->type), records = rows * npos;
+    if (vk_check_grid(vk_ceil_div(records, 64), 1, 1, err)) return -1;
+    const vk_pipe *p = vk_pipeline(c->vk, VK_K_EXPERTS_XQ, d->type, 0, err);
+    if (!p) return -1;
+    vk_pc pc = {.p = {h, xq}, .u = {(uint32_t)records, (uint32_t)npos, (uint32_t)d->cols}};
+    vk_dispatch(c, p, &pc, vk_ceil_div(records, 64), 1, 1);
+    return 0;
+}
+
 /* Decode (n <= VK_MV_NMAX): experts_mv.comp's gate+up over every (token, slot)
  * pair (one token's Q4_K on experts_gu.comp where it applies), then its down
  * with the slot sum and the residual fused. halves: 1 gate+up, 2 down, 3 both
@@ -101,11 +134,14 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
     const bool gu = (halves & 1) && (each ? gu_fits(c->vk, e) : vk_gu_applies(c->vk, e, n));   /* experts_gu.comp */
+    const bool xq = xq_applies(c->vk, d, dgen, n);
     const vk_pipe *pg = gu ? NULL
                            : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type,
                                          VK_EX_MODE(0, ggen, gppt, many) | ex_idot(c->vk, g->type, ggen), err),
                   *pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type,
-                                    VK_EX_MODE(1, dgen, dppt, many) | ex_idot(c->vk, d->type, dgen), err);
+                                    VK_EX_MODE(1, dgen, dppt, many) | ex_idot(c->vk, d->type, dgen) |
+                                        (xq ? VK_EX_PREQ : 0),
+                                    err);
     if ((!gu && !pg) || !pd) return -1;
     if (gu) {
         if (dispatch_gu(c, e, x, n, k, ids, h, err)) return -1;
@@ -120,7 +156,13 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     if (halves == 3) moex_vk_barrier(c);
     if (halves & 2) {
         moex_vk_ptr hq;
-        if (vk_round_input(c, d->type, h, n * k, d->cols, &hq, err)) return -1;
+        if (xq) {   /* h's int8 positions once, not in each of the down half's workgroups */
+            hq = h + vk_experts_h_bytes(e, n, k);
+            if (dispatch_xq(c, d, h, n * k, hq, err)) return -1;
+            moex_vk_barrier(c);
+        } else if (vk_round_input(c, d->type, h, n * k, d->cols, &hq, err)) {
+            return -1;
+        }
         vk_pc pc = vk_mat_pc(d, hq, n, d->cols, y, d->rows, resid);
         pc.p[5] = ids;
         pc.p[6] = weights;

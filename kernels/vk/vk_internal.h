@@ -51,6 +51,7 @@ typedef enum vk_kernel {
     VK_K_ATTN_COOP,    /* attn_coop.comp: prompt-batch attention on cooperative matrices (vk_attn.c) */
     VK_K_ATTN_DEC,     /* attn_dec.comp: one decode token's whole attention step */
     VK_K_EXPERTS_GU,   /* experts_gu.comp: one decode token's expert gate+up on Q4_K */
+    VK_K_EXPERTS_XQ,   /* experts_xq.comp: the expert down half's input as int8 positions */
     VK_K_COUNT
 } vk_kernel;
 #define VK_TYPE_SLOTS 32   /* moex_type ids fit below this after vk_type_slot() */
@@ -74,6 +75,9 @@ typedef struct vk_tuning {
     int idot;            /* MOEX_VK_IDOT: the decode products' int8 activations (vk_idot): 0 off, 1 wherever the
                           * device has integer dot products, unset (-1) where it has them in hardware */
     int spin_us;         /* MOEX_VK_SPIN_US: how long a submit's wait polls its fence before it blocks (0) */
+    int ex_preq;         /* MOEX_VK_EX_PREQ: the expert down half's int8 input quantized once (experts_xq.comp)
+                          * for 0 never, 1 every batch, unset (-1) batches of several tokens; else in every
+                          * workgroup of the down half */
     bool each_unstaged;  /* MOEX_VK_EACH_STAGED=0: MOEX_VK_EACH products and routers on mode 0 (the weights read
                           * once per VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
 } vk_tuning;

@@ -22,12 +22,13 @@ static const char *const kernel_name[VK_K_COUNT] = {
     [VK_K_MOE_SORT] = "moe_sort", [VK_K_MOE_COMBINE] = "moe_comb", [VK_K_ELTWISE] = "eltwise",
     [VK_K_ARGMAX] = "argmax", [VK_K_ACTQ] = "actq", [VK_K_EXPERTS_MV] = "experts_mv", [VK_K_MM_COOP] = "mm_coop",
     [VK_K_ATTN_COOP] = "attn_coop", [VK_K_ATTN_DEC] = "attn_dec", [VK_K_EXPERTS_GU] = "experts_gu",
+    [VK_K_EXPERTS_XQ] = "experts_xq",
 };
 
 /* Kernels with a variant per weight type (TYPE and _quant.comp). */
 static bool is_typed(vk_kernel k) {
     return k == VK_K_DEQUANT || k == VK_K_MV || k == VK_K_MM || k == VK_K_EXPERTS_MV || k == VK_K_MM_COOP ||
-           k == VK_K_EXPERTS_GU;
+           k == VK_K_EXPERTS_GU || k == VK_K_EXPERTS_XQ;
 }
 
 int vk_type_slot(moex_type t) {
@@ -58,7 +59,7 @@ static void variant_of(const moex_vk *vk, vk_kernel k, int mode, int *vmode, int
          * multiple of the subgroup size (96 threads on a 64-wide device)
          * reduces through shared memory instead */
         const vk_ex_shape *s = VK_EX_MODE_SHAPE(vk, mode);
-        *vmode = mode & (VK_EX_DOWN | VK_EX_GENERIC | VK_EX_IDOT);
+        *vmode = mode & (VK_EX_DOWN | VK_EX_GENERIC | VK_EX_IDOT | VK_EX_PREQ);
         *flags = vk->use_subgroup && s->wg % vk->tpr == 0 ? VK_SPIRV_SUBGROUP : 0;
         break;
     }

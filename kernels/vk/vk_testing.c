@@ -15,6 +15,8 @@ bool moex_vk_testing_idot(const moex_vk *vk) { return vk_idot(vk); }
 /* The int8 path is a mode bit of each kernel that has one: no pipeline changes. */
 void moex_vk_testing_set_idot(moex_vk *vk, int idot) { vk->tune.idot = idot; }
 
+void moex_vk_testing_set_ex_preq(moex_vk *vk, int preq) { vk->tune.ex_preq = preq; }
+
 void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on) { vk->tune.attn_simple = on; }
 
 moex_vk_ex_shape moex_vk_testing_ex_default(int half, bool many) { return vk_ex_default_shapes[half != 0][many]; }

@@ -39,11 +39,13 @@
 
 /* experts_mv.comp: bit 0 the half, bit 1 generic positions (8 elements
  * through dq8: weights not 16-byte aligned), bits 2-3 positions per thread -
- * 1 and bit 4 the batch shape (specializations only), bit 5 int8 activations. */
+ * 1 and bit 4 the batch shape (specializations only), bit 5 int8 activations,
+ * bit 6 (down, int8) the input as experts_xq.comp's position records. */
 #define VK_EX_DOWN 1
 #define VK_EX_GENERIC 2
 #define VK_EX_MANY_BIT 16
 #define VK_EX_IDOT 32
+#define VK_EX_PREQ 64
 
 /* experts_gu.comp: bits 0-3 log2 of a row's 32-column positions (a
  * specialization only), bit 4 int8 activations. */

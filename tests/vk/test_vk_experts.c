@@ -168,6 +168,22 @@ static void run_case(const ex_case *t) {
              moex_type_get(t->tg)->name, moex_type_get(t->td)->name, t->misalign ? " unaligned" : "",
              t->dup ? " repeated experts" : "");
     gpu_read(vk, yb, got, n * d * 4);
+    /* the down half's int8 input quantized once (experts_xq.comp) or in every workgroup: the same bits */
+    const bool xq = idot_half(t->td, t->misalign);
+    float *other[2] = {malloc(n * d * 4), malloc(n * d * 4)};
+    for (int preq = 0; xq && preq < 2; preq++) {
+        moex_vk_buffer *rb0 = gpu_from(vk, res, n * d * 4);   /* rb holds y now */
+        moex_vk_testing_set_ex_preq(vk, preq);
+        MUST(!(c = moex_vk_cmd_create(vk, &g_err)));
+        MUST(moex_vk_cmd_begin(c, &g_err));
+        MUST(moex_vk_op_experts(c, &ex, P(xb), n, k, P(ib), P(wb), P(rb0), P(yb), P(sb), &g_err));
+        MUST(moex_vk_cmd_end(c, &g_err));
+        MUST(moex_vk_cmd_run(c, &g_err));
+        moex_vk_cmd_free(c);
+        gpu_read(vk, yb, other[preq], n * d * 4);
+        moex_vk_buffer_free(rb0);
+    }
+    moex_vk_testing_set_ex_preq(vk, -1);
     float *h_gpu = malloc(n * k * f * 4);
     gpu_read(vk, sb, h_gpu, n * k * f * 4);   /* h: the scratch's first n k x f floats */
     const double e1 = check_halves(t, g, u, dn, x, res, ids, gw, h_gpu, got);
@@ -177,6 +193,9 @@ static void run_case(const ex_case *t) {
     const double e0 = rel_l2(got, ref, n * d);
     float *again = malloc(n * d * 4);
     gpu_read(vk, rb, again, n * d * 4);
+    for (int preq = 0; xq && preq < 2; preq++)
+        CHECK(!memcmp(got, other[preq], n * d * 4), "experts %s: MOEX_VK_EX_PREQ=%d (the down half's input quantized "
+              "%s) gives other bits", what, preq, preq ? "once" : "in every workgroup");
     CHECK(e1 <= 1e-5, "experts %s: rel err %.3g (each half on the GPU's input)", what, e1);
     CHECK(e0 <= (idot ? 1.5e-1 : 1e-5), "experts %s: rel err %.3g against the unrounded FFN", what, e0);
     CHECK(!memcmp(got, again, n * d * 4), "experts %s: y aliasing the residual gives another result", what);
@@ -184,12 +203,12 @@ static void run_case(const ex_case *t) {
     double moved = 0, den = 0;
     for (int64_t i = 0; i < n * d; i++) moved += (ref[i] - res[i]) * (ref[i] - res[i]), den += ref[i] * ref[i];
     CHECK(moved > 1e-4 * den, "experts %s: the experts add too little to the residual to test anything", what);
-    printf("  experts %s%s: rel err %.2g, %.2g against the unrounded FFN\n", what, idot ? " (int8 activations)" : "",
-           e1, e0);
+    printf("  experts %s%s: rel err %.2g, %.2g against the unrounded FFN%s\n", what, idot ? " (int8 activations)" : "",
+           e1, e0, xq ? "; the same bits with the down input quantized once or per workgroup" : "");
     moex_vk_buffer *all[] = {gb, ub, db, xb, rb, ib, wb, sb, yb};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) moex_vk_buffer_free(all[i]);
     for (int e = 0; e < E; e++) free_matrix(&g[e]), free_matrix(&u[e]), free_matrix(&dn[e]);
-    free(g), free(u), free(dn), free(x), free(res), free(gw), free(got), free(again), free(ids), free(ref), free(h_gpu);
+    free(g), free(u), free(dn), free(x), free(res), free(gw), free(got), free(again), free(other[0]), free(other[1]), free(ids), free(ref), free(h_gpu);
 }
 
 /* One token's Q4_K gate+up (experts_gu.comp where it applies) in other

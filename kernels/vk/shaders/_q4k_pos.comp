@@ -52,6 +52,27 @@ PX pxload(RV4 x, uint xo4, uint pos) {
     r.shi = hsum((hi[0] + hi[1]) + (hi[2] + hi[3]));
     return r;
 }
+// A position's PX as a record of PX_V4 uvec4 (record rec at v[PX_V4 rec]):
+// experts_xq.comp quantizes x once (px_put), the down half reads it back
+// (px_get, VK_EX_PREQ) instead of quantizing it again in every workgroup.
+#define PX_V4 3u
+PX px_get(UV4 b, uint rec) {
+    PX r;
+    r.lo = b.v[PX_V4 * rec];
+    r.hi = b.v[PX_V4 * rec + 1u];
+    const uvec4 s = b.v[PX_V4 * rec + 2u];
+    r.sx = uintBitsToFloat(s.x);
+    r.slo = uintBitsToFloat(s.y);
+    r.shi = uintBitsToFloat(s.z);
+    return r;
+}
+#ifdef PX_PUT
+void px_put(WV4 b, uint rec, PX r) {
+    b.v[PX_V4 * rec] = r.lo;
+    b.v[PX_V4 * rec + 1u] = r.hi;
+    b.v[PX_V4 * rec + 2u] = uvec4(floatBitsToUint(r.sx), floatBitsToUint(r.slo), floatBitsToUint(r.shi), 0u);
+}
+#endif
 float pdot(PW w, PX x, uint pos) {
     uint sc, mn;
     scale_min(w.h, pos, sc, mn);

@@ -20,6 +20,7 @@
 #define SIDE (VARIANT & VK_EX_DOWN)
 #define FAST ((VARIANT & VK_EX_GENERIC) == 0)
 #define IDOT ((VARIANT & VK_EX_IDOT) != 0)
+#define PREQ ((VARIANT & VK_EX_PREQ) != 0)   // SIDE 1, IDOT: x holds experts_xq.comp's position records
 #include "_common.comp"
 #include "_quant.comp"
 layout(local_size_x_id = 0) in;
@@ -36,9 +37,14 @@ layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RV
 #else
 #define WT U32
 #endif
+#if PREQ
+#define XT UV4   // position records
+#else
+#define XT RV4
+#endif
 
 layout(push_constant) uniform PC {
-    WT w; WT w2; RV4 x; F32 y; F32 r; I32 ids; F32 gw; U32 unused;
+    WT w; WT w2; XT x; F32 y; F32 r; I32 ids; F32 gw; U32 unused;
     uint rows, cols, n, xs, ys, flags, k, estride;
 } pc;
 
@@ -49,79 +55,7 @@ layout(push_constant) uniform PC {
 #if FAST && TYPE == T_Q4_K
 #include "_q4k_pos.comp"
 #elif FAST && TYPE == T_Q6_K
-// Words 2m, 2m+1 of a block's ql (m = pos % 16): elements E..E+7 (low
-// nibbles) and E+64..E+71 (high), E = 128(m/8) + 8(m%8), with qh words
-// 8(m/8) + 2(m%4) (+1) (bit pairs 0/4, or 2/6 when m%8 >= 4), one
-// sub-block scale for each eight and d. 16 positions per block; blocks are
-// only 2-byte aligned, so words are shifted into place.
-#define PE 16u
-struct PW { uvec2 ql, qh; float slo, shi; };
-// 8 bytes at a 2-aligned byte offset.
-uvec2 ld64(U32 p, uint off) {
-    const uint i = off >> 2;
-    if ((off & 2u) == 0u) return uvec2(p.v[i], p.v[i + 1u]);
-    const uint w1 = p.v[i + 1u];
-    return uvec2((p.v[i] >> 16) | (w1 << 16), (w1 >> 16) | (p.v[i + 2u] << 16));
-}
-PW pload(U32 p, uint rb, uint pos) {
-    const uint o = rb + (pos >> 4) * 210u, m = pos & 15u, sb = o + 192u + 8u * (m >> 3) + ((m & 7u) >> 1);
-    PW w;
-    w.ql = ld64(p, o + 8u * m);
-    w.qh = ld64(p, o + 128u + 4u * (8u * (m >> 3) + 2u * (m & 3u)));
-    const float d = f16at(p, o + 208u);
-    w.slo = d * field(ld8(p, sb) ^ 0x80u, 255u, 0u, 128.0);   // int8 scales
-    w.shi = d * field(ld8(p, sb + 4u) ^ 0x80u, 255u, 0u, 128.0);
-    return w;
-}
-// The position's 16 weights as bytes 0..63 (q + 32): elements E.. (lo) and E+64.. (hi).
-void q6_bytes(PW w, uint pos, out uvec2 lo, out uvec2 hi) {
-    const uvec2 qh = (pos & 4u) != 0u ? w.qh >> 2 : w.qh;
-    lo = (w.ql & 0x0f0f0f0fu) | ((qh << 4) & 0x30303030u);
-    hi = ((w.ql >> 4) & 0x0f0f0f0fu) | (qh & 0x30303030u);
-}
-#if IDOT
-// x as int8 with one scale per position (see _q4k_pos.comp); zlo, zhi: 32 times
-// the sums of its int8 values, the weights' offset of 32.
-struct PX { uvec2 lo, hi; float sx; int zlo, zhi; };
-PX pxload(RV4 x, uint xo4, uint pos) {
-    const uint m = pos & 15u, o = xo4 + (pos >> 4) * 64u + (m >> 3) * 32u + (m & 7u) * 2u;
-    const vec4 l0 = x.v[o], l1 = x.v[o + 1u], h0 = x.v[o + 16u], h1 = x.v[o + 17u];
-    const vec4 a = max(max(abs(l0), abs(l1)), max(abs(h0), abs(h1)));
-    PX r;
-    float inv;
-    r.sx = i8_scale(vmax(a), inv);
-    r.lo = uvec2(pack_i8(l0, inv), pack_i8(l1, inv));
-    r.hi = uvec2(pack_i8(h0, inv), pack_i8(h1, inv));
-    r.zlo = 32 * (sudot4(r.lo.x, 0x01010101u) + sudot4(r.lo.y, 0x01010101u));
-    r.zhi = 32 * (sudot4(r.hi.x, 0x01010101u) + sudot4(r.hi.y, 0x01010101u));
-    return r;
-}
-float pdot(PW w, PX x, uint pos) {
-    uvec2 lo, hi;
-    q6_bytes(w, pos, lo, hi);
-    const int il = sudot4(x.lo.x, lo.x) + sudot4(x.lo.y, lo.y) - x.zlo;
-    const int ih = sudot4(x.hi.x, hi.x) + sudot4(x.hi.y, hi.y) - x.zhi;
-    return x.sx * (w.slo * float(il) + w.shi * float(ih));
-}
-#else
-struct PX { vec4 lo0, lo1, hi0, hi1; };
-PX pxload(RV4 x, uint xo4, uint pos) {
-    const uint m = pos & 15u, o = xo4 + (pos >> 4) * 64u + (m >> 3) * 32u + (m & 7u) * 2u;
-    PX r;
-    r.lo0 = x.v[o];
-    r.lo1 = x.v[o + 1u];
-    r.hi0 = x.v[o + 16u];
-    r.hi1 = x.v[o + 17u];
-    return r;
-}
-float pdot(PW w, PX x, uint pos) {
-    uvec2 lo, hi;
-    q6_bytes(w, pos, lo, hi);
-    return w.slo * (dot(bytes4(lo.x, 63u, 32.0), x.lo0) + dot(bytes4(lo.y, 63u, 32.0), x.lo1)) +
-           w.shi * (dot(bytes4(hi.x, 63u, 32.0), x.hi0) + dot(bytes4(hi.y, 63u, 32.0), x.hi1));
-}
-#endif
-
+#include "_q6k_pos.comp"
 #else
 // Any type: 8 consecutive elements through dq8() (4-byte alignment is enough).
 #define PE 8u
@@ -251,7 +185,11 @@ void main() {
             pp[i] = q - j * npos;
             eb[i] = uint(pc.ids.v[slot]) * pc.estride;
             g[i] = c0 + tid + i * WG < total ? pc.gw.v[slot] : 0.0;   // clamped repeats count 0
+#if PREQ
+            px[i] = px_get(pc.x, slot * npos + pp[i]);
+#else
             px[i] = pxload(pc.x, slot * xs4, pp[i]);
+#endif
         }
         PW wd[RP];
         dn_load(wd, row0, row_bytes, eb, pp);
