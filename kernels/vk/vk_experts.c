@@ -94,13 +94,14 @@ static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, 
 
 /* The down half's input h (n k rows) quantized once into position records
  * (experts_xq.comp), where the down half takes int8 positions (VK_EX_IDOT)
- * of Q4_K or Q6_K: for batches of tokens, whose d / RT workgroups a token
- * would each quantize its k n_ff inputs again; one token's down half is
- * faster without the extra dispatch (docs/PERF.md). MOEX_VK_EX_PREQ=0 never,
- * 1 also for one token. */
-static bool xq_applies(const moex_vk *vk, const moex_vk_matrix *d, bool dgen, int64_t n) {
+ * of Q4_K or Q6_K: for batches of tokens with several experts each, whose
+ * d / RT workgroups a token would each quantize its k n_ff inputs again; one
+ * token's down half is faster without the extra dispatch (docs/PERF.md), and
+ * a worker's rows (k = 1) quantize little each. MOEX_VK_EX_PREQ=0 never, 1
+ * always. */
+static bool xq_applies(const moex_vk *vk, const moex_vk_matrix *d, bool dgen, int64_t n, int k) {
     const int want = vk->tune.ex_preq;
-    return (want > 0 || (want < 0 && n > 1)) && xq_v4(d->type) && !dgen && vk_idot(vk);
+    return (want > 0 || (want < 0 && n > 1 && k > 1)) && xq_v4(d->type) && !dgen && vk_idot(vk);
 }
 
 static int dispatch_xq(moex_vk_cmd *c, const moex_vk_matrix *d, moex_vk_ptr h, int64_t rows, moex_vk_ptr xq,
@@ -134,7 +135,7 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
     const bool gu = (halves & 1) && (each ? gu_fits(c->vk, e) : vk_gu_applies(c->vk, e, n));   /* experts_gu.comp */
-    const bool xq = xq_applies(c->vk, d, dgen, n);
+    const bool xq = xq_applies(c->vk, d, dgen, n, k);
     const vk_pipe *pg = gu ? NULL
                            : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type,
                                          VK_EX_MODE(0, ggen, gppt, many) | ex_idot(c->vk, g->type, ggen), err),

@@ -76,8 +76,8 @@ typedef struct vk_tuning {
                           * device has integer dot products, unset (-1) where it has them in hardware */
     int spin_us;         /* MOEX_VK_SPIN_US: how long a submit's wait polls its fence before it blocks (0) */
     int ex_preq;         /* MOEX_VK_EX_PREQ: the expert down half's int8 input quantized once (experts_xq.comp)
-                          * for 0 never, 1 every batch, unset (-1) batches of several tokens; else in every
-                          * workgroup of the down half */
+                          * for 0 never, 1 every batch, unset (-1) batches of several tokens of several
+                          * experts each; else in every workgroup of the down half */
     bool each_unstaged;  /* MOEX_VK_EACH_STAGED=0: MOEX_VK_EACH products and routers on mode 0 (the weights read
                           * once per VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
 } vk_tuning;

@@ -28,8 +28,8 @@ int moex_vk_testing_pipelines(const moex_vk *vk);
 bool moex_vk_testing_idot(const moex_vk *vk);
 void moex_vk_testing_set_idot(moex_vk *vk, int idot);
 /* The expert down half's int8 input: quantized once by experts_xq.comp (1
- * always, -1 the default: batches of several tokens) or in every workgroup
- * (0; MOEX_VK_EX_PREQ's values). */
+ * always, -1 the default: batches of several tokens of several experts) or
+ * in every workgroup (0; MOEX_VK_EX_PREQ's values). */
 void moex_vk_testing_set_ex_preq(moex_vk *vk, int preq);
 /* Prompt attention on the split-K path instead of the tiles (MOEX_VK_ATTN_SIMPLE=1). */
 void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on);
