@@ -4,7 +4,9 @@
 # f16 on the wire, k = 8 experts over 4 CPU workers (r = 1), expert FFNs kept
 # tiny (ff 32) so that what is left of the round trip is the pipeline itself.
 # The hub's "hub layer timing" line gives each layer's phases (plan+encode,
-# send, wait for the results, decode, combine); each worker's "worker timing"
+# send, wait for the results, decode, combine) and the round trip send+wait
+# (what "beyond compute" is taken from: on TCP the executor writes the
+# sockets itself, so "send" holds the writes); each worker's "worker timing"
 # line its queue, compute, encode and outbox times.
 # usage: bench/bench_dist_layer.sh BUILD_DIR [WORK_DIR] [TOKENS]
 # MOEX_BENCH_TCP=1: the same over the hub's --tcp-port (workers on tcp://) instead of its WebSocket
@@ -38,14 +40,14 @@ for i in 0 1 2 3; do echo "l$i: $(grep -o 'worker timing:.*' "$W/worker-$i.log")
 import re, sys
 w = sys.argv[1]
 hub = open(f"{w}/hub.log").read()
-m = re.search(r"wait (\d+)/(\d+)", hub)
-wait50, wait99 = int(m.group(1)), int(m.group(2))
+m = re.search(r"send\+wait (\d+)/(\d+)", hub)  # the round trip: sockets written (on TCP by the executor) to the last result
+rt50, rt99 = int(m.group(1)), int(m.group(2))
 comp = []
 for i in range(4):
     t = open(f"{w}/worker-{i}.log").read()
     c = re.search(r"compute p50 ([\d.]+) p99 ([\d.]+) ms", t)
     comp.append(float(c.group(1)) * 1000 if c else 0.0)
 c50 = max(comp)
-print(f"| per-layer round trip (1 token, 8 experts over 4 workers) | wait p50 {wait50} us, p99 {wait99} us "
-      f"| slowest worker's compute p50 {c50:.0f} us | beyond compute: p50 {wait50 - c50:.0f} us, p99 {wait99 - c50:.0f} us |")
+print(f"| per-layer round trip (1 token, 8 experts over 4 workers) | send+wait p50 {rt50} us, p99 {rt99} us "
+      f"| slowest worker's compute p50 {c50:.0f} us | beyond compute: p50 {rt50 - c50:.0f} us, p99 {rt99 - c50:.0f} us |")
 PY

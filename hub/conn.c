@@ -1,9 +1,11 @@
 /* Connections' send queues and close requests (see conn.h). Lock order: a
  * connection's mutex, then the net's; never the other way round. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "common/common.h"
 #include "hub/conn.h"
@@ -29,7 +31,10 @@ struct hub_conn {
     size_t queued, max_queued;
     bool pending;            /* in the net's pending list */
     bool flush_close, kill, close_started;
-    bool raw;                /* TCP transport: no WebSocket framing */
+    bool raw;                /* TCP transport: no WebSocket framing; written by raw_write */
+    int fd;                  /* raw: the socket (-1 once gone) */
+    bool direct;             /* raw: senders write what the socket takes at once */
+    size_t head_off;         /* raw: bytes of the head message already written */
     char why[96];
 };
 
@@ -66,6 +71,12 @@ void hub_net_wake(hub_net *n) {
     pthread_mutex_unlock(&n->mu);
 }
 
+void hub_net_wake_pending(hub_net *n) {
+    pthread_mutex_lock(&n->mu);
+    if (n->ctx && n->n_pending) lws_cancel_service(n->ctx);
+    pthread_mutex_unlock(&n->mu);
+}
+
 /* Puts c on the pending list (under c->mu). */
 static void mark_pending(hub_conn *c) {
     if (c->pending || !c->wsi) return;
@@ -95,6 +106,7 @@ hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, 
     c->net = n;
     atomic_init(&c->refs, 1);
     c->wsi = wsi;
+    c->fd = -1;
     c->max_queued = max_queued_bytes;
     snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "?");
     pthread_mutex_init(&c->mu, NULL);
@@ -133,6 +145,29 @@ static void drop_queue(hub_conn *c) {
     }
     c->head = c->tail = NULL;
     c->queued = 0;
+    c->head_off = 0;
+}
+
+/* Raw connections (under c->mu): writes queued messages until the socket
+ * would block, keeping a partly written head for the next call (the network
+ * thread's, once the socket is writable). libwebsockets never holds a raw
+ * connection's bytes, so whichever thread writes, they leave in order. -1 on
+ * a socket error. */
+static int raw_write(hub_conn *c) {
+    while (c->head && c->fd >= 0) {
+        tx_msg *m = c->head;
+        const ssize_t w = send(c->fd, m->buf + LWS_PRE + c->head_off, m->len - c->head_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+        c->head_off += (size_t)w;
+        if (c->head_off < m->len) return 0;
+        c->head = m->next;
+        if (!c->head) c->tail = NULL;
+        c->queued -= m->len;
+        c->head_off = 0;
+        free(m->buf);
+        free(m);
+    }
+    return 0;
 }
 
 void hub_conn_unref(hub_conn *c) {
@@ -171,9 +206,15 @@ bool hub_conn_send_owned(hub_conn *c, uint8_t *buf, size_t len) {
     else c->head = m;
     c->tail = m;
     c->queued += len;
-    mark_pending(c);
+    if (c->raw && c->direct && c->wsi && raw_write(c)) {   /* what the socket takes now leaves from this thread */
+        snprintf(c->why, sizeof c->why, "write failed: %s", strerror(errno));
+        c->kill = true;
+        drop_queue(c);
+    }
+    if (c->head || c->kill) mark_pending(c);   /* the rest when writable; a failed socket closes */
+    const bool sent = !c->kill;
     pthread_mutex_unlock(&c->mu);
-    return true;
+    return sent;
 }
 
 bool hub_conn_send(hub_conn *c, const uint8_t *msg, size_t len) {
@@ -255,16 +296,11 @@ int hub_conn_on_writeable(hub_conn *c) {
         pthread_mutex_unlock(&c->mu);
         return -1;
     }
-    if (c->raw && lws_send_pipe_choked(c->wsi)) {
-        /* A raw socket is called writeable while libwebsockets still holds
-         * the rest of an earlier write (it sends tx_packet_size at a time):
-         * that goes first, and the queue waits, so that the bound on queued
-         * bytes holds. */
-        struct lws *wsi = c->wsi;
+    if (c->raw) {
+        const int rc = raw_write(c);
+        const bool more = c->head != NULL, close_now = !more && c->flush_close;
         pthread_mutex_unlock(&c->mu);
-        if (lws_write(wsi, NULL, 0, LWS_WRITE_RAW) < 0) return -1;
-        lws_callback_on_writable(wsi);
-        return 0;
+        return rc < 0 || close_now ? -1 : more;
     }
     tx_msg *m = c->head;
     if (m) {
@@ -276,27 +312,30 @@ int hub_conn_on_writeable(hub_conn *c) {
     struct lws *wsi = c->wsi;
     pthread_mutex_unlock(&c->mu);
     if (m) {
-        /* raw: a partial send keeps the rest inside libwebsockets (sent above on the next calls) */
-        const int w = lws_write(wsi, m->buf + LWS_PRE, m->len, c->raw ? LWS_WRITE_RAW : LWS_WRITE_BINARY);
+        const int w = lws_write(wsi, m->buf + LWS_PRE, m->len, LWS_WRITE_BINARY);
         free(m->buf);
         free(m);
         if (w < 0) return -1;
     }
     if (close_now) {
-        if (!c->raw) lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION, (unsigned char *)c->why, strlen(c->why));
+        lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION, (unsigned char *)c->why, strlen(c->why));
         return -1;
     }
-    if (more) lws_callback_on_writable(wsi);
-    return 0;
+    return more;
 }
 
-void hub_conn_set_raw(hub_conn *c) { c->raw = true; }
+void hub_conn_set_raw(hub_conn *c, int fd, bool direct) {
+    c->raw = true;
+    c->fd = fd;
+    c->direct = direct;
+}
 
 bool hub_conn_is_raw(const hub_conn *c) { return c->raw; }
 
 void hub_conn_closed(hub_conn *c) {
     pthread_mutex_lock(&c->mu);
     c->wsi = NULL;
+    c->fd = -1;   /* libwebsockets closes it after this callback */
     c->detached = false;
     drop_queue(c);
     pthread_mutex_unlock(&c->mu);

@@ -1,7 +1,10 @@
 /* Private to the hub: one peer connection's outgoing side, shared between the
- * network thread, which owns the libwebsockets handle and is the only one to
- * write, and any other thread, which queues whole messages and may ask for
- * the connection to close.
+ * network thread, which owns the libwebsockets handle, and any other thread,
+ * which queues whole messages and may ask for the connection to close. On a
+ * WebSocket only the network thread writes; on a plain TCP stream (the TCP
+ * transport) the sending thread writes what the socket takes at once, and the
+ * network thread the rest when the socket is writable again, so that a
+ * decode layer's messages leave without waking the network thread.
  *
  * Messages are queued whole and bounded in bytes per connection: a peer that
  * stops reading is closed instead of growing the hub. A connection is freed
@@ -27,12 +30,16 @@ void hub_net_set_context(hub_net *n, struct lws_context *ctx);
 void hub_net_free(hub_net *n);
 /* Wakes the network thread (lws_cancel_service); any thread. */
 void hub_net_wake(hub_net *n);
+/* Wakes it only when a connection waits for it (a send that did not leave
+ * whole at once, a close); any thread, after a batch of sends. */
+void hub_net_wake_pending(hub_net *n);
 
 /* Network thread: a new connection (one reference, the network thread's). */
 hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, const char *peer);
-/* Network thread: the connection is a plain TCP stream (the TCP transport),
- * not a WebSocket: its messages are written as raw bytes. */
-void hub_conn_set_raw(hub_conn *c);
+/* Network thread: the connection is a plain TCP stream (the TCP transport)
+ * on socket fd, not a WebSocket: its messages are written as raw bytes, by
+ * their senders at once where direct (else all by the network thread). */
+void hub_conn_set_raw(hub_conn *c, int fd, bool direct);
 /* Whether it is (any thread: fixed before the connection is shared). */
 bool hub_conn_is_raw(const hub_conn *c);
 /* Tests and the frame-sequence fuzzer: a connection without a socket that
@@ -47,9 +54,10 @@ void hub_conn_unref(hub_conn *c);
 const char *hub_conn_peer(const hub_conn *c);
 
 /* Any thread. Queues a copy of one message (one or more frames); false when
- * the connection is closing or gone. Over the byte bound the connection is
+ * the connection is closing or gone (on TCP: or its socket failed: it then
+ * closes). Over the byte bound the connection is
  * closed at once (the message is dropped: the peer is not reading). Call
- * hub_net_wake after a batch of sends. */
+ * hub_net_wake (or hub_net_wake_pending) after a batch of sends. */
 bool hub_conn_send(hub_conn *c, const uint8_t *msg, size_t len);
 /* Same, taking ownership of buf (from hub_conn_buffer: LWS_PRE bytes of
  * headroom, then len message bytes). */
@@ -69,7 +77,9 @@ size_t hub_conn_queued_bytes(hub_conn *c);
 /* Network thread only. */
 /* Acts on what other threads asked since the last call (writes, closes). */
 void hub_net_service(hub_net *n);
-/* LWS_CALLBACK_SERVER_WRITEABLE: writes the next message; -1 asks lws to close. */
+/* LWS_CALLBACK_SERVER_WRITEABLE (RAW_WRITEABLE): writes the next message
+ * (on TCP: what the socket takes of the queue). 1: more is queued (ask for
+ * another writeable callback), 0: nothing more, -1: close. */
 int hub_conn_on_writeable(hub_conn *c);
 /* The socket is gone (LWS_CALLBACK_CLOSED): later sends are dropped. */
 void hub_conn_closed(hub_conn *c);

@@ -91,6 +91,7 @@ typedef struct worker_count {
 /* Per-layer times (µs), a ring; n_tokens tells a prompt's layers from a decode's. */
 typedef struct layer_times {
     float plan_encode, send, wait, decode, combine;
+    float round;   /* send + wait: the first byte handed to a socket to the last result in (the round trip) */
     int64_t n_tokens;
 } layer_times;
 
@@ -382,7 +383,7 @@ static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *fr
     }
     if (o->len && o->len + len > x->split_bytes) {
         send_outgoing(x, o);
-        hub_net_wake(x->net);
+        hub_net_wake_pending(x->net);
     }
     if (o->len + len > o->cap) {
         size_t cap = o->cap ? 2 * o->cap : 4 * len;
@@ -399,14 +400,16 @@ static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *fr
     o->frames++;
 }
 
-/* Sends every worker the rest of its message of this round, then wakes the network thread once. */
+/* Sends every worker the rest of its message of this round, then wakes the
+ * network thread once if a connection needs it (on TCP a decode layer's
+ * messages have left by then). */
 static void flush_round(hub_executor *x) {
     for (int i = 0; i < x->n_out; i++) {
         outgoing *o = &x->out[i];
         if (o->len) send_outgoing(x, o);
         hub_conn_unref(o->conn);
     }
-    if (x->n_out) hub_net_wake(x->net);
+    if (x->n_out) hub_net_wake_pending(x->net);
     x->n_out = 0;
 }
 
@@ -902,7 +905,8 @@ static void record_times(hub_executor *x, double t0, double t1, double t2, doubl
     layer_times *lt = &x->times[x->n_times++ % TIMING_LAYERS];
     *lt = (layer_times){.plan_encode = (float)((t1 - t0) * 1e6), .send = (float)((t2 - t1) * 1e6),
                         .wait = (float)((t3 - t2 - x->decode_s) * 1e6), .decode = (float)(x->decode_s * 1e6),
-                        .combine = (float)((t4 - t3) * 1e6), .n_tokens = x->n_req_tokens};
+                        .combine = (float)((t4 - t3) * 1e6), .round = (float)((t3 - t1 - x->decode_s) * 1e6),
+                        .n_tokens = x->n_req_tokens};
 }
 
 static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
@@ -943,13 +947,13 @@ static void percentiles(float *v, size_t n, float *p50, float *p99) {
     *p99 = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
 }
 
-/* Appends " plan+encode P50/P99 send ..." over the held layers of at least
+/* Appends " plan+encode P50/P99 send ... send+wait P50/P99" over the held layers of at least
  * min_tokens tokens; returns how many there were. v: room for them all. */
 static size_t append_phases(const hub_executor *x, int64_t min_tokens, float *v, char *buf, size_t *len, size_t cap) {
-    static const char *const names[] = {"plan+encode", "send", "wait", "decode", "combine"};
+    static const char *const names[] = {"plan+encode", "send", "wait", "decode", "combine", "send+wait"};
     const size_t held = x->n_times < TIMING_LAYERS ? (size_t)x->n_times : TIMING_LAYERS;
     size_t n = 0;
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 6; k++) {
         n = 0;
         for (size_t i = 0; i < held; i++)
             if (x->times[i].n_tokens >= min_tokens) v[n++] = ((const float *)&x->times[i])[k];

@@ -28,6 +28,7 @@ struct hub_server {
     bool thread_started;
     atomic_bool stop;
     int port, tcp_port;
+    bool tcp_queue_only;   /* MOEX_HUB_TCP_DIRECT=0: TCP connections written by the network thread alone (to compare) */
     hub_log_limit refusals;
 };
 
@@ -85,7 +86,7 @@ static int established(hub_server *s, struct lws *wsi, conn_data *cd, bool raw) 
     peer_name(wsi, peer, sizeof peer);
     cd->rx.max_bytes = s->cfg.max_message;
     cd->conn = hub_conn_create(s->net, wsi, s->cfg.max_queued, peer);
-    if (cd->conn && raw) hub_conn_set_raw(cd->conn);
+    if (cd->conn && raw) hub_conn_set_raw(cd->conn, (int)lws_get_socket_fd(wsi), !s->tcp_queue_only);
     cd->w = cd->conn ? hub_registry_connect(s->reg, cd->conn) : NULL;
     if (!cd->w) {
         moex_log(MOEX_LOG_WARN, "refused %s: %d workers already", peer, HUB_MAX_WORKERS);
@@ -158,6 +159,13 @@ static int on_receive(hub_server *s, struct lws *wsi, conn_data *cd, const void 
     if (!cd->rx.buf) cd->rx.cap = 0; /* handed to the inbox: the next message gets a fresh buffer */
     moex_proto_reasm_reset(&cd->rx);
     return 0;
+}
+
+/* A writeable callback: the connection's next bytes, and another callback while more wait. */
+static int write_more(struct lws *wsi, hub_conn *c) {
+    const int rc = hub_conn_on_writeable(c);
+    if (rc > 0) lws_callback_on_writable(wsi);
+    return rc < 0 ? -1 : 0;
 }
 
 static int closed(hub_server *s, conn_data *cd) {
@@ -278,7 +286,7 @@ static int tcp_callback(struct lws *wsi, enum lws_callback_reasons reason, void 
         lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, TCP_AUTH_S);
         return 0;
     case LWS_CALLBACK_RAW_RX: return tcp_receive(s, wsi, cd, in, len);
-    case LWS_CALLBACK_RAW_WRITEABLE: return cd->conn ? hub_conn_on_writeable(cd->conn) : 0;
+    case LWS_CALLBACK_RAW_WRITEABLE: return cd->conn ? write_more(wsi, cd->conn) : 0;
     case LWS_CALLBACK_RAW_CLOSE: return closed(s, cd);
     default: return 0; /* EVENT_WAIT_CANCELLED reaches every protocol: the WebSocket one services the queues */
     }
@@ -324,7 +332,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_RECEIVE:
         if (!cd->w || !hub_conn_open(cd->conn)) return 0; /* closing: what it sends is dropped */
         return on_receive(s, wsi, cd, in, len);
-    case LWS_CALLBACK_SERVER_WRITEABLE: return cd->conn ? hub_conn_on_writeable(cd->conn) : -1;
+    case LWS_CALLBACK_SERVER_WRITEABLE: return cd->conn ? write_more(wsi, cd->conn) : -1;
     case LWS_CALLBACK_CLOSED: return closed(s, cd);
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
         hub_net_service(s->net);
@@ -385,6 +393,7 @@ hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hu
         return NULL;
     }
     s->cfg = *cfg;
+    s->tcp_queue_only = moex_env_int("MOEX_HUB_TCP_DIRECT", 1) == 0;
     s->reg = reg;
     s->inbox = inbox;
     s->net = net;

@@ -2,8 +2,14 @@
  * nothing is closed instead of growing the hub), close-after-flush keeping
  * what is queued, kill dropping it, sends to a closed connection refused.
  * On detached connections (no socket), whose queue the test drains itself.
+ * A TCP-transport connection on a real socket pair: the sender writes what
+ * the socket takes, the writeable callbacks the rest, every byte in order;
+ * a failed socket closes the connection.
  * And hub/inbox.c's bound: an event past it is dropped, its data freed. */
+#include <pthread.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "hub/conn.h"
 #include "hub/inbox.h"
@@ -75,6 +81,73 @@ static void test_references(void) {
     hub_net_free(net);
 }
 
+typedef struct reader {
+    int fd;
+    uint8_t *buf;
+    size_t want, got;
+} reader;
+
+static void *read_all(void *arg) {
+    reader *r = arg;
+    while (r->got < r->want) {
+        usleep(200); /* a slow peer: the sender's socket fills */
+        const ssize_t n = read(r->fd, r->buf + r->got, r->want - r->got < 4096 ? r->want - r->got : 4096);
+        if (n <= 0) break;
+        r->got += (size_t)n;
+    }
+    return NULL;
+}
+
+static void test_raw_socket(void) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+        CHECK(0, "socketpair failed");
+        return;
+    }
+    const int small = 4096;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    hub_net *net = hub_net_create();
+    static char not_a_wsi; /* stands for the socket's handle: no libwebsockets call takes it here */
+    hub_conn *c = hub_conn_create(net, (struct lws *)&not_a_wsi, 8 << 20, "tcp");
+    hub_conn_set_raw(c, sv[0], true);
+    const size_t lens[3] = {300000, 10, 700001};
+    size_t total = 0;
+    for (int i = 0; i < 3; i++) total += lens[i];
+    uint8_t *sent = malloc(total), *got = malloc(total);
+    if (!sent || !got) abort();
+    for (size_t i = 0; i < total; i++) sent[i] = (uint8_t)(i * 131 + i / 977);
+    reader r = {.fd = sv[1], .buf = got, .want = total};
+    pthread_t th;
+    if (pthread_create(&th, NULL, read_all, &r)) abort();
+    size_t off = 0;
+    for (int i = 0; i < 3; i++) {
+        CHECK(hub_conn_send(c, sent + off, lens[i]), "TCP message %d queued", i);
+        off += lens[i];
+    }
+    CHECK(hub_conn_queued_bytes(c) > 0, "a slow peer's socket cannot take a megabyte at once");
+    int rc, calls = 0;
+    while ((rc = hub_conn_on_writeable(c)) == 1) { /* the network thread's part, as the socket drains */
+        calls++;
+        usleep(100);
+    }
+    CHECK(rc == 0 && hub_conn_queued_bytes(c) == 0, "the writeable callbacks wrote the rest (rc %d, %zu queued)", rc,
+          hub_conn_queued_bytes(c));
+    CHECK(calls > 0, "some of it waited for a writeable callback");
+    pthread_join(th, NULL);
+    CHECK(r.got == total && !memcmp(got, sent, total), "the peer read %zu of %zu bytes, in order: %s", r.got, total,
+          r.got == total && !memcmp(got, sent, total) ? "yes" : "no");
+    close(sv[1]); /* the peer goes: the next write fails and closes the connection */
+    CHECK(!hub_conn_send(c, sent, 1000), "a send to a peer that has gone fails");
+    CHECK(!hub_conn_open(c) && hub_conn_queued_bytes(c) == 0, "and closes the connection, dropping its queue");
+    hub_conn_closed(c);
+    hub_conn_unref(c);
+    hub_net_free(net);
+    close(sv[0]);
+    free(sent);
+    free(got);
+}
+
 static int push_message(hub_inbox *b, uint32_t worker, size_t len) {
     hub_event ev = {.kind = HUB_EV_MESSAGE, .worker = worker, .data = malloc(len), .len = len};
     return hub_inbox_push(b, &ev); /* refused: its data is freed (ASan would see a leak) */
@@ -109,6 +182,7 @@ int main(void) {
     test_inbox_bound();
     test_flush_then_close();
     test_references();
+    test_raw_socket();
     if (g_failures) fprintf(stderr, "%d failures\n", g_failures);
     else printf("test_hub_conn: all passed\n");
     return g_failures ? 1 : 0;
