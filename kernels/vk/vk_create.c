@@ -28,6 +28,8 @@ static void read_tuning(vk_tuning *t) {
     t->mv_groups = groups >= 1 && groups <= 32 ? groups : 0;
     const int tokens = moex_env_int("MOEX_VK_MV_TOKENS", -1);
     t->mv_tokens = tokens >= 1 && tokens <= VK_MV_TPW ? tokens : VK_MV_TPW;
+    const int bwg = moex_env_int("MOEX_VK_MV_BATCH_WG", -1);
+    t->mv_batch_wg = bwg >= 0 ? bwg : VK_MV_BATCH_WG;
     t->gu_off = moex_env_int("MOEX_VK_GU", -1) == 0;
     const int gwg = moex_env_int("MOEX_VK_GU_WG", -1), gru = moex_env_int("MOEX_VK_GU_RU", -1);
     t->gu_wg = gwg >= 64 && gwg <= 1024 ? gwg : 0;

@@ -69,6 +69,8 @@ typedef struct vk_tuning {
     int mv_rpt;          /* MOEX_VK_MV_RPT: rows per thread of the staged one-token products (1-8), 0: default */
     int mv_groups;       /* MOEX_VK_MV_GROUPS: row groups per workgroup of those products (1-32), 0: default */
     int mv_tokens;       /* MOEX_VK_MV_TOKENS: tokens a workgroup of the batched head takes at most (1: one) */
+    int mv_batch_wg;     /* MOEX_VK_MV_BATCH_WG: workgroups of a batch's staged product in all, at most
+                          * (VK_MV_BATCH_WG; 0: each token's own, up to VK_MV_PERSIST) */
     bool gu_off;         /* MOEX_VK_GU=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
     int gu_wg, gu_ru;    /* MOEX_VK_GU_WG (64-1024), MOEX_VK_GU_RU (1-16): experts_gu.comp's shape, 0: default */
     int gu_ch;           /* MOEX_VK_GU_CH (16 to 256, multiples of 16): experts_gu.comp's rows per workgroup, 0: default */
@@ -167,6 +169,11 @@ struct moex_vk_cmd {
 #define VK_MV_GROUPS 4
 #define VK_MV_RPT_STAGED 1
 #define VK_MV_GROUPS_STAGED 8
+/* A batch's staged products (several tokens as the grid's y) run this many
+ * workgroups in all at most: with the tokens filling the GPU, a workgroup
+ * stages its token's x once for several row blocks instead of once for one
+ * (docs/PERF.md: q/k/v and Wo of 8 tokens ~20 % faster). */
+#define VK_MV_BATCH_WG 1024
 int vk_mv_rpt(const moex_vk *vk, int mode);
 int vk_mv_row_groups(const moex_vk *vk, int mode);
 int vk_mv_stage_copies(const moex_vk *vk);   /* XMAX-wide rows of x a VK_MV_TOKENS stage holds */

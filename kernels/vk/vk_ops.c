@@ -24,6 +24,18 @@ static bool mv_stageable(const moex_vk *vk, const moex_vk_matrix *w, moex_vk_ptr
 /* Workgroups of a staged dispatch over row blocks: at most VK_MV_PERSIST, each looping over its blocks. */
 static uint32_t staged_groups(int64_t blocks) { return blocks < VK_MV_PERSIST ? (uint32_t)blocks : VK_MV_PERSIST; }
 
+/* Workgroups per token of a staged product over n tokens (each the grid's y):
+ * for a batch, MOEX_VK_MV_BATCH_WG workgroups in all at most, so that each
+ * stages its token's x once for several row blocks (the grid-stride loop)
+ * where the tokens alone fill the GPU. A block's rows sum alike in any grid. */
+static uint32_t staged_groups_n(const moex_vk *vk, int64_t blocks, int64_t n) {
+    const uint32_t g = staged_groups(blocks);
+    const int budget = vk->tune.mv_batch_wg;
+    if (n < 2 || budget <= 0) return g;
+    const int64_t per = budget / n < 1 ? 1 : budget / n;
+    return per < g ? (uint32_t)per : g;
+}
+
 /* Workgroups of a one-token mv.comp dispatch of mode over rows: staged, or one per row block. */
 static uint32_t mv_grid(const moex_vk *vk, int64_t rows, int mode, bool staged) {
     return staged ? staged_groups(vk_mv_groups(vk, rows, mode)) : vk_mv_groups(vk, rows, mode);
@@ -58,7 +70,8 @@ static int matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc,
                        moex_error *err) {
     const bool staged = !c->vk->tune.each_unstaged && mv_stageable(c->vk, w, x);
     const int mode = staged ? mv_mode_of(c->vk, 1, w) : vk_mv_mode(0, w);
-    const uint32_t gx = mv_grid(c->vk, w->rows, staged ? 1 : 0, staged), gy = staged ? (uint32_t)n : vk_ceil_div(n, VK_MV_NMAX);
+    const uint32_t gx = staged ? staged_groups_n(c->vk, vk_mv_groups(c->vk, w->rows, 1), n) : mv_grid(c->vk, w->rows, 0, false),
+                   gy = staged ? (uint32_t)n : vk_ceil_div(n, VK_MV_NMAX);
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mode, err);
     if (!p || vk_check_grid(gx, gy, 1, err)) return -1;
     vk_dispatch(c, p, pc, gx, gy, 1);
@@ -152,7 +165,8 @@ int moex_vk_op_norm_matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk
     pc.p[1] = nw;
     pc.u[6] = (uint32_t)tpw;   /* k: the tokens of each workgroup */
     pc.u[9] = vk_fbits(eps);
-    vk_dispatch(c, p, &pc, mv_grid(c->vk, w->rows, 1, true), (uint32_t)vk_ceil_div(n, tpw), 1);
+    const int64_t groups = vk_ceil_div(n, tpw);   /* of tpw tokens each (the grid's y) */
+    vk_dispatch(c, p, &pc, staged_groups_n(c->vk, vk_mv_groups(c->vk, w->rows, 1), groups), (uint32_t)groups, 1);
     return 0;
 }
 
@@ -191,7 +205,7 @@ static int dispatch_shared(moex_vk_cmd *c, const moex_vk_matrix *const *w, const
         pc.u[6 + i] = (uint32_t)wi->rows;
         blocks += vk_mv_groups(c->vk, wi->rows, 2);
     }
-    vk_dispatch(c, p, &pc, staged_groups(blocks), (uint32_t)n_tok, 1);
+    vk_dispatch(c, p, &pc, staged_groups_n(c->vk, blocks, n_tok), (uint32_t)n_tok, 1);
     return 0;
 }
 

@@ -17,6 +17,12 @@ void moex_vk_testing_set_idot(moex_vk *vk, int idot) { vk->tune.idot = idot; }
 
 void moex_vk_testing_set_ex_preq(moex_vk *vk, int preq) { vk->tune.ex_preq = preq; }
 
+int moex_vk_testing_set_mv_batch_wg(moex_vk *vk, int wg) {
+    const int was = vk->tune.mv_batch_wg;
+    vk->tune.mv_batch_wg = wg;
+    return was;
+}
+
 void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on) { vk->tune.attn_simple = on; }
 
 moex_vk_ex_shape moex_vk_testing_ex_default(int half, bool many) { return vk_ex_default_shapes[half != 0][many]; }

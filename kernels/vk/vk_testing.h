@@ -31,6 +31,9 @@ void moex_vk_testing_set_idot(moex_vk *vk, int idot);
  * always, -1 the default: batches of several tokens of several experts) or
  * in every workgroup (0; MOEX_VK_EX_PREQ's values). */
 void moex_vk_testing_set_ex_preq(moex_vk *vk, int preq);
+/* The workgroups of a batch's staged products in all (MOEX_VK_MV_BATCH_WG; 0:
+ * each token's own); returns the setting it replaces. */
+int moex_vk_testing_set_mv_batch_wg(moex_vk *vk, int wg);
 /* Prompt attention on the split-K path instead of the tiles (MOEX_VK_ATTN_SIMPLE=1). */
 void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on);
 

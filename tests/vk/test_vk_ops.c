@@ -512,15 +512,21 @@ static void staged_ref(const test_matrix *m, const float *x, const float *nw, fl
  * equal the one-token op's bit for bit and a float64 reference (x rounded as
  * the int8 path rounds it, where idot); 2048 columns and 5 tokens put a
  * workgroup's third and fourth token past one XMAX-wide row of an f32 stage
- * (the stage must hold them all). */
-static void test_batched_products(bool idot) {
+ * (the stage must hold them all). batch_wg >= 0: the batch's workgroups in all
+ * (MOEX_VK_MV_BATCH_WG; few: each loops over several row blocks), else the
+ * device's. */
+static void test_batched_products(bool idot, int batch_wg) {
     const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F32};
     const int64_t d = 2048, rows = 77, kv = 33, n = 5;
     const float eps = 1e-5f;
+    char how[64] = "";   /* batch_wg >= 0: the batch's workgroups in all, each looping over row blocks */
+    if (batch_wg >= 0) snprintf(how, sizeof how, ", %d workgroups in all", batch_wg);
+    const int wg_was = batch_wg >= 0 ? moex_vk_testing_set_mv_batch_wg(vk, batch_wg) : -1;
     moex_vk_testing_set_idot(vk, idot ? 1 : 0);
     if (!moex_vk_norm_each(vk, d) || (idot && !moex_vk_testing_idot(vk))) {
         printf("  products of %d tokens%s: not on this device\n", (int)n, idot ? " (int8 x)" : "");
         moex_vk_testing_set_idot(vk, 0);
+        if (wg_was >= 0) moex_vk_testing_set_mv_batch_wg(vk, wg_was);
         return;
     }
     const int64_t outs = rows + 2 * kv;   /* every product's rows of one token: head/Wo rows, or q, k, v */
@@ -577,11 +583,12 @@ static void test_batched_products(bool idot) {
                     worst = fmax(worst, rel_l2(row[i], ref, m[i].rows));
                 }
             }
-            CHECK(worst < 1e-5, "%s of %d tokens %s%s: rel err %.3g", names[op], (int)n, tn, idot ? " (int8 x)" : "", worst);
-            CHECK(differ == 0, "%s of %d tokens %s%s: %d tokens' rows differ from the one-token op's", names[op], (int)n,
-                  tn, idot ? " (int8 x)" : "", differ);
-            printf("  %s of %d tokens %s%s: %.2g, rows as one token's\n", names[op], (int)n, tn, idot ? " (int8 x)" : "",
-                   worst);
+            CHECK(worst < 1e-5, "%s of %d tokens %s%s%s: rel err %.3g", names[op], (int)n, tn, idot ? " (int8 x)" : "",
+                  how, worst);
+            CHECK(differ == 0, "%s of %d tokens %s%s%s: %d tokens' rows differ from the one-token op's", names[op], (int)n,
+                  tn, idot ? " (int8 x)" : "", how, differ);
+            printf("  %s of %d tokens %s%s%s: %.2g, rows as one token's\n", names[op], (int)n, tn,
+                   idot ? " (int8 x)" : "", how, worst);
         }
         for (int i = 0; i < 3; i++) moex_vk_buffer_free(mb[i]), free_matrix(&m[i]);
     }
@@ -589,6 +596,7 @@ static void test_batched_products(bool idot) {
     for (int i = 0; i < 5; i++) moex_vk_buffer_free(all[i]);
     free(x), free(nw), free(res), free(got), free(one), free(xw), free(xr), free(ref);
     moex_vk_testing_set_idot(vk, 0);
+    if (wg_was >= 0) moex_vk_testing_set_mv_batch_wg(vk, wg_was);
 }
 
 /* float64 RMSNorm (weight w) then RoPE of one head, as moex_rmsnorm + moex_rope do in f32. */
@@ -910,7 +918,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "attention")) test_attention(), test_attention_prompt();
     else if (!strcmp(argv[1], "router")) test_router();
     else if (!strcmp(argv[1], "experts")) test_experts();
-    else if (!strcmp(argv[1], "fused")) test_fused_norm(), test_batched_products(false), test_batched_products(true);
+    else if (!strcmp(argv[1], "fused"))   /* the device's grid; 5 workgroups: one a token, looping over its row blocks */
+        test_fused_norm(), test_batched_products(false, -1), test_batched_products(true, -1), test_batched_products(true, 5);
     else if (!strcmp(argv[1], "decode")) test_attention_decode(), test_head_argmax();
     else if (!strcmp(argv[1], "warm")) test_warm(argc > 2 && !strcmp(argv[2], "--no-subgroup"));
     else {
