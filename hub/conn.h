@@ -54,10 +54,10 @@ void hub_conn_unref(hub_conn *c);
 const char *hub_conn_peer(const hub_conn *c);
 
 /* Any thread. Queues a copy of one message (one or more frames); false when
- * the connection is closing or gone (on TCP: or its socket failed: it then
- * closes). Over the byte bound the connection is
- * closed at once (the message is dropped: the peer is not reading). Call
- * hub_net_wake (or hub_net_wake_pending) after a batch of sends. */
+ * the connection is closing or gone (on TCP also when its socket failed: it
+ * then closes). Over the byte bound the connection is closed at once (the
+ * message is dropped: the peer is not reading). Call hub_net_wake (or
+ * hub_net_wake_pending) after a batch of sends. */
 bool hub_conn_send(hub_conn *c, const uint8_t *msg, size_t len);
 /* Same, taking ownership of buf (from hub_conn_buffer: LWS_PRE bytes of
  * headroom, then len message bytes). */

@@ -947,8 +947,9 @@ static void percentiles(float *v, size_t n, float *p50, float *p99) {
     *p99 = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
 }
 
-/* Appends " plan+encode P50/P99 send ... send+wait P50/P99" over the held layers of at least
- * min_tokens tokens; returns how many there were. v: room for them all. */
+/* Appends " plan+encode P50/P99 send ... send+wait P50/P99" over the held
+ * layers of at least min_tokens tokens; returns how many there were. v: room
+ * for them all. */
 static size_t append_phases(const hub_executor *x, int64_t min_tokens, float *v, char *buf, size_t *len, size_t cap) {
     static const char *const names[] = {"plan+encode", "send", "wait", "decode", "combine", "send+wait"};
     const size_t held = x->n_times < TIMING_LAYERS ? (size_t)x->n_times : TIMING_LAYERS;

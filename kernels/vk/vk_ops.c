@@ -70,7 +70,8 @@ static int matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc,
                        moex_error *err) {
     const bool staged = !c->vk->tune.each_unstaged && mv_stageable(c->vk, w, x);
     const int mode = staged ? mv_mode_of(c->vk, 1, w) : vk_mv_mode(0, w);
-    const uint32_t gx = staged ? staged_groups_n(c->vk, vk_mv_groups(c->vk, w->rows, 1), n) : mv_grid(c->vk, w->rows, 0, false),
+    const uint32_t gx = staged ? staged_groups_n(c->vk, vk_mv_groups(c->vk, w->rows, 1), n)
+                               : mv_grid(c->vk, w->rows, 0, false),
                    gy = staged ? (uint32_t)n : vk_ceil_div(n, VK_MV_NMAX);
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, mode, err);
     if (!p || vk_check_grid(gx, gy, 1, err)) return -1;
