@@ -67,12 +67,6 @@ void hub_net_free(hub_net *n) {
 
 void hub_net_wake(hub_net *n) {
     pthread_mutex_lock(&n->mu);
-    if (n->ctx) lws_cancel_service(n->ctx);
-    pthread_mutex_unlock(&n->mu);
-}
-
-void hub_net_wake_pending(hub_net *n) {
-    pthread_mutex_lock(&n->mu);
     if (n->ctx && n->n_pending) lws_cancel_service(n->ctx);
     pthread_mutex_unlock(&n->mu);
 }

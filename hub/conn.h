@@ -28,11 +28,10 @@ typedef struct hub_net hub_net;
 hub_net *hub_net_create(void);
 void hub_net_set_context(hub_net *n, struct lws_context *ctx);
 void hub_net_free(hub_net *n);
-/* Wakes the network thread (lws_cancel_service); any thread. */
+/* Wakes the network thread (lws_cancel_service) when a connection waits for
+ * it: queued bytes (on TCP: what did not leave at once), a close; any thread,
+ * after a batch of sends. */
 void hub_net_wake(hub_net *n);
-/* Wakes it only when a connection waits for it (a send that did not leave
- * whole at once, a close); any thread, after a batch of sends. */
-void hub_net_wake_pending(hub_net *n);
 
 /* Network thread: a new connection (one reference, the network thread's). */
 hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, const char *peer);
@@ -56,8 +55,8 @@ const char *hub_conn_peer(const hub_conn *c);
 /* Any thread. Queues a copy of one message (one or more frames); false when
  * the connection is closing or gone (on TCP also when its socket failed: it
  * then closes). Over the byte bound the connection is closed at once (the
- * message is dropped: the peer is not reading). Call hub_net_wake (or
- * hub_net_wake_pending) after a batch of sends. */
+ * message is dropped: the peer is not reading). Call hub_net_wake after a
+ * batch of sends. */
 bool hub_conn_send(hub_conn *c, const uint8_t *msg, size_t len);
 /* Same, taking ownership of buf (from hub_conn_buffer: LWS_PRE bytes of
  * headroom, then len message bytes). */

@@ -383,7 +383,7 @@ static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *fr
     }
     if (o->len && o->len + len > x->split_bytes) {
         send_outgoing(x, o);
-        hub_net_wake_pending(x->net);
+        hub_net_wake(x->net);
     }
     if (o->len + len > o->cap) {
         size_t cap = o->cap ? 2 * o->cap : 4 * len;
@@ -409,7 +409,7 @@ static void flush_round(hub_executor *x) {
         if (o->len) send_outgoing(x, o);
         hub_conn_unref(o->conn);
     }
-    if (x->n_out) hub_net_wake_pending(x->net);
+    if (x->n_out) hub_net_wake(x->net);
     x->n_out = 0;
 }
 

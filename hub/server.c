@@ -2,11 +2,13 @@
  * (and, with --tcp-port, on a second, plain TCP listener) and HTTP on
  * everything else, in the clear or, given a certificate, over TLS only
  * (HTTP/1.1: the answers write from read-only mappings, which HTTP/2's
- * framing cannot, so ALPN offers nothing else). It alone touches sockets.
+ * framing cannot, so ALPN offers nothing else). It alone reads sockets.
  * A received message is split into frames: JOIN and HEARTBEAT go to the
  * registry; a message with RESULT or ERROR frames goes whole (no copy) to
- * the executor's inbox; any other frame closes the connection. Other threads queue outgoing messages on
- * the connections (conn.c) and wake this one with lws_cancel_service. The
+ * the executor's inbox; any other frame closes the connection. Other
+ * threads queue outgoing messages on the connections (conn.c) and wake this
+ * one with lws_cancel_service, which writes them (on a TCP connection the
+ * sender writes what the socket takes at once, this thread the rest). The
  * registry's heartbeat tick runs here too, as an lws timer. */
 #include <pthread.h>
 #include <stdatomic.h>

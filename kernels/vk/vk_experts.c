@@ -4,28 +4,6 @@
  * tokens (moex_vk_op_experts_pick) take one token's kernels each, or the tiles. */
 #include "kernels/vk/vk_internal.h"
 
-/* experts_xq.comp's records for the down half's input: uvec4s a position
- * (its PX_V4) and columns a position, by the down weights' type; 0 where the
- * down half quantizes its input itself. */
-static int xq_v4(moex_type t) { return t == MOEX_TYPE_Q4_K ? 3 : t == MOEX_TYPE_Q6_K ? 2 : 0; }
-static int64_t xq_pe(moex_type t) { return t == MOEX_TYPE_Q4_K ? 32 : 16; }
-static size_t xq_bytes(const moex_vk_experts *e, int64_t n, int k) {
-    const int v4 = xq_v4(e->down.type);
-    return v4 ? (size_t)n * (size_t)k * (size_t)(e->down.cols / xq_pe(e->down.type)) * (size_t)v4 * 16 : 0;
-}
-
-size_t moex_vk_experts_scratch_pick(const moex_vk_experts *e, moex_vk_pick pick, int64_t n, int k) {
-    size_t s = vk_experts_h_bytes(e, n, k);
-    const bool tiled = pick == MOEX_VK_TILED || (pick == MOEX_VK_BY_N && n > VK_MV_NMAX);
-    if (tiled) s += vk_experts_po_bytes(e, n, k) + ((size_t)(2 * e->n_expert) + (size_t)n * (size_t)k) * 4;
-    else s += xq_bytes(e, n, k);
-    return s;
-}
-
-size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k) {
-    return moex_vk_experts_scratch_pick(e, MOEX_VK_BY_N, n, k);
-}
-
 static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
     if (vk_check_matrix(&e->gate, err) || vk_check_matrix(&e->up, err) || vk_check_matrix(&e->down, err)) return -1;
     if (e->gate.type != e->up.type || e->gate.rows != e->up.rows || e->gate.cols != e->up.cols ||
@@ -42,6 +20,27 @@ static int check_experts(const moex_vk_experts *e, int k, moex_error *err) {
 /* Input columns per position of experts_mv.comp (its PE). */
 static int64_t ex_pe(moex_type t, bool generic) {
     return t == MOEX_TYPE_Q4_K && !generic ? 32 : t == MOEX_TYPE_Q6_K ? 16 : 8;
+}
+
+/* experts_xq.comp's records for the down half's input: uvec4s a position
+ * (its PX_V4) by the down weights' type; 0 where the down half quantizes its
+ * input itself. */
+static int xq_v4(moex_type t) { return t == MOEX_TYPE_Q4_K ? 3 : t == MOEX_TYPE_Q6_K ? 2 : 0; }
+static size_t xq_bytes(const moex_vk_experts *e, int64_t n, int k) {
+    const moex_type t = e->down.type;
+    return (size_t)n * (size_t)k * (size_t)(e->down.cols / ex_pe(t, false)) * (size_t)xq_v4(t) * 16;
+}
+
+size_t moex_vk_experts_scratch_pick(const moex_vk_experts *e, moex_vk_pick pick, int64_t n, int k) {
+    size_t s = vk_experts_h_bytes(e, n, k);
+    const bool tiled = pick == MOEX_VK_TILED || (pick == MOEX_VK_BY_N && n > VK_MV_NMAX);
+    if (tiled) s += vk_experts_po_bytes(e, n, k) + ((size_t)(2 * e->n_expert) + (size_t)n * (size_t)k) * 4;
+    else s += xq_bytes(e, n, k);
+    return s;
+}
+
+size_t moex_vk_experts_scratch(const moex_vk_experts *e, int64_t n, int k) {
+    return moex_vk_experts_scratch_pick(e, MOEX_VK_BY_N, n, k);
 }
 
 /* experts_mv.comp's mode bit for int8 activations: where its positions are Q4_K's or Q6_K's. */
@@ -106,7 +105,7 @@ static bool xq_applies(const moex_vk *vk, const moex_vk_matrix *d, bool dgen, in
 
 static int dispatch_xq(moex_vk_cmd *c, const moex_vk_matrix *d, moex_vk_ptr h, int64_t rows, moex_vk_ptr xq,
                        moex_error *err) {
-    const int64_t npos = d->cols / xq_pe(d->type), records = rows * npos;
+    const int64_t npos = d->cols / ex_pe(d->type, false), records = rows * npos;
     if (vk_check_grid(vk_ceil_div(records, 64), 1, 1, err)) return -1;
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_EXPERTS_XQ, d->type, 0, err);
     if (!p) return -1;

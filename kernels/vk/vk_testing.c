@@ -15,7 +15,11 @@ bool moex_vk_testing_idot(const moex_vk *vk) { return vk_idot(vk); }
 /* The int8 path is a mode bit of each kernel that has one: no pipeline changes. */
 void moex_vk_testing_set_idot(moex_vk *vk, int idot) { vk->tune.idot = idot; }
 
-void moex_vk_testing_set_ex_preq(moex_vk *vk, int preq) { vk->tune.ex_preq = preq; }
+int moex_vk_testing_set_ex_preq(moex_vk *vk, int preq) {
+    const int was = vk->tune.ex_preq;
+    vk->tune.ex_preq = preq;
+    return was;
+}
 
 int moex_vk_testing_set_mv_batch_wg(moex_vk *vk, int wg) {
     const int was = vk->tune.mv_batch_wg;

@@ -29,8 +29,9 @@ bool moex_vk_testing_idot(const moex_vk *vk);
 void moex_vk_testing_set_idot(moex_vk *vk, int idot);
 /* The expert down half's int8 input: quantized once by experts_xq.comp (1
  * always, -1 the default: batches of several tokens of several experts) or
- * in every workgroup (0; MOEX_VK_EX_PREQ's values). */
-void moex_vk_testing_set_ex_preq(moex_vk *vk, int preq);
+ * in every workgroup (0; MOEX_VK_EX_PREQ's values); returns the setting it
+ * replaces. */
+int moex_vk_testing_set_ex_preq(moex_vk *vk, int preq);
 /* The workgroups of a batch's staged products in all (MOEX_VK_MV_BATCH_WG; 0:
  * each token's own); returns the setting it replaces. */
 int moex_vk_testing_set_mv_batch_wg(moex_vk *vk, int wg);

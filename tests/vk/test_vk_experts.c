@@ -171,6 +171,7 @@ static void run_case(const ex_case *t) {
     /* the down half's int8 input quantized once (experts_xq.comp) or in every workgroup: the same bits */
     const bool xq = idot_half(t->td, t->misalign);
     float *other[2] = {malloc(n * d * 4), malloc(n * d * 4)};
+    const int preq_was = moex_vk_testing_set_ex_preq(vk, 0);
     for (int preq = 0; xq && preq < 2; preq++) {
         moex_vk_buffer *rb0 = gpu_from(vk, res, n * d * 4);   /* rb holds y now */
         moex_vk_testing_set_ex_preq(vk, preq);
@@ -183,7 +184,7 @@ static void run_case(const ex_case *t) {
         gpu_read(vk, yb, other[preq], n * d * 4);
         moex_vk_buffer_free(rb0);
     }
-    moex_vk_testing_set_ex_preq(vk, -1);
+    moex_vk_testing_set_ex_preq(vk, preq_was);
     float *h_gpu = malloc(n * k * f * 4);
     gpu_read(vk, sb, h_gpu, n * k * f * 4);   /* h: the scratch's first n k x f floats */
     const double e1 = check_halves(t, g, u, dn, x, res, ids, gw, h_gpu, got);
