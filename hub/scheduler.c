@@ -132,6 +132,7 @@ struct hub_sched {
     int32_t *row_argmax;         /* [n_slots] each logits row's argmax, from the engine (batch_argmax) */
     int32_t *row_id;             /* [n_slots] the token sampled from each logits row */
     int64_t *row_tok;            /* [n_slots] each logits row's token in the batch */
+    double t_forward, t_around;  /* seconds in forwards, and in building their batches and taking their tokens */
 };
 
 /* Publishes a state change and tells the submitter. */
@@ -631,6 +632,7 @@ static void fail_batch(hub_sched *s, int64_t n, const char *why) {
 }
 
 static void step(hub_sched *s) {
+    const double t_build = moex_time_s();
     const int64_t n = build_batch(s);
     if (!n) return;
     moex_error err = {0};
@@ -639,10 +641,13 @@ static void step(hub_sched *s) {
         fail_batch(s, n, err.msg);
         return;
     }
-    hub_hist_observe(&s->stats->step_s, moex_time_s() - t0);
+    const double t1 = moex_time_s();
+    hub_hist_observe(&s->stats->step_s, t1 - t0);
     atomic_fetch_add(&s->stats->steps, 1);
     atomic_fetch_add(&s->stats->step_tokens, (uint_fast64_t)n);
     after_forward(s, n);
+    s->t_forward += t1 - t0;
+    s->t_around += (t0 - t_build) + (moex_time_s() - t1);
 }
 
 static bool any_active(const hub_sched *s) {
@@ -675,6 +680,9 @@ static void *sched_main(void *arg) {
         step(s);
     }
     fail_everything(s);
+    /* where the scheduler's time went: the host's share is what the GPU waits on between steps */
+    moex_log(MOEX_LOG_INFO, "api scheduler: %llu steps, %.3f s in forwards, %.3f s building batches and taking tokens",
+             (unsigned long long)atomic_load(&s->stats->steps), s->t_forward, s->t_around);
     return NULL;
 }
 

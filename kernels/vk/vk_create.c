@@ -27,7 +27,7 @@ static void read_tuning(vk_tuning *t) {
     const int groups = moex_env_int("MOEX_VK_MV_GROUPS", -1);
     t->mv_groups = groups >= 1 && groups <= 32 ? groups : 0;
     const int tokens = moex_env_int("MOEX_VK_MV_TOKENS", -1);
-    t->mv_tokens = tokens >= 1 && tokens <= VK_MV_TPW ? tokens : VK_MV_TPW;
+    t->mv_tokens = tokens >= 1 && tokens <= VK_MV_TPW_I8 ? tokens : VK_MV_TPW_I8;   /* the variant's most: vk_ops.c */
     const int bwg = moex_env_int("MOEX_VK_MV_BATCH_WG", -1);
     t->mv_batch_wg = bwg >= 0 ? bwg : VK_MV_BATCH_WG;
     t->gu_off = moex_env_int("MOEX_VK_GU", -1) == 0;

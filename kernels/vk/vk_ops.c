@@ -6,11 +6,11 @@
 
 #include "kernels/vk/vk_internal.h"
 
-/* vk_mv_mode, and in the one-token staged modes (1, 2) Q4_K stages x as int8 where vk_idot. */
+/* vk_mv_mode, and in the one-token staged modes (1, 2) Q4_K and Q6_K stage x as int8 where vk_idot. */
 static int mv_mode_of(const moex_vk *vk, int mode, const moex_vk_matrix *w) {
     const int m = vk_mv_mode(mode, w);
-    const bool staged = mode == 1 || mode == 2;
-    return staged && w->type == MOEX_TYPE_Q4_K && !(m & VK_MV_GENERIC) && vk_idot(vk) ? m | VK_MV_IDOT : m;
+    const bool staged = mode == 1 || mode == 2, typed = w->type == MOEX_TYPE_Q4_K || w->type == MOEX_TYPE_Q6_K;
+    return staged && typed && !(m & VK_MV_GENERIC) && vk_idot(vk) ? m | VK_MV_IDOT : m;
 }
 
 /* The staged one-token variants (modes 1, 2, 3 | VK_MV_STAGE): x fits the
@@ -142,16 +142,18 @@ static int check_norm_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
 }
 
 /* Tokens one workgroup of mode 1 | VK_MV_TOKENS takes: as many rows of x as
- * its stage holds (vk_mv_stage_copies XMAX-wide rows), at most VK_MV_TPW;
- * only the fast units of the types variants.cmake compiles it for (their
- * bank padding every 8 or more vec4s keeps two rows in ~36 KiB), never int8
- * x. 1: one token a workgroup. */
+ * its stage holds (vk_mv_stage_copies XMAX-wide rows), at most VK_MV_TPW
+ * (f32 x) or VK_MV_TPW_I8 (int8) and MOEX_VK_MV_TOKENS; only the fast units
+ * of the types variants.cmake compiles it for (their bank padding every 8 or
+ * more vec4s keeps two f32 rows in ~36 KiB). 1: one token a workgroup. */
 static int64_t mv_tokens_per_group(const moex_vk *vk, const moex_vk_matrix *w, int mode, int64_t n) {
     const bool typed = w->type == MOEX_TYPE_Q4_K || w->type == MOEX_TYPE_Q6_K || w->type == MOEX_TYPE_Q8_0 ||
                        w->type == MOEX_TYPE_F32;
-    if (n < 2 || !typed || (mode & (VK_MV_GENERIC | VK_MV_IDOT))) return 1;
-    const int64_t fit = vk_mv_stage_copies(vk) * VK_MV_XMAX / w->cols;
-    return fit < vk->tune.mv_tokens ? fit : vk->tune.mv_tokens;
+    if (n < 2 || !typed || (mode & VK_MV_GENERIC)) return 1;
+    const int64_t fit = vk_mv_stage_copies(vk, mode) * VK_MV_XMAX / w->cols,
+                  most = mode & VK_MV_IDOT ? VK_MV_TPW_I8 : VK_MV_TPW,
+                  want = vk->tune.mv_tokens < most ? vk->tune.mv_tokens : most;
+    return fit < want ? fit : want;
 }
 
 int moex_vk_op_norm_matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, moex_vk_ptr nw, float eps,
@@ -159,7 +161,7 @@ int moex_vk_op_norm_matmul_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk
     if (check_norm_each(c, w, x, nw, n, err)) return -1;
     if (n <= 0) return 0;
     const int mode = mv_mode_of(c->vk, 1, w) | VK_MV_NORM;
-    const int64_t tpw = mv_tokens_per_group(c->vk, w, mode, n);
+    const int64_t tpw = mv_tokens_per_group(c->vk, w, mode | VK_MV_TOKENS, n);
     const vk_pipe *p = vk_pipeline(c->vk, VK_K_MV, w->type, tpw > 1 ? mode | VK_MV_TOKENS : mode, err);
     if (!p) return -1;
     vk_pc pc = vk_mat_pc(w, x, n, w->cols, y, w->rows, resid);

@@ -20,9 +20,17 @@ int vk_mv_row_groups(const moex_vk *vk, int mode) {
     return g;
 }
 
-/* XMAX-wide rows of x a VK_MV_TOKENS stage holds: two (~36 KiB) where the
- * device has 48 KiB of shared memory, else one. */
-int vk_mv_stage_copies(const moex_vk *vk) { return vk->info.shared_mem >= 49152 ? 2 : 1; }
+/* XMAX-wide rows of x the stage of mode (VK_MV_TOKENS) holds. f32 x: two
+ * (~36 KiB) where the device has 48 KiB of shared memory, else one. int8 x
+ * (VK_MV_IDOT): 1.5 bytes a value (chunks, their padding, the groups' scales
+ * and sums), as many as fit beside the workgroup's reduction arrays (mv.comp's
+ * red, am_v, am_i: 12 bytes a thread). */
+int vk_mv_stage_copies(const moex_vk *vk, int mode) {
+    if (!(mode & VK_MV_IDOT)) return vk->info.shared_mem >= 49152 ? 2 : 1;
+    const int64_t spare = (int64_t)vk->info.shared_mem - 12 * vk->tpr * vk_mv_row_groups(vk, mode) - 64,
+                  copies = spare / (VK_MV_XMAX * 3 / 2);
+    return copies < 1 ? 1 : (int)copies;
+}
 
 uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode) {
     return vk_ceil_div(rows, vk_mv_row_groups(vk, mode) * vk_mv_rpt(vk, mode));

@@ -26,9 +26,10 @@
 #define VK_MV_GENERIC 4   /* 8-element dq8 units (Q4_K or f32 weights not 16-byte aligned) */
 #define VK_MV_NORM 8      /* RMSNorm of x fused (modes 0 to 3, one token) */
 #define VK_MV_STAGE 16    /* the router (mode 3, one token) on the staged loop of mode 1 */
-#define VK_MV_IDOT 32     /* modes 1 and 2 on Q4_K stage x as int8 (vk_idot) */
-#define VK_MV_TOKENS 64   /* mode 1 with the norm, x staged as f32: up to VK_MV_TPW tokens a workgroup */
-#define VK_MV_TPW 4       /* tokens a VK_MV_TOKENS workgroup takes at most (its stage: two XMAX-wide rows) */
+#define VK_MV_IDOT 32     /* modes 1 and 2 on Q4_K and Q6_K stage x as int8 (vk_idot) */
+#define VK_MV_TOKENS 64   /* mode 1 with the norm: several tokens a workgroup (vk_mv_stage_copies) */
+#define VK_MV_TPW 4       /* tokens a VK_MV_TOKENS workgroup takes at most with f32 x (a 36 KiB stage) */
+#define VK_MV_TPW_I8 8    /* with int8 x (VK_MV_IDOT: 3 KiB a token of 2,048 values) */
 
 /* mm.comp: mode & 3 is MODE (0 products, 1 experts gate+up, 2 experts down); */
 #define VK_MM_SMALL 4     /* 32 x 32 tiles (products with few rows) */

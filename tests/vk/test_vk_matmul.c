@@ -2,16 +2,17 @@
  * reference on the exactly dequantized weights: the matrix-vector kernel
  * (1..8 tokens, with and without the residual add; subgroup and
  * shared-memory reductions; weights 16-byte aligned or not) and the tiled
- * kernel (ragged tiles); one token's Q4_K products with x staged as int8
+ * kernel (ragged tiles); one token's Q4_K and Q6_K products with x staged as int8
  * (where the device has integer dot products), against float64 on x
  * rounded exactly as the GPU rounds it; then with activation rounding, against
  * the CPU backend (inputs without rounding ties) and the reference quantizer (ties). */
 #include "tests/vk/vk_test_util.h"
 #include "kernels/vk/vk_testing.h"   /* VK_MV_XMAX, VK_MV_PERSIST: the staged kernel's edges; int8 activations */
 
-/* Whether one token's product on m stages x as int8 (mv.comp modes 1 and 2 on Q4_K, with int8 activations on). */
+/* Whether one token's product on m stages x as int8 (mv.comp modes 1 and 2 on Q4_K and Q6_K, with int8 activations on). */
 static bool staged_i8(moex_vk *vk, const test_matrix *m, int64_t n) {
-    return n == 1 && m->type == MOEX_TYPE_Q4_K && m->cols <= VK_MV_XMAX && moex_vk_testing_idot(vk);
+    return n == 1 && (m->type == MOEX_TYPE_Q4_K || m->type == MOEX_TYPE_Q6_K) && m->cols <= VK_MV_XMAX &&
+           moex_vk_testing_idot(vk);
 }
 
 /* The reference row dots of m with one token's staged x (xs: x, or x * nw in f32 as the kernel stages it), each
@@ -20,15 +21,16 @@ static void ref_rows(moex_vk *vk, const test_matrix *m, const float *xs, double 
     const int64_t cols = m->cols;
     float *xr = malloc((size_t)cols * 4), *mins = NULL;
     memcpy(xr, xs, (size_t)cols * 4);
-    if (staged_i8(vk, m, 1)) {
+    const bool i8 = staged_i8(vk, m, 1);
+    if (i8) {
         int64_t idx[32];
         for (int64_t g = 0; g < cols; g += 32) {
             for (int i = 0; i < 32; i++) idx[i] = g + i;
             i8_round(xs, idx, 32, xr);
         }
-        mins = q4k_mins(m);
+        if (m->type == MOEX_TYPE_Q4_K) mins = q4k_mins(m);
     }
-    for (int64_t o = 0; o < m->rows; o++) out[o] = scale * i8_dot(m, mins, o, xs, mins ? xr : xs);
+    for (int64_t o = 0; o < m->rows; o++) out[o] = scale * i8_dot(m, mins, o, xs, i8 ? xr : xs);
     free(xr), free(mins);
 }
 
@@ -272,10 +274,11 @@ int main(int argc, char **argv) {
                e1, e2, e3, e4);
         CHECK(e1 < 2e-6 && e2 < 2e-6 && e3 < 2e-6 && e4 < 2e-6, "shared-x products: relative L2 error too large");
     }
-    if (moex_vk_get_info(vk)->int_dot) {   /* one token's Q4_K products staging x as int8, where the device can */
+    if (moex_vk_get_info(vk)->int_dot) {   /* one token's Q4_K and Q6_K products staging x as int8, where the device can */
         moex_vk_testing_set_idot(vk, 1);
         const moex_type all_q4[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K},
-                        v_q6[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K};
+                        v_q6[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K},
+                        all_q6[3] = {MOEX_TYPE_Q6_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q6_K};
         const int64_t rows[3] = {133, 35, 19};
         const double e1 = check_product(vk, &r, MOEX_TYPE_Q4_K, 37, 512, 1, true),
                      e2 = check_product(vk, &r, MOEX_TYPE_Q4_K, 21, VK_MV_XMAX, 1, false),
@@ -284,6 +287,12 @@ int main(int argc, char **argv) {
         printf("  q4_K staged as int8: n=1+res %.2g, as wide as the stage %.2g, q,k,v + norm %.2g, with a q6_K v %.2g, "
                "no norm %.2g\n", e1, e2, e3, e4, e5);
         CHECK(e1 < 2e-6 && e2 < 2e-6 && e3 < 2e-6 && e4 < 2e-6 && e5 < 2e-6, "int8-staged products: relative L2 error too large");
+        const double f1 = check_product(vk, &r, MOEX_TYPE_Q6_K, 37, 512, 1, true),
+                     f2 = check_product(vk, &r, MOEX_TYPE_Q6_K, 21, VK_MV_XMAX, 1, false),
+                     f3 = check_multi(vk, &r, all_q6, rows, 768, true), f4 = check_multi(vk, &r, all_q6, rows, 256, false);
+        printf("  q6_K staged as int8: n=1+res %.2g, as wide as the stage %.2g, q,k,v + norm %.2g, no norm %.2g\n", f1, f2,
+               f3, f4);
+        CHECK(f1 < 2e-6 && f2 < 2e-6 && f3 < 2e-6 && f4 < 2e-6, "int8-staged q6_K products: relative L2 error too large");
         moex_vk_testing_set_idot(vk, 0);
     }
     MUST(moex_vk_set_activation_rounding(vk, 70 * 512, &g_err));

@@ -501,23 +501,24 @@ static void staged_ref(const test_matrix *m, const float *x, const float *nw, fl
             for (int j = 0; j < 32; j++) idx[j] = g + j;
             i8_round(xw, idx, 32, xr);
         }
-    float *mins = i8 ? q4k_mins(m) : NULL;
+    float *mins = i8 && m->type == MOEX_TYPE_Q4_K ? q4k_mins(m) : NULL;
     for (int64_t r = 0; r < m->rows; r++) ref[r] = (res ? res[r] : 0) + inv * i8_dot(m, mins, r, xw, i8 ? xr : xw);
     free(mins);
 }
 
 /* A batch of sequences' products on one token's kernels (MOEX_VK_EACH): the
- * head (norm fused; up to VK_MV_TPW tokens staged in one workgroup), Wo (the
- * residual added) and q/k/v (three matrices, norm fused). Each token's rows
- * equal the one-token op's bit for bit and a float64 reference (x rounded as
- * the int8 path rounds it, where idot); 2048 columns and 5 tokens put a
- * workgroup's third and fourth token past one XMAX-wide row of an f32 stage
- * (the stage must hold them all). batch_wg >= 0: the batch's workgroups in all
+ * head (norm fused; up to VK_MV_TPW tokens staged in one workgroup, or
+ * VK_MV_TPW_I8 with int8 x), Wo (the residual added) and q/k/v (three
+ * matrices, norm fused). Each token's rows equal the one-token op's bit for
+ * bit and a float64 reference (x rounded as the int8 path rounds it, where
+ * idot); 2048 columns and 11 tokens put a workgroup's third and fourth token
+ * past one XMAX-wide row of an f32 stage (the stage must hold them all), and
+ * make workgroups of 8 and 3 int8 tokens. batch_wg >= 0: the batch's workgroups in all
  * (MOEX_VK_MV_BATCH_WG; few: each loops over several row blocks), else the
  * device's. */
 static void test_batched_products(bool idot, int batch_wg) {
     const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F32};
-    const int64_t d = 2048, rows = 77, kv = 33, n = 5;
+    const int64_t d = 2048, rows = 77, kv = 33, n = 11;
     const float eps = 1e-5f;
     char how[64] = "";   /* batch_wg >= 0: the batch's workgroups in all, each looping over row blocks */
     if (batch_wg >= 0) snprintf(how, sizeof how, ", %d workgroups in all", batch_wg);
@@ -578,7 +579,8 @@ static void test_batched_products(bool idot, int batch_wg) {
                 differ += memcmp(one, row[0], rows * 4) != 0 ||
                           (op == 2 && (memcmp(one + rows, row[1], kv * 4) || memcmp(one + rows + kv, row[2], kv * 4)));
                 for (int i = 0; i < (op == 2 ? 3 : 1); i++) {
-                    staged_ref(&m[i], x + t * d, op == 1 ? NULL : nw, eps, idot && types[ti] == MOEX_TYPE_Q4_K,
+                    staged_ref(&m[i], x + t * d, op == 1 ? NULL : nw, eps,
+                               idot && (types[ti] == MOEX_TYPE_Q4_K || types[ti] == MOEX_TYPE_Q6_K),
                                op == 1 ? res + t * rows : NULL, xw, xr, ref);
                     worst = fmax(worst, rel_l2(row[i], ref, m[i].rows));
                 }

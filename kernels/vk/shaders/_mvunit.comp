@@ -17,16 +17,87 @@
 // type's unit stretch, so the vec4s the lanes of a subgroup read together
 // (lane u: unit u) fall in distinct banks instead of all in one.
 #if defined(XSTAGE) && IDOT
-// XSTAGE with IDOT (Q4_K): x staged as int8, each 32-value group with one
-// power-of-two scale (_common.comp) and its exact f32 sum; a unit reads its
-// 64 values as 4 uvec4 (one of padding after every 4: lanes read units 4
-// apart) and the scale and sum of its two groups as one vec4.
+// XSTAGE with IDOT (Q4_K, Q6_K): x staged as int8 in 16-value chunks (one
+// uvec4 each, one of padding after every 4: Q4_K's lanes read units 4 apart,
+// Q6_K's chunks 8 and 16 apart), each 32-value group with one power-of-two
+// scale (_common.comp) and its exact f32 sum, two groups to a vec4 of xgs.
+// XCOPIES tokens' stages where the includer takes several (XQB, XGB: where
+// the token being staged or dotted starts in xq and xgs).
 #ifdef USE_SUBGROUP
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
-shared uvec4 xq[XMAX4 / 4u + XMAX4 / 16u];
-shared vec4 xgs[XMAX4 / 16u];
+#ifndef XCOPIES
+#define XCOPIES 1u
+#endif
+#ifndef XQB
+#define XQB 0u
+#define XGB 0u
+#endif
+shared uvec4 xq[(XMAX4 / 4u + XMAX4 / 16u) * XCOPIES];
+shared vec4 xgs[(XMAX4 / 16u) * XCOPIES];
 #define XQSLOT(i) ((i) + ((i) >> 2))
+#if FAST && TYPE == T_Q6_K
+// Q6_K: 32 times each chunk's sum of int8 values (the weights' offset of 32),
+// chunk l of group g at xz[g / 4 * 2 + l][g % 4]: a unit's four runs (chunk
+// l of groups 4j .. 4j + 3) read one ivec4.
+shared ivec4 xz[(XMAX4 / 16u) * XCOPIES];
+#define Q6_ZSUMS 1
+// Chunk l of group g: 32 times the sum of its int8 values, the sum of two halves' z8.
+void stage_z(uint g, uint l, int z) { xz[XGB + (g >> 2) * 2u + l][g & 3u] = z; }
+int z8(uint q0, uint q1) { return sudot4(q0, 0x20202020u) + sudot4(q1, 0x20202020u); }
+#endif
+// One token's stage: chunks (padded) and xgs vec4s of cols values.
+uint xq_stride(uint cols) { return XQSLOT(cols / 16u); }
+uint xg_stride(uint cols) { return cols / 64u; }
+// The 64 values of x from value 64 u (f32 v: 16 vec4) as int8, with their groups' scales and sums.
+void stage_unit(uint u, vec4 v[16]) {
+    vec4 sc;
+    for (uint hf = 0u; hf < 2u; hf++) {
+        vec4 a = vec4(0.0), s = vec4(0.0);
+        for (uint i = 0u; i < 8u; i++) {
+            a = max(a, abs(v[8u * hf + i]));
+            s += v[8u * hf + i];
+        }
+        float inv;
+        sc[2u * hf] = i8_scale(vmax(a), inv);
+        uint q[8];
+        for (uint i = 0u; i < 8u; i++) q[i] = pack_i8(v[8u * hf + i], inv);
+        xq[XQB + XQSLOT(4u * u + 2u * hf)] = uvec4(q[0], q[1], q[2], q[3]);
+        xq[XQB + XQSLOT(4u * u + 2u * hf + 1u)] = uvec4(q[4], q[5], q[6], q[7]);
+        sc[2u * hf + 1u] = hsum(s);
+#ifdef Q6_ZSUMS
+        stage_z(2u * u + hf, 0u, z8(q[0], q[1]) + z8(q[2], q[3]));
+        stage_z(2u * u + hf, 1u, z8(q[4], q[5]) + z8(q[6], q[7]));
+#endif
+    }
+    xgs[XGB + u] = sc;
+}
+#ifdef USE_SUBGROUP
+// vec4s i and i + 1 (i even; a quarter of group i / 8, whose other quarters
+// the neighbouring lanes hold): the group's largest magnitude and sum by
+// shuffles, then this quarter's 8 values as int8.
+void stage_quarter(uint i, vec4 v0, vec4 v1) {
+    float a = vmax(max(abs(v0), abs(v1))), s = hsum(v0 + v1), inv;
+    a = max(a, subgroupShuffleXor(a, 1u));
+    a = max(a, subgroupShuffleXor(a, 2u));
+    s += subgroupShuffleXor(s, 1u);
+    s += subgroupShuffleXor(s, 2u);
+    const float sx = i8_scale(a, inv);
+    const uint q0 = pack_i8(v0, inv), q1 = pack_i8(v1, inv);
+    xq[XQB + XQSLOT(i >> 2)][i & 3u] = q0;
+    xq[XQB + XQSLOT(i >> 2)][(i & 3u) + 1u] = q1;
+#ifdef Q6_ZSUMS
+    int z = z8(q0, q1);   // the other half of the chunk: the neighbouring lane
+    z += subgroupShuffleXor(z, 1u);
+    if ((i & 3u) == 0u) stage_z(i >> 3, (i >> 2) & 1u, z);
+#endif
+    if ((i & 7u) == 0u) {
+        const uint c = (i >> 2) & 2u;   // the group's scale and sum in its unit's vec4
+        xgs[XGB + (i >> 4)][c] = sx;
+        xgs[XGB + (i >> 4)][c + 1u] = s;
+    }
+}
+#endif
 #elif defined(XSTAGE)
 #if FAST && TYPE == T_Q4_K
 #define XPAD 4u
@@ -90,51 +161,12 @@ WU wload(UV4 p, uint rb, uint u) {
     return r;
 }
 #if defined(XSTAGE) && IDOT
-// Unit u's 64 staged values (f32 v: 16 vec4 of x) as int8, with their scales and sums.
-void stage_unit(uint u, vec4 v[16]) {
-    vec4 sc;
-    for (uint hf = 0u; hf < 2u; hf++) {
-        vec4 a = vec4(0.0), s = vec4(0.0);
-        for (uint i = 0u; i < 8u; i++) {
-            a = max(a, abs(v[8u * hf + i]));
-            s += v[8u * hf + i];
-        }
-        float inv;
-        sc[2u * hf] = i8_scale(vmax(a), inv);
-        uint q[8];
-        for (uint i = 0u; i < 8u; i++) q[i] = pack_i8(v[8u * hf + i], inv);
-        xq[XQSLOT(4u * u + 2u * hf)] = uvec4(q[0], q[1], q[2], q[3]);
-        xq[XQSLOT(4u * u + 2u * hf + 1u)] = uvec4(q[4], q[5], q[6], q[7]);
-        sc[2u * hf + 1u] = hsum(s);
-    }
-    xgs[u] = sc;
-}
-#ifdef USE_SUBGROUP
-// vec4s i and i + 1 (i even; a quarter of group i / 8, whose other quarters
-// the neighbouring lanes hold): the group's largest magnitude and sum by
-// shuffles, then this quarter's 8 values as int8.
-void stage_quarter(uint i, vec4 v0, vec4 v1) {
-    float a = vmax(max(abs(v0), abs(v1))), s = hsum(v0 + v1), inv;
-    a = max(a, subgroupShuffleXor(a, 1u));
-    a = max(a, subgroupShuffleXor(a, 2u));
-    s += subgroupShuffleXor(s, 1u);
-    s += subgroupShuffleXor(s, 2u);
-    const float sx = i8_scale(a, inv);
-    xq[XQSLOT(i >> 2)][i & 3u] = pack_i8(v0, inv);
-    xq[XQSLOT(i >> 2)][(i & 3u) + 1u] = pack_i8(v1, inv);
-    if ((i & 7u) == 0u) {
-        const uint c = (i >> 2) & 2u;   // the group's scale and sum in its unit's vec4
-        xgs[i >> 4][c] = sx;
-        xgs[i >> 4][c + 1u] = s;
-    }
-}
-#endif
 // xo: vec4 16 u of unit u. Low nibbles meet group 2u, high ones 2u + 1.
 void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     const uint u = xo >> 4;
-    const uvec4 l0 = xq[XQSLOT(4u * u)], l1 = xq[XQSLOT(4u * u + 1u)], h0 = xq[XQSLOT(4u * u + 2u)],
-                h1 = xq[XQSLOT(4u * u + 3u)];
-    const vec4 g = xgs[u];   // scale, sum of the low group; of the high one
+    const uvec4 l0 = xq[XQB + XQSLOT(4u * u)], l1 = xq[XQB + XQSLOT(4u * u + 1u)], h0 = xq[XQB + XQSLOT(4u * u + 2u)],
+                h1 = xq[XQB + XQSLOT(4u * u + 3u)];
+    const vec4 g = xgs[XGB + u];   // scale, sum of the low group; of the high one
     for (uint r = 0u; r < NR; r++) {
         int il = 0, ih = 0;
         for (uint i = 0u; i < 4u; i++) {
@@ -188,6 +220,29 @@ WU wload(U32 p, uint rb, uint u) {
                    bitfieldExtract(int(hi), int(bs), 8), bitfieldExtract(int(hi), int(bs + 16u), 8));
     return r;
 }
+#if defined(XSTAGE) && IDOT
+// xo: vec4 ubase(u) / 4. Run k (elements ubase + 32k ..+15) is chunk xo / 4 +
+// 2k of the stage, chunk (xo / 4) & 1 of group xo / 8 + k; its weights q - 32
+// as q's bytes (0..63) dotted with x, less 32 times x's sum (xz).
+void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
+    const uint c = xo >> 2;
+    uvec4 xr[4];
+    for (uint k = 0u; k < 4u; k++) xr[k] = xq[XQB + XQSLOT(c + 2u * k)];
+    const vec4 g01 = xgs[XGB + (c >> 2)], g23 = xgs[XGB + (c >> 2) + 1u];   // groups xo / 8 .. + 3: scales in x, z
+    const ivec4 z = xz[XGB + (c >> 3) * 2u + (c & 1u)];
+    for (uint r = 0u; r < NR; r++) {
+        ivec4 is = -z;
+        for (uint i = 0u; i < 4u; i++) {
+            const uint a = w[r].a[i], b = w[r].b[i], h = w[r].h[i];
+            is.x += sudot4(xr[0][i], (a & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u));
+            is.y += sudot4(xr[1][i], (b & 0x0f0f0f0fu) | ((h << 2) & 0x30303030u));
+            is.z += sudot4(xr[2][i], ((a >> 4) & 0x0f0f0f0fu) | (h & 0x30303030u));
+            is.w += sudot4(xr[3][i], ((b >> 4) & 0x0f0f0f0fu) | ((h >> 2) & 0x30303030u));
+        }
+        acc[r] += dot(w[r].s, vec4(g01.x * float(is.x), g01.z * float(is.y), g23.x * float(is.z), g23.z * float(is.w)));
+    }
+}
+#else
 void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     vec4 qs[NR][4];
     for (uint r = 0u; r < NR; r++)
@@ -205,6 +260,7 @@ void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
     for (uint r = 0u; r < NR; r++)
         acc[r] += dot(w[r].s, vec4(hsum(qs[r][0]), hsum(qs[r][1]), hsum(qs[r][2]), hsum(qs[r][3])));
 }
+#endif
 
 #elif FAST && TYPE == T_Q8_0
 // Unit = one 34-byte block: 9 words from the block's word, shifted into place.

@@ -33,14 +33,16 @@
 // The staged modes take several tokens as the grid's y (token t: x row t, y
 // row t, and in MODE 2 each matrix's row t), each with exactly the arithmetic
 // of one token alone: batches of several sequences (the argmax stays one token's).
-// TOKENS (mode 1 with NORM, x staged as f32): a workgroup takes pc.k tokens
-// (at most VK_MV_TPW; the grid's y counts groups of them), stages each one's
-// x in its own stretch of xsh and dots every weight unit it loads with all of
-// them, so a batch reads each row once instead of once per token (the output
-// head of several sequences). Each token's staging, norm, sums and
-// reductions are those of the token alone, in the same order.
-// IDOT (modes 1 and 2 on Q4_K, vk_idot): x staged as int8 in groups of 32
-// values (_mvunit.comp), each thread rounding 8 of them (4 lanes share a
+// TOKENS (mode 1 with NORM): a workgroup takes pc.k tokens (at most
+// VK_MV_TPW with f32 x, VK_MV_TPW_I8 with int8; the grid's y counts groups of
+// them), stages each one's x in its own stretch of the stage and dots every
+// weight unit it loads with all of them, so a batch reads and unpacks each
+// row once instead of once per token (the output head of several sequences,
+// whose weights do not stay in the cache between tokens). Each token's
+// staging, norm, sums and reductions are those of the token alone, in the
+// same order.
+// IDOT (modes 1 and 2 on Q4_K and Q6_K, vk_idot): x staged as int8 in groups
+// of 32 values (_mvunit.comp), each thread rounding 8 of them (4 lanes share a
 // group's scale through shuffles; without subgroups a thread rounds a unit's
 // 64), and the rows' dots taken as 4-byte integer dot products.
 // The device's numbers (vk_pipeline.c): TPR the subgroup size where
@@ -59,13 +61,16 @@
 #define FAST ((VARIANT & VK_MV_GENERIC) == 0)
 #if (VARIANT & VK_MV_TOKENS) != 0
 #define TOKENS 1
-#define TPW VK_MV_TPW
+#define TPW (IDOT ? VK_MV_TPW_I8 : VK_MV_TPW)
 // XMAX-wide rows of x the stage holds (vk_mv_stage_copies). A macro naming the
-// constant, so that _mvunit.comp sizes xsh by it and does not fall back to one row.
+// constant, so that _mvunit.comp sizes its stage by it and does not fall back to one row.
 layout(constant_id = 4) const uint XCOPIES_SPEC = 1u;
 #define XCOPIES XCOPIES_SPEC
-uint xtb = 0u;   // the stretch of xsh of the token being dotted
+uint xtb = 0u;   // the stretch of xsh of the token being staged or dotted (f32 x)
+uint xqb = 0u, xgb = 0u;   // of xq and xgs (int8 x)
 #define XTB xtb
+#define XQB xqb
+#define XGB xgb
 #else
 #define TPW 1u
 #endif
@@ -347,7 +352,11 @@ void main() {
     const uint nsteps = (units + TPR - 1u) / TPR, rpb = GROUPS * NR;
 #ifdef TOKENS
     const uint tok = gl_WorkGroupID.y * pc.k, ntok = min(pc.k, pc.n - tok);   // this workgroup's first token, count
+#if IDOT
+    const uint xstride = 0u, qstride = xq_stride(pc.cols), gstride = xg_stride(pc.cols);   // one token's stage
+#else
     const uint xstride = XSLOT(pc.cols / 4u);   // one token's stretch of xsh
+#endif
 #else
     const uint tok = gl_WorkGroupID.y, ntok = 1u, xstride = 0u;
 #endif
@@ -364,28 +373,38 @@ void main() {
     if (b < nblk) load_rows(b, grp, lane, units, row_bytes, cur);
     float ss[TPW];   // each token's sum of x^2 over the x this thread stages
     for (uint t = 0u; t < TPW; t++) ss[t] = 0.0;
-#if IDOT && defined(USE_SUBGROUP)
-    // 8 values a thread, 4 neighbouring lanes a 32-value group (whole groups drop out of the loop together)
-    for (uint i = 2u * tid; i < pc.cols / 4u; i += 2u * WG) {
-        vec4 v0 = pc.x.v[xb + i], v1 = pc.x.v[xb + i + 1u];
-#ifdef NORM
-        ss[0] += dot(v0, v0) + dot(v1, v1);
-        v0 *= pc.nw.v[i];
-        v1 *= pc.nw.v[i + 1u];
+#if IDOT
+    for (uint t = 0u; t < TPW; t++) {   // each token of the workgroup into its own stage
+        if (t >= ntok) break;   // uniform
+        const uint xt = xb + t * (pc.xs / 4u);
+#ifdef TOKENS
+        xqb = t * qstride;
+        xgb = t * gstride;
 #endif
-        stage_quarter(i, v0, v1);
-    }
-#elif IDOT
-    for (uint u = tid; u < pc.cols / 64u; u += WG) {   // a thread per 64-value unit: its two int8 groups
-        vec4 v[16];
-        for (uint i = 0u; i < 16u; i++) v[i] = pc.x.v[xb + 16u * u + i];
+#ifdef USE_SUBGROUP
+        // 8 values a thread, 4 neighbouring lanes a 32-value group (whole groups drop out of the loop together)
+        for (uint i = 2u * tid; i < pc.cols / 4u; i += 2u * WG) {
+            vec4 v0 = pc.x.v[xt + i], v1 = pc.x.v[xt + i + 1u];
 #ifdef NORM
-        for (uint i = 0u; i < 16u; i++) {
-            ss[0] += dot(v[i], v[i]);
-            v[i] *= pc.nw.v[16u * u + i];
+            ss[t] += dot(v0, v0) + dot(v1, v1);
+            v0 *= pc.nw.v[i];
+            v1 *= pc.nw.v[i + 1u];
+#endif
+            stage_quarter(i, v0, v1);
+        }
+#else
+        for (uint u = tid; u < pc.cols / 64u; u += WG) {   // a thread per 64-value unit: its two int8 groups
+            vec4 v[16];
+            for (uint i = 0u; i < 16u; i++) v[i] = pc.x.v[xt + 16u * u + i];
+#ifdef NORM
+            for (uint i = 0u; i < 16u; i++) {
+                ss[t] += dot(v[i], v[i]);
+                v[i] *= pc.nw.v[16u * u + i];
+            }
+#endif
+            stage_unit(u, v);
         }
 #endif
-        stage_unit(u, v);
     }
 #else
     for (uint t = 0u; t < TPW; t++) {
@@ -425,6 +444,10 @@ void main() {
                 if (t >= ntok) break;
 #ifdef TOKENS
                 xtb = t * xstride;
+#if IDOT
+                xqb = t * qstride;
+                xgb = t * gstride;
+#endif
 #endif
                 float a[NR];
                 for (uint r = 0u; r < NR; r++) a[r] = acc[t * NR + r];

@@ -96,22 +96,25 @@ foreach(sg "" SUBGROUP)
   endforeach()
   # mv.comp: every mode with and without the fused norm, the router also on the
   # staged loop; Q4_K and f32 rows off 16 bytes take the generic units, and
-  # Q4_K's staged modes int8 x.
+  # Q4_K's and Q6_K's staged modes int8 x.
   foreach(t ${vk_types})
     set(modes 0 1 2 3 3|VK_MV_STAGE)
     if(t STREQUAL Q4_K OR t STREQUAL F32)
       list(APPEND modes 0|VK_MV_GENERIC 1|VK_MV_GENERIC 2|VK_MV_GENERIC 3|VK_MV_GENERIC 3|VK_MV_GENERIC|VK_MV_STAGE)
     endif()
-    if(t STREQUAL Q4_K)
+    if(t STREQUAL Q4_K OR t STREQUAL Q6_K)
       list(APPEND modes 1|VK_MV_IDOT 2|VK_MV_IDOT)
     endif()
     foreach(m ${modes})
       vk_variant(mv ${t} ${m} ${sg})
       vk_variant(mv ${t} ${m}|VK_MV_NORM ${sg})
     endforeach()
-    # several tokens a workgroup: the fast units' staged f32 x (vk_ops.c mv_tokens_per_group)
+    # several tokens a workgroup: the fast units' staged f32 x, Q4_K's and Q6_K's int8 (vk_ops.c mv_tokens_per_group)
     if(t STREQUAL Q4_K OR t STREQUAL Q6_K OR t STREQUAL Q8_0 OR t STREQUAL F32)
       vk_variant(mv ${t} 1|VK_MV_NORM|VK_MV_TOKENS ${sg})
+    endif()
+    if(t STREQUAL Q4_K OR t STREQUAL Q6_K)
+      vk_variant(mv ${t} 1|VK_MV_NORM|VK_MV_TOKENS|VK_MV_IDOT ${sg})
     endif()
   endforeach()
   # experts_mv.comp: both halves of every type; Q4_K also off 16 bytes
