@@ -176,7 +176,7 @@ struct moex_vk_cmd {
 #define VK_MV_BATCH_WG 1024
 int vk_mv_rpt(const moex_vk *vk, int mode);
 int vk_mv_row_groups(const moex_vk *vk, int mode);
-int vk_mv_stage_copies(const moex_vk *vk, int mode);   /* XMAX-wide rows of x a VK_MV_TOKENS stage holds */
+int vk_mv_stage_copies(const moex_vk *vk, moex_type type, int mode);   /* XMAX-wide rows of x a VK_MV_TOKENS stage holds */
 uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode);   /* mv.comp workgroups along the rows */
 /* int8 activations for the decode products that hold their input per thread
  * (experts_mv.comp, experts_gu.comp: Q4_K and Q6_K positions of 32 or 16

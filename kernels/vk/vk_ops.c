@@ -150,7 +150,7 @@ static int64_t mv_tokens_per_group(const moex_vk *vk, const moex_vk_matrix *w, i
     const bool typed = w->type == MOEX_TYPE_Q4_K || w->type == MOEX_TYPE_Q6_K || w->type == MOEX_TYPE_Q8_0 ||
                        w->type == MOEX_TYPE_F32;
     if (n < 2 || !typed || (mode & VK_MV_GENERIC)) return 1;
-    const int64_t fit = vk_mv_stage_copies(vk, mode) * VK_MV_XMAX / w->cols,
+    const int64_t fit = vk_mv_stage_copies(vk, w->type, mode) * VK_MV_XMAX / w->cols,
                   most = mode & VK_MV_IDOT ? VK_MV_TPW_I8 : VK_MV_TPW,
                   want = vk->tune.mv_tokens < most ? vk->tune.mv_tokens : most;
     return fit < want ? fit : want;

@@ -114,7 +114,7 @@ static void specialize(const moex_vk *vk, vk_kernel k, moex_type type, int mode,
         spec(s, 1, (uint32_t)vk->tpr);            /* TPR */
         spec(s, 2, groups);                       /* GROUPS */
         spec(s, 3, (uint32_t)vk_mv_rpt(vk, mode));   /* NR */
-        if (mode & VK_MV_TOKENS) spec(s, 4, (uint32_t)vk_mv_stage_copies(vk, mode));   /* XCOPIES */
+        if (mode & VK_MV_TOKENS) spec(s, 4, (uint32_t)vk_mv_stage_copies(vk, type, mode));   /* XCOPIES */
         break;
     }
     case VK_K_TOPK:

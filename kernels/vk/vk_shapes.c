@@ -20,15 +20,17 @@ int vk_mv_row_groups(const moex_vk *vk, int mode) {
     return g;
 }
 
-/* XMAX-wide rows of x the stage of mode (VK_MV_TOKENS) holds. f32 x: two
- * (~36 KiB) where the device has 48 KiB of shared memory, else one. int8 x
- * (VK_MV_IDOT): 1.5 bytes a value (chunks, their padding, the groups' scales
- * and sums), as many as fit beside the workgroup's reduction arrays (mv.comp's
- * red, am_v, am_i: 12 bytes a thread). */
-int vk_mv_stage_copies(const moex_vk *vk, int mode) {
+/* XMAX-wide rows of x the stage of mode (VK_MV_TOKENS) on type holds. f32 x:
+ * two (~36 KiB) where the device has 48 KiB of shared memory, else one. int8 x
+ * (VK_MV_IDOT, _mvunit.comp): 1.5 bytes a value (chunks, their padding, the
+ * groups' scales and sums), Q6_K 1.75 (its chunks' sums too), as many as fit
+ * beside the workgroup's reduction arrays (mv.comp's red, am_v, am_i: 12 bytes
+ * a thread). */
+int vk_mv_stage_copies(const moex_vk *vk, moex_type type, int mode) {
     if (!(mode & VK_MV_IDOT)) return vk->info.shared_mem >= 49152 ? 2 : 1;
-    const int64_t spare = (int64_t)vk->info.shared_mem - 12 * vk->tpr * vk_mv_row_groups(vk, mode) - 64,
-                  copies = spare / (VK_MV_XMAX * 3 / 2);
+    const int64_t per = type == MOEX_TYPE_Q6_K ? VK_MV_XMAX * 7 / 4 : VK_MV_XMAX * 3 / 2,
+                  spare = (int64_t)vk->info.shared_mem - 12 * vk->tpr * vk_mv_row_groups(vk, mode) - 64,
+                  copies = spare / per;
     return copies < 1 ? 1 : (int)copies;
 }
 
