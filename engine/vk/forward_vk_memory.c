@@ -255,7 +255,7 @@ static void plan_activations(const moex_model *m, moex_vk_state *s) {
     a->each_sync = take(&t, (size_t)each * (size_t)hp->n_head * 4);
     if (moex_hparams_is_moe(hp)) {
         const int k = hp->n_expert_used;
-        a->router_logits = take(&t, nb * (size_t)hp->n_expert * f);
+        a->router_logits = take(&t, moex_vk_router_logits_bytes((int64_t)nb, hp->n_expert));
         a->counter = take(&t, 4);
         a->ids = take(&t, nb * (size_t)k * 4);   /* ids then gw: the distributed readback copies both at once */
         a->gw = take(&t, nb * (size_t)k * 4);

@@ -7,6 +7,10 @@
 
 #define MM_TILE 64   /* BM = BN of mm.comp */
 #define MM_SMALL 32  /* ... with the VK_MM_SMALL flag */
+/* Column slices of the router's tiles (VK_MM_SMALL), each summed by its own
+ * workgroup into its own copy of the logits: 128 experts make 4 row tiles, so
+ * without them a 32-token prompt ran 4 workgroups over all 2,048 columns. */
+#define ROUTER_SPLITS 8
 
 /* The tensor-core kernel (mm_coop.comp, f16 inputs, f32 sums) where the device
  * has it, except for f32 weights (the router: expert choices stay as exact as
@@ -68,17 +72,25 @@ int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, in
     return 0;
 }
 
+size_t moex_vk_router_logits_bytes(int64_t n, int64_t n_expert) {
+    return (size_t)n * (size_t)n_expert * 4 * (n > VK_MV_NMAX ? 1 + ROUTER_SPLITS : 1);
+}
+
 /* The router of a batch: its logits on the f32 tiles (expert choices as exact
- * as f32 makes them) in 32 x 32 tiles, then top-k per token. It has few rows
- * (128 experts): 64 x 64 tiles would leave most of the GPU idle (16
- * workgroups for 512 tokens; docs/PERF.md). */
+ * as f32 makes them) in 32 x 32 tiles, each of ROUTER_SPLITS column slices
+ * summed apart (after the logits), then per token the slices' sums added in
+ * order and top-k. It has few rows (128 experts): 64 x 64 tiles would leave
+ * most of the GPU idle (16 workgroups for 512 tokens; docs/PERF.md). A
+ * token's logits do not depend on the batch's other tokens. */
 int vk_router_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, int64_t n, moex_error *err) {
     const uint32_t gx = vk_ceil_div(w->rows, MM_SMALL), gy = vk_ceil_div(n, MM_SMALL);
     const vk_pipe *pm = vk_pipeline(c->vk, VK_K_MM, w->type, VK_MM_SMALL, err), *pt = vk_pipeline(c->vk, VK_K_TOPK, 0, 0, err);
-    if (!pm || !pt || vk_check_grid(gx, gy, n, err)) return -1;
-    vk_dispatch(c, pm, pc, gx, gy, 1);
+    if (!pm || !pt || vk_check_grid(gx, gy, ROUTER_SPLITS, err) || vk_check_grid(n, 1, 1, err)) return -1;
+    vk_pc ps = *pc;
+    ps.u[7] = ROUTER_SPLITS;   /* estride: the slices topk.comp adds */
+    vk_dispatch(c, pm, pc, gx, gy, ROUTER_SPLITS);
     moex_vk_barrier(c);
-    vk_dispatch(c, pt, pc, (uint32_t)n, 1, 1);
+    vk_dispatch(c, pt, &ps, (uint32_t)n, 1, 1);
     return 0;
 }
 

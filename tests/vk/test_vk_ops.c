@@ -265,17 +265,20 @@ static void test_attention_prompt(void) {
     moex_vk_free(vkc);
 }
 
-/* Router: one fused dispatch (small batches) and mm + top-k (large), against route_token's rule in float64. */
+/* Router: one fused dispatch (small batches) and mm + top-k (large: the
+ * columns in slices, several steps each), against route_token's rule in
+ * float64; a large batch's logits rows the same bits as a smaller batch's. */
 static void test_router(void) {
     const int64_t ns[] = {1, 5, 20};
     for (int ci = 0; ci < 3; ci++) {
-        const int64_t n = ns[ci], E = 60, d = 256;
+        const int64_t n = ns[ci], E = 60, d = n > 8 ? 1024 : 256;
         const int k = 4;
         test_matrix m = make_matrix(&R, MOEX_TYPE_F32, E, d);
         float *x = malloc(n * d * 4);
         fill_gauss(&R, x, n * d, 1.0f);
         moex_vk_buffer *wb = gpu_from(vk, m.data, E * m.row_bytes), *xb = gpu_from(vk, x, n * d * 4),
-                       *lb = gpu_from(vk, NULL, n * E * 4), *cb = gpu_from(vk, NULL, 4), *ib = gpu_from(vk, NULL, n * k * 4),
+                       *lb = gpu_from(vk, NULL, moex_vk_router_logits_bytes(n, E)), *cb = gpu_from(vk, NULL, 4),
+                       *ib = gpu_from(vk, NULL, n * k * 4),
                        *gb = gpu_from(vk, NULL, n * k * 4);
         moex_vk_matrix vm = vk_matrix_of(&m, wb);
         moex_vk_cmd *c = cmd_begin(vk);
@@ -320,6 +323,18 @@ static void test_router(void) {
         CHECK(bad == 0, "router n=%lld: %d expert ids differ", (long long)n, bad);
         CHECK(max_w < 1e-5, "router n=%lld: gate weight error %.3g", (long long)n, max_w);
         printf("  router n=%lld: ids ok, max weight err %.2g\n", (long long)n, max_w);
+        if (n > 12) {   /* the first 12 tokens alone: a token's logits do not depend on the others */
+            moex_vk_buffer *l2 = gpu_from(vk, NULL, moex_vk_router_logits_bytes(12, E));
+            c = cmd_begin(vk);
+            MUST(moex_vk_op_router(c, &vm, P(xb), 12, k, true, P(l2), P(cb), P(ib), P(gb), &g_err));
+            cmd_run_free(c);
+            float *a = malloc(12 * E * 4), *b = malloc(12 * E * 4);
+            gpu_read(vk, lb, a, 12 * E * 4);
+            gpu_read(vk, l2, b, 12 * E * 4);
+            CHECK(!memcmp(a, b, 12 * E * 4), "router: 12 tokens' logits differ alone and among %lld", (long long)n);
+            free(a), free(b);
+            moex_vk_buffer_free(l2);
+        }
         moex_vk_buffer *all[] = {wb, xb, lb, cb, ib, gb};
         for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
         free(x);

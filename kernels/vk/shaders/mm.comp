@@ -6,12 +6,16 @@
 //         y[p] = silu(Wg_z x[p/k]) * (Wu_z x[p/k])  grid (rows/BM, n/BN, n_expert)
 // MODE 2: experts down: y[p] = gw[p] * Wd_z x[p]    grid as MODE 1
 // TILE (BM = BN, 64, or 32 with VK_MM_SMALL): 32 gives products with few
-// rows (the router's 128 experts) four times as many workgroups.
+// rows (the router's 128 experts) four times as many workgroups. VK_MM_SMALL
+// (MODE 0, the router) also splits the columns over the grid's z: workgroup z
+// sums its slice of them into its own copy of y, z + 1 copies of n rows past
+// y's (topk.comp adds the copies up in order).
 #version 450
 #include "vk_variants.h"
 #define MODE (VARIANT & 3)
 #if (VARIANT & VK_MM_SMALL) != 0
 #define TILE 32u
+#define SPLITK 1
 #else
 #define TILE 64u
 #endif
@@ -44,7 +48,15 @@ void main() {
 #if MODE == 0
     const uint estart = 0u;
     const uint cnt = pc.n;
+#ifdef SPLITK
+    const uint kper = (pc.cols / gl_NumWorkGroups.z + BK - 1u) / BK * BK;   // the column slice, whole steps
+    const uint kb = min(pc.cols, gl_WorkGroupID.z * kper), ke = min(pc.cols, kb + kper);
+    const uint yoff = (gl_WorkGroupID.z + 1u) * pc.n * pc.ys;
 #else
+    const uint kb = 0u, ke = pc.cols, yoff = 0u;
+#endif
+#else
+    const uint kb = 0u, ke = pc.cols, yoff = 0u;
     const uint e = gl_WorkGroupID.z;
     const uint cnt = uint(pc.meta.v[e]), lbase = uint(pc.meta.v[pc.n_expert + e]);
     const uint estart = e * pc.estride;
@@ -80,7 +92,7 @@ void main() {
     const uint wrow = row0 + lr;
     const uint rb = estart + wrow * (pc.cols / BLK) * BLK_BYTES;
     const int lx = xrow[lr];
-    for (uint k0 = 0u; k0 < pc.cols; k0 += BK) {
+    for (uint k0 = kb; k0 < ke; k0 += BK) {
         for (uint c = lc; c < lc + LCH; c += 8u) {
             vec4 a = vec4(0.0), b = vec4(0.0);
             if (wrow < pc.rows) dq8(pc.w, rb, k0 + c, a, b);
@@ -133,7 +145,7 @@ void main() {
 #else
             float v = pc.gw.v[orr] * acc[j][i];
 #endif
-            pc.y.v[o] = v;
+            pc.y.v[yoff + o] = v;
         }
     }
 }
