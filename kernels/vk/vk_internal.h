@@ -176,14 +176,16 @@ struct moex_vk_cmd {
 #define VK_MV_BATCH_WG 1024
 int vk_mv_rpt(const moex_vk *vk, int mode);
 int vk_mv_row_groups(const moex_vk *vk, int mode);
-int vk_mv_stage_copies(const moex_vk *vk, moex_type type, int mode);   /* XMAX-wide rows of x a VK_MV_TOKENS stage holds */
+/* XMAX-wide rows of x a VK_MV_TOKENS stage of mode on type holds */
+int vk_mv_stage_copies(const moex_vk *vk, moex_type type, int mode);
 uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode);   /* mv.comp workgroups along the rows */
 /* int8 activations for the decode products that hold their input per thread
  * (experts_mv.comp, experts_gu.comp: Q4_K and Q6_K positions of 32 or 16
- * values) or staged in shared memory (mv.comp modes 1 and 2 on Q4_K and Q6_K:
- * groups of 32): x (or h) rounded to int8 with one power-of-two scale per position or
- * group, multiplied into the weights' nibbles by 4-byte integer dot products
- * (OpSUDot), about a third of the instructions of the f32 path (docs/PERF.md).
+ * values) or staged in shared memory (mv.comp modes 1 and 2 on Q4_K and
+ * Q6_K: groups of 32): x (or h) rounded to int8 with one power-of-two scale
+ * per position or group, multiplied into the weights' nibbles by 4-byte
+ * integer dot products (OpSUDot), about a third of the instructions of the
+ * f32 path (docs/PERF.md).
  * On where the device has the integer dot product in hardware
  * (MOEX_VK_IDOT=1: wherever it has it, =0: never), unless activations are
  * rounded to the CPU's grid (vk->actq). */

@@ -9,7 +9,7 @@
 #include "tests/vk/vk_test_util.h"
 #include "kernels/vk/vk_testing.h"   /* VK_MV_XMAX, VK_MV_PERSIST: the staged kernel's edges; int8 activations */
 
-/* Whether one token's product on m stages x as int8 (mv.comp modes 1 and 2 on Q4_K and Q6_K, with int8 activations on). */
+/* Whether one token's product on m stages x as int8 (mv.comp modes 1 and 2 on Q4_K and Q6_K, int8 activations on). */
 static bool staged_i8(moex_vk *vk, const test_matrix *m, int64_t n) {
     return n == 1 && (m->type == MOEX_TYPE_Q4_K || m->type == MOEX_TYPE_Q6_K) && m->cols <= VK_MV_XMAX &&
            moex_vk_testing_idot(vk);
@@ -274,7 +274,7 @@ int main(int argc, char **argv) {
                e1, e2, e3, e4);
         CHECK(e1 < 2e-6 && e2 < 2e-6 && e3 < 2e-6 && e4 < 2e-6, "shared-x products: relative L2 error too large");
     }
-    if (moex_vk_get_info(vk)->int_dot) {   /* one token's Q4_K and Q6_K products staging x as int8, where the device can */
+    if (moex_vk_get_info(vk)->int_dot) {   /* one token's Q4_K and Q6_K products on int8 x, where the device can */
         moex_vk_testing_set_idot(vk, 1);
         const moex_type all_q4[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K},
                         v_q6[3] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K},

@@ -528,9 +528,9 @@ static void staged_ref(const test_matrix *m, const float *x, const float *nw, fl
  * bit and a float64 reference (x rounded as the int8 path rounds it, where
  * idot); 2048 columns and 11 tokens put a workgroup's third and fourth token
  * past one XMAX-wide row of an f32 stage (the stage must hold them all), and
- * make workgroups of 8 and 3 int8 tokens. batch_wg >= 0: the batch's workgroups in all
- * (MOEX_VK_MV_BATCH_WG; few: each loops over several row blocks), else the
- * device's. */
+ * make workgroups of 8 and 3 int8 tokens. batch_wg >= 0: the batch's
+ * workgroups in all (MOEX_VK_MV_BATCH_WG; few: each loops over several row
+ * blocks), else the device's. */
 static void test_batched_products(bool idot, int batch_wg) {
     const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F32};
     const int64_t d = 2048, rows = 77, kv = 33, n = 11;
