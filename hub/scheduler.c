@@ -132,7 +132,7 @@ struct hub_sched {
     int32_t *row_argmax;         /* [n_slots] each logits row's argmax, from the engine (batch_argmax) */
     int32_t *row_id;             /* [n_slots] the token sampled from each logits row */
     int64_t *row_tok;            /* [n_slots] each logits row's token in the batch */
-    double t_forward, t_around;  /* seconds in forwards, and in building their batches and taking their tokens */
+    double t_around;             /* seconds building batches and taking their tokens (the forwards: stats->step_s) */
 };
 
 /* Publishes a state change and tells the submitter. */
@@ -646,7 +646,6 @@ static void step(hub_sched *s) {
     atomic_fetch_add(&s->stats->steps, 1);
     atomic_fetch_add(&s->stats->step_tokens, (uint_fast64_t)n);
     after_forward(s, n);
-    s->t_forward += t1 - t0;
     s->t_around += (t0 - t_build) + (moex_time_s() - t1);
 }
 
@@ -682,7 +681,7 @@ static void *sched_main(void *arg) {
     fail_everything(s);
     /* where the scheduler's time went: the host's share is what the GPU waits on between steps */
     moex_log(MOEX_LOG_INFO, "api scheduler: %llu steps, %.3f s in forwards, %.3f s building batches and taking tokens",
-             (unsigned long long)atomic_load(&s->stats->steps), s->t_forward, s->t_around);
+             (unsigned long long)atomic_load(&s->stats->steps), atomic_load(&s->stats->step_s.sum), s->t_around);
     return NULL;
 }
 

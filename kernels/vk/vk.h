@@ -171,9 +171,9 @@ void moex_vk_attention_decode_grid(const moex_vk_attn_shape *sh, int64_t pos, ui
 
 /* Router in one dispatch for small batches: logits = W x, softmax, top-k
  * (ties: lower id), renormalised when norm. ids/weights: n x k. logits:
- * moex_vk_router_logits_bytes(n, n_expert) (a batch on the tiles keeps its
- * split sums after the n x n_expert logits); counter: one uint32 that must
- * start at 0 (left at 0). */
+ * moex_vk_router_logits_bytes(n, n_expert), the n x n_expert logits first (on
+ * the tiles, any n, the column slices' sums follow them); counter: one
+ * uint32 that must start at 0 (left at 0). */
 int moex_vk_op_router(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr x, int64_t n, int k, bool norm,
                       moex_vk_ptr logits, moex_vk_ptr counter, moex_vk_ptr ids, moex_vk_ptr weights, moex_error *err);
 size_t moex_vk_router_logits_bytes(int64_t n, int64_t n_expert);

@@ -72,8 +72,9 @@ int vk_matmul_tiled(moex_vk_cmd *c, const moex_vk_matrix *w, const vk_pc *pc, in
     return 0;
 }
 
+/* Room for the slices whatever n: a batch's tiled tokens may be few. */
 size_t moex_vk_router_logits_bytes(int64_t n, int64_t n_expert) {
-    return (size_t)n * (size_t)n_expert * 4 * (n > VK_MV_NMAX ? 1 + ROUTER_SPLITS : 1);
+    return (size_t)n * (size_t)n_expert * 4 * (1 + ROUTER_SPLITS);
 }
 
 /* The router of a batch: its logits on the f32 tiles (expert choices as exact

@@ -335,6 +335,20 @@ static void test_router(void) {
             free(a), free(b);
             moex_vk_buffer_free(l2);
         }
+        if (n == 5) {   /* a batch's few tiled tokens: the slices stay inside moex_vk_router_logits_bytes */
+            const size_t lbytes = moex_vk_router_logits_bytes(n, E);
+            uint8_t *guard = malloc(lbytes + 4096), *back = malloc(lbytes + 4096);
+            memset(guard, 0x5a, lbytes + 4096);
+            moex_vk_buffer *gl = gpu_from(vk, guard, lbytes + 4096);
+            c = cmd_begin(vk);
+            MUST(moex_vk_op_router_pick(c, MOEX_VK_TILED, &vm, P(xb), n, k, true, P(gl), P(cb), P(ib), P(gb), &g_err));
+            cmd_run_free(c);
+            gpu_read(vk, gl, back, lbytes + 4096);
+            CHECK(!memcmp(back + lbytes, guard + lbytes, 4096), "router on the tiles, %lld tokens: wrote past its logits",
+                  (long long)n);
+            free(guard), free(back);
+            moex_vk_buffer_free(gl);
+        }
         moex_vk_buffer *all[] = {wb, xb, lb, cb, ib, gb};
         for (int i = 0; i < 6; i++) moex_vk_buffer_free(all[i]);
         free(x);
