@@ -901,12 +901,14 @@ static int wait_layer(hub_executor *x, moex_error *err) {
     return rc;
 }
 
-static void record_times(hub_executor *x, double t0, double t1, double t2, double t3, double t4) {
+static void record_times(hub_executor *x, int layer, double t0, double t1, double t2, double t3, double t4) {
     layer_times *lt = &x->times[x->n_times++ % TIMING_LAYERS];
     *lt = (layer_times){.plan_encode = (float)((t1 - t0) * 1e6), .send = (float)((t2 - t1) * 1e6),
                         .wait = (float)((t3 - t2 - x->decode_s) * 1e6), .decode = (float)(x->decode_s * 1e6),
                         .combine = (float)((t4 - t3) * 1e6), .round = (float)((t3 - t1 - x->decode_s) * 1e6),
                         .n_tokens = x->n_req_tokens};
+    moex_log(MOEX_LOG_DEBUG, "hub layer %d: %lld tokens, plan+encode %.0f send %.0f wait %.0f decode %.0f combine %.0f us",
+             layer, (long long)lt->n_tokens, lt->plan_encode, lt->send, lt->wait, lt->decode, lt->combine);
 }
 
 static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
@@ -926,7 +928,7 @@ static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
     if (rc == 0) rc = verify_layer(x, err);
     if (rc == 0) combine(x, req);
     release_sends(x);
-    if (rc == 0) record_times(x, t0, t1, t2, t3, moex_time_s());
+    if (rc == 0) record_times(x, req->layer, t0, t1, t2, t3, moex_time_s());
     return rc;
 }
 

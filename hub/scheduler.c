@@ -643,6 +643,7 @@ static void step(hub_sched *s) {
     }
     const double t1 = moex_time_s();
     hub_hist_observe(&s->stats->step_s, t1 - t0);
+    moex_log(MOEX_LOG_DEBUG, "api step: %lld tokens, forward %.1f ms", (long long)n, (t1 - t0) * 1e3);
     atomic_fetch_add(&s->stats->steps, 1);
     atomic_fetch_add(&s->stats->step_tokens, (uint_fast64_t)n);
     after_forward(s, n);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/vk/vk_testing.h"
 #include "worker/worker.h"
 
 #define SLOT_ALIGN 256
@@ -405,6 +406,15 @@ static void write_ids(moex_worker_vk *g, const vk_op *op) {
 
 /* Cuts the rows into ops (at most OP_MAX_TOKENS rows, slots within the
  * kernels' span, one weight type) and writes their ids. */
+static int grow_ops(moex_worker_vk *g) {
+    const int cap = g->cap_ops ? 2 * g->cap_ops : 16;
+    vk_op *p = realloc(g->ops, (size_t)cap * sizeof *p);
+    if (!p) return -1;
+    g->ops = p;
+    g->cap_ops = cap;
+    return 0;
+}
+
 static int plan_ops(moex_worker_vk *g, moex_error *err) {
     g->n_ops = 0;
     for (int64_t r0 = 0; r0 < g->n_rows;) {
@@ -415,13 +425,7 @@ static int plan_ops(moex_worker_vk *g, moex_error *err) {
             if (s < lo) lo = s;
             if (s > hi) hi = s;
         }
-        if (g->n_ops == g->cap_ops) {
-            const int cap = g->cap_ops ? 2 * g->cap_ops : 16;
-            vk_op *p = realloc(g->ops, (size_t)cap * sizeof *p);
-            if (!p) return moex_fail(err, "worker vulkan: out of memory");
-            g->ops = p;
-            g->cap_ops = cap;
-        }
+        if (g->n_ops == g->cap_ops && grow_ops(g)) return moex_fail(err, "worker vulkan: out of memory");
         int experts = 1; /* a dispatch's rows are adjacent: count the slot changes */
         for (int64_t i = r0 + 1; i < r; i++) experts += g->row_slot[i] != g->row_slot[i - 1];
         g->ops[g->n_ops] = (vk_op){.r0 = r0, .n = r - r0, .lo = lo, .hi = hi,
@@ -496,8 +500,39 @@ float *moex_worker_vk_batch_values(const moex_worker_vk *g, int i) {
     return (float *)((char *)moex_vk_buffer_map(g->io) + g->plan.y) + g->disp[i].row0 * g->hidden;
 }
 
-/* One 1-row batch (the matrix-vector kernels) and one 16-row batch (the tiled ones) on slot s. */
-static int warm_up_slot(moex_worker_vk *g, int s, moex_error *err) {
+/* Rows of batch buffers made at the warm-up: a prompt's layer brings a worker
+ * a few hundred rows at a time, and growing the buffers then costs that
+ * layer a reallocation (~10 ms on an H200) on top of its kernels. */
+#define WARM_ROWS 1024
+
+/* Records one op of n rows on slot s, picked as each (or by row count)
+ * without running it: between moex_vk_warm_begin and moex_vk_warm_end this
+ * only notes the pipelines it would use. */
+static int note_op(moex_worker_vk *g, int s, int64_t n, bool each, moex_error *err) {
+    moex_worker_vk_batch_begin(g);
+    if (add_rows(g, s, n, NULL) < 0 || (g->cap_ops == 0 && grow_ops(g))) return moex_fail(err, "worker vulkan: out of memory");
+    g->ops[0] = (vk_op){.r0 = 0, .n = n, .lo = s, .hi = s, .each = each};
+    g->n_ops = 1;
+    write_ids(g, &g->ops[0]);
+    const int rc = record_batch(g, err);
+    moex_vk_cmd_end(g->cmd, NULL); /* never submitted; the next batch records afresh */
+    return rc;
+}
+
+/* Every pipeline an op on slot s's kernels can pick: by row count at the
+ * sizes where moex_vk_op_experts switches kernels (one row, a few, the batch
+ * shapes, the tiles, up to an op's OP_MAX_TOKENS), and one token's kernels
+ * for each row. */
+static int note_slot(moex_worker_vk *g, int s, moex_error *err) {
+    int64_t sizes[8];
+    const int n = moex_vk_warm_batch_sizes(OP_MAX_TOKENS, sizes);
+    for (int i = 0; i < n; i++)
+        if (note_op(g, s, sizes[i], false, err)) return -1;
+    return note_op(g, s, 1, true, err) || note_op(g, s, 2, true, err) ? -1 : 0;
+}
+
+/* One 1-row and one 16-row batch on slot s, run: the driver's first submissions. */
+static int run_slot(moex_worker_vk *g, int s, moex_error *err) {
     const int64_t sizes[2] = {1, 16};
     for (int i = 0; i < 2; i++) {
         moex_worker_vk_batch_begin(g);
@@ -507,19 +542,37 @@ static int warm_up_slot(moex_worker_vk *g, int s, moex_error *err) {
     return 0;
 }
 
-int moex_worker_vk_warm_up(moex_worker_vk *g, moex_error *err) {
-    int done[16], n_done = 0; /* a slot of each kernel set warmed up so far */
-    for (int s = 0; s < g->capacity && n_done < 16; s++) {
+/* A held slot of each kernel set (types and shapes); returns how many. */
+static int kernel_sets(const moex_worker_vk *g, int first[16]) {
+    int n = 0;
+    for (int s = 0; s < g->capacity && n < 16; s++) {
         if (g->slots[s].layer < 0) continue;
         bool seen = false;
-        for (int i = 0; i < n_done && !seen; i++) seen = same_kernels(&g->slots[done[i]], &g->slots[s]);
-        if (seen) continue;
-        if (warm_up_slot(g, s, err)) return -1;
-        done[n_done++] = s;
+        for (int i = 0; i < n && !seen; i++) seen = same_kernels(&g->slots[first[i]], &g->slots[s]);
+        if (!seen) first[n++] = s;
     }
-    moex_worker_vk_batch_begin(g);
-    return 0;
+    return n;
 }
+
+/* Pipelines are compiled together up front (in parallel, moex_vk_warm_end)
+ * rather than when a batch first picks one: on a GPU shared by several
+ * processes one compilation held a layer's answer for 50-190 ms. */
+int moex_worker_vk_warm_up(moex_worker_vk *g, moex_error *err) {
+    int first[16];
+    const int n = kernel_sets(g, first);
+    if (n == 0) return 0;
+    if (reserve_tokens(g, WARM_ROWS, err)) return -1;
+    if (reserve_rows(g, WARM_ROWS)) return moex_fail(err, "worker vulkan: out of memory");
+    moex_vk_warm_begin(g->vk);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) rc = note_slot(g, first[i], err);
+    const int rc_end = moex_vk_warm_end(g->vk, rc ? NULL : err);
+    for (int i = 0; i < n && !rc && !rc_end; i++) rc = run_slot(g, first[i], err);
+    moex_worker_vk_batch_begin(g);
+    return rc || rc_end ? -1 : 0;
+}
+
+int moex_worker_vk_pipelines(const moex_worker_vk *g) { return moex_vk_testing_pipelines(g->vk); }
 
 int moex_worker_vk_run(moex_worker_vk *g, const moex_proto_msg *dispatch, float **values, moex_error *err) {
     moex_worker_vk_batch_begin(g);

@@ -41,6 +41,7 @@ int moex_worker_vk_warm_up(moex_worker_vk *g, moex_error *err) {
     (void)g;
     return moex_fail(err, "built without Vulkan");
 }
+int moex_worker_vk_pipelines(const moex_worker_vk *g) { return (void)g, 0; }
 int moex_worker_vk_run(moex_worker_vk *g, const moex_proto_msg *dispatch, float **values, moex_error *err) {
     (void)g, (void)dispatch, (void)values;
     return moex_fail(err, "built without Vulkan");

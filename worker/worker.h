@@ -124,10 +124,13 @@ float *moex_worker_vk_batch_values(const moex_worker_vk *g, int i);
  * the mapped buffer, ops planned and recorded) and the GPU (submit and wait;
  * the values are then read straight from host-visible memory, no readback copy). */
 void moex_worker_vk_batch_times(const moex_worker_vk *g, double *stage_s, double *gpu_s);
-/* Runs every kernel the held experts need once (a 1-token and a 16-token
- * batch per weight type), so that the first dispatches do not wait for
- * pipeline compilation. */
+/* Compiles every pipeline a batch of the held experts can pick (each kernel
+ * set at every row count where the kernels change), runs a 1-row and a
+ * 16-row batch of each, and sizes the batch buffers for a prompt's layer: the
+ * first dispatches wait for none of it. */
 int moex_worker_vk_warm_up(moex_worker_vk *g, moex_error *err);
+/* Pipelines created so far (tests: none more after the warm-up). */
+int moex_worker_vk_pipelines(const moex_worker_vk *g);
 /* One dispatch: begin + add + run. */
 int moex_worker_vk_run(moex_worker_vk *g, const moex_proto_msg *dispatch, float **values, moex_error *err);
 

@@ -2,7 +2,8 @@
  * (worker/core.c) on the same DISPATCH frames: wire dtypes f16, f32 and
  * int8, 1 and 17 tokens (the kernels' matrix-vector and tiled paths),
  * several experts, single dispatches and batches (one submission, split into
- * several ops), slot growth, reuse after drops, and refused dispatches.
+ * several ops), slot growth, reuse after drops, refused dispatches, and the
+ * warm-up (no pipeline compiled after it).
  *
  * What is measured: relative L2 error ||gpu - cpu|| / ||cpu|| of each token
  * row of the gate-weighted values, before they are encoded as a RESULT.
@@ -135,6 +136,44 @@ static void test_single(const moex_model *m, moex_worker_core *core, moex_worker
             }
 }
 
+/* ---- the warm-up: no batch compiles a pipeline afterwards ---- */
+
+/* Batches of every size where the kernels change and beyond (over one op's
+ * 256 rows), their rows on one expert (by row count) or spread over three
+ * (one token's kernels each, up to 4 rows an expert): the values still track
+ * the CPU core, and no pipeline is created (one compilation held a layer
+ * 50-190 ms on a GPU shared by several processes, docs/PERF.md). */
+static void test_warm(const moex_model *m, moex_worker_core *core, moex_worker_vk *g) {
+    moex_error err;
+    const int before = moex_worker_vk_pipelines(g);
+    CHECK(moex_worker_vk_warm_up(g, &err) == 0, "warm-up: %s", err.msg);
+    const int warmed = moex_worker_vk_pipelines(g);
+    CHECK(warmed > before, "the warm-up created no pipeline (%d before, %d after)", before, warmed);
+    static const int rows[] = {1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 32, 33, 64, 65, 100, 256, 257, 300};
+    const int experts[3][2] = {{1, 5}, {1, 2}, {0, 7}};
+    uint32_t seq = 700;
+    for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
+        for (int spread = 1; spread <= 3; spread += 2) {
+            dispatch d[3];
+            moex_worker_vk_batch_begin(g);
+            for (int i = 0; i < spread; i++) {
+                const int n = rows[ri] / spread + (i < rows[ri] % spread);
+                make_dispatch(&d[i], m, seq++, experts[i][0], experts[i][1], n > 0 ? n : 1, MOEX_DT_F16);
+                cpu_values(core, &d[i]);
+                CHECK(moex_worker_vk_batch_add(g, &d[i].msg, &err) == 0, "warm batch add: %s", err.msg);
+            }
+            const int rc = moex_worker_vk_batch_run(g, &err);
+            CHECK(rc == 0, "warm batch of %d rows: %s", rows[ri], err.msg);
+            for (int i = 0; i < spread; i++) {
+                if (!rc) expect_close("after the warm-up", moex_worker_vk_batch_values(g, i), &d[i]);
+                free_dispatch(&d[i]);
+            }
+        }
+    const int after = moex_worker_vk_pipelines(g);
+    CHECK(after == warmed, "%d pipelines after the warm-up, %d after batches of 1..300 rows", warmed, after);
+    if (after == warmed) printf("  warm-up: %d pipelines, none more for batches of 1..300 rows on 1 or 3 experts\n", warmed);
+}
+
 /* ---- a discriminating check: the bound tells experts and rows apart ---- */
 
 static void test_discriminates(const moex_model *m, moex_worker_core *core, moex_worker_vk *g) {
@@ -247,6 +286,7 @@ static int run_model(const char *path, moex_pool *pool) {
     CHECK(moex_worker_vk_reserve(g, 6, &err) == 0, "reserve: %s", err.msg);
     const int first[][2] = {{0, 0}, {1, 5}, {0, 7}, {1, 2}, {1, 6}, {1, 0}};
     for (int i = 0; i < 6; i++) hold(g, m, first[i][0], first[i][1]);
+    test_warm(m, core, g);
     test_single(m, core, g);
     test_discriminates(m, core, g);
     test_batch(m, core, g, MOEX_DT_F16, false);
