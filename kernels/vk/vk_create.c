@@ -45,14 +45,14 @@ static void read_tuning(vk_tuning *t) {
 /* MOEX_VK_EX_SHAPE="GWG,GRT,GRU,DWG,DRT,DRU": the one-token expert FFN's
  * workgroups (gate+up, then down: threads, rows, rows loaded together), for
  * tuning on another GPU; six more numbers set the batches' (VK_EX_MANY
- * tokens or more) the same way. A shape that does not fit is refused with a
- * warning. */
+ * tokens or more) the same way, six more the few-positions shapes. A shape
+ * that does not fit is refused with a warning. */
 static void read_ex_shape(moex_vk *vk) {
     const char *e = getenv("MOEX_VK_EX_SHAPE");
     if (!e || !*e) return;
-    int v[12], n = 0;   /* six or twelve comma-separated integers, nothing after them */
+    int v[18], n = 0;   /* six, twelve or eighteen comma-separated integers, nothing after them */
     const char *p = e;
-    while (n < 12) {
+    while (n < 18) {
         char *end;
         v[n++] = (int)strtol(p, &end, 10);
         if (end == p) break;   /* not a number: p stays on it, so the setting is refused */
@@ -60,14 +60,15 @@ static void read_ex_shape(moex_vk *vk) {
         if (*p != ',') break;
         p++;
     }
-    vk_ex_shape s[4];
+    vk_ex_shape s[6];
     for (int i = 0; i < n / 3; i++) s[i] = (vk_ex_shape){v[3 * i], v[3 * i + 1], v[3 * i + 2]};
-    bool ok = (n == 6 || n == 12) && !*p;
+    bool ok = (n == 6 || n == 12 || n == 18) && !*p;
     for (int i = 0; ok && i < n / 3; i++) ok = vk_ex_shape_ok(vk, i % 2, s[i]);
     if (!ok) {
         moex_log(MOEX_LOG_WARN,
-                 "vulkan: MOEX_VK_EX_SHAPE=%s ignored: give six numbers GWG,GRT,GRU,DWG,DRT,DRU (one token), or "
-                 "twelve (one token, then batches), with RU <= RT <= WG <= 1024 and RU dividing RT (e.g. 64,8,2,192,4,2)",
+                 "vulkan: MOEX_VK_EX_SHAPE=%s ignored: give six numbers GWG,GRT,GRU,DWG,DRT,DRU (one token), "
+                 "twelve (one token, then batches) or eighteen (then few positions), with RU <= RT <= WG <= 1024 and "
+                 "RU dividing RT (e.g. 64,8,2,192,4,2)",
                  e);
         return;
     }

@@ -128,18 +128,19 @@ int vk_experts_mv_halves(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x
     const bool ggen = gq && (g->data % 16 || e->up.data % 16 || g->expert_stride % 16);
     const bool dgen = dq && (d->data % 16 || d->expert_stride % 16);
     const bool many = !each && n >= VK_EX_MANY;
-    const vk_ex_shape *gs = &c->vk->ex_shape[0][many], *ds = &c->vk->ex_shape[1][many];
-    const int gppt = ex_ppt(g->cols / ex_pe(g->type, ggen), gs->wg);
-    const int dppt = ex_ppt((int64_t)k * (d->cols / ex_pe(d->type, dgen)), ds->wg);
+    const int64_t gpos = g->cols / ex_pe(g->type, ggen), dpos = (int64_t)k * (d->cols / ex_pe(d->type, dgen));
+    const int gkind = vk_ex_kind(c->vk, 0, many, gpos), dkind = vk_ex_kind(c->vk, 1, many, dpos);
+    const vk_ex_shape *gs = &c->vk->ex_shape[0][gkind], *ds = &c->vk->ex_shape[1][dkind];
+    const int gppt = ex_ppt(gpos, gs->wg), dppt = ex_ppt(dpos, ds->wg);
     const uint32_t ggx = vk_ceil_div(g->rows, gs->rt), dgx = vk_ceil_div(d->rows, ds->rt);
     if (vk_check_grid(ggx, n * k, 1, err) || vk_check_grid(dgx, n, 1, err)) return -1;
     const bool gu = (halves & 1) && (each ? gu_fits(c->vk, e) : vk_gu_applies(c->vk, e, n));   /* experts_gu.comp */
     const bool xq = xq_applies(c->vk, d, dgen, n, k);
     const vk_pipe *pg = gu ? NULL
                            : vk_pipeline(c->vk, VK_K_EXPERTS_MV, g->type,
-                                         VK_EX_MODE(0, ggen, gppt, many) | ex_idot(c->vk, g->type, ggen), err),
+                                         VK_EX_MODE(0, ggen, gppt, gkind) | ex_idot(c->vk, g->type, ggen), err),
                   *pd = vk_pipeline(c->vk, VK_K_EXPERTS_MV, d->type,
-                                    VK_EX_MODE(1, dgen, dppt, many) | ex_idot(c->vk, d->type, dgen) |
+                                    VK_EX_MODE(1, dgen, dppt, dkind) | ex_idot(c->vk, d->type, dgen) |
                                         (xq ? VK_EX_PREQ : 0),
                                     err);
     if ((!gu && !pg) || !pd) return -1;

@@ -116,7 +116,7 @@ struct moex_vk {
     int verbose;
     /* vk_shapes.c, vk_create.c */
     vk_tuning tune;
-    vk_ex_shape ex_shape[2][2];   /* experts_mv.comp's workgroups [half][batch of VK_EX_MANY tokens or more] */
+    vk_ex_shape ex_shape[2][3];   /* experts_mv.comp's workgroups [half][VK_EX_ONE, VK_EX_BATCH, VK_EX_FEW] */
     /* vk_pipeline.c */
     VkPipelineCache pcache;
     char cache_dir[512];          /* "" when caching is off */
@@ -191,16 +191,24 @@ uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode);   /* mv.comp w
  * rounded to the CPU's grid (vk->actq). */
 bool vk_idot(const moex_vk *vk);
 
-/* experts_mv.comp's shapes by [half (0 gate+up, 1 down)][batch of at least
- * VK_EX_MANY tokens], measured rather than derived (docs/PERF.md); each
- * device starts from these, MOEX_VK_EX_SHAPE changes them. */
+/* experts_mv.comp's shapes by [half (0 gate+up, 1 down)][kind], measured
+ * rather than derived (docs/PERF.md); each device starts from these,
+ * MOEX_VK_EX_SHAPE changes them. Kinds: one token's, a batch's (at least
+ * VK_EX_MANY tokens over many experts), and one token's where its positions
+ * (k experts x a row's positions) would leave more than half of the
+ * one-token workgroup idle (a worker's rows, each with its one expert). */
 #define VK_EX_MANY 4
 #define VK_EX_PPT_MAX 4   /* input positions a thread holds in registers (more: an outer loop) */
-extern const vk_ex_shape vk_ex_default_shapes[2][2];
+enum { VK_EX_ONE, VK_EX_BATCH, VK_EX_FEW };
+extern const vk_ex_shape vk_ex_default_shapes[2][3];
 bool vk_ex_shape_ok(const moex_vk *vk, int half, vk_ex_shape s);
-#define VK_EX_MODE(down, generic, ppt, many) \
-    ((down) | ((generic) ? VK_EX_GENERIC : 0) | (((ppt) - 1) << 2) | ((many) ? VK_EX_MANY_BIT : 0))
-#define VK_EX_MODE_SHAPE(vk, mode) (&(vk)->ex_shape[(mode) & VK_EX_DOWN][((mode) & VK_EX_MANY_BIT) != 0])
+int vk_ex_kind(const moex_vk *vk, int half, bool many, int64_t npos);   /* a half's kind for npos positions */
+#define VK_EX_MODE(down, generic, ppt, kind)                                                           \
+    ((down) | ((generic) ? VK_EX_GENERIC : 0) | (((ppt) - 1) << 2) |                                   \
+     ((kind) == VK_EX_BATCH ? VK_EX_MANY_BIT : (kind) == VK_EX_FEW ? VK_EX_FEW_BIT : 0))
+#define VK_EX_MODE_KIND(mode) \
+    ((mode) & VK_EX_MANY_BIT ? VK_EX_BATCH : (mode) & VK_EX_FEW_BIT ? VK_EX_FEW : VK_EX_ONE)
+#define VK_EX_MODE_SHAPE(vk, mode) (&(vk)->ex_shape[(mode) & VK_EX_DOWN][VK_EX_MODE_KIND(mode)])
 
 vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos);
 size_t vk_gu_shared_bytes(const moex_vk *vk, vk_gu_shape s);   /* experts_gu.comp's reduction */

@@ -48,11 +48,22 @@ bool vk_idot(const moex_vk *vk) {
 /* One token: 8 rows per gate+up workgroup and down workgroups of 192
  * threads; a batch over many experts: 2 rows per workgroup, both loaded at
  * once (docs/PERF.md: inside a token the workgroup count weighs more than
- * the bytes). */
-const vk_ex_shape vk_ex_default_shapes[2][2] = {
-    {{64, 8, 2}, {64, 2, 2}},    /* gate+up: one token, a batch */
-    {{192, 4, 2}, {96, 2, 2}},   /* down */
+ * the bytes). Few positions (a worker's row: one expert's 768 down inputs
+ * are 24 Q4_K or 48 Q6_K positions, for 192 threads): one subgroup of 32
+ * threads and 8 rows, so that a workgroup has work for its threads. */
+const vk_ex_shape vk_ex_default_shapes[2][3] = {
+    {{64, 8, 2}, {64, 2, 2}, {32, 8, 2}},    /* gate+up: one token, a batch, few positions */
+    {{192, 4, 2}, {96, 2, 2}, {32, 8, 2}},   /* down */
 };
+
+/* One token whose positions would leave more than half of its workgroup's
+ * threads idle takes the few-positions shape. The kind depends on the
+ * weights and k alone, never on the batch, so a token's sums are the same in
+ * any batch. */
+int vk_ex_kind(const moex_vk *vk, int half, bool many, int64_t npos) {
+    if (many) return VK_EX_BATCH;
+    return npos < vk->ex_shape[half][VK_EX_ONE].wg / 2 ? VK_EX_FEW : VK_EX_ONE;
+}
 
 bool vk_ex_shape_ok(const moex_vk *vk, int half, vk_ex_shape s) {
     const int64_t nv = half == 0 ? 2 * s.rt : s.rt;   /* experts_mv.comp's red[NV * WG] */

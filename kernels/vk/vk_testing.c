@@ -29,18 +29,20 @@ int moex_vk_testing_set_mv_batch_wg(moex_vk *vk, int wg) {
 
 void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on) { vk->tune.attn_simple = on; }
 
-moex_vk_ex_shape moex_vk_testing_ex_default(int half, bool many) { return vk_ex_default_shapes[half != 0][many]; }
+moex_vk_ex_shape moex_vk_testing_ex_default(int half, int kind) { return vk_ex_default_shapes[half != 0][kind]; }
 
-moex_vk_ex_shape moex_vk_testing_ex_shape(const moex_vk *vk, int half, bool many) {
-    return vk->ex_shape[half != 0][many];
+moex_vk_ex_shape moex_vk_testing_ex_shape(const moex_vk *vk, int half, int kind) { return vk->ex_shape[half != 0][kind]; }
+
+int moex_vk_testing_ex_kind(const moex_vk *vk, int half, bool many, int64_t npos) {
+    return vk_ex_kind(vk, half != 0, many, npos);
 }
 
 bool moex_vk_testing_ex_shape_ok(const moex_vk *vk, int half, moex_vk_ex_shape s) {
     return vk_ex_shape_ok(vk, half != 0, s);
 }
 
-void moex_vk_testing_set_ex_shape(moex_vk *vk, int half, bool many, moex_vk_ex_shape s) {
-    vk->ex_shape[half != 0][many] = s;
+void moex_vk_testing_set_ex_shape(moex_vk *vk, int half, int kind, moex_vk_ex_shape s) {
+    vk->ex_shape[half != 0][kind] = s;
     vk_pipelines_forget(vk, VK_K_EXPERTS_MV);
 }
 

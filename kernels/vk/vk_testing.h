@@ -39,17 +39,21 @@ int moex_vk_testing_set_mv_batch_wg(moex_vk *vk, int wg);
 void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on);
 
 /* experts_mv.comp's workgroup for one half: wg threads, rt output rows, ru
- * rows whose weight loads are issued together. Each half has one for a token
- * and one for batches (many: at least 4 tokens); MOEX_VK_EX_SHAPE sets them. */
+ * rows whose weight loads are issued together. Each half has three kinds: 0
+ * a token's, 1 a batch's (at least 4 tokens), 2 a token's with few positions
+ * (fewer than half the threads of kind 0: one expert's down half, as a
+ * worker's rows); MOEX_VK_EX_SHAPE sets them. */
 typedef struct moex_vk_ex_shape {
     int wg, rt, ru;
 } moex_vk_ex_shape;
-moex_vk_ex_shape moex_vk_testing_ex_default(int half, bool many);   /* half: 0 gate+up, 1 down */
-moex_vk_ex_shape moex_vk_testing_ex_shape(const moex_vk *vk, int half, bool many);
+moex_vk_ex_shape moex_vk_testing_ex_default(int half, int kind);   /* half: 0 gate+up, 1 down */
+moex_vk_ex_shape moex_vk_testing_ex_shape(const moex_vk *vk, int half, int kind);
+/* The kind a half takes for npos positions (k experts x a row's positions). */
+int moex_vk_testing_ex_kind(const moex_vk *vk, int half, bool many, int64_t npos);
 /* s fits experts_mv.comp on vk: rows divide into load groups, no more rows
  * than threads, the reduction in shared memory. */
 bool moex_vk_testing_ex_shape_ok(const moex_vk *vk, int half, moex_vk_ex_shape s);
-void moex_vk_testing_set_ex_shape(moex_vk *vk, int half, bool many, moex_vk_ex_shape s);
+void moex_vk_testing_set_ex_shape(moex_vk *vk, int half, int kind, moex_vk_ex_shape s);
 
 /* experts_gu.comp's workgroup for rows of npos 32-column positions: ch rows in
  * rl row lanes of npos threads (wg = npos * rl), ru rows a thread loads

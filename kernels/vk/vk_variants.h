@@ -8,7 +8,7 @@
 #ifndef MOEX_VK_VARIANTS_H
 #define MOEX_VK_VARIANTS_H
 
-#define VK_MODES 128            /* modes per kernel and weight type (the pipeline table's last index) */
+#define VK_MODES 256            /* modes per kernel and weight type (the pipeline table's last index) */
 #define VK_MV_NMAX 8            /* tokens per matrix-vector dispatch; more go to the tiled kernels */
 #define VK_MAX_EXPERTS 512      /* shared-memory arrays of the router and the expert grouping */
 #define VK_ATTN_MAX_SPLITS 64   /* key splits of the decode attention at most (vk_attn.c, attn_dec.comp's merge) */
@@ -41,12 +41,14 @@
 /* experts_mv.comp: bit 0 the half, bit 1 generic positions (8 elements
  * through dq8: weights not 16-byte aligned), bits 2-3 positions per thread -
  * 1 and bit 4 the batch shape (specializations only), bit 5 int8 activations,
- * bit 6 (down, int8) the input as experts_xq.comp's position records. */
+ * bit 6 (down, int8) the input as experts_xq.comp's position records, bit 7
+ * the shape for few positions (a specialization only). */
 #define VK_EX_DOWN 1
 #define VK_EX_GENERIC 2
 #define VK_EX_MANY_BIT 16
 #define VK_EX_IDOT 32
 #define VK_EX_PREQ 64
+#define VK_EX_FEW_BIT 128
 
 /* experts_gu.comp: bits 0-3 log2 of a row's 32-column positions (a
  * specialization only), bit 4 int8 activations. */

@@ -7,7 +7,8 @@
  * more rows) than the defaults. One token's Q4_K gate+up runs on
  * experts_gu.comp where it applies: it is checked to apply, and its cases run
  * in other shapes and with it switched off (experts_mv.comp, MOEX_VK_GU=0).
- * Where the device has integer dot products Q4_K and Q6_K positions take
+ * One expert a token (a worker's rows) runs the down half on the shape for
+ * few positions. Where the device has integer dot products Q4_K and Q6_K positions take
  * int8 activations: each half is then checked against float64 on
  * its own input rounded exactly as the GPU rounds it (h read back from the
  * scratch for the down half), and the f32 path of those cases runs too.
@@ -252,24 +253,28 @@ static void check_gu(void) {
 }
 
 /* MOEX_VK_EX_SHAPE, read when a device is created: six numbers set the
- * one-token shapes, twelve the batches' too; anything else (a shape the
- * kernel cannot run, a wrong count, trailing text) leaves the defaults. */
+ * one-token shapes, twelve the batches' too, eighteen the few-positions
+ * shapes too; anything else (a shape the kernel cannot run, a wrong count,
+ * trailing text) leaves the defaults. */
 static void check_shape_env(void) {
-    /* n: how many shapes the setting gives (gate+up, down; then the batches'), 0: refused */
-    static const struct { const char *env; int n; moex_vk_ex_shape s[4]; } cs[] = {
+    /* n: how many shapes the setting gives (gate+up, down; then the batches'; then few positions), 0: refused */
+    static const struct { const char *env; int n; moex_vk_ex_shape s[6]; } cs[] = {
         {"64,4,2,96,8,4", 2, {{64, 4, 2}, {96, 8, 4}}},
         {"32,8,4,192,2,2,128,8,2,64,4,4", 4, {{32, 8, 4}, {192, 2, 2}, {128, 8, 2}, {64, 4, 4}}},
+        {"32,8,4,192,2,2,128,8,2,64,4,4,64,16,2,32,4,2", 6,
+         {{32, 8, 4}, {192, 2, 2}, {128, 8, 2}, {64, 4, 4}, {64, 16, 2}, {32, 4, 2}}},
         {"64,8,3,192,4,2", 0, {{0}}},   /* 3 does not divide 8 */
         {"64,8,2,192,4", 0, {{0}}},
         {"64,8,2,192,4,2,64", 0, {{0}}},
         {"64,8,2,192,4,2x", 0, {{0}}},
         {"64,8,2,192,4,2,", 0, {{0}}},
         {"64,8,2,192,4,2,64,2,2,96,2,2,1", 0, {{0}}},
+        {"64,8,2,192,4,2,64,2,2,96,2,2,32,8,2", 0, {{0}}},
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
         setenv("MOEX_VK_EX_SHAPE", cs[i].env, 1);
         moex_vk *d = test_vk(false);
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 6; k++) {
             const int h = k % 2, b = k / 2;
             const moex_vk_ex_shape g = moex_vk_testing_ex_shape(d, h, b),
                                    w = k < cs[i].n ? cs[i].s[k] : moex_vk_testing_ex_default(h, b);
@@ -302,25 +307,34 @@ int main(int argc, char **argv) {
         {Q4K, Q6K, 256, 512, 4, 8, 2, 4, false},     /* unaligned gate/up with Q6_K down */
         {Q4K, Q4K, 512, 512, 3, 8, 4, 0, false},     /* Q4_K down (half of a Q4_K_M file's layers) */
         {Q6K, Q6K, 256, 256, 2, 6, 3, 0, false},     /* Q6_K gate/up */
+        {Q4K, Q6K, 512, 768, 3, 16, 1, 0, false},    /* one expert a token (a worker's rows): the down half's few positions */
+        {Q4K, Q4K, 512, 768, 1, 16, 1, 0, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
     if (moex_vk_testing_idot(vk)) {   /* the f32 path of the cases that took int8 activations */
         printf("  f32 activations (MOEX_VK_IDOT=0)\n");
         moex_vk_testing_set_idot(vk, 0);
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-            if (i == 0 || i == 1 || i >= 10) run_case(&cases[i]);   /* one token, a batch, Q4_K down, Q6_K gate/up */
+            if (i == 0 || i == 1 || i >= 10) run_case(&cases[i]);   /* one token, a batch, Q4_K down, Q6_K gate/up, k 1 */
         moex_vk_testing_set_idot(vk, 1);
     }
+    /* one expert's 768 down inputs (a worker's row: 24 Q4_K or 48 Q6_K positions) take the few-positions
+     * shape, eight experts' do not, nor a batch's, nor a token's 2048 gate+up inputs (64 Q4_K positions) */
+    CHECK(moex_vk_testing_ex_kind(vk, 1, false, 24) == 2 && moex_vk_testing_ex_kind(vk, 1, false, 48) == 2,
+          "one expert's down half does not take the few-positions shape");
+    CHECK(moex_vk_testing_ex_kind(vk, 1, false, 8 * 24) == 0 && moex_vk_testing_ex_kind(vk, 1, true, 24) == 1 &&
+              moex_vk_testing_ex_kind(vk, 0, false, 64) == 0,
+          "eight experts' down half, a batch or a token's gate+up took the few-positions shape");
     /* the defaults fit this device; shapes the kernel cannot run are refused (MOEX_VK_EX_SHAPE's check) */
     for (int h = 0; h < 2; h++)
-        for (int b = 0; b < 2; b++)
+        for (int b = 0; b < 3; b++)
             CHECK(moex_vk_testing_ex_shape_ok(vk, h, moex_vk_testing_ex_default(h, b)), "default expert shape [%d][%d] refused",
                   h, b);
     const moex_vk_ex_shape bad[] = {{64, 8, 3}, {16, 32, 2}, {2048, 4, 2}, {64, 0, 0}, {0, 1, 1}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         CHECK(!moex_vk_testing_ex_shape_ok(vk, (int)(i % 2), bad[i]), "expert shape %d.%d.%d accepted", bad[i].wg, bad[i].rt,
               bad[i].ru);
-    /* other shapes: each replaces both token counts' shapes of its half */
+    /* other shapes: each replaces all three kinds of its half */
     const moex_vk_ex_shape other[][2] = {
         {{32, 8, 4}, {256, 2, 2}},   /* the shapes before the H200 sweep (docs/PERF.md), down and gate+up wider */
         {{64, 16, 2}, {384, 8, 4}},
@@ -329,13 +343,11 @@ int main(int argc, char **argv) {
     for (size_t s = 0; s < sizeof other / sizeof *other; s++) {
         printf("  shapes: gate+up %d.%d.%d, down %d.%d.%d\n", other[s][0].wg, other[s][0].rt, other[s][0].ru,
                other[s][1].wg, other[s][1].rt, other[s][1].ru);
-        for (int h = 0; h < 2; h++) {
-            moex_vk_testing_set_ex_shape(vk, h, false, other[s][h]);
-            moex_vk_testing_set_ex_shape(vk, h, true, other[s][h]);
-        }
+        for (int h = 0; h < 2; h++)
+            for (int kind = 0; kind < 3; kind++) moex_vk_testing_set_ex_shape(vk, h, kind, other[s][h]);
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-            if (i == 0 || i == 7 || (s < 2 && (i < 3 || i == 8 || i == 10)))
-                run_case(&cases[i]);   /* hot mix, outer loop (, unaligned, Q4_K down) */
+            if (i == 0 || i == 7 || i == 12 || (s < 2 && (i < 3 || i == 8 || i == 10 || i == 13)))
+                run_case(&cases[i]);   /* hot mix, outer loop, one expert a token (, unaligned, Q4_K down) */
     }
     check_gu();
     moex_vk_free(vk);
