@@ -36,21 +36,24 @@ typedef struct vk_slot {
 } vk_slot;
 
 /* One moex_vk_op_experts: rows [r0, r0 + n), slots within [lo, hi]; each:
- * every row on one token's matrix-vector kernels (MOEX_VK_EACH), for rows
- * spread over many experts (decode), where the tiled kernels would fill a
- * whole tile per expert for a row or two. */
+ * every row on one token's matrix-vector kernels (MOEX_VK_EACH), else the
+ * kernels by row count (the prompt's tiles past 8 rows). */
 typedef struct vk_op {
     int64_t r0, n;
     int lo, hi;
     bool each;
 } vk_op;
 
-/* Rows per expert up to which an op takes the matrix-vector kernels: each
- * row then streams its expert's weights (from L2 when its neighbour did),
- * where a tile of the prompt kernels costs several such streams.
- * MOEX_WORKER_EACH_ROWS overrides it (0: always the kernels by row count, to
- * compare). */
-#define EACH_ROWS_PER_EXPERT 4
+/* Every row takes one token's kernels, however many rows its expert has in
+ * the batch: a row's values are then the same bits in any batch, so a
+ * sequence decoding beside another's prompt (or 15 others) gets the tokens it
+ * gets alone (the API's continuous batching promises it). Each row streams
+ * its expert's weights (from L2 when its neighbour did); on a GPU shared with
+ * the hub this measured no slower than the prompt's tiles even for 512-token
+ * prompts (docs/PERF.md). MOEX_WORKER_EACH_ROWS=N takes the tiles for an op
+ * of more than N rows an expert (0: always the kernels by row count), to
+ * compare. */
+#define EACH_ROWS_ALWAYS (-1)
 
 /* A dispatch of the batch: its rows [row0, row0 + n) read from the view at
  * run time (values NULL: zero rows, for the warm-up). */
@@ -88,7 +91,7 @@ struct moex_worker_vk {
     int64_t cap_tokens;
     io_plan plan;
     double stage_s, gpu_s;       /* the last run's two parts */
-    int each_rows;               /* EACH_ROWS_PER_EXPERT or MOEX_WORKER_EACH_ROWS */
+    int each_rows;               /* EACH_ROWS_ALWAYS or MOEX_WORKER_EACH_ROWS */
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -159,7 +162,7 @@ moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options
     g->n_layers = hp->n_layer;
     g->n_experts = hp->n_expert;
     g->hidden = hp->n_embd;
-    g->each_rows = moex_env_int("MOEX_WORKER_EACH_ROWS", EACH_ROWS_PER_EXPERT);
+    g->each_rows = moex_env_int("MOEX_WORKER_EACH_ROWS", EACH_ROWS_ALWAYS);
     plan_slots(g, m);
     if (g->max_span < 1) {
         moex_fail(err, "worker vulkan: an expert of %zu bytes is over the kernels' 4 GiB", g->slot_bytes);
@@ -429,7 +432,7 @@ static int plan_ops(moex_worker_vk *g, moex_error *err) {
         int experts = 1; /* a dispatch's rows are adjacent: count the slot changes */
         for (int64_t i = r0 + 1; i < r; i++) experts += g->row_slot[i] != g->row_slot[i - 1];
         g->ops[g->n_ops] = (vk_op){.r0 = r0, .n = r - r0, .lo = lo, .hi = hi,
-                                   .each = r - r0 <= (int64_t)g->each_rows * experts};
+                                   .each = g->each_rows < 0 || r - r0 <= (int64_t)g->each_rows * experts};
         write_ids(g, &g->ops[g->n_ops++]);
         r0 = r;
     }
@@ -519,13 +522,13 @@ static int note_op(moex_worker_vk *g, int s, int64_t n, bool each, moex_error *e
     return rc;
 }
 
-/* Every pipeline an op on slot s's kernels can pick: by row count at the
- * sizes where moex_vk_op_experts switches kernels (one row, a few, the batch
- * shapes, the tiles, up to an op's OP_MAX_TOKENS), and one token's kernels
- * for each row. */
+/* Every pipeline an op on slot s's kernels can pick: one token's kernels
+ * for each row, and where MOEX_WORKER_EACH_ROWS lets ops take the kernels by
+ * row count, those at the sizes where moex_vk_op_experts switches kernels
+ * (one row, a few, the batch shapes, the tiles, up to an op's OP_MAX_TOKENS). */
 static int note_slot(moex_worker_vk *g, int s, moex_error *err) {
     int64_t sizes[8];
-    const int n = moex_vk_warm_batch_sizes(OP_MAX_TOKENS, sizes);
+    const int n = g->each_rows < 0 ? 0 : moex_vk_warm_batch_sizes(OP_MAX_TOKENS, sizes);
     for (int i = 0; i < n; i++)
         if (note_op(g, s, sizes[i], false, err)) return -1;
     return note_op(g, s, 1, true, err) || note_op(g, s, 2, true, err) ? -1 : 0;

@@ -8,7 +8,7 @@
 #   bench      bench_vk: pp512 and decode after a 512-token prompt (docs/PERF.md's figures)
 #   dist       the same prompt through hub --backend vulkan + 4 workers (Vulkan, then CPU) against --local
 #   distvk     dist without the CPU workers' run
-#   each       apidist at 8 streams and dist's Vulkan run, each with MOEX_WORKER_EACH_ROWS=4 (default) and 0
+#   each       apidist at 8 streams and dist's Vulkan run, each with MOEX_WORKER_EACH_ROWS=-1 (default), 4 and 0
 #   probe      hub + 4, 2 and 1 Vulkan workers, and with the hub's CPU pool at one thread (where a layer goes)
 #   inline     dist's Vulkan run and apidist at 1 and 8 streams, each with the workers' small messages computed
 #              on their socket thread (default) and with MOEX_WORKER_INLINE_ROWS=0 (all on the compute thread)
@@ -136,13 +136,14 @@ step_probe() {
     dist_run probe_cpu4_hubt1 cpu 3 4 2 --threads 1
 }
 
-# The workers' decode batches on one token's kernels (the default) against the kernels by row count
-# (MOEX_WORKER_EACH_ROWS=0: more than 8 rows took the prompt's tiled kernels): the API at 8 streams, then one stream
+# The workers' rows all on one token's kernels (the default, -1) against the prompt's tiles for ops of more
+# than 4 rows an expert (4) and the kernels by row count (0: more than 8 rows took the tiles): the API at 8
+# streams, then the CLI's 512-token prompt and decode
 step_each() {
-    for e in 4 0; do
+    for e in -1 4 0; do
         (export MOEX_WORKER_EACH_ROWS=$e MOEX_APIDIST_STREAMS=8; step_apidist) | sed "s/^/each$e /"
     done
-    for e in 4 0; do
+    for e in -1 4 0; do
         (export MOEX_WORKER_EACH_ROWS=$e; dist_run "each${e}_dist_vk" vulkan 1)
     done
 }

@@ -2,8 +2,9 @@
  * (worker/core.c) on the same DISPATCH frames: wire dtypes f16, f32 and
  * int8, 1 and 17 tokens (the kernels' matrix-vector and tiled paths),
  * several experts, single dispatches and batches (one submission, split into
- * several ops), slot growth, reuse after drops, refused dispatches, and the
- * warm-up (no pipeline compiled after it).
+ * several ops), slot growth, reuse after drops, refused dispatches, the
+ * warm-up (no pipeline compiled after it) and batch invariance (a dispatch's
+ * values the same bits alone and in a batch).
  *
  * What is measured: relative L2 error ||gpu - cpu|| / ||cpu|| of each token
  * row of the gate-weighted values, before they are encoded as a RESULT.
@@ -174,6 +175,43 @@ static void test_warm(const moex_model *m, moex_worker_core *core, moex_worker_v
     if (after == warmed) printf("  warm-up: %d pipelines, none more for batches of 1..300 rows on 1 or 3 experts\n", warmed);
 }
 
+/* ---- batch invariance: a dispatch's values are the same bits alone and in any batch ---- */
+
+/* Three rows of an expert alone, then beside 200 rows of the same expert (a
+ * prompt's) and 40 of another, before and after them: every value the same
+ * bits (the API's greedy tokens alone and batched rest on it; the prompt's
+ * tiled kernels, MOEX_WORKER_EACH_ROWS=4, change them). */
+static void test_invariance(const moex_model *m, moex_worker_vk *g) {
+    dispatch a, big, other;
+    make_dispatch(&a, m, 800, 1, 5, 3, MOEX_DT_F16);
+    make_dispatch(&big, m, 801, 1, 5, 200, MOEX_DT_F16);
+    make_dispatch(&other, m, 802, 1, 2, 40, MOEX_DT_F16);
+    const size_t n = n_values(&a);
+    float *alone = malloc(n * sizeof *alone), *v;
+    moex_error err;
+    CHECK(moex_worker_vk_run(g, &a.msg, &v, &err) == 0, "alone: %s", err.msg);
+    memcpy(alone, v, n * sizeof *alone);
+    size_t worst = 0;
+    for (int order = 0; order < 2; order++) {
+        const dispatch *seq[3] = {&big, &a, &other};
+        if (order) seq[0] = &a, seq[1] = &big;
+        moex_worker_vk_batch_begin(g);
+        for (int i = 0; i < 3; i++) CHECK(moex_worker_vk_batch_add(g, &seq[i]->msg, &err) == 0, "add: %s", err.msg);
+        CHECK(moex_worker_vk_batch_run(g, &err) == 0, "batch: %s", err.msg);
+        const float *got = moex_worker_vk_batch_values(g, order ? 0 : 1);
+        size_t differ = 0;
+        for (size_t i = 0; got && i < n; i++) differ += memcmp(&got[i], &alone[i], sizeof *got) != 0;
+        CHECK(got && differ == 0, "3 rows beside 240 others (%s them): %zu of %zu values differ from alone",
+              order ? "before" : "after", differ, n);
+        if (!got || differ > worst) worst = got ? differ : n;
+    }
+    if (worst == 0) printf("  batch invariance: 3 rows the same bits alone and beside 240 rows of the same and another expert\n");
+    free(alone);
+    free_dispatch(&a);
+    free_dispatch(&big);
+    free_dispatch(&other);
+}
+
 /* ---- a discriminating check: the bound tells experts and rows apart ---- */
 
 static void test_discriminates(const moex_model *m, moex_worker_core *core, moex_worker_vk *g) {
@@ -287,6 +325,7 @@ static int run_model(const char *path, moex_pool *pool) {
     const int first[][2] = {{0, 0}, {1, 5}, {0, 7}, {1, 2}, {1, 6}, {1, 0}};
     for (int i = 0; i < 6; i++) hold(g, m, first[i][0], first[i][1]);
     test_warm(m, core, g);
+    test_invariance(m, g);
     test_single(m, core, g);
     test_discriminates(m, core, g);
     test_batch(m, core, g, MOEX_DT_F16, false);
