@@ -311,6 +311,50 @@ def vulkan():
 
 
 @scenario
+def vulkan_workers():
+    """hub --backend vulkan + 2 Vulkan workers, 4 slots, prompts fed 4 tokens a step (so decodes share steps
+    with other prompts' chunks): 8 concurrent greedy requests each equal to itself alone."""
+    if not has_vulkan():
+        print("     (no Vulkan build or device: skipped)")
+        return
+    port = free_port()
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, port, ["--backend", "vulkan", "--token", distlib.TOKEN, "--replicas", "1",
+                                                         "--min-workers", "2", "--parallel", "4", "--ctx", str(CTX),
+                                                         "--prompt-chunk", "4"],
+                key=KEY, wait_health=False, timeout=300)
+    workers = []
+    try:
+        time.sleep(0.3)
+        for i in range(2):
+            log = open(os.path.join(distlib.WORK, f"api-vkworker-{port}-{i}.log"), "w")
+            workers.append(subprocess.Popen([f"{distlib.BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{port}/ws",
+                                             "--token", distlib.TOKEN, "--model", MODEL, "--backend", "vulkan",
+                                             "--name", f"vk{i}"], stdout=log, stderr=subprocess.STDOUT))
+        srv.wait_health(300)
+        before = srv.metrics()
+        client_checks(srv, "Vulkan workers, 4 slots", only=["concurrent"])
+        fams = srv.metrics()
+        d0, d1 = sample(before, "moex_hub_dispatches_total"), sample(fams, "moex_hub_dispatches_total")
+        check("vulkan workers: they computed the experts (no fallback)",
+              d1 > d0 and sample(fams, "moex_hub_fallbacks_total") == 0, f"dispatches {d0} -> {d1}")
+        steps = sample(fams, "moex_forward_steps_total") - sample(before, "moex_forward_steps_total")
+        toks = sample(fams, "moex_forward_tokens_total") - sample(before, "moex_forward_tokens_total")
+        check("vulkan workers: forwards carried several sequences' tokens (batched)", toks > 1.5 * steps,
+              f"{toks} tokens in {steps}")
+    finally:
+        rc = srv.stop()
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+    check("vulkan workers: the server stops cleanly", rc == 0, f"rc={rc} {srv.text()[-1500:] if rc else ''}")
+
+
+@scenario
 def templates():
     """A template the server does not recognise stops it at start with a way out; --chat-template is one."""
     with open(os.path.join(distlib.VOCAB, "ggml-vocab-qwen2.gguf"), "rb") as f:
