@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/vk/vk_testing.h"
+#include "kernels/vk/vk_testing.h"   /* moex_vk_testing_pipelines, for moex_worker_vk_pipelines */
 #include "worker/worker.h"
 
 #define SLOT_ALIGN 256
@@ -407,8 +407,6 @@ static void write_ids(moex_worker_vk *g, const vk_op *op) {
     for (int64_t r = op->r0; r < op->r0 + op->n; r++) ids[r] = g->row_slot[r] - op->lo;
 }
 
-/* Cuts the rows into ops (at most OP_MAX_TOKENS rows, slots within the
- * kernels' span, one weight type) and writes their ids. */
 static int grow_ops(moex_worker_vk *g) {
     const int cap = g->cap_ops ? 2 * g->cap_ops : 16;
     vk_op *p = realloc(g->ops, (size_t)cap * sizeof *p);
@@ -418,6 +416,8 @@ static int grow_ops(moex_worker_vk *g) {
     return 0;
 }
 
+/* Cuts the rows into ops (at most OP_MAX_TOKENS rows, slots within the
+ * kernels' span, one weight type) and writes their ids. */
 static int plan_ops(moex_worker_vk *g, moex_error *err) {
     g->n_ops = 0;
     for (int64_t r0 = 0; r0 < g->n_rows;) {
@@ -513,7 +513,8 @@ float *moex_worker_vk_batch_values(const moex_worker_vk *g, int i) {
  * only notes the pipelines it would use. */
 static int note_op(moex_worker_vk *g, int s, int64_t n, bool each, moex_error *err) {
     moex_worker_vk_batch_begin(g);
-    if (add_rows(g, s, n, NULL) < 0 || (g->cap_ops == 0 && grow_ops(g))) return moex_fail(err, "worker vulkan: out of memory");
+    if (add_rows(g, s, n, NULL) < 0 || (g->cap_ops == 0 && grow_ops(g)))
+        return moex_fail(err, "worker vulkan: out of memory");
     g->ops[0] = (vk_op){.r0 = 0, .n = n, .lo = s, .hi = s, .each = each};
     g->n_ops = 1;
     write_ids(g, &g->ops[0]);
@@ -523,7 +524,7 @@ static int note_op(moex_worker_vk *g, int s, int64_t n, bool each, moex_error *e
 }
 
 /* Every pipeline an op on slot s's kernels can pick: one token's kernels
- * for each row, and where MOEX_WORKER_EACH_ROWS lets ops take the kernels by
+ * for each row (the same for any row count), and where MOEX_WORKER_EACH_ROWS lets ops take the kernels by
  * row count, those at the sizes where moex_vk_op_experts switches kernels
  * (one row, a few, the batch shapes, the tiles, up to an op's OP_MAX_TOKENS). */
 static int note_slot(moex_worker_vk *g, int s, moex_error *err) {
@@ -531,7 +532,7 @@ static int note_slot(moex_worker_vk *g, int s, moex_error *err) {
     const int n = g->each_rows < 0 ? 0 : moex_vk_warm_batch_sizes(OP_MAX_TOKENS, sizes);
     for (int i = 0; i < n; i++)
         if (note_op(g, s, sizes[i], false, err)) return -1;
-    return note_op(g, s, 1, true, err) || note_op(g, s, 2, true, err) ? -1 : 0;
+    return note_op(g, s, 1, true, err);
 }
 
 /* One 1-row and one 16-row batch on slot s, run: the driver's first submissions. */
