@@ -231,6 +231,37 @@ def status_page(srv):
           got["link"] == "/worker", str(got))
 
 
+def start_workers(port, names, options):
+    """moex-worker processes joining the server on port, one per name (logs in WORK)."""
+    workers = []
+    for name in names:
+        log = open(os.path.join(distlib.WORK, f"api-worker-{port}-{name}.log"), "w")
+        workers.append(subprocess.Popen([f"{distlib.BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{port}/ws",
+                                         "--token", distlib.TOKEN, "--model", MODEL, "--name", name, *options],
+                                        stdout=log, stderr=subprocess.STDOUT))
+    return workers
+
+
+def stop_all(srv, workers):
+    """Stops the server, then its workers; the server's exit status."""
+    rc = srv.stop()
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+    for w in workers:
+        try:
+            w.wait(10)
+        except subprocess.TimeoutExpired:
+            w.kill()
+    return rc
+
+
+def batched(before, after):
+    """(tokens, forward steps) between two metrics samples."""
+    return (sample(after, "moex_forward_tokens_total") - sample(before, "moex_forward_tokens_total"),
+            sample(after, "moex_forward_steps_total") - sample(before, "moex_forward_steps_total"))
+
+
 @scenario
 def distributed():
     port = free_port()
@@ -240,11 +271,7 @@ def distributed():
     workers = []
     try:
         time.sleep(0.3)
-        for i in range(2):
-            log = open(os.path.join(distlib.WORK, f"api-worker-{port}-{i}.log"), "w")
-            workers.append(subprocess.Popen([f"{distlib.BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{port}/ws",
-                                             "--token", distlib.TOKEN, "--model", MODEL, "--threads", "1",
-                                             "--name", f"w{i}"], stdout=log, stderr=subprocess.STDOUT))
+        workers = start_workers(port, ["w0", "w1"], ["--threads", "1"])
         srv.wait_health(120)
         before = srv.metrics()
         client_checks(srv, "distributed", only=["models", "matchesCli", "chats", "stops", "concurrent"])
@@ -252,8 +279,7 @@ def distributed():
         d0, d1 = sample(before, "moex_hub_dispatches_total"), sample(fams, "moex_hub_dispatches_total")
         check("the workers computed the experts (no fallback)", d1 > d0 and sample(fams, "moex_hub_fallbacks_total") == 0,
               f"dispatches {d0} -> {d1}, fallbacks {sample(fams, 'moex_hub_fallbacks_total')}")
-        steps = sample(fams, "moex_forward_steps_total") - sample(before, "moex_forward_steps_total")
-        toks = sample(fams, "moex_forward_tokens_total") - sample(before, "moex_forward_tokens_total")
+        toks, steps = batched(before, fams)
         check("forwards carried several sequences' tokens (batched)", toks > 1.5 * steps, f"{toks} tokens in {steps}")
         names = sorted(l["worker"] for _, l, _ in fams["moex_worker_state"]["samples"])
         check("the metrics list both workers, ready", names == ["w0", "w1"] and all(
@@ -261,15 +287,7 @@ def distributed():
         check("every expert has a ready replica", sample(fams, "moex_expert_coverage_ratio") == 1.0)
         status_page(srv)
     finally:
-        rc = srv.stop()
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(10)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        rc = stop_all(srv, workers)
     check("the distributed server stops cleanly", rc == 0, f"rc={rc} {srv.text()[-1500:] if rc else ''}")
 
 
@@ -301,8 +319,7 @@ def vulkan():
         before = srv.metrics()
         client_checks(srv, "vulkan, 4 slots", only=["concurrent"])
         fams = srv.metrics()
-        steps = sample(fams, "moex_forward_steps_total") - sample(before, "moex_forward_steps_total")
-        toks = sample(fams, "moex_forward_tokens_total") - sample(before, "moex_forward_tokens_total")
+        toks, steps = batched(before, fams)
         check("vulkan: forwards carried several sequences' tokens (batched)", toks > 1.5 * steps,
               f"{toks} tokens in {steps}")
     finally:
@@ -325,11 +342,7 @@ def vulkan_workers():
     workers = []
     try:
         time.sleep(0.3)
-        for i in range(2):
-            log = open(os.path.join(distlib.WORK, f"api-vkworker-{port}-{i}.log"), "w")
-            workers.append(subprocess.Popen([f"{distlib.BIN}/moex-worker", "--hub", f"ws://127.0.0.1:{port}/ws",
-                                             "--token", distlib.TOKEN, "--model", MODEL, "--backend", "vulkan",
-                                             "--name", f"vk{i}"], stdout=log, stderr=subprocess.STDOUT))
+        workers = start_workers(port, ["vk0", "vk1"], ["--backend", "vulkan"])
         srv.wait_health(300)
         before = srv.metrics()
         client_checks(srv, "Vulkan workers, 4 slots", only=["concurrent"])
@@ -337,20 +350,11 @@ def vulkan_workers():
         d0, d1 = sample(before, "moex_hub_dispatches_total"), sample(fams, "moex_hub_dispatches_total")
         check("vulkan workers: they computed the experts (no fallback)",
               d1 > d0 and sample(fams, "moex_hub_fallbacks_total") == 0, f"dispatches {d0} -> {d1}")
-        steps = sample(fams, "moex_forward_steps_total") - sample(before, "moex_forward_steps_total")
-        toks = sample(fams, "moex_forward_tokens_total") - sample(before, "moex_forward_tokens_total")
+        toks, steps = batched(before, fams)
         check("vulkan workers: forwards carried several sequences' tokens (batched)", toks > 1.5 * steps,
               f"{toks} tokens in {steps}")
     finally:
-        rc = srv.stop()
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(10)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        rc = stop_all(srv, workers)
     check("vulkan workers: the server stops cleanly", rc == 0, f"rc={rc} {srv.text()[-1500:] if rc else ''}")
 
 
