@@ -48,7 +48,7 @@ static int log_threshold(void) {
 void moex_log(int level, const char *fmt, ...) {
     if (level > log_threshold()) return;
     static const char *tags[] = {"error", "warn", "info", "debug"};
-    char line[2048];
+    char line[8192]; /* room for a printed worker command with a long token */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);

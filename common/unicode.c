@@ -1,4 +1,7 @@
 /* Unicode lookups over the generated tables, UTF-8 coding, GPT-2 bytes. */
+#include <stdbool.h>
+#include <string.h>
+
 #include "common/unicode.h"
 
 uint8_t moex_unicode_flags(uint32_t cp) {
@@ -59,6 +62,42 @@ uint32_t moex_utf8_decode(const char *s, size_t len, size_t *adv) {
         return cp;
     }
     return MOEX_UNICODE_REPLACEMENT;
+}
+
+size_t moex_utf8_valid_len(const char *s, size_t len) {
+    const uint8_t *u = (const uint8_t *)s;
+    if (!len) return 0;
+    if (u[0] < 0x80) return 1;
+    size_t n;
+    uint32_t min;
+    if (u[0] >= 0xC2 && u[0] <= 0xDF) n = 2, min = 0x80;
+    else if (u[0] >= 0xE0 && u[0] <= 0xEF) n = 3, min = 0x800;
+    else if (u[0] >= 0xF0 && u[0] <= 0xF4) n = 4, min = 0x10000;
+    else return 0;
+    if (len < n) return 0;
+    uint32_t cp = u[0] & (0x7Fu >> n);
+    for (size_t i = 1; i < n; i++) {
+        if (!is_cont(s, i)) return 0;
+        cp = cp << 6 | (u[i] & 0x3Fu);
+    }
+    if (cp < min || cp >= MOEX_UNICODE_MAX || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return n;
+}
+
+size_t moex_utf8_sanitize(const char *s, size_t len, char *out, size_t cap) {
+    size_t o = 0, i = 0;
+    while (i < len) {
+        size_t n = moex_utf8_valid_len(s + i, len - i);
+        const bool control = n == 1 && ((uint8_t)s[i] < 0x20 || s[i] == 0x7F);
+        const char *src = s + i;
+        if (!n || control) src = "?", n = 1;
+        if (o + n + 1 > cap) break;
+        memcpy(out + o, src, n);
+        o += n;
+        i += src == s + i ? n : 1;
+    }
+    out[o] = 0;
+    return o;
 }
 
 int moex_utf8_encode(uint32_t cp, char *out) {

@@ -57,6 +57,16 @@ uint32_t moex_utf8_decode(const char *s, size_t len, size_t *adv);
 /* Writes cp (< 0x110000) as UTF-8 into out; returns the byte count (1..4). */
 int moex_utf8_encode(uint32_t cp, char *out);
 
+/* Bytes of a strictly valid UTF-8 sequence at s[0..len) (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF), 0 when invalid. */
+size_t moex_utf8_valid_len(const char *s, size_t len);
+/* Copies s[0..len) into out (cap bytes, NUL-terminated, cap >= 1) as
+ * printable valid UTF-8: invalid sequences and control characters become
+ * '?', and a sequence that does not fit is left out. Names and texts from
+ * peers go through it before they reach logs, labels and JSON. Returns the
+ * bytes written. */
+size_t moex_utf8_sanitize(const char *s, size_t len, char *out, size_t cap);
+
 /* GPT-2 byte-level BPE: each byte stands for a printable code point. */
 uint32_t moex_gpt2_byte_to_cp(uint8_t byte);
 /* The byte cp stands for, or -1 when cp is not one of the 256. */

@@ -1,9 +1,11 @@
 /* The lines a hub logs at start to tell people how to reach it (reach.h):
  * the native worker's --hub, the certificate to compare or trust, and the
  * URL that makes a browser tab a worker. */
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "hub/auth.h"
 #include "hub/reach.h"
 
 /* The token as a query value: unreserved characters stay, the rest %XX. */
@@ -16,6 +18,25 @@ static void urlencode(const char *s, char *out, size_t cap) {
         else
             n += (size_t)snprintf(out + n, cap - n, "%%%02X", c);
     }
+    out[n] = 0;
+}
+
+/* " --token T" as a shell word: plain when every character is safe, else
+ * in single quotes (a quote inside as '\''), so the printed line runs. */
+static void token_arg(const char *token, char *out, size_t cap) {
+    size_t n = (size_t)snprintf(out, cap, " --token ");
+    bool plain = *token != 0;
+    for (const char *p = token; *p; p++) plain &= (bool)(isalnum((unsigned char)*p) || strchr("-._+=:/@%,", *p));
+    if (plain) {
+        snprintf(out + n, cap - n, "%s", token);
+        return;
+    }
+    if (n + 1 < cap) out[n++] = '\'';
+    for (const char *p = token; *p && n + 6 < cap; p++) {
+        if (*p == '\'') n += (size_t)snprintf(out + n, cap - n, "'\\''");
+        else out[n++] = *p;
+    }
+    if (n + 1 < cap) out[n++] = '\'';
     out[n] = 0;
 }
 
@@ -39,9 +60,10 @@ void hub_announce(const char *host, int port, const char *token, const hub_tls_c
                  !tls->self_signed ? "given" : tls->made_now ? "self-signed, made now" : "self-signed, reused",
                  tls->sha256, tls->spki);
     if (!workers) return;
-    moex_log(MOEX_LOG_INFO, "native workers: moex-worker --hub %s://%s:%d/ws%s%s%s", ws, shown, port,
-             token && *token ? " --token T" : "", tls && tls->self_signed ? " --ca " : "",
-             tls && tls->self_signed ? tls->cert : "");
+    char targ[4 * HUB_TOKEN_MAX + 16] = "";
+    if (token && *token) token_arg(token, targ, sizeof targ);
+    moex_log(MOEX_LOG_INFO, "native workers: moex-worker --hub %s://%s:%d/ws%s%s%s", ws, shown, port, targ,
+             tls && tls->self_signed ? " --ca " : "", tls && tls->self_signed ? tls->cert : "");
     if (!page) {
         moex_log(MOEX_LOG_INFO, "browser workers: no worker page to serve (emscripten builds it into <build>/web: "
                                 "web/setup_web.sh, then cmake; or give --web-dir DIR)");

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 #include "hub/api.h"
 
 typedef enum route {
@@ -45,6 +47,8 @@ struct hub_api {
     hub_http_handler handler;
     uint64_t n_requests;         /* network thread: numbers ids and default seeds */
     hub_log_limit refusals;      /* network thread */
+    hub_log_limit client_errors; /* network thread: 4xx answers logged, rate-limited */
+    _Atomic(const char *) phase; /* what /health says while there is no scheduler (static text) */
     pthread_mutex_t mu;          /* ctx and the ready list */
     struct lws_context *ctx;
     hub_job **ready;
@@ -64,6 +68,7 @@ typedef struct api_req {
     int64_t length;              /* -1: none (SSE: the connection closes at the end) */
     bool head_sent, final;
     bool close_after;            /* answered before its body was read: the connection cannot go on */
+    bool body_done;              /* the body was taken: anything more on this request is dropped */
     uint8_t *out;
     size_t out_len, out_cap;
     double waiting_since;        /* a writeable callback asked for and not yet had (0: none) */
@@ -120,11 +125,16 @@ static int respond_json(api_req *r, unsigned status, char *json) {
     return rc;
 }
 
+/* Server errors are always logged; a client's mistakes a few times a second
+ * (a flood of bad requests must not become a flood of log lines). */
 static int respond_error(api_req *r, const hub_api_error *e) {
-    char peer[64] = "?";
-    lws_get_peer_simple(r->wsi, peer, sizeof peer);
-    moex_log(e->status >= 500 ? MOEX_LOG_WARN : MOEX_LOG_INFO, "api: %s %s -> %u: %s", peer, routes[r->route].path,
-             e->status, e->message);
+    uint32_t suppressed = 0;
+    if (e->status >= 500 || hub_log_limit_take(&r->a->client_errors, moex_time_s(), &suppressed)) {
+        char peer[64] = "?";
+        lws_get_peer_simple(r->wsi, peer, sizeof peer);
+        moex_log(e->status >= 500 ? MOEX_LOG_WARN : MOEX_LOG_INFO, "api: %s %s -> %u: %s%s", peer,
+                 routes[r->route].path, e->status, e->message, suppressed ? " (and more not logged)" : "");
+    }
     return respond_json(r, e->status, hub_openai_error_json(e));
 }
 
@@ -333,6 +343,7 @@ static int refuse(api_req *r) {
 
 static int start_generation(api_req *r) {
     hub_api *a = r->a;
+    if (r->job) return 0; /* one job a request */
     const bool chat = r->route == R_CHAT;
     hub_api_request req;
     hub_api_error e;
@@ -360,6 +371,28 @@ static int start_generation(api_req *r) {
     return 0;
 }
 
+/* 200 only when a request would be served now: 503 with the reason while
+ * the weights are read or workers awaited, and while some expert has no
+ * live replica and the hub may not compute it itself. */
+static int respond_health(api_req *r) {
+    hub_api *a = r->a;
+    char why[256];
+    const char *status = "ok";
+    if (!atomic_load(&a->sched)) {
+        const char *phase = atomic_load(&a->phase);
+        status = "loading";
+        snprintf(why, sizeof why, "%s", phase ? phase : "starting");
+    } else if (a->status->hub && !moex_hub_can_serve(a->status->hub, why, sizeof why)) {
+        status = "unavailable";
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "status", status);
+    if (strcmp(status, "ok")) cJSON_AddStringToObject(root, "reason", why);
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return respond_json(r, strcmp(status, "ok") ? 503 : 200, json); /* cJSON allocates with malloc */
+}
+
 static int respond_static(api_req *r) {
     hub_status_src *st = r->a->status;
     char *s;
@@ -369,9 +402,7 @@ static int respond_static(api_req *r) {
         const char *page = hub_status_page(&n);
         return respond(r, 200, "text/html; charset=utf-8", page, n);
     }
-    case R_HEALTH:
-        if (!atomic_load(&r->a->sched)) return respond(r, 503, "application/json", "{\"status\":\"loading\"}", 20);
-        return respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    case R_HEALTH: return respond_health(r);
     case R_METRICS: {
         if (!(s = hub_status_metrics(st, &n))) return respond(r, 500, "text/plain", "out of memory\n", 14);
         const int rc = respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", s, n);
@@ -426,41 +457,63 @@ static size_t content_length(struct lws *wsi, bool *known) {
     return *known ? (size_t)strtoull(v, NULL, 10) : 0;
 }
 
+/* A POST's framing: a Content-Length within the limit and no
+ * Transfer-Encoding (libwebsockets does not decode chunked request bodies,
+ * and a request with both is ambiguous: RFC 9112 6.3 lets a server refuse
+ * it). 0, or the error to answer (the connection then closes). */
+static int check_body_framing(hub_api *a, struct lws *wsi, hub_api_error *e) {
+    bool known;
+    const size_t n = content_length(wsi, &known);
+    const bool chunked = lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
+    if (chunked && known)
+        return hub_api_fail(e, 400, "invalid_request_error", "bad_framing", NULL,
+                            "the request has both Content-Length and Transfer-Encoding: send only Content-Length");
+    if (!known)
+        return hub_api_fail(e, 411, "invalid_request_error", "length_required", NULL,
+                            "send the body with a Content-Length (chunked request bodies are not supported)");
+    if (n > a->cfg.max_body)
+        return hub_api_fail(e, 413, "invalid_request_error", "request_too_large", NULL,
+                            "the request body is %zu bytes; this server takes at most %zu", n, a->cfg.max_body);
+    return 0;
+}
+
+/* The key is checked on the headers, before anything else is looked at or
+ * read: a client without it costs no body buffer and no log line beyond the
+ * rate-limited refusal. CORS preflights carry no credentials. */
 static int on_request(hub_api *a, struct lws *wsi, api_req *r) {
     char path[512];
     const int method = method_and_path(wsi, path, sizeof path);
     r->route = (route)route_of(path);
     if (method == LWSHUMETH_OPTIONS) return respond(r, HTTP_STATUS_NO_CONTENT, "text/plain", "", 0);
-    if (method != routes[r->route].method) return bad_method(r);
-    if (method == LWSHUMETH_POST) {
-        bool known;
-        const size_t n = content_length(wsi, &known);
-        if (n > a->cfg.max_body) {
-            hub_api_error e;
-            hub_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
-                         "the request body is %zu bytes; this server takes at most %zu", n, a->cfg.max_body);
-            r->close_after = true;
-            return respond_error(r, &e);
-        }
-        if (!known) { /* libwebsockets does not decode chunked request bodies: ask for a length */
-            hub_api_error e;
-            hub_api_fail(&e, 411, "invalid_request_error", "length_required", NULL,
-                         "send the body with a Content-Length (chunked request bodies are not supported)");
-            r->close_after = true;
-            return respond_error(r, &e);
-        }
-        if (n > 0) return 0; /* the body follows */
+    const bool body = method == LWSHUMETH_POST || lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0 ||
+                      lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
+    if (routes[r->route].auth && !hub_auth_ok(wsi, a->cfg.api_key)) {
+        r->close_after = body; /* its body stays unread */
+        return refuse(r);
     }
-    if (routes[r->route].auth && !hub_auth_ok(wsi, a->cfg.api_key)) return refuse(r);
+    if (method != routes[r->route].method) {
+        r->close_after = body;
+        return bad_method(r);
+    }
+    if (method == LWSHUMETH_POST) {
+        hub_api_error e;
+        if (check_body_framing(a, wsi, &e)) {
+            r->close_after = true;
+            return respond_error(r, &e);
+        }
+        bool known;
+        if (content_length(wsi, &known) > 0) return 0; /* the body follows */
+        r->body_done = true;
+        return start_generation(r);
+    }
     if (r->route == R_MODEL) return model_by_id(r, path);
-    if (method == LWSHUMETH_POST) return start_generation(r);
     return respond_static(r);
 }
 
 /* A body that grows past its Content-Length's check (it cannot: lws stops
  * at the length) or the limit is answered at once and the connection closed. */
 static int on_body(hub_api *a, api_req *r, const void *in, size_t len) {
-    if (r->status) return 0; /* answered already (413): the rest is dropped */
+    if (r->status || r->body_done) return 0; /* answered already (413), or bytes after the body: dropped */
     if (r->body_len + len > a->cfg.max_body) {
         free(r->body);
         r->body = NULL;
@@ -479,9 +532,13 @@ static int on_body(hub_api *a, api_req *r, const void *in, size_t len) {
     return 0;
 }
 
+/* libwebsockets may report the end of the body again when more bytes follow
+ * it in the same read (a stray CRLF, a pipelined request): the request is
+ * started once. */
 static int on_body_done(hub_api *a, api_req *r) {
-    if (r->status) return 0;
-    if (!hub_auth_ok(r->wsi, a->cfg.api_key)) return refuse(r);
+    (void)a;
+    if (r->status || r->body_done) return 0;
+    r->body_done = true;
     return start_generation(r);
 }
 
@@ -521,6 +578,7 @@ hub_api *hub_api_create(const hub_api_config *cfg, hub_status_src *status, moex_
     if (a->cfg.api_key && !*a->cfg.api_key) a->cfg.api_key = NULL;
     if (a->cfg.client_timeout_s <= 0) a->cfg.client_timeout_s = 30;
     atomic_init(&a->sched, NULL);
+    atomic_init(&a->phase, NULL);
     a->status = status;
     pthread_mutex_init(&a->mu, NULL);
     a->handler = (hub_http_handler){.ctx = a, .claims = claims, .callback = callback, .service = service};
@@ -530,6 +588,8 @@ hub_api *hub_api_create(const hub_api_config *cfg, hub_status_src *status, moex_
 const hub_http_handler *hub_api_handler(hub_api *a) { return &a->handler; }
 
 void hub_api_set_scheduler(hub_api *a, hub_sched *sched) { atomic_store(&a->sched, sched); }
+
+void hub_api_set_phase(hub_api *a, const char *phase) { atomic_store(&a->phase, phase); }
 
 void hub_api_free(hub_api *a) {
     if (!a) return;

@@ -4,7 +4,8 @@
  *
  *   POST /v1/chat/completions, /v1/completions   generation through the scheduler
  *   GET  /v1/models, /v1/models/<id>             the one model served
- *   GET  /health                                 liveness (no key)
+ *   GET  /health                                 200 when a request would be served now, else
+ *                                                503 and the reason (no key)
  *   GET  /metrics                                Prometheus text (status.c)
  *   GET  /status.json, /                         the status page and its data (status.c)
  *
@@ -87,6 +88,9 @@ typedef struct hub_api hub_api;
  * get 503 and /health says "loading". */
 hub_api *hub_api_create(const hub_api_config *cfg, hub_status_src *status, moex_error *err);
 void hub_api_set_scheduler(hub_api *a, hub_sched *sched);
+/* What /health gives as the reason for its 503 until the scheduler is set
+ * ("reading the weights", "waiting for 3 workers"): static text. */
+void hub_api_set_phase(hub_api *a, const char *phase);
 /* The handler to give the hub's server (moex_hub_config.http_handler). */
 const hub_http_handler *hub_api_handler(hub_api *a);
 /* After the server stopped. */

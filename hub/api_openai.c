@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/unicode.h"
 #include "hub/api.h"
 
 #define MAX_MESSAGES 4096
@@ -296,7 +297,13 @@ int hub_openai_parse(const hub_openai_ctx *ctx, bool chat, const char *body, siz
                      hub_api_request *out, hub_api_error *e) {
     memset(out, 0, sizeof *out);
     out->chat = chat;
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    while (root && end < body + len && strchr(" \t\r\n", *end) && *end) end++;
+    if (root && end != body + len) { /* a value, then something else: not one JSON document */
+        cJSON_Delete(root);
+        return BAD(e, NULL, "the request body has bytes after its JSON value (at byte %ld)", (long)(end - body));
+    }
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
         const long off = at && at >= body && at <= body + len ? (long)(at - body) : -1;
@@ -322,8 +329,11 @@ static void add_string_or_null(cJSON *o, const char *name, const char *v) {
 }
 
 char *hub_openai_error_json(const hub_api_error *e) {
+    /* a message may quote what the client sent (a model name, a path): valid UTF-8 only */
+    char message[sizeof e->message];
+    moex_utf8_sanitize(e->message, strnlen(e->message, sizeof e->message), message, sizeof message);
     cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "message", message);
     cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
     add_string_or_null(err, "param", e->param);
     add_string_or_null(err, "code", e->code);

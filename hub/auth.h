@@ -7,8 +7,11 @@
 
 #include <libwebsockets.h>
 
-/* The longest token accepted (longer ones are refused at start-up). */
-#define HUB_TOKEN_MAX 1024
+#include "proto/proto.h"
+
+/* The longest token accepted (longer ones are refused at start-up): the
+ * protocol's, which the worker takes too. */
+#define HUB_TOKEN_MAX MOEX_PROTO_AUTH_MAX_BYTES
 
 /* Whether the request (an HTTP request or a WebSocket upgrade) presents the
  * token, as `?token=T` (browsers cannot set headers on a WebSocket) or

@@ -252,11 +252,16 @@ int hub_cli_finish(hub_cli *c) {
                             "cmake --build when emscripten is installed: web/setup_web.sh)\n", c->prog, h->web_dir);
             return -1;
         }
-        return 0;
+    } else {
+        h->web_dir = NULL;
+        if (default_web_dir(c->found_web_dir, sizeof c->found_web_dir) && has_index(c->found_web_dir))
+            h->web_dir = c->found_web_dir;
     }
-    h->web_dir = NULL;
-    if (default_web_dir(c->found_web_dir, sizeof c->found_web_dir) && has_index(c->found_web_dir))
-        h->web_dir = c->found_web_dir;
+    if (!c->eng.local && (!h->token || !*h->token)) {
+        fprintf(stderr, "%s: a hub that takes workers needs --token T (workers present it, and it guards the expert "
+                        "weights they may download); or run the whole model here with --local\n", c->prog);
+        return -1;
+    }
     return 0;
 }
 
@@ -303,4 +308,12 @@ void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help) {
             "                          or ~/.cache/moex/tls)\n",
             h->host, h->port, h->replicas, h->hedge, h->timeout_ms, help->min_workers, (long long)c->min_workers,
             help->wait_s, c->wait_s);
+}
+
+int64_t hub_cli_cap_ctx(const char *prog, int64_t want, bool given, int64_t n_ctx_train) {
+    if (n_ctx_train <= 0 || want <= n_ctx_train) return want;
+    if (given)
+        moex_log(MOEX_LOG_WARN, "%s: --ctx %lld is above the model's trained context: using %lld (positions past it "
+                                "are outside what the model learned)", prog, (long long)want, (long long)n_ctx_train);
+    return n_ctx_train;
 }

@@ -64,6 +64,10 @@ int hub_cli_finish(hub_cli *c);
 void hub_cli_engine_usage(FILE *f, const hub_cli *c);
 void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help);
 
+/* The context to allocate: want, at most the model's trained context
+ * (n_ctx_train; <= 0: unknown), saying so when it cuts a --ctx given. */
+int64_t hub_cli_cap_ctx(const char *prog, int64_t want, bool given, int64_t n_ctx_train);
+
 /* Checked numbers: the whole string, in [lo, hi]; -1 after printing
  * "<prog>: <flag> expects ...". */
 int hub_cli_i64(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);

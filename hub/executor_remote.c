@@ -8,7 +8,9 @@
  *   wait      on the inbox: RESULT messages (the first valid answer per task wins, the other replicas get a
  *             CANCEL), ERRORs and departures (re-dispatch at once), deadlines (time out, re-dispatch), deferred
  *             hedges; an expert with no replica left is computed here while the network works
- *   verify    a sampled fraction recomputed here; a worker that disagrees is evicted, the hub's answer used
+ *   verify    a sampled fraction checked here against what an honest backend can give (hub/verify.h); a
+ *             worker outside it is evicted, the hub's answer used; so is one whose result holds non-finite
+ *             values or values beyond what the expert can produce (checked on every result)
  *   combine   the plan sums each token's k results in slot order, as the local executor does
  *
  * Everything here belongs to the engine's thread: the network thread only
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #include "hub/executor.h"
+#include "hub/verify.h"
 
 #define MAX_SENDS 8              /* replicas one task may be sent to, re-dispatches included */
 #define TIMING_LAYERS 4096       /* layers kept for the time breakdown */
@@ -34,6 +37,7 @@ typedef struct hub_send {
     hub_conn *conn;              /* referenced until the layer ends */
     double at;
     bool failed;                 /* errored, timed out, bad result or its worker left */
+    bool hedge;                  /* a second copy beside a live one (not a re-dispatch) */
 } hub_send;
 
 typedef struct hub_task {
@@ -48,6 +52,10 @@ typedef struct hub_task {
     double deadline_s, hedge_at_s;
     bool done, local;
     bool claimed;                /* a RESULT of the message being handled writes its rows */
+    bool dup_sane;               /* the duplicate passed hub_rows_sane */
+    bool limits_ready;           /* x->pair_max holds this task's pairs */
+    bool suspect;                /* a replica sent values no honest worker can: computed here to confirm */
+    uint32_t suspect_from;
     uint32_t winner;
     float *dup;                  /* a hedged duplicate's rows, compared after the layer */
     size_t dup_cap;
@@ -71,7 +79,8 @@ typedef struct pending_result {
     struct hub_task *task;       /* NULL: nothing to do with it */
     int send;
     float *dst;                  /* where its rows go */
-    bool duplicate, mismatch, finite;
+    const double *limits;        /* each token's largest honest |value| (x->pair_max from the task's first pair) */
+    bool duplicate, mismatch, sane;
 } pending_result;
 
 typedef struct worker_count {
@@ -117,6 +126,12 @@ struct hub_executor {
     int layer;
 
     float *x_wire;               /* [cap_tokens x d] */
+    float *x_absmax;             /* [cap_tokens]: each token's largest |x| */
+    double *pair_max;            /* [cap_pairs]: each pair's largest honest |result| value */
+    moex_expert_norms *norms;    /* [layers x experts], computed on first use */
+    uint8_t *norms_known;
+    moex_expert_check *checker;  /* verification: the exact chain and its bound */
+    double *ref, *tol;           /* [MOEX_EXPERT_CHECK_VARIANTS x d] */
     float *results;              /* [cap_pairs x d] grouped, as the plan orders pairs */
     float *check;                /* [cap_group x d]: one task's rows, recomputed here */
     int64_t cap_tokens, cap_pairs, cap_group;
@@ -149,8 +164,13 @@ hub_executor *hub_executor_create(const moex_model *m, moex_pool *pool, const hu
                                   hub_registry *reg, hub_inbox *inbox, hub_net *net, hub_metrics *metrics,
                                   const moex_proto_limits *limits, moex_error *err) {
     hub_executor *x = calloc(1, sizeof *x);
-    if (!x || !(x->tmp = malloc(moex_wire_tmp_bytes(m->hp.n_embd)))) {
-        free(x);
+    const size_t n_experts = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
+    if (!x || !(x->tmp = malloc(moex_wire_tmp_bytes(m->hp.n_embd))) ||
+        !(x->norms = calloc(n_experts, sizeof *x->norms)) || !(x->norms_known = calloc(n_experts, 1)) ||
+        !(x->checker = moex_expert_check_create()) ||
+        !(x->ref = malloc(MOEX_EXPERT_CHECK_VARIANTS * (size_t)m->hp.n_embd * sizeof(double))) ||
+        !(x->tol = malloc(MOEX_EXPERT_CHECK_VARIANTS * (size_t)m->hp.n_embd * sizeof(double)))) {
+        hub_executor_free(x);
         moex_fail(err, "out of memory");
         return NULL;
     }
@@ -182,6 +202,13 @@ static void release_sends(hub_executor *x) {
 void hub_executor_free(hub_executor *x) {
     if (!x) return;
     release_sends(x);
+    free(x->x_absmax);
+    free(x->pair_max);
+    free(x->norms);
+    free(x->norms_known);
+    moex_expert_check_free(x->checker);
+    free(x->ref);
+    free(x->tol);
     for (int i = 0; i < x->cap_tasks; i++) {
         free(x->tasks[i].frame);
         free(x->tasks[i].dup);
@@ -222,6 +249,14 @@ static int reserve(hub_executor *x, int64_t n_tokens) {
         free(x->gather);
         x->gather = malloc((size_t)nth * (size_t)max_group * (size_t)x->d * sizeof *x->gather);
         x->cap_gather = x->gather ? max_group : 0;
+    }
+    if (n_tokens > x->cap_tokens) {
+        free(x->x_absmax);
+        if (!(x->x_absmax = malloc((size_t)n_tokens * sizeof *x->x_absmax))) return -1;
+    }
+    if (p->n_pairs > x->cap_pairs) {
+        free(x->pair_max);
+        if (!(x->pair_max = malloc((size_t)p->n_pairs * sizeof *x->pair_max))) return -1;
     }
     if (!x->gather || grow_rows(&x->x_wire, &x->cap_tokens, n_tokens, x->d) ||
         grow_rows(&x->results, &x->cap_pairs, p->n_pairs, x->d) || grow_rows(&x->check, &x->cap_group, max_group, x->d))
@@ -371,12 +406,12 @@ static void send_outgoing(hub_executor *x, outgoing *o) {
 
 /* Appends the task's frame to the worker's message of this round; a full
  * message leaves at once (MESSAGE_SPLIT_BYTES). */
-static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *frame, size_t len) {
+static bool queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *frame, size_t len) {
     outgoing *o = NULL;
     for (int i = 0; i < x->n_out && !o; i++)
         if (x->out[i].worker == r->id) o = &x->out[i];
     if (!o) {
-        if (x->n_out == HUB_MAX_WORKERS) return; /* cannot happen: one per worker; the deadline would catch it */
+        if (x->n_out == HUB_MAX_WORKERS) return false; /* cannot happen: one per worker; the deadline would catch it */
         o = &x->out[x->n_out++];
         hub_conn_ref(r->conn);
         *o = (outgoing){.worker = r->id, .conn = r->conn};
@@ -389,7 +424,7 @@ static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *fr
         size_t cap = o->cap ? 2 * o->cap : 4 * len;
         while (cap < o->len + len) cap *= 2;
         uint8_t *buf = hub_conn_buffer(cap);
-        if (!buf) return; /* the send fails at its deadline */
+        if (!buf) return false; /* the send fails at its deadline */
         if (o->buf) memcpy(buf + LWS_PRE, o->buf + LWS_PRE, o->len);
         free(o->buf);
         o->buf = buf;
@@ -398,6 +433,7 @@ static void queue_frame(hub_executor *x, const hub_replica *r, const uint8_t *fr
     memcpy(o->buf + LWS_PRE + o->len, frame, len);
     o->len += len;
     o->frames++;
+    return true;
 }
 
 /* Sends every worker the rest of its message of this round, then wakes the
@@ -413,13 +449,15 @@ static void flush_round(hub_executor *x) {
     x->n_out = 0;
 }
 
-static void send_to(hub_executor *x, hub_task *t, const hub_replica *r, double now) {
+/* One copy of the task to a replica; a hedge is counted once its frame is queued. */
+static void send_to(hub_executor *x, hub_task *t, const hub_replica *r, double now, bool hedge) {
     hub_conn_ref(r->conn);
-    t->sends[t->n_sent++] = (hub_send){.worker = r->id, .conn = r->conn, .at = now};
+    t->sends[t->n_sent++] = (hub_send){.worker = r->id, .conn = r->conn, .at = now, .hedge = hedge};
     int *n = inflight_of(x, r->id);
     if (n) (*n)++;
     HUB_COUNT(x->metrics, dispatches);
-    queue_frame(x, r, t->frame, t->frame_len);
+    if (!queue_frame(x, r, t->frame, t->frame_len)) return;
+    if (hedge) HUB_COUNT(x->metrics, hedges_sent);
 }
 
 /* Paper §4.1, adaptive: one replica while the fastest is as fast as the pool;
@@ -460,8 +498,7 @@ static int dispatch_task(hub_executor *x, hub_task *t, const float median_of[2],
         if (n > h) t->hedge_at_s = now + auto_hedge_delay_s(&c[0], median);
     }
     if (h > n) h = n;
-    for (int i = 0; i < h; i++) send_to(x, t, &c[i], now);
-    HUB_ADD(x->metrics, hedges_sent, h - 1);
+    for (int i = 0; i < h; i++) send_to(x, t, &c[i], now, i > 0);
     release_candidates(c, 0, n);
     return 0;
 }
@@ -472,7 +509,7 @@ static int redispatch(hub_executor *x, hub_task *t, double now, moex_error *err)
     const int n = t->n_sent < MAX_SENDS ? candidates(x, t, c) : 0;
     t->hedge_at_s = INFINITY;
     if (n == 0) return fall_back(x, t, err);
-    send_to(x, t, &c[0], now);
+    send_to(x, t, &c[0], now, false);
     release_candidates(c, 0, n);
     HUB_COUNT(x->metrics, redispatches);
     t->deadline_s = now + x->cfg.timeout_ms / 1000.0;
@@ -506,10 +543,7 @@ static double service(hub_executor *x, double now, int *rc, moex_error *err) {
         } else if (now >= t->hedge_at_s) {
             hub_replica c[MOEX_PLACEMENT_MAX_REPLICAS];
             const int n = t->n_sent < MAX_SENDS ? candidates(x, t, c) : 0;
-            if (n > 0) {
-                send_to(x, t, &c[0], now);
-                HUB_COUNT(x->metrics, hedges_sent);
-            }
+            if (n > 0) send_to(x, t, &c[0], now, true);
             release_candidates(c, 0, n);
             t->hedge_at_s = INFINITY;
         }
@@ -542,20 +576,27 @@ static void fail_sends_of(hub_executor *x, uint32_t worker) {
     }
 }
 
-/* Rows of a RESULT as f32 into dst; false when a value is inf or NaN (an
- * overflowing or hostile worker: such a result must never reach the router).
- * The check is branch-free (an exponent of all ones anywhere) so that it
- * vectorises: a prompt layer's results are millions of values. */
-static bool read_rows(const moex_proto_tensor_view *v, float *dst, int64_t d) {
+/* Rows of a RESULT as f32 into dst; false when a value is inf or NaN or
+ * beyond what the expert can produce from its input (an overflowing, broken
+ * or hostile worker: such a result must never reach the combine). */
+static bool read_rows(const moex_proto_tensor_view *v, float *dst, int64_t d, const double *limits) {
     for (uint32_t i = 0; i < v->n_tokens; i++) moex_proto_tensor_row_f32(v, i, dst + i * d);
-    const int64_t n = (int64_t)v->n_tokens * d;
-    uint32_t not_finite = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, dst + i, 4);
-        not_finite |= (u & 0x7f800000u) == 0x7f800000u;
+    return hub_rows_sane(dst, v->n_tokens, d, limits);
+}
+
+/* The largest honest |value| of each pair's result, from the expert's
+ * weights (their norms, computed on the expert's first use) and the token's
+ * input: x's wire rounding and the result's add at most 1 % each. */
+static int expert_limits(hub_executor *x, const hub_task *t, moex_error *err) {
+    const size_t e = (size_t)x->layer * (size_t)x->m->hp.n_expert + (size_t)t->expert;
+    if (!x->norms_known[e]) {
+        if (moex_expert_norms_of(&x->m->layers[x->layer].experts[t->expert], &x->norms[e], err)) return -1;
+        x->norms_known[e] = 1;
     }
-    return !not_finite;
+    const moex_moe_plan *p = &x->plan;
+    for (int32_t i = p->group_first[t->group]; i < p->group_first[t->group + 1]; i++)
+        x->pair_max[i] = moex_expert_result_max(&x->norms[e], 1.01 * x->x_absmax[p->rows[i]], p->gates[i]) * 1.01;
+    return 0;
 }
 
 static void cancel_losers(hub_executor *x, hub_task *t, int winner, double now) {
@@ -591,6 +632,8 @@ static void claim_result(hub_executor *x, uint32_t worker, const moex_proto_msg 
     if (t->local || t->claimed) return; /* computed here after its replicas failed; or answered twice */
     pr->task = t;
     pr->send = s;
+    if (!t->limits_ready) t->limits_ready = expert_limits(x, t, NULL) == 0;
+    pr->limits = t->limits_ready ? x->pair_max + x->plan.group_first[t->group] : NULL;
     if (!t->done) {
         pr->dst = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
         t->claimed = true;
@@ -607,30 +650,34 @@ static void claim_result(hub_executor *x, uint32_t worker, const moex_proto_msg 
     }
 }
 
-/* The second pass, after the rows were converted (pr->finite). */
+/* The second pass, after the rows were converted (pr->sane). A duplicate
+ * is kept for the check after the layer, whatever it holds. A winner with
+ * values no honest worker can send is not used: the task is computed here,
+ * and the worker evicted unless the hub's own values are as bad (an
+ * expert whose result overflows the wire dtype). */
 static void finish_result(hub_executor *x, uint32_t worker, pending_result *pr, double t_rx) {
     hub_task *t = pr->task;
     if (!t || !pr->dst) return;
     t->claimed = false;
     if (pr->duplicate) {
-        if (pr->finite) {
-            t->dup_from = worker;
-            t->dup_seen = true;
-        }
+        t->dup_from = worker;
+        t->dup_seen = true;
+        t->dup_sane = pr->sane;
         return;
     }
     const float ms = (float)((t_rx - t->sends[pr->send].at) * 1000.0);
-    if (!pr->finite) {
-        t->sends[pr->send].failed = true; /* re-dispatched like a wrong answer, counted against the worker */
+    if (!pr->sane) {
+        t->sends[pr->send].failed = true;
         HUB_COUNT(x->metrics, bad_results);
         hub_registry_record(x->reg, worker, hub_size_of(t->n_tokens), ms, HUB_TIMEOUT);
-        moex_log(MOEX_LOG_WARN, "layer %d expert %d: a RESULT with non-finite values; re-dispatched", x->layer, t->expert);
+        t->local = t->suspect = true;
+        t->suspect_from = worker;
         return;
     }
     t->done = true;
     t->winner = worker;
     hub_registry_record(x->reg, worker, hub_size_of(t->n_tokens), ms, HUB_WON);
-    if (pr->send != 0) HUB_COUNT(x->metrics, hedges_won);
+    if (t->sends[pr->send].hedge) HUB_COUNT(x->metrics, hedges_won);
     cancel_losers(x, t, pr->send, t_rx);
 }
 
@@ -643,7 +690,7 @@ typedef struct convert_job {
 static void convert_rows(void *ctx, int ith, int nth) {
     convert_job *j = ctx;
     for (int i = ith; i < j->n; i += nth)
-        if (j->pr[i].dst) j->pr[i].finite = read_rows(&j->pr[i].view, j->pr[i].dst, j->d);
+        if (j->pr[i].dst) j->pr[i].sane = read_rows(&j->pr[i].view, j->pr[i].dst, j->d, j->pr[i].limits);
 }
 
 static void on_error(hub_executor *x, uint32_t worker, const moex_proto_msg *msg) {
@@ -746,46 +793,57 @@ static int compute_here(hub_executor *x, const hub_task *t, float *out, moex_err
     return 0;
 }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = (double)a[i] - b[i];
-        num += e * e;
-        den += (double)b[i] * b[i];
-    }
-    if (!isfinite(num)) return INFINITY;
-    return sqrt(num / (den > 0 ? den : 1e-30));
-}
-
-/* A CPU worker runs the hub's own kernels on the same inputs: its results are
- * bit-identical on the same SIMD path, so anything above float noise is wrong.
- * Other backends (GPU) sum in a different order and may land one 8-bit
- * activation step away (~1e-2); corruption is orders of magnitude larger. */
-static double tolerance(hub_executor *x, uint32_t worker) {
-    const int b = hub_registry_backend(x->reg, worker);
-    return b < 0 || b == MOEX_BACKEND_CPU ? 1e-3 : 3e-2;
-}
-
-/* Recomputes a task here; a worker whose answer disagrees is evicted and the hub's answer used. */
+/* Checks the task's result, and a hedged duplicate's, token by token
+ * against what an honest backend can give (hub/verify.h); a worker outside
+ * it is evicted and the hub's own answer used. The check recomputes the
+ * expert exactly (double): a few times the cost of computing it. */
 static int verify_task(hub_executor *x, hub_task *t, moex_error *err) {
-    const size_t n = (size_t)t->n_tokens * (size_t)x->d;
-    float *result = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
-    if (compute_here(x, t, x->check, err)) return -1;
-    HUB_COUNT(x->metrics, verified);
-    const double e = rel_l2(result, x->check, n);
-    if (e > tolerance(x, t->winner)) {
-        HUB_COUNT(x->metrics, verify_mismatches);
-        char why[128];
-        snprintf(why, sizeof why, "result of layer %d expert %d differs from the hub's (relative error %.3g)", x->layer,
-                 t->expert, e);
-        hub_registry_evict(x->reg, t->winner, why);
-        memcpy(result, x->check, n * sizeof(float));
+    const moex_moe_plan *p = &x->plan;
+    const int32_t first = p->group_first[t->group];
+    const moex_expert_weights *w = &x->m->layers[x->layer].experts[t->expert];
+    float *result = x->results + (size_t)first * (size_t)x->d;
+    ensure_x_wire(x, x->n_req_tokens);
+    double worst = 0, worst_dup = 0;
+    bool ok = true, dup_ok = true;
+    for (int64_t i = 0; i < t->n_tokens; i++) {
+        double wi, wd;
+        const int n_var = moex_expert_check_token(x->checker, w, x->x_wire + (int64_t)p->rows[first + i] * x->d,
+                                                  p->gates[first + i], x->ref, x->tol, err);
+        if (n_var < 1) return moex_error_prefix(err, "layer %d expert %d, verified here", x->layer, t->expert);
+        ok &= hub_result_honest_any(result + i * x->d, x->ref, x->tol, n_var, x->d, x->cfg.wire_dtype, &wi);
+        worst = fmax(worst, wi);
+        if (t->dup_seen) {
+            dup_ok &= hub_result_honest_any(t->dup + i * x->d, x->ref, x->tol, n_var, x->d, x->cfg.wire_dtype, &wd);
+            worst_dup = fmax(worst_dup, wd);
+        }
     }
-    if (t->dup_seen && rel_l2(t->dup, x->check, n) > tolerance(x, t->dup_from)) {
+    HUB_COUNT(x->metrics, verified);
+    hub_registry_note_check(x->reg, t->winner, worst);
+    if (!ok) {
         HUB_COUNT(x->metrics, verify_mismatches);
-        hub_registry_evict(x->reg, t->dup_from, "a hedged duplicate differs from the hub's result");
+        char why[160];
+        snprintf(why, sizeof why, "result of layer %d expert %d is %.3g times as far from the exact value as an honest "
+                                  "backend's can be", x->layer, t->expert, worst);
+        hub_registry_evict(x->reg, t->winner, why);
+        if (compute_here(x, t, result, err)) return -1;
+    }
+    if (t->dup_seen) {
+        hub_registry_note_check(x->reg, t->dup_from, worst_dup);
+        if (!dup_ok) {
+            HUB_COUNT(x->metrics, verify_mismatches);
+            hub_registry_evict(x->reg, t->dup_from, "a hedged duplicate is not what an honest backend can give");
+        }
     }
     return 0;
+}
+
+/* Whether two results differ by more than a wire step anywhere: honest ones
+ * from the same code path are equal, from others close, so only a real
+ * difference costs a check. */
+static bool differ(const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (fabsf(a[i] - b[i]) > fmaxf(fabsf(a[i]), fabsf(b[i])) * 0x1p-9f + 1e-30f) return true;
+    return false;
 }
 
 static int verify_layer(hub_executor *x, moex_error *err) {
@@ -793,14 +851,31 @@ static int verify_layer(hub_executor *x, moex_error *err) {
         hub_task *t = &x->tasks[i];
         if (t->local) continue;
         const bool sampled = x->cfg.verify_p > 0 && moex_rand01(&x->rng) < x->cfg.verify_p;
-        bool disagree = false;
-        if (t->dup_seen) {
-            const float *result = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
-            const double tol = fmax(tolerance(x, t->winner), tolerance(x, t->dup_from));
-            disagree = rel_l2(t->dup, result, (size_t)t->n_tokens * (size_t)x->d) > tol;
-        }
+        const float *result = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
+        const bool disagree =
+            t->dup_seen && (!t->dup_sane || differ(t->dup, result, t->n_tokens * x->d));
         if ((sampled || disagree) && verify_task(x, t, err)) return -1;
     }
+    return 0;
+}
+
+/* A task whose replica sent values no honest worker can: computed here; the
+ * worker is evicted unless the hub's own values are no better (then the
+ * expert itself overflows the wire dtype, and the result stands as
+ * --local's would). */
+static int confirm_suspect(hub_executor *x, hub_task *t, float *out, moex_error *err) {
+    if (compute_here(x, t, out, err)) return -1;
+    const double *limits = t->limits_ready ? x->pair_max + x->plan.group_first[t->group] : NULL;
+    if (!hub_rows_sane(out, t->n_tokens, x->d, limits)) {
+        moex_log(MOEX_LOG_WARN, "layer %d expert %d: its result is not finite here either (the model overflows the "
+                                "wire dtype)", x->layer, t->expert);
+        return 0;
+    }
+    HUB_COUNT(x->metrics, verify_mismatches);
+    char why[160];
+    snprintf(why, sizeof why, "result of layer %d expert %d holds non-finite values or values beyond what the expert "
+                              "can produce", x->layer, t->expert);
+    hub_registry_evict(x->reg, t->suspect_from, why);
     return 0;
 }
 
@@ -832,6 +907,11 @@ static int prepare(hub_executor *x, const moex_moe_request *req, moex_error *err
     x->req_x = req->x;
     x->n_req_tokens = req->n_tokens;
     x->x_wire_ready = false;
+    for (int64_t i = 0; i < req->n_tokens; i++) {
+        float m = 0;
+        for (int64_t j = 0; j < x->d; j++) m = fmaxf(m, fabsf(req->x[i * x->d + j]));
+        x->x_absmax[i] = m;
+    }
     moex_wire_round_gates(x->cfg.wire_dtype, p->gates, p->n_pairs);
     x->layer = req->layer;
     x->seq0 = x->next_seq;
@@ -844,7 +924,7 @@ static int prepare(hub_executor *x, const moex_moe_request *req, moex_error *err
         t->expert = p->group_expert[g];
         t->n_tokens = p->group_first[g + 1] - p->group_first[g];
         t->n_sent = 0;
-        t->done = t->local = t->dup_seen = t->claimed = false;
+        t->done = t->local = t->dup_seen = t->claimed = t->suspect = t->limits_ready = false;
         t->deadline_s = t->hedge_at_s = INFINITY;
     }
     int rc_one[64], *rc = x->n_tasks <= 64 ? rc_one : calloc((size_t)x->n_tasks, sizeof *rc);
@@ -887,7 +967,7 @@ static int wait_layer(hub_executor *x, moex_error *err) {
         if (atomic_load(&x->stopping)) return moex_fail(err, "hub stopping");
         if (local) { /* computed while the network works */
             float *out = x->results + (size_t)x->plan.group_first[local->group] * (size_t)x->d;
-            if (compute_here(x, local, out, err)) return -1;
+            if (local->suspect ? confirm_suspect(x, local, out, err) : compute_here(x, local, out, err)) return -1;
             local->done = true;
             continue;
         }

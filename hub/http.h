@@ -13,9 +13,11 @@
 typedef struct hub_http {
     const moex_model *m;
     uint64_t model_hash;
-    const char *token;
+    const char *token;        /* the workers' token: the only credential for the weights */
+    bool no_weights;          /* --local: no workers, so no weights are served */
     hub_metrics *metrics;
-    hub_log_limit refusals;   /* network thread only */
+    hub_log_limit refusals;   /* network thread only: 403s logged */
+    hub_log_limit errors;     /* network thread only: other errors logged */
 } hub_http;
 
 /* Another HTTP service on the same port (the OpenAI API and status page,
@@ -30,6 +32,16 @@ typedef struct hub_http_handler {
     /* Each time another thread woke the network thread (lws_cancel_service). */
     void (*service)(void *ctx);
 } hub_http_handler;
+
+/* OpenAI's error JSON, {"error": {"message", "type", "param", "code"}}, for
+ * any HTTP error of the hub: the type follows the status, the message is
+ * made valid UTF-8 (malloc'd; NULL when out of memory). */
+char *hub_http_error_json(unsigned status, const char *code, const char *message);
+/* Answers the request with that error at once (a small body written with its
+ * head). 0, or -1 when it could not be written; either way the caller then
+ * ends the transaction or closes the connection. */
+int hub_http_answer_error(struct lws *wsi, unsigned status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* The HTTP callbacks of one connection; *state is per-request, owned here. */
 int hub_http_callback(hub_http *h, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,

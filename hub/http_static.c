@@ -148,7 +148,7 @@ static int query_of(struct lws *wsi, char *out, size_t cap) {
 static int redirect_to_dir(struct lws *wsi) {
     char loc[8192] = MOUNT "/";
     if (query_of(wsi, loc + sizeof MOUNT, sizeof loc - sizeof MOUNT)) {
-        if (lws_return_http_status(wsi, HTTP_STATUS_REQ_URI_TOO_LONG, "query string too long")) return -1;
+        if (hub_http_answer_error(wsi, HTTP_STATUS_REQ_URI_TOO_LONG, NULL, "query string too long")) return -1;
         return lws_http_transaction_completed(wsi) ? -1 : 0;
     }
     uint8_t buf[LWS_PRE + sizeof loc + 512], *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
@@ -160,7 +160,7 @@ static int not_found(struct lws *wsi, const char *uri) {
     char peer[64] = "?";
     lws_get_peer_simple(wsi, peer, sizeof peer);
     moex_log(MOEX_LOG_INFO, "http: %s %s -> 404: no such file in the worker page", peer, uri);
-    if (lws_return_http_status(wsi, HTTP_STATUS_NOT_FOUND, "no such file in the worker page")) return -1;
+    if (hub_http_answer_error(wsi, HTTP_STATUS_NOT_FOUND, NULL, "no such file in the worker page")) return -1;
     return lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 

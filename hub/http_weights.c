@@ -6,7 +6,8 @@
  *                              X-MoEx-Hash: XXH3-64 of them; "Range: bytes=N-[M]" gives 206
  *
  * Same token as the WebSocket (?token= or Authorization: Bearer): a wrong
- * one gets 403. libwebsockets does the HTTP; this file only routes and
+ * one gets 403; a hub without workers (--local) serves no weights. Errors,
+ * and any other path, get OpenAI's error JSON. libwebsockets does the HTTP; this file only routes and
  * writes bodies, one chunk per HTTP_WRITEABLE, straight from the model's
  * mapping, so a slow client never holds the network thread. Runs on that
  * thread only: the model is read-only, the hash cache is the network thread's.
@@ -19,6 +20,7 @@
  * (rx flow control: lws then leaves the connection alone) and a timer that
  * looks at the socket every STALL_POLL_MS, until it drains or CLIENT_IDLE_S. */
 #include <errno.h>
+#include <stdarg.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "common/unicode.h"
 #include "hub/http.h"
 
 #define BODY_CHUNK (256 * 1024)
@@ -104,7 +107,7 @@ static int parse_range(const char *v, int64_t *from, int64_t *to) {
     if (!*s) return 0;
     if (*s < '0' || *s > '9') return -1;
     unsigned long long b = strtoull(s, &end, 10);
-    if (errno || *end || b > INT64_MAX) return -1;
+    if (errno || *end || b > INT64_MAX || b < a) return -1; /* M < N is no range (RFC 9110 14.1.1) */
     *to = (int64_t)b;
     return 0;
 }
@@ -142,34 +145,39 @@ static int respond_owned(struct lws *wsi, http_req *r, unsigned status, const ch
     return send_head(wsi, status, ctype, n, NULL, content_range);
 }
 
-/* A text error, logged at info: bad requests are the client's problem. */
-static int respond_error(struct lws *wsi, http_req *r, unsigned status, const char *uri, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int respond_error(struct lws *wsi, http_req *r, unsigned status, const char *uri, const char *fmt, ...) {
-    char msg[400], peer[64] = "?";
+/* An error (OpenAI's error JSON), logged at most a few times a second (a
+ * flood of bad requests must not become a flood of log lines): refusals at
+ * warn, the rest at info (bad requests are the client's problem). */
+static int respond_error(hub_http *h, struct lws *wsi, http_req *r, unsigned status, const char *uri,
+                         const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int respond_error(hub_http *h, struct lws *wsi, http_req *r, unsigned status, const char *uri,
+                         const char *fmt, ...) {
+    char msg[400];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg - 1, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    lws_get_peer_simple(wsi, peer, sizeof peer);
-    moex_log(status == HTTP_STATUS_FORBIDDEN ? MOEX_LOG_WARN : MOEX_LOG_INFO, "http: %s GET %s -> %u: %s", peer, uri,
-             status, msg);
-    strcat(msg, "\n");
-    return respond_owned(wsi, r, status, "text/plain; charset=utf-8", msg, NULL);
+    uint32_t suppressed = 0;
+    hub_log_limit *limit = status == HTTP_STATUS_FORBIDDEN ? &h->refusals : &h->errors;
+    if (hub_log_limit_take(limit, moex_time_s(), &suppressed)) {
+        char peer[64] = "?", shown[256];
+        lws_get_peer_simple(wsi, peer, sizeof peer);
+        moex_utf8_sanitize(uri, strlen(uri), shown, sizeof shown);
+        moex_log(status == HTTP_STATUS_FORBIDDEN ? MOEX_LOG_WARN : MOEX_LOG_INFO, "http: %s GET %s -> %u: %s%s", peer,
+                 shown, status, msg, suppressed ? " (and more not logged)" : "");
+    }
+    char *json = hub_http_error_json(status, NULL, msg);
+    if (!json) return -1;
+    const int rc = respond_owned(wsi, r, status, "application/json", json, NULL);
+    cJSON_free(json);
+    return rc;
 }
 
-/* A wrong or missing token: 403, logged at most a few times a second (a
- * flood of bad requests must not become a flood of log lines). */
+/* A wrong or missing token: 403. */
 static int respond_refused(hub_http *h, struct lws *wsi, http_req *r, const char *uri) {
-    uint32_t suppressed = 0;
-    if (hub_log_limit_take(&h->refusals, moex_time_s(), &suppressed)) {
-        char peer[64] = "?";
-        lws_get_peer_simple(wsi, peer, sizeof peer);
-        moex_log(MOEX_LOG_WARN, "http: %s GET %s -> 403: wrong or missing token%s", peer, uri,
-                 suppressed ? " (and more refusals not logged)" : "");
-    }
-    return respond_owned(wsi, r, HTTP_STATUS_FORBIDDEN, "text/plain; charset=utf-8",
-                         "wrong or missing token: pass ?token=T or Authorization: Bearer T\n", NULL);
+    HUB_COUNT(h->metrics, refused);
+    return respond_error(h, wsi, r, HTTP_STATUS_FORBIDDEN, uri,
+                         "wrong or missing token: pass the workers' token as ?token=T or Authorization: Bearer T");
 }
 
 /* ---- /v1/model ---- */
@@ -247,7 +255,7 @@ static char *model_json(const hub_http *h) {
 
 static int serve_model(hub_http *h, struct lws *wsi, http_req *r, const char *uri) {
     char *json = model_json(h);
-    if (!json) return respond_error(wsi, r, HTTP_STATUS_INTERNAL_SERVER_ERROR, uri, "out of memory");
+    if (!json) return respond_error(h, wsi, r, HTTP_STATUS_INTERNAL_SERVER_ERROR, uri, "out of memory");
     int rc = respond_owned(wsi, r, HTTP_STATUS_OK, "application/json", json, NULL);
     cJSON_free(json);
     return rc;
@@ -294,7 +302,7 @@ static void set_expert_body(http_req *r, const moex_expert_weights *w, size_t fr
 
 static int serve_expert(hub_http *h, struct lws *wsi, http_req *r, const char *uri, int layer, int expert) {
     if (layer >= h->m->hp.n_layer || expert >= h->m->hp.n_expert)
-        return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, uri, "no expert (%d, %d): the model has %d layers x %d experts",
+        return respond_error(h, wsi, r, HTTP_STATUS_NOT_FOUND, uri, "no expert (%d, %d): the model has %d layers x %d experts",
                              layer, expert, h->m->hp.n_layer, h->m->hp.n_expert);
     const moex_expert_weights *w = &h->m->layers[layer].experts[expert];
     const size_t total = expert_bytes(w);
@@ -303,7 +311,8 @@ static int serve_expert(hub_http *h, struct lws *wsi, http_req *r, const char *u
     const bool ranged = lws_hdr_copy(wsi, range, sizeof range, WSI_TOKEN_HTTP_RANGE) > 0;
     if (ranged) {
         if (parse_range(range, &from, &to))
-            return respond_error(wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad Range '%s' (want bytes=N- or bytes=N-M)", range);
+            return respond_error(h, wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad Range '%.100s' (want bytes=N- or bytes=N-M, M >= N)",
+                                 range);
         if (to < 0 || to >= (int64_t)total) to = (int64_t)total - 1;
         if (from >= (int64_t)total || to < from) {
             snprintf(crange, sizeof crange, "bytes */%zu", total);
@@ -328,25 +337,35 @@ static int serve_expert(hub_http *h, struct lws *wsi, http_req *r, const char *u
 
 /* ---- the callbacks ---- */
 
+/* Every request no one else claimed comes here: the weights, for the
+ * workers' token only, and JSON errors for anything else. */
 static int on_request(hub_http *h, struct lws *wsi, http_req *r) {
     char uri[256] = "";
-    const int uri_len = lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI);
-    if (uri_len <= 0) { /* HEAD, POST, ...: the connection may carry a body we do not read */
-        lws_return_http_status(wsi, HTTP_STATUS_METHOD_NOT_ALLOWED, "only GET");
+    char *p;
+    int uri_len;
+    const int method = lws_http_get_uri_and_method(wsi, &p, &uri_len);
+    if (method < 0 || uri_len <= 0 || uri_len >= (int)sizeof uri)
+        return respond_error(h, wsi, r, HTTP_STATUS_NOT_FOUND, "(long path)", "not found");
+    memcpy(uri, p, (size_t)uri_len);
+    uri[uri_len] = 0;
+    int layer = 0, expert = 0;
+    const int kind = !strcmp(uri, "/v1/model") ? 2 : parse_expert_path(uri, &layer, &expert);
+    if (method != LWSHUMETH_GET) { /* a body may follow, which is not read: the connection closes after the answer */
+        hub_http_answer_error(wsi, kind ? HTTP_STATUS_METHOD_NOT_ALLOWED : HTTP_STATUS_NOT_FOUND,
+                              kind ? "method_not_allowed" : NULL, kind ? "this path takes GET only" : "no such path");
         return -1;
     }
-    if (uri_len >= (int)sizeof uri || lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI) <= 0)
-        return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, "(long path)", "not found");
-    if (!hub_auth_ok(wsi, h->token)) {
-        HUB_COUNT(h->metrics, refused);
-        return respond_refused(h, wsi, r, uri);
-    }
-    if (!strcmp(uri, "/v1/model")) return serve_model(h, wsi, r, uri);
-    int layer, expert;
-    const int kind = parse_expert_path(uri, &layer, &expert);
-    if (kind < 0) return respond_error(wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad expert path (want /v1/expert/<layer>/<expert>)");
-    if (kind > 0) return serve_expert(h, wsi, r, uri, layer, expert);
-    return respond_error(wsi, r, HTTP_STATUS_NOT_FOUND, uri, "not found (the hub serves /ws, /v1/model, /v1/expert/<layer>/<expert>)");
+    if (kind == 0)
+        return respond_error(h, wsi, r, HTTP_STATUS_NOT_FOUND, uri, "no such path%s",
+                             h->no_weights ? "" : " (workers use /ws, /v1/model, /v1/expert/<layer>/<expert>)");
+    if (h->no_weights)
+        return respond_error(h, wsi, r, HTTP_STATUS_NOT_FOUND, uri,
+                             "this hub runs the whole model itself (--local): it serves no expert weights");
+    if (!h->token || !*h->token || !hub_auth_ok(wsi, h->token)) return respond_refused(h, wsi, r, uri);
+    if (kind == 2) return serve_model(h, wsi, r, uri);
+    if (kind < 0)
+        return respond_error(h, wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad expert path (want /v1/expert/<layer>/<expert>)");
+    return serve_expert(h, wsi, r, uri, layer, expert);
 }
 
 /* Writes the next chunk of the body; at its end, completes the transaction. */
@@ -409,7 +428,8 @@ int hub_http_callback(hub_http *h, struct lws *wsi, enum lws_callback_reasons re
      * not usable there. */
     if (!state || lws_get_network_wsi(wsi) != wsi || !lws_wsi_user(wsi)) {
         if (reason != LWS_CALLBACK_HTTP) return 0;
-        lws_return_http_status(wsi, HTTP_STATUS_HTTP_VERSION_NOT_SUPPORTED, "HTTP/1.1 only");
+        hub_http_answer_error(wsi, HTTP_STATUS_HTTP_VERSION_NOT_SUPPORTED, "http_version_not_supported",
+                              "this hub speaks HTTP/1.1 only");
         return -1;
     }
     switch (reason) {

@@ -6,6 +6,7 @@
  *
  * Arrows only point down: the server and the executor use the registry, the
  * inbox and the connections; none of those calls back up. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +51,11 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
         moex_fail(err, "%s is a dense model: nothing to distribute (use --local)", m->hp.arch_name);
         return NULL;
     }
+    if (!cfg->no_workers && (!cfg->token || !*cfg->token)) {
+        moex_fail(err, "a hub that takes workers needs --token T (workers present it, and it guards the expert "
+                       "weights); or run the whole model here with --local");
+        return NULL;
+    }
     if (cfg->token && strlen(cfg->token) > HUB_TOKEN_MAX) {
         moex_fail(err, "the token is %zu bytes; at most %d", strlen(cfg->token), HUB_TOKEN_MAX);
         return NULL;
@@ -79,7 +85,8 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
     hub_executor_config xc = {.hedge = cfg->hedge, .timeout_ms = cfg->timeout_ms, .verify_p = cfg->verify_p,
                               .local_fallback = cfg->local_fallback, .wire_dtype = cfg->wire_dtype,
                               .max_batch = cfg->max_batch, .seed = cfg->seed};
-    hub->http = (hub_http){.m = m, .model_hash = model_hash, .token = cfg->token, .metrics = &hub->metrics};
+    hub->http = (hub_http){.m = m, .model_hash = model_hash, .token = cfg->token, .metrics = &hub->metrics,
+                           .no_weights = cfg->no_workers};
     hub_server_config sc = {.host = cfg->host, .port = cfg->port, .token = cfg->token, .heartbeat_ms = cfg->heartbeat_ms,
                             .limits = lim, .max_message = max_message, .max_queued = 2 * max_message + (1u << 20),
                             .handler = cfg->http_handler, .refuse_workers = cfg->no_workers, .web = hub->web,
@@ -113,11 +120,22 @@ int moex_hub_port(const moex_hub *hub) { return hub_server_port(hub->server); }
 const char *moex_hub_ws_scheme(const moex_hub *hub) { return hub->cfg.tls ? "wss" : "ws"; }
 const char *moex_hub_http_scheme(const moex_hub *hub) { return hub->cfg.tls ? "https" : "http"; }
 
-int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, moex_error *err) {
+int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, const volatile sig_atomic_t *cancel, moex_error *err) {
     char how[160];
     snprintf(how, sizeof how, "start more with moex-worker --hub %s://%s:%d/ws%s", moex_hub_ws_scheme(hub), hub->cfg.host,
              moex_hub_port(hub), hub->web ? ", or open the worker page at /worker in a browser" : "");
-    return hub_registry_wait_ready(hub->reg, n, timeout_s, how, err);
+    return hub_registry_wait_ready(hub->reg, n, timeout_s, cancel, how, err);
+}
+
+bool moex_hub_can_serve(moex_hub *hub, char *why, size_t cap) {
+    if (hub->cfg.no_workers || hub->cfg.local_fallback) return true;
+    hub_coverage c;
+    hub_registry_coverage(hub->reg, &c);
+    if (c.covered == c.experts) return true;
+    snprintf(why, cap, "%llu of the %llu experts have no ready worker and --no-local-fallback is set: start workers "
+                       "(moex-worker --hub %s://HUB:%d/ws)", (unsigned long long)(c.experts - c.covered),
+             (unsigned long long)c.experts, moex_hub_ws_scheme(hub), moex_hub_port(hub));
+    return false;
 }
 
 moex_expert_executor moex_hub_executor(moex_hub *hub) { return hub_executor_iface(hub->exec); }

@@ -5,6 +5,7 @@
 #ifndef MOEX_HUB_H
 #define MOEX_HUB_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,7 +15,7 @@
 typedef struct moex_hub_config {
     const char *host;          /* listen address (default 127.0.0.1) */
     int port;                  /* 0 picks a free port (see moex_hub_port) */
-    const char *token;         /* workers must present it; NULL/"" = no auth */
+    const char *token;         /* workers present it, and it guards the expert weights; required unless no_workers */
     int replicas;              /* r: replicas of every expert */
     int hedge;                 /* h >= 1 fixed, or 0 = auto (paper §4.1) */
     int timeout_ms;            /* per-expert deadline before re-dispatch */
@@ -53,8 +54,12 @@ int moex_hub_port(const moex_hub *hub);
 /* "ws" or "wss", "http" or "https": how workers and browsers reach it. */
 const char *moex_hub_ws_scheme(const moex_hub *hub);
 const char *moex_hub_http_scheme(const moex_hub *hub);
-/* Waits until at least n workers have joined and loaded their assignment. */
-int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, moex_error *err);
+/* Waits until at least n workers have joined and loaded their assignment,
+ * or *cancel (set by a signal handler; may be NULL) becomes nonzero. */
+int moex_hub_wait_ready(moex_hub *hub, int n, double timeout_s, const volatile sig_atomic_t *cancel, moex_error *err);
+/* Whether every expert can be computed now: by a ready worker, or here (the
+ * local fallback, --local). false: why, for /health. */
+bool moex_hub_can_serve(moex_hub *hub, char *why, size_t cap);
 /* The executor that sends experts to workers (with hedging, timeouts, fallback). */
 moex_expert_executor moex_hub_executor(moex_hub *hub);
 /* Metrics: per-worker latency percentiles, hedges, timeouts, re-dispatches,

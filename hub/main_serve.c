@@ -220,8 +220,8 @@ static int start(const serve_options *o, serving *sv) {
         fprintf(stderr, "moex-hub serve: cannot start %d threads\n", o->cli.eng.threads);
         return -1;
     }
-    int64_t n_ctx = o->n_ctx;
-    if (!n_ctx) n_ctx = sv->m->hp.n_ctx_train > 0 && sv->m->hp.n_ctx_train < 4096 ? sv->m->hp.n_ctx_train : 4096;
+    const int64_t n_ctx = hub_cli_cap_ctx("moex-hub serve", o->n_ctx ? o->n_ctx : 4096, o->n_ctx > 0,
+                                          sv->m->hp.n_ctx_train);
     model_id_of(o, sv->model_id, sizeof sv->model_id);
     sv->status = (hub_status_src){.m = sv->m, .model_id = sv->model_id, .backend = sv->backend,
                                   .chat_template = moex_chat_name(chat), .distributed = !o->cli.eng.local,
@@ -242,11 +242,16 @@ static int start(const serve_options *o, serving *sv) {
     sv->status.hub = sv->hub;
     if (!o->cli.eng.local && o->cli.min_workers > 0) {
         moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->cli.min_workers);
-        if (moex_hub_wait_ready(sv->hub, (int)o->cli.min_workers, o->cli.wait_s, &err)) {
+        hub_api_set_phase(sv->api, "waiting for --min-workers workers to be ready");
+        if (moex_hub_wait_ready(sv->hub, (int)o->cli.min_workers, o->cli.wait_s, &interrupted, &err)) {
             fprintf(stderr, "moex-hub serve: %s\n", err.msg);
             return -1;
         }
     }
+    /* /health says 200 only once a request runs at full speed: the weights this
+     * process computes with are read in first (the experts too with --local) */
+    hub_api_set_phase(sv->api, "reading the weights");
+    moex_model_page_in(sv->m, o->cli.eng.local);
     if (start_engine(o, sv, n_ctx, &err)) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;

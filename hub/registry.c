@@ -15,6 +15,7 @@
 
 #include <xxhash.h>
 
+#include "common/unicode.h"
 #include "hub/registry.h"
 #include "placement/placement.h"
 
@@ -26,7 +27,7 @@ struct hub_worker {
     uint32_t id;                 /* placement key; kept across reconnects of one session */
     uint64_t session;            /* the secret key of this worker's ASSIGNs */
     hub_conn *conn;              /* referenced; NULL once the connection is gone */
-    char name[64];
+    char name[HUB_NAME_BYTES];
     bool joined, evicted, unhealthy, gone_reported;
     bool closing;                /* refused, removed or replaced: its connection is being closed */
     int repeat_joins;
@@ -42,6 +43,8 @@ struct hub_worker {
     double last_sample_s[2];
     float rtt_ms;                /* from heartbeats */
     uint64_t bytes_in, n_dispatched, n_won, n_lost, n_timeouts;
+    uint64_t n_checked;          /* its results verified against the honest bound */
+    double worst_check;          /* the largest share of that bound one of them used (> 1: evicted) */
 };
 
 struct hub_registry {
@@ -391,8 +394,8 @@ static void adopt(hub_registry *r, hub_worker *w, hub_worker *old) {
 
 static void on_join(hub_registry *r, hub_worker *w, const moex_proto_msg *msg) {
     const moex_proto_join *j = &msg->u.join.info;
-    char name[64];
-    snprintf(name, sizeof name, "%.*s", (int)j->name_len, j->name);
+    char name[HUB_NAME_BYTES]; /* shown in logs, /status.json and metric labels: valid UTF-8 only */
+    moex_utf8_sanitize(j->name, j->name_len, name, sizeof name);
     if (w->joined) { /* the name stays the first JOIN's */
         send_error(r, w, msg->h.seq, MOEX_ERR_ALREADY_JOINED, "already joined");
         if (++w->repeat_joins >= MAX_REPEAT_JOINS) {
@@ -611,6 +614,16 @@ void hub_registry_evict(hub_registry *r, uint32_t id, const char *why) {
     pthread_mutex_unlock(&r->mu);
 }
 
+void hub_registry_note_check(hub_registry *r, uint32_t id, double share) {
+    pthread_mutex_lock(&r->mu);
+    hub_worker *w = by_id(r, id);
+    if (w) {
+        w->n_checked++;
+        if (!(share <= w->worst_check)) w->worst_check = share;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 void hub_registry_bad_result(hub_registry *r, uint32_t id, const char *why) {
     HUB_COUNT(r->metrics, bad_results);
     pthread_mutex_lock(&r->mu);
@@ -650,10 +663,15 @@ static bool ready(const hub_worker *w) {
     return is_member(w) && w->ready_gen == w->assigned_gen && w->assigned_gen != 0;
 }
 
-int hub_registry_wait_ready(hub_registry *r, int n, double timeout_s, const char *how_to_join, moex_error *err) {
+int hub_registry_wait_ready(hub_registry *r, int n, double timeout_s, const volatile sig_atomic_t *cancel,
+                            const char *how_to_join, moex_error *err) {
     const double deadline = moex_time_s() + timeout_s;
     pthread_mutex_lock(&r->mu);
     for (;;) {
+        if (cancel && *cancel) {
+            pthread_mutex_unlock(&r->mu);
+            return moex_fail(err, "interrupted while waiting for workers");
+        }
         int n_ready = 0, joined = 0;
         for (int i = 0; i < r->n; i++) {
             joined += is_member(r->w[i]) && hub_conn_open(r->w[i]->conn);
@@ -669,7 +687,7 @@ int hub_registry_wait_ready(hub_registry *r, int n, double timeout_s, const char
         }
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        const double at = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left < 0.5 ? left : 0.5);
+        const double at = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left < 0.1 ? left : 0.1);
         ts.tv_sec = (time_t)at;
         ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
@@ -705,15 +723,15 @@ static void print_percentiles(FILE *f, const hub_worker *w) {
 
 void hub_registry_print(hub_registry *r, FILE *f) {
     pthread_mutex_lock(&r->mu);
-    fprintf(f, "  worker                      p50 ms   p95 ms   p99 ms  dispatched  won  timeouts  state\n");
+    fprintf(f, "  worker                      p50 ms   p95 ms   p99 ms  dispatched  won  timeouts  verified (worst)  state\n");
     for (int i = 0; i < r->n; i++) {
         const hub_worker *w = r->w[i];
         if (!w->joined) continue;
         fprintf(f, "  %-24.24s ", w->name);
         print_percentiles(f, w);
-        fprintf(f, " %10llu %5llu %8llu  %s\n", (unsigned long long)w->n_dispatched, (unsigned long long)w->n_won,
-                (unsigned long long)w->n_timeouts,
-                w->evicted ? "evicted" : !w->conn ? "gone" : w->unhealthy ? "unhealthy" : "ready");
+        fprintf(f, " %10llu %5llu %8llu  %8llu (%.3f)  %s\n", (unsigned long long)w->n_dispatched,
+                (unsigned long long)w->n_won, (unsigned long long)w->n_timeouts, (unsigned long long)w->n_checked,
+                w->worst_check, w->evicted ? "evicted" : !w->conn ? "gone" : w->unhealthy ? "unhealthy" : "ready");
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -756,7 +774,8 @@ int hub_registry_workers(hub_registry *r, hub_worker_info *out, int max) {
             *o = (hub_worker_info){.id = w->id, .state = state_of(w), .backend = w->backend, .capacity = w->capacity,
                                    .lat_ewma_ms = {w->lat_ewma_ms[HUB_SMALL], w->lat_ewma_ms[HUB_LARGE]},
                                    .rtt_ms = w->rtt_ms, .dispatched = w->n_dispatched,
-                                   .won = w->n_won, .lost = w->n_lost, .timeouts = w->n_timeouts, .bytes_in = w->bytes_in};
+                                   .won = w->n_won, .lost = w->n_lost, .timeouts = w->n_timeouts, .bytes_in = w->bytes_in,
+                                   .checked = w->n_checked, .worst_check = w->worst_check};
             snprintf(o->name, sizeof o->name, "%s", w->name);
             snprintf(o->peer, sizeof o->peer, "%s", w->conn ? hub_conn_peer(w->conn) : "");
             o->experts_assigned = w->assigned ? count_bits(w->assigned, r->bitmap_bytes) : 0;

@@ -7,6 +7,7 @@
 #ifndef MOEX_HUB_REGISTRY_H
 #define MOEX_HUB_REGISTRY_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,7 +20,8 @@
 
 #define HUB_MAX_WORKERS 256     /* worker records kept, departed ones included */
 #define HUB_MAX_CAPACITY 16.0f  /* a JOIN's capacity weight is clamped to this (bounds placement cost) */
-#define HUB_JOINS_PER_S 20      /* JOINs over this rate are refused (each one rebuilds the placement) */
+#define HUB_JOINS_PER_S 20
+#define HUB_NAME_BYTES 256      /* a JOIN's name (at most 255 bytes), made valid UTF-8, and its NUL */      /* JOINs over this rate are refused (each one rebuilds the placement) */
 
 typedef struct hub_registry_config {
     uint64_t model_hash;
@@ -89,6 +91,9 @@ void hub_registry_record(hub_registry *r, uint32_t id, hub_size size, float ms, 
 /* A worker whose result disagreed with the hub's: banned (its session key is
  * refused from now on) and disconnected. */
 void hub_registry_evict(hub_registry *r, uint32_t id, const char *why);
+/* A verified result of the worker: share is how much of the honest bound
+ * it used (hub/verify.h; > 1 was not honest). */
+void hub_registry_note_check(hub_registry *r, uint32_t id, double share);
 /* A worker that sent a RESULT that does not decode or does not fit its
  * request: counted, told, disconnected. */
 void hub_registry_bad_result(hub_registry *r, uint32_t id, const char *why);
@@ -99,8 +104,10 @@ void hub_registry_count_dispatch(hub_registry *r, uint32_t id, int n);
 
 /* ---- anyone ---- */
 
-/* Waits until at least n workers are ready and every joined worker is. */
-int hub_registry_wait_ready(hub_registry *r, int n, double timeout_s, const char *how_to_join, moex_error *err);
+/* Waits until at least n workers are ready and every joined worker is;
+ * gives up early when *cancel becomes nonzero (a signal; may be NULL). */
+int hub_registry_wait_ready(hub_registry *r, int n, double timeout_s, const volatile sig_atomic_t *cancel,
+                            const char *how_to_join, moex_error *err);
 /* Wakes waiters (the hub is stopping). */
 void hub_registry_stop(hub_registry *r);
 /* Per-worker table: latency percentiles, dispatches, wins, timeouts, state. */
@@ -110,7 +117,7 @@ void hub_registry_print(hub_registry *r, FILE *f);
 
 typedef struct hub_worker_info {
     uint32_t id;
-    char name[64], peer[64];
+    char name[HUB_NAME_BYTES], peer[64];
     const char *state;           /* "ready", "loading", "unhealthy", "evicted" or "gone" */
     uint8_t backend;
     float capacity;
@@ -119,6 +126,8 @@ typedef struct hub_worker_info {
     float lat_ewma_ms[2];        /* by hub_size, < 0: no sample yet */
     uint64_t dispatched, won, timeouts, bytes_in;
     uint64_t lost;               /* tasks another replica (a hedge) answered first */
+    uint64_t checked;            /* results verified */
+    double worst_check;          /* the largest share of the honest bound a verified result used */
 } hub_worker_info;
 
 /* The workers that joined (departed ones included, as the metrics print

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "hub/server.h"
 
@@ -68,19 +69,32 @@ static int filter(hub_server *s, struct lws *wsi) {
     lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI);
     if (strcmp(uri, "/ws") != 0) {
         log_refusal(s, wsi, "WebSocket path is not /ws");
-        lws_return_http_status(wsi, HTTP_STATUS_NOT_FOUND, "the hub's WebSocket is /ws");
+        hub_http_answer_error(wsi, HTTP_STATUS_NOT_FOUND, NULL, "the hub's WebSocket is /ws");
         return 1;
     }
     if (s->cfg.refuse_workers) {
         log_refusal(s, wsi, "this hub runs the whole model itself (--local): no workers");
+        hub_http_answer_error(wsi, HTTP_STATUS_FORBIDDEN, NULL, "this hub runs the whole model itself: no workers");
         return 1;
     }
     if (!hub_auth_ok(wsi, s->cfg.token)) {
         log_refusal(s, wsi, "wrong or missing token");
-        lws_return_http_status(wsi, HTTP_STATUS_FORBIDDEN, "wrong or missing token");
+        hub_http_answer_error(wsi, HTTP_STATUS_FORBIDDEN, NULL, "wrong or missing token");
         return 1;
     }
     return 0;
+}
+
+/* An Upgrade header: WebSocket goes on to filter(); anything else (h2c:
+ * HTTP/2 in the clear, also asked for inside TLS) is refused with a JSON
+ * error, since the hub speaks HTTP/1.1 only (docs/API.md, PROTOCOL.md).
+ * > 0: answered, the transaction ends. */
+static int confirm_upgrade(hub_server *s, struct lws *wsi, const char *upgrade) {
+    if (upgrade && !strcasecmp(upgrade, "websocket")) return 0;
+    log_refusal(s, wsi, "an Upgrade other than websocket (HTTP/1.1 only)");
+    return hub_http_answer_error(wsi, HTTP_STATUS_HTTP_VERSION_NOT_SUPPORTED, "http_version_not_supported",
+                                 "this hub speaks HTTP/1.1 only: send the request without 'Upgrade: %.20s'",
+                                 upgrade ? upgrade : "") ? -1 : 1;
 }
 
 static int established(hub_server *s, struct lws *wsi, conn_data *cd, bool raw) {
@@ -329,6 +343,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     hub_server *s = server_of(wsi);
     conn_data *cd = user;
     switch (reason) {
+    case LWS_CALLBACK_HTTP_CONFIRM_UPGRADE: return confirm_upgrade(s, wsi, in);
     case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: return filter(s, wsi);
     case LWS_CALLBACK_ESTABLISHED: return established(s, wsi, cd, false);
     case LWS_CALLBACK_RECEIVE:
@@ -411,7 +426,7 @@ hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hu
     info.user = s;
     info.options = LWS_SERVER_OPTION_VALIDATE_UTF8;
     info.pt_serv_buf_size = 64 * 1024;
-    info.max_http_header_data = HUB_TOKEN_MAX + 2048; /* a long token in the URL or the Authorization header */
+    info.max_http_header_data = 3 * HUB_TOKEN_MAX + 2048; /* a long token in the URL (%XX-encoded) or a header */
     /* descriptors lws polls: at the bound it stops accepting until one closes */
     info.fd_limit_per_thread = HUB_MAX_CONNECTIONS;
     if (cfg->tls_cert) {

@@ -70,6 +70,37 @@ typedef struct moex_expert_job {
 int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, const float *x, int64_t hidden,
                      moex_error *err);
 
+/* ---- checking expert results computed elsewhere (expert_check.c) ----
+ *
+ * A worker's result is honest when every element lies within the bound
+ * moex_expert_check_token gives around the exact value of the chain all
+ * backends compute (x rounded to 8 bits, gate/up, silu, h rounded to 8
+ * bits, down, the gate weight): the float rounding any summation order can
+ * make, and one 8-bit step wherever a rounding input lies close enough to a
+ * half step for that to flip it (docs/PROTOCOL.md, "Verification"). */
+typedef struct moex_expert_check moex_expert_check;
+moex_expert_check *moex_expert_check_create(void);
+void moex_expert_check_free(moex_expert_check *c);
+/* One token: ref the chain's exact value, tol how far an honest f32 result
+ * may lie from it (before any wire rounding), for each way x's near ties
+ * may round (a variant each: ref and tol hold MOEX_EXPERT_CHECK_VARIANTS x
+ * hidden values; a result is honest when it is within some variant's
+ * bound). Returns the number of variants (>= 1), or -1. Keeps the weights'
+ * dequantized rows while the same expert is checked. */
+#define MOEX_EXPERT_CHECK_VARIANTS 4
+int moex_expert_check_token(moex_expert_check *c, const moex_expert_weights *w, const float *x, float gate,
+                            double *ref, double *tol, moex_error *err);
+
+/* The largest row L1 norms (sums of |w|) of an expert's matrices. */
+typedef struct moex_expert_norms {
+    double gate, up, down;
+} moex_expert_norms;
+int moex_expert_norms_of(const moex_expert_weights *w, moex_expert_norms *out, moex_error *err);
+/* The largest |value| any element of one token's honest result can have,
+ * for an input whose largest |value| is x_absmax: what bounds a result
+ * that is never recomputed. */
+double moex_expert_result_max(const moex_expert_norms *n, double x_absmax, double gate);
+
 /* ---- elementwise and attention ---- */
 /* out = x / sqrt(mean(x^2) + eps) * w (w may be NULL). out may alias x. */
 void moex_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -1,9 +1,12 @@
 /* Binds a GGUF file's tensors to the model's weights, checking every shape
  * the forward pass relies on. Weights stay in the mapping; only norm vectors
  * stored in a half type are converted to f32. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "model/model.h"
 
@@ -203,4 +206,59 @@ void moex_model_describe(const moex_model *m, char *buf, size_t cap) {
              moex_hparams_is_moe(hp) ? "" : "dense, ", hp->n_expert, hp->n_expert_used, hp->n_ff_exp,
              m->output.data == m->tok_embd.data ? ", tied output" : "", et ? et->name : "?",
              (double)m->gguf->size / 1e9);
+}
+
+/* ---- reading the weights in ---- */
+
+typedef struct page_in {
+    size_t total, done, next_report, page;
+    double t0;
+    volatile uint8_t sink;
+} page_in;
+
+static void touch_matrix(page_in *p, const moex_matrix *w) {
+    if (!w->data || w->rows <= 0) return;
+    const size_t n = (size_t)w->rows * w->row_bytes;
+    const uintptr_t start = (uintptr_t)w->data & ~(uintptr_t)(p->page - 1);
+    madvise((void *)start, n + ((uintptr_t)w->data - start), MADV_WILLNEED);
+    const uint8_t *b = w->data;
+    uint8_t acc = 0;
+    for (size_t off = 0; off < n; off += p->page) acc ^= b[off];
+    acc ^= b[n - 1];
+    p->sink ^= acc;
+    p->done += n;
+    if (p->done >= p->next_report) {
+        moex_log(MOEX_LOG_INFO, "reading the weights: %.1f of %.1f GB (%.0f s)", (double)p->done / 1e9,
+                 (double)p->total / 1e9, moex_time_s() - p->t0);
+        p->next_report += p->total / 10;
+    }
+}
+
+/* Calls f on every matrix of m (the experts' when experts). */
+static void each_matrix(const moex_model *m, bool experts, void (*f)(page_in *, const moex_matrix *), page_in *p) {
+    f(p, &m->tok_embd);
+    if (m->output.data != m->tok_embd.data) f(p, &m->output);
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const moex_layer *L = &m->layers[l];
+        const moex_matrix *own[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->router};
+        for (size_t i = 0; i < sizeof own / sizeof *own; i++) f(p, own[i]);
+        for (int e = 0; experts && L->experts && e < m->hp.n_expert; e++) {
+            f(p, &L->experts[e].gate);
+            f(p, &L->experts[e].up);
+            f(p, &L->experts[e].down);
+        }
+    }
+}
+
+static void add_size(page_in *p, const moex_matrix *w) {
+    if (w->data && w->rows > 0) p->total += (size_t)w->rows * w->row_bytes;
+}
+
+size_t moex_model_page_in(const moex_model *m, bool experts) {
+    const long page = sysconf(_SC_PAGESIZE);
+    page_in p = {.page = page > 0 ? (size_t)page : 4096, .t0 = moex_time_s()};
+    each_matrix(m, experts, add_size, &p);
+    p.next_report = p.total >= (1u << 30) ? p.total / 10 : SIZE_MAX; /* progress only where it takes a while */
+    each_matrix(m, experts, touch_matrix, &p);
+    return p.done;
 }

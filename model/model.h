@@ -5,6 +5,7 @@
 #ifndef MOEX_MODEL_H
 #define MOEX_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/common.h"
@@ -32,6 +33,11 @@ typedef struct moex_model {
 
 moex_model *moex_model_load(const char *path, moex_error *err);
 void moex_model_free(moex_model *m);
+/* Reads the weights the engine computes with into memory (the mapping is
+ * otherwise read lazily, page by page, by the first requests): every matrix
+ * but the experts', and the experts' too when experts is set. Logs progress
+ * for large models. Returns the bytes touched. */
+size_t moex_model_page_in(const moex_model *m, bool experts);
 /* One line: arch, layers, hidden, experts, types, size. */
 void moex_model_describe(const moex_model *m, char *buf, size_t cap);
 

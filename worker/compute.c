@@ -207,14 +207,15 @@ static void run_assignment(compute *c) {
 
 /* ---- dispatches ---- */
 
-/* The fault injection's "large noise": each value moves by up to ten times
- * the row's RMS (plus one), far outside any numerical tolerance. */
-static void corrupt(compute *c, float *v, int64_t n_tokens, int64_t hidden) {
+/* The fault injection's noise: each value moves by up to scale times the
+ * row's RMS (by default ten: far outside any numerical tolerance; smaller
+ * scales find the smallest corruption --verify catches). */
+static void corrupt(compute *c, float *v, int64_t n_tokens, int64_t hidden, double scale) {
     for (int64_t t = 0; t < n_tokens; t++) {
         float *row = v + t * hidden;
         double ss = 0;
         for (int64_t i = 0; i < hidden; i++) ss += (double)row[i] * row[i];
-        const float amp = (float)(10.0 * sqrt(ss / (double)hidden) + 1.0);
+        const float amp = (float)(scale * (sqrt(ss / (double)hidden) + 1e-3));
         for (int64_t i = 0; i < hidden; i++) row[i] += amp * (float)(2.0 * moex_rand01(&c->rng) - 1.0);
     }
 }
@@ -224,7 +225,7 @@ static void maybe_corrupt(compute *c, batch_item *b) {
     const moex_worker_options *o = c->s->o;
     if (o->inject_corrupt_prob <= 0 || moex_rand01(&c->rng) >= o->inject_corrupt_prob) return;
     moex_log(MOEX_LOG_DEBUG, "worker: inject: corrupting the result of dispatch %u", b->it.msg.h.seq);
-    corrupt(c, b->values, b->it.msg.h.n_tokens, b->it.msg.h.hidden);
+    corrupt(c, b->values, b->it.msg.h.n_tokens, b->it.msg.h.hidden, o->inject_corrupt_scale);
 }
 
 /* Called with mu held: whether the oldest queued message has been read whole. */

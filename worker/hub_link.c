@@ -22,7 +22,8 @@ int worker_hub_addr_parse(worker_hub_addr *a, const moex_worker_options *o, moex
     if (!a->path[0] || !strcmp(a->path, "/")) a->path = "ws"; /* no path: the hub's WebSocket */
     a->ca_file = o->ca_file;
     a->insecure = o->insecure;
-    if (strlen(token) > 400) return moex_fail(err, "--token: longer than 400 bytes");
+    if (strlen(token) > MOEX_PROTO_AUTH_MAX_BYTES)
+        return moex_fail(err, "--token: longer than %d bytes (the hub takes no longer one)", MOEX_PROTO_AUTH_MAX_BYTES);
     a->token = token;
     snprintf(a->host, sizeof a->host, "%s:%d", a->address, a->port);
     snprintf(a->auth, sizeof a->auth, "Bearer %s", token);

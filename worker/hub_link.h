@@ -10,6 +10,7 @@
 #include <libwebsockets.h>
 
 #include "common/common.h"
+#include "proto/proto.h"
 #include "worker/worker.h"
 
 typedef struct worker_hub_addr {
@@ -23,7 +24,7 @@ typedef struct worker_hub_addr {
     const char *ca_file;  /* --ca: the only certificate trusted (NULL: the system's CAs) */
     bool insecure;        /* --insecure: no verification */
     char host[300];       /* "HOST:PORT" */
-    char auth[600];       /* "Bearer TOKEN" */
+    char auth[MOEX_PROTO_AUTH_MAX_BYTES + 16];   /* "Bearer TOKEN" */
 } worker_hub_addr;
 
 /* o's ws[s]://HOST[:PORT][/PATH] (or http[s]://; PATH defaults to ws) or

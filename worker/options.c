@@ -35,7 +35,8 @@ void moex_worker_usage(FILE *f) {
             "fault injection, for tests:\n"
             "  --inject-delay-ms D --inject-delay-prob P   sleep D ms before a result, with probability P\n"
             "  --inject-exit-after N    _exit(3) on receiving the N-th DISPATCH\n"
-            "  --inject-corrupt-prob P  add large noise to a result, with probability P\n");
+            "  --inject-corrupt-prob P  add noise to a result, with probability P: each value moves by up to\n"
+            "                           --inject-corrupt-scale S times the row's RMS (default 10)\n");
 }
 
 static int parse_double(const char *flag, const char *s, double lo, double hi, double *out, moex_error *err) {
@@ -89,13 +90,14 @@ static void set_defaults(moex_worker_options *o) {
     o->backend = MOEX_BACKEND_CPU;
     o->device = -1;
     o->backlog = 64;
+    o->inject_corrupt_scale = 10;
     o->seed = (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
 }
 
 static const char *const known_flags[] = {
     "--hub", "--token", "--ca", "--model", "--cache-dir", "--name", "--threads", "--capacity", "--memory-budget",
     "--backend", "--device", "--backlog", "--reconnect-max-s", "--seed", "--inject-delay-ms", "--inject-delay-prob",
-    "--inject-exit-after", "--inject-corrupt-prob",
+    "--inject-exit-after", "--inject-corrupt-prob", "--inject-corrupt-scale",
 };
 
 static bool is_known_flag(const char *flag) {
@@ -156,6 +158,9 @@ static int apply_flag(moex_worker_options *o, const char *flag, const char *val,
     } else if (!strcmp(flag, "--inject-corrupt-prob")) {
         if (parse_double(flag, val, 0, 1, &d, err)) return -1;
         o->inject_corrupt_prob = d;
+    } else if (!strcmp(flag, "--inject-corrupt-scale")) {
+        if (parse_double(flag, val, 0, 1e6, &d, err)) return -1;
+        o->inject_corrupt_scale = d;
     } else {
         return moex_fail(err, "unknown option '%s' (see --help)", flag);
     }

@@ -246,6 +246,7 @@ typedef struct moex_worker_options {
     double inject_delay_prob;
     long inject_exit_after;     /* 0: off */
     double inject_corrupt_prob;
+    double inject_corrupt_scale;  /* the noise's amplitude over the row's RMS (default 10) */
     uint64_t seed;
 } moex_worker_options;
 

@@ -37,7 +37,7 @@ def frame(typ, payload=b"", seq=0, layer=0, expert=0, n_tokens=0, hidden=0, dtyp
 
 
 def join_frame(model_hash, name="fake", capacity_centi=100, session=0, backend=0, memory_budget=1 << 30, proto=(1, 1)):
-    nb = name.encode()
+    nb = name if isinstance(name, bytes) else name.encode()
     fixed = struct.pack("<HHBBHQQI", *proto, backend, len(nb), capacity_centi, memory_budget, model_hash, 0)
     if not OLD_PROTO:
         fixed += struct.pack("<Q", session)

@@ -34,7 +34,7 @@ expect 1 "cannot load" -- "$B/moex-hub" --local -m "$W/tiny.gguf" -p hi
 expect 1 "outside the vocabulary" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,32000 -n 2
 expect 1 "not a list of token ids" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,x -n 2
 expect 1 "raise --ctx" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,2,3 -n 8 --ctx 4
-expect 1 "dense model" -- "$B/moex-hub" -m "$M" --port 0 -p hi
+expect 1 "dense model" -- "$B/moex-hub" -m "$M" --port 0 --token t -p hi
 # the token bound (hub/auth.h HUB_TOKEN_MAX): 1025 bytes refused at start-up
 ME=$W/cli-moe.gguf
 [ -f "$ME" ] || "$B/moex-gguf" gen --arch qwen3moe --preset test --vocab "$V/ggml-vocab-llama-spm.gguf" --type q8_0 \
@@ -53,7 +53,11 @@ expect 2 "expects a path" -- "$B/moex-hub" -m "$ME" --tls-dir "" -p hi
 expect 2 "in the clear" -- "$B/moex-hub" -m "$ME" --tls --tls-dir "$W" --tcp-port 9999 -p hi
 expect 2 "a port of its own" -- "$B/moex-hub" serve -m "$ME" --port 9999 --tcp-port 9999
 expect 2 "tcp-port expects an integer in \[1, 65535\]" -- "$B/moex-hub" -m "$ME" --tcp-port 0 -p hi
-expect 1 "cannot read the TLS certificate" -- "$B/moex-hub" -m "$ME" --port 0 --tls-cert "$W/c.pem" --tls-key "$W/k.pem" -p hi
+expect 1 "cannot read the TLS certificate" -- "$B/moex-hub" -m "$ME" --port 0 --token t --tls-cert "$W/c.pem" --tls-key "$W/k.pem" -p hi
+# a hub that takes workers without a token could take none (moex-worker requires one): refused at start
+expect 2 "needs --token" -- "$B/moex-hub" -m "$ME" --port 0 -p hi
+expect 2 "needs --token" -- "$B/moex-hub" serve -m "$ME" --port 0
+expect 2 "needs --token" -- "$B/moex-hub" -m "$ME" --port 0 --token "" -p hi
 # both --help texts describe the shared flags
 before=$fails
 for cmd in "" serve; do

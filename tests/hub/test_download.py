@@ -9,6 +9,7 @@ usage: test_download.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
 """
 import ctypes
 import ctypes.util
+import json
 import os
 import re
 import shutil
@@ -175,10 +176,20 @@ def hostile_requests(h):
              (f"/v1/expert/1?token={TOKEN}", {}, 400), (f"/v1/expert/1/2/3?token={TOKEN}", {}, 400),
              (f"/v1/expert/-1/2?token={TOKEN}", {}, 400), (f"/v1/expert/99999999999/2?token={TOKEN}", {}, 400),
              (f"/v1/expert/0/0?token={TOKEN}", {"Range": "bytes=x-"}, 400),
-             (f"/v1/expert/0/0?token={TOKEN}", {"Range": "lines=1-2"}, 400)]
-    got = [(path, get(h.base + path, hdrs)[0], want) for path, hdrs, want in cases]
-    bad = [(p, s, w) for p, s, w in got if s != w]
+             (f"/v1/expert/0/0?token={TOKEN}", {"Range": "lines=1-2"}, 400),
+             (f"/v1/expert/0/0?token={TOKEN}", {"Range": "bytes=5-3"}, 400)]
+    answers = [(path, get(h.base + path, hdrs), want) for path, hdrs, want in cases]
+    bad = [(p, a[0], w) for p, a, w in answers if a[0] != w]
     check("bad token 403, bad paths 404/400, bad Range 400", not bad, f"{bad}")
+
+    def openai_error(body):
+        try:
+            e = json.loads(body.decode("utf-8"))["error"]
+            return isinstance(e["message"], str) and "type" in e
+        except (ValueError, KeyError, TypeError):
+            return False
+    not_json = [(p, a[2][:80]) for p, a, w in answers if not openai_error(a[2])]
+    check("  every error body is OpenAI's error JSON", not not_json, f"{not_json}")
     st, _, _ = get(f"{h.base}/v1/model?token={TOKEN}")
     check("  the hub still answers", st == 200 and h.p.poll() is None)
     # a worker with a wrong token: refused at /v1/model, exits with a clear message

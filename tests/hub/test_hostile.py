@@ -76,7 +76,35 @@ def nan_results():
     check("  the poisoning worker was dispatched to", fake.dispatches >= 1, f"dispatches={fake.dispatches}")
     bad = metric(err, "bad results")
     check("  each refused RESULT counted as a bad result", bad is not None and bad >= 1, f"bad results={bad}")
+    check("  the poisoning worker evicted (before: re-dispatched around forever)", "worker poison evicted" in err,
+          err[-800:])
     check("  no heap damage reported", "double free" not in err and "AddressSanitizer" not in err)
+
+
+@scenario
+def huge_results():
+    # Finite but impossible results: 3e38 (f32 on the wire) and 60000 (f16) everywhere. They pass a NaN check,
+    # and the first overflowed the combined hidden state; both exceed what the expert can produce from its
+    # input and weights (moex_expert_result_max), so they are treated as NaN is: computed here, sender evicted.
+    c = Cluster(MOE, 2, N, hub_args=["--replicas", "4"], min_workers=4)
+    mh = wait_for_model_hash(c)
+    fakes = [fp.FakeWorker(c.port, c.token, mh, "huge32",
+                           lambda d: fp.result_frame(d, np.full((d.n_tokens, d.hidden), 3e38, np.float32), fp.F32)),
+             fp.FakeWorker(c.port, c.token, mh, "huge16",
+                           lambda d: fp.result_frame(d, np.full((d.n_tokens, d.hidden), 6e4, np.float32)))]
+
+    async def run():
+        for f in fakes:
+            await f.join()
+        await asyncio.gather(*(f.serve(lambda: c.hub.poll() is not None) for f in fakes))
+
+    t, box = fp.run_in_thread(run)
+    rc, toks, err = c.finish()
+    t.join(10)
+    check("huge finite results: output equals --local", rc == 0 and toks == REF, f"rc={rc} {err[-1500:] if rc else ''}")
+    check("  both senders were dispatched to and evicted", all(f.dispatches >= 1 for f in fakes)
+          and "worker huge32 evicted" in err and "worker huge16 evicted" in err,
+          f"dispatches={[f.dispatches for f in fakes]} {err[-800:]}")
 
 
 

@@ -54,15 +54,19 @@ def fingerprint(path):
 
 
 def https_get(port, path, cafile=CERT, host="localhost"):
-    """(status, content type, body, ALPN protocol) over TLS verified against cafile (None: the system's CAs)."""
+    """(status, content type, body, ALPN protocol) over TLS verified against cafile (None: the system's CAs)
+    for the name host. It connects to 127.0.0.1 and looks up no name: a machine (a container without an
+    /etc/hosts) may not resolve even localhost."""
     ctx = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
     ctx.set_alpn_protocols(["h2", "http/1.1"])
-    c = http.client.HTTPSConnection(host, port, context=ctx, timeout=20)
-    c.request("GET", path)
-    r = c.getresponse()
+    raw = socket.create_connection(("127.0.0.1", port), timeout=20)
+    s = ctx.wrap_socket(raw, server_hostname=host)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+    r = http.client.HTTPResponse(s)
+    r.begin()
     body = r.read()
-    alpn = c.sock.selected_alpn_protocol()
-    c.close()
+    alpn = s.selected_alpn_protocol()
+    s.close()
     return r.status, r.getheader("content-type"), body, alpn
 
 
@@ -82,7 +86,8 @@ def tls_hub(args=(), web=True):
 
 def failing_hub(args):
     """A hub expected to stop at start: (exit code, stderr)."""
-    r = subprocess.run([f"{BIN}/moex-hub", "-m", MODEL, "--port", "0", "--threads", "1", *args], capture_output=True,
+    r = subprocess.run([f"{BIN}/moex-hub", "-m", MODEL, "--port", "0", "--threads", "1", "--token", TOKEN, *args],
+                       capture_output=True,
                        text=True, timeout=60)
     return r.returncode, r.stderr
 
@@ -145,7 +150,7 @@ def workers():
     dl_log = os.path.join(WORK, f"worker-{c.port}-dl.log")
     with open(dl_log, "w") as log:   # experts over https into its cache, the session over wss
         c.workers.append(subprocess.Popen(
-            [f"{BIN}/moex-worker", "--hub", f"https://localhost:{c.port}", "--token", TOKEN, "--ca", CERT,
+            [f"{BIN}/moex-worker", "--hub", f"https://127.0.0.1:{c.port}", "--token", TOKEN, "--ca", CERT,
              "--cache-dir", os.path.join(WORK, "cache"), "--threads", "1", "--name", "dl"],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MOEX_LOG": "info"}))
     c.logs.append(dl_log)
@@ -154,7 +159,7 @@ def workers():
           rc == 0 and toks == ref and metric(err, "fallbacks") == 0,
           f"rc={rc} fallbacks={metric(err, 'fallbacks')} got={toks[:6]} want={ref[:6]}" + ("" if rc == 0 else err[-1500:]))
     logs = c.worker_logs()
-    ok = "from the hub at https://localhost" in logs[1]
+    ok = "from the hub at https://127.0.0.1" in logs[1]
     check("the downloading worker fetched its experts over https", ok, "" if ok else logs[1][-600:])
     hub = tls_hub(["--tls", "--tls-dir", TLS], web=False)
     logs = {}

@@ -104,3 +104,7 @@ moex_hub_script_test(hub_api test_api.py api-work TIMEOUT 600 LABELS "hub;api" S
 # The scheduler's batching, text and limits over a scripted engine (no model).
 moex_c_test(test_scheduler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler.c LIBS moex_hub
             ARGS ${moex_vocab}/ggml-vocab-qwen2.gguf TIMEOUT 120 LABELS "hub;api")
+
+# moex-hub serve against hostile and careless HTTP clients (test_api_hostile.py): bytes after a body, keys
+# checked on the headers, framing, h2c, JSON errors everywhere, who gets the weights, /health, worker names.
+moex_hub_script_test(hub_api_hostile test_api_hostile.py api-hostile-work TIMEOUT 300 LABELS "hub;api")

@@ -12,3 +12,7 @@ foreach(simd portable avx2)
   set_tests_properties(test_matmul_${simd} PROPERTIES ENVIRONMENT "MOEX_SIMD=${simd}" TIMEOUT 120 LABELS kernels)
 endforeach()
 moex_c_test(test_ops SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops.c LIBS moex_kernels TIMEOUT 120 LABELS kernels)
+# What an honest expert result is (the hub's --verify): every SIMD table, moex_experts_run and emulated
+# float-order (GPU-like) backends inside the bound, wrong results outside it.
+moex_c_test(test_expert_check SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_expert_check.c LIBS moex_kernels TIMEOUT 120
+  LABELS kernels)
