@@ -70,6 +70,14 @@ for cmd in "" serve; do
     done
 done
 [ "$fails" -eq "$before" ] && echo "ok: both --help texts describe the shared flags"
+# --ctx is capped at the model's trained context (2048 here), saying so
+expect 0 "above the model's trained context: using 2048" -- "$B/moex-hub" --local -m "$M" --prompt-tokens 1,2,3 -n 2 \
+    --ctx 100000 --temp 0
+# the token limit is the same for hub and worker: 1025 bytes refused by both (1024 joins: test_hostile.py)
+expect 1 "longer than 1024 bytes" -- "$B/moex-worker" --hub ws://127.0.0.1:1/ws --model "$ME" \
+    --token "$(head -c 1025 /dev/zero | tr '\0' k)"
+expect 1 "cannot reach\|connect\|refused\|gave up" -- "$B/moex-worker" --hub ws://127.0.0.1:1/ws --model "$ME" \
+    --reconnect-max-s 0.3 --token "$(head -c 1024 /dev/zero | tr '\0' k)"
 # a good run: exactly -n ids on stdout
 ids=$("$B/moex-hub" --local -m "$M" --prompt-tokens 1,2,3 -n 5 --temp 0 --print-tokens --ignore-eos 2>/dev/null)
 if [ "$(printf '%s' "$ids" | wc -w)" -ne 5 ]; then echo "FAIL: good run printed '$ids'"; fails=$((fails + 1)); else echo "ok: good run"; fi

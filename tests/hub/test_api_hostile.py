@@ -250,8 +250,28 @@ def health(port):
         return status, None
 
 
+def mapped_kb(pid, path):
+    """kB of the file at path resident in process pid's mappings of it (/proc/PID/smaps)."""
+    real, total, mine = os.path.realpath(path), 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                mine = len(head) >= 6 and head[-1] == real
+            elif mine and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
 @scenario
 def health():
+    # --local: 200 only once the weights are in memory (the first request must not read the file)
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local"], key=KEY)
+    try:
+        kb, size_kb = mapped_kb(srv.proc.pid, MODEL), os.path.getsize(MODEL) // 1024
+        check("--local, /health 200: the model's weights are resident", kb >= 0.9 * size_kb, f"{kb} of {size_kb} kB")
+    finally:
+        srv.stop()
     # waiting for a worker: 503 "loading" with the reason; SIGTERM stops the wait at once
     port = free_port()
     srv = Serve(distlib.BIN, distlib.WORK, MODEL, port, ["--token", TOKEN, "--min-workers", "1", "--wait-s", "600"],

@@ -163,21 +163,29 @@ def workers():
     check("the downloading worker fetched its experts over https", ok, "" if ok else logs[1][-600:])
     hub = tls_hub(["--tls", "--tls-dir", TLS], web=False)
     logs = {}
-    for name, extra in (("noca", ["--reconnect-max-s", "2"]), ("insecure", ["--insecure"])):
+    other = os.path.join(WORK, "other-ca")   # a certificate that is not the hub's, for --ca
+    openssl_cert(other, 30, "DNS:localhost,IP:127.0.0.1")
+    for name, extra in (("noca", ["--reconnect-max-s", "2"]), ("insecure", ["--insecure"]),
+                        ("wrongca", ["--reconnect-max-s", "2", "--ca", os.path.join(other, "cert.pem")])):
         logs[name] = os.path.join(WORK, f"worker-{name}.log")
         with open(logs[name], "w") as log:
             hub.workers.append(subprocess.Popen(
                 [f"{BIN}/moex-worker", "--hub", f"wss://127.0.0.1:{hub.port}/ws", "--token", TOKEN, "--model", MODEL,
                  "--threads", "1", *extra], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MOEX_LOG": "info"}))
-    try:
-        hub.workers[0].wait(timeout=30)   # gives up by itself
-    except subprocess.TimeoutExpired:
-        pass
+    for w in (hub.workers[0], hub.workers[2]):   # they give up by themselves
+        try:
+            w.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
     deadline = time.time() + 30
     while time.time() < deadline and "connected to the hub" not in open(logs["insecure"]).read():
         time.sleep(0.1)
-    noca_rc = hub.workers[0].returncode
+    noca_rc, wrongca_rc = hub.workers[0].returncode, hub.workers[2].returncode
     hub.stop()
+    text = open(logs["wrongca"]).read()
+    ok = wrongca_rc == 1 and "giving up" in text and "connected to the hub" not in text and "not the one --ca names" in text
+    check("--ca naming another certificate: refused, exits 1, says the certificate is not --ca's", ok,
+          "" if ok else f"rc={wrongca_rc} {text[-600:]}")
     text = open(logs["noca"]).read()
     ok = noca_rc == 1 and "giving up" in text and "trust it with --ca" in text
     check("a worker without --ca is refused, exits 1 and says to use --ca", ok, "" if ok else f"rc={noca_rc} {text[-600:]}")
