@@ -11,26 +11,35 @@ cd "$(dirname "$0")"
 sh tests/hub/api/setup.sh || { echo "test.sh: tests/hub/api/setup.sh failed: the API tests will be skipped"; \
     [ "${MOEX_REQUIRE_API_TOOLS:-0}" != 1 ] || exit 1; }
 J=$(nproc)
+LOGS=$(mktemp -d)
+# ctest, its output kept, then the five slowest tests against their TIMEOUT
+run_ctest() { # run_ctest BUILD_DIR [ctest args...]
+  local dir=$1; shift
+  local rc=0
+  if ! ctest --test-dir "$dir" --output-on-failure -j"$J" "$@" 2>&1 | tee "$LOGS/$dir.log"; then rc=1; fi
+  /usr/bin/python3 tests/slowest.py "$dir" "$LOGS/$dir.log" 5 || true
+  return $rc
+}
 
 echo "== release build + tests"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$J"
-ctest --test-dir build --output-on-failure -j"$J"
+run_ctest build
 [ "${1:-}" = "--quick" ] && exit 0
 
 echo "== CPU-only build (-DMOEX_VULKAN=OFF) + tests"
 cmake -S . -B build-cpu -DCMAKE_BUILD_TYPE=Release -DMOEX_VULKAN=OFF >/dev/null
 cmake --build build-cpu -j"$J"
 # the browser page (emscripten) does not depend on MOEX_VULKAN: its Chromium tests ran in the release pass
-ctest --test-dir build-cpu --output-on-failure -j"$J" -E "^web_"
+run_ctest build-cpu -E "^web_"
 
 echo "== sanitizer build (ASan + UBSan) + tests"
 cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_SANITIZE=ON >/dev/null
 cmake --build build-san -j"$J"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-san --output-on-failure -j"$J" -LE slow
+  run_ctest build-san -LE slow
 
 echo "== fuzz build (clang libFuzzer) + short runs"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j"$J"
-ctest --test-dir build-fuzz --output-on-failure -L fuzz
+run_ctest build-fuzz -L fuzz

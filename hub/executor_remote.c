@@ -133,15 +133,14 @@ struct hub_executor {
     moex_expert_check *checker;  /* verification: the exact chain and its bound */
     double *ref, *tol;           /* [MOEX_EXPERT_CHECK_VARIANTS x d] */
     float *results;              /* [cap_pairs x d] grouped, as the plan orders pairs */
-    float *check;                /* [cap_group x d]: one task's rows, recomputed here */
-    int64_t cap_tokens, cap_pairs, cap_group;
+    int64_t cap_tokens, cap_pairs;
     uint8_t *tmp;                /* one row in wire form */
     uint8_t *scratch;            /* decompressing RESULT frames */
     size_t scratch_cap;
 
     pending_result *pending;     /* the RESULTs of one message */
     int cap_pending;
-    float *gather;               /* [pool threads x cap_group x d]: one task's rows per encoding thread */
+    float *gather;               /* [pool threads x cap_gather x d]: one task's rows per encoding thread */
     int64_t cap_gather;          /* rows of each thread's part */
     const float *req_x;          /* the request's x: rounded into x_wire only when computed here */
     int64_t n_req_tokens;
@@ -218,7 +217,6 @@ void hub_executor_free(hub_executor *x) {
     free(x->x_wire);
     free(x->results);
     free(x->gather);
-    free(x->check);
     free(x->pending);
     free(x->tmp);
     free(x->scratch);
@@ -259,7 +257,7 @@ static int reserve(hub_executor *x, int64_t n_tokens) {
         if (!(x->pair_max = malloc((size_t)p->n_pairs * sizeof *x->pair_max))) return -1;
     }
     if (!x->gather || grow_rows(&x->x_wire, &x->cap_tokens, n_tokens, x->d) ||
-        grow_rows(&x->results, &x->cap_pairs, p->n_pairs, x->d) || grow_rows(&x->check, &x->cap_group, max_group, x->d))
+        grow_rows(&x->results, &x->cap_pairs, p->n_pairs, x->d))
         return -1;
     if (p->n_groups > x->cap_tasks) {
         hub_task *grown = realloc(x->tasks, (size_t)p->n_groups * sizeof *grown);

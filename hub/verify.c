@@ -29,7 +29,7 @@ bool hub_result_honest(const float *row, const double *ref, const double *tol, i
     for (int64_t i = 0; i < n; i++) {
         const double wire = int8_half_step + wire_half_step(wire_dtype, fabs(ref[i]) + tol[i]);
         const double beyond = fabs((double)row[i] - ref[i]) - wire; /* what the computation itself is off by */
-        const double r = beyond <= 0 ? 0 : beyond <= tol[i] ? beyond / tol[i] : tol[i] > 0 ? 1 + beyond / tol[i] : INFINITY;
+        const double r = beyond <= 0 ? 0 : tol[i] > 0 ? beyond / tol[i] : INFINITY;
         if (!(r <= w)) w = isnan(r) ? INFINITY : r;
     }
     *worst = w;
