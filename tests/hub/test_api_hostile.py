@@ -223,8 +223,12 @@ def get_status(port, path, token=None):
 
 @scenario
 def weights_credential():
-    srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local"], key=KEY)
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local", "--ctx", "100000"], key=KEY)
     try:
+        status, _, data = request(srv.port, "GET", "/status.json", key=KEY)
+        ctx = json.loads(data).get("serving", {}).get("ctx_per_slot") if status == 200 else None
+        check("--ctx 100000: capped at the model's trained context (said so at start)", ctx == 2048 and
+              "above the model's trained context" in srv.text(), f"ctx_per_slot={ctx}")
         for who, token in (("no credential", None), ("the API key", KEY)):
             for path in ("/v1/model", "/v1/expert/0/0"):
                 status, _, data = request(srv.port, "GET", path, key=token)

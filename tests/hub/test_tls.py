@@ -53,7 +53,7 @@ def fingerprint(path):
     return ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest())
 
 
-def https_get(port, path, cafile=CERT, host="localhost"):
+def https_get(port, path, cafile=CERT, host="localhost", headers=""):
     """(status, content type, body, ALPN protocol) over TLS verified against cafile (None: the system's CAs)
     for the name host. It connects to 127.0.0.1 and looks up no name: a machine (a container without an
     /etc/hosts) may not resolve even localhost."""
@@ -61,7 +61,7 @@ def https_get(port, path, cafile=CERT, host="localhost"):
     ctx.set_alpn_protocols(["h2", "http/1.1"])
     raw = socket.create_connection(("127.0.0.1", port), timeout=20)
     s = ctx.wrap_socket(raw, server_hostname=host)
-    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}Connection: close\r\n\r\n".encode())
     r = http.client.HTTPResponse(s)
     r.begin()
     body = r.read()
@@ -124,6 +124,9 @@ def fresh():
         st, ctype, body, _ = https_get(hub.port, f"/v1/model?token={TOKEN}", host="127.0.0.1")
         check("HTTPS to 127.0.0.1: /v1/model with the token", st == 200 and "n_experts" in json.loads(body),
               f"{st} {ctype}")
+        st, ctype, body, _ = https_get(hub.port, f"/v1/model?token={TOKEN}", headers=(
+            "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"))
+        check("an h2c upgrade inside TLS: 505, JSON", st == 505 and "error" in json.loads(body), f"{st} {body[:120]!r}")
         try:
             https_get(hub.port, "/worker/", cafile=None)
             refused = False
