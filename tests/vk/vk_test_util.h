@@ -66,7 +66,8 @@ static inline void gpu_read(moex_vk *vk, moex_vk_buffer *b, void *dst, size_t by
     MUST(moex_vk_download(vk, b, 0, dst, bytes, &g_err));
 }
 
-/* A random rows x cols matrix of type t (quantized from gaussians) and its exact f32 values. */
+/* A random rows x cols matrix of type t (quantized from gaussians; large K-quant
+ * ones of random blocks) and its exact f32 values. */
 typedef struct test_matrix {
     moex_type type;
     int64_t rows, cols;
@@ -75,15 +76,45 @@ typedef struct test_matrix {
     float *deq;
 } test_matrix;
 
+/* A K-quant block of random fields: any bytes are a valid block once its f16
+ * scales are set (x = d sc q - dmin m, or d sc (q - 32)); values spread about
+ * as a quantized N(0, 0.5) row's. For large matrices: the reference
+ * quantizer's scale search takes ~1 us a value, 30 s for eight Qwen3-30B
+ * experts, and the kernels need valid blocks, not well-fitted ones (matrices
+ * of 64K values or more take them). */
+static inline bool random_k_block(rng *r, moex_type t, uint8_t *blk) {
+    const size_t n = moex_type_get(t)->block_bytes;
+    for (size_t i = 0; i < n; i++) blk[i] = (uint8_t)rng_next(r);
+    const float u1 = (float)(0.5 + 0.5 * rng_uniform(r)), u2 = (float)(0.5 + 0.5 * rng_uniform(r));
+    if (t == MOEX_TYPE_Q4_K || t == MOEX_TYPE_Q5_K) {
+        moex_block_q4_K *b = (moex_block_q4_K *)blk; /* d, dmin, scales lead both layouts */
+        b->d = moex_f32_to_f16(u1 * (t == MOEX_TYPE_Q4_K ? 4e-3f : 2e-3f));
+        b->dmin = moex_f32_to_f16(u2 * 2e-2f);
+        return true;
+    }
+    if (t == MOEX_TYPE_Q6_K) {
+        ((moex_block_q6_K *)blk)->d = moex_f32_to_f16(u1 * 3e-4f);
+        return true;
+    }
+    return false;
+}
+
 static inline test_matrix make_matrix(rng *r, moex_type t, int64_t rows, int64_t cols) {
     test_matrix m = {.type = t, .rows = rows, .cols = cols, .row_bytes = moex_row_bytes(t, cols)};
     m.data = malloc((size_t)rows * m.row_bytes);
     m.deq = malloc((size_t)rows * (size_t)cols * sizeof(float));
     float *row = malloc((size_t)cols * sizeof(float));
+    const bool random_blocks = rows * cols >= (1 << 16) &&
+                               (t == MOEX_TYPE_Q4_K || t == MOEX_TYPE_Q5_K || t == MOEX_TYPE_Q6_K);
     for (int64_t i = 0; i < rows; i++) {
-        fill_gauss(r, row, (size_t)cols, 0.5f);
-        if (moex_quantize_row(t, row, m.data + (size_t)i * m.row_bytes, cols, NULL) ||
-            moex_dequantize_row(t, m.data + (size_t)i * m.row_bytes, m.deq + (size_t)i * cols, cols, NULL)) {
+        uint8_t *dst = m.data + (size_t)i * m.row_bytes;
+        if (random_blocks) {
+            for (size_t b = 0; b < m.row_bytes; b += moex_type_get(t)->block_bytes) random_k_block(r, t, dst + b);
+        } else {
+            fill_gauss(r, row, (size_t)cols, 0.5f);
+        }
+        if ((!random_blocks && moex_quantize_row(t, row, dst, cols, NULL)) ||
+            moex_dequantize_row(t, dst, m.deq + (size_t)i * cols, cols, NULL)) {
             fprintf(stderr, "FATAL: quantize/dequantize %s failed\n", moex_type_get(t)->name);
             exit(1);
         }

@@ -37,13 +37,45 @@
       check(`wasm simd dot ${name[t]} equals the portable one`, same, worst);
     }
 
-    // An expert with random weights of the given types, quantized by the
-    // project's quantizer; the reference takes the dequantized weights.
+    // f16 bits of a positive value below 65504 (round to nearest).
+    function f16Bits(v) {
+      if (v < 2 ** -14) return Math.round(v * 2 ** 24);   // subnormal: steps of 2^-24
+      const u = new Uint32Array(new Float32Array([v]).buffer)[0];
+      const e = ((u >>> 23) & 0xff) - 127 + 15, m = (u & 0x7fffff) + 0x1000;   // + half an f16 ulp
+      return ((e + (m >>> 23)) << 10) | ((m & 0x7fffff) >>> 13);
+    }
+    // K-quant bytes of random blocks: any bytes are a valid block once its f16
+    // scales are set; values spread about as a quantized N(0, sigma) matrix's.
+    // The project's quantizer searches each block's scales (~1 us a value in
+    // WASM: minutes for the 2048 x 768 experts); the kernels need valid
+    // blocks, not well-fitted ones. null for other types.
+    function randomKBytes(t, n, sigma) {
+      const blockBytes = { [T.q4_K]: 144, [T.q5_K]: 176, [T.q6_K]: 210 }[t];
+      if (!blockBytes) return null;
+      const b = new Uint8Array((n / 256) * blockBytes);
+      for (let i = 0; i < b.length; i++) b[i] = Math.floor(rng.uniform() * 256);
+      const dv = new DataView(b.buffer);
+      for (let o = 0; o < b.length; o += blockBytes) {
+        const u = () => 0.5 + 0.5 * rng.uniform();
+        if (t === T.q6_K) {   // x = d sc (q - 32): scales within +-32 keep d a normal f16
+          for (let k = 0; k < 16; k++) b[o + 192 + k] = (b[o + 192 + k] & 63) - 32 & 0xff;
+          dv.setUint16(o + 208, f16Bits(u() * sigma / 170), true);
+        } else {
+          dv.setUint16(o, f16Bits(u() * sigma / (t === T.q4_K ? 120 : 250)), true);
+          dv.setUint16(o + 2, f16Bits(u() * sigma / 16), true);
+        }
+      }
+      return b;
+    }
+    // An expert with random weights of the given types (quantized by the
+    // project's quantizer, or random K-quant blocks); the reference takes the
+    // dequantized weights.
     function makeExpert(types, hidden, nFF) {
       const mats = [[types[0], nFF, hidden], [types[1], nFF, hidden], [types[2], hidden, nFF]];
       const bytes = [], deq = [];
       for (const [t, rows, cols] of mats) {
-        const b = wasm.quantizeRow(t, gauss(rows * cols, 1 / Math.sqrt(cols)));
+        const b = randomKBytes(t, rows * cols, 1 / Math.sqrt(cols)) ??
+                  wasm.quantizeRow(t, gauss(rows * cols, 1 / Math.sqrt(cols)));
         bytes.push(b);
         deq.push(wasm.dequantizeRow(t, b, rows * cols));
       }

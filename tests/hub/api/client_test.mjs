@@ -175,14 +175,14 @@ async function errors() {
 
 /* parallel requests at once (chat and completions, whole and streamed) equal the same requests one by one. */
 async function concurrent() {
-  const n = cfg.parallel || 8;
+  const n = cfg.parallel || 8, gen = cfg.concurrent_tokens || 20;
   const jobs = [];
   for (let i = 0; i < n; i++) {
     const ref = cfg.refs[i % cfg.refs.length];
     const prompt = ref.prompt.map((t, k) => (k === 0 ? t : (t + 97 * i) % 30000));
-    if (i % 2) jobs.push(() => complete(prompt, 20, {stream: i % 4 === 1}).then((r) => r[0]));
+    if (i % 2) jobs.push(() => complete(prompt, gen, {stream: i % 4 === 1}).then((r) => r[0]));
     else jobs.push(() => chat([{role: 'user', content: `Request ${i}: count to ${i + 3}.`}],
-                              {max_tokens: 20, ignore_eos: true, stream: i % 4 === 2}).then((r) => r[0]));
+                              {max_tokens: gen, ignore_eos: true, stream: i % 4 === 2}).then((r) => r[0]));
   }
   const alone = [];
   for (const j of jobs) alone.push(await j());
