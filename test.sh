@@ -41,5 +41,6 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 echo "== fuzz build (clang libFuzzer) + short runs"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_FUZZ=ON >/dev/null
-cmake --build build-fuzz -j"$J"
+# only what the fuzz runs need: the targets, their seed makers and the tool that makes the hub's model
+cmake --build build-fuzz -j"$J" --target fuzz_gguf fuzz_proto fuzz_hub gguf_fuzz_seeds test_proto moex-gguf
 run_ctest build-fuzz -L fuzz

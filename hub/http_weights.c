@@ -7,8 +7,9 @@
  *
  * Same token as the WebSocket (?token= or Authorization: Bearer): a wrong
  * one gets 403; a hub without workers (--local) serves no weights. Errors,
- * and any other path, get OpenAI's error JSON. libwebsockets does the HTTP; this file only routes and
- * writes bodies, one chunk per HTTP_WRITEABLE, straight from the model's
+ * and any other path, get OpenAI's error JSON. libwebsockets does the HTTP;
+ * this file only routes and writes bodies, one chunk per HTTP_WRITEABLE,
+ * straight from the model's
  * mapping, so a slow client never holds the network thread. Runs on that
  * thread only: the model is read-only, the hash cache is the network thread's.
  *
@@ -302,8 +303,9 @@ static void set_expert_body(http_req *r, const moex_expert_weights *w, size_t fr
 
 static int serve_expert(hub_http *h, struct lws *wsi, http_req *r, const char *uri, int layer, int expert) {
     if (layer >= h->m->hp.n_layer || expert >= h->m->hp.n_expert)
-        return respond_error(h, wsi, r, HTTP_STATUS_NOT_FOUND, uri, "no expert (%d, %d): the model has %d layers x %d experts",
-                             layer, expert, h->m->hp.n_layer, h->m->hp.n_expert);
+        return respond_error(h, wsi, r, HTTP_STATUS_NOT_FOUND, uri,
+                             "no expert (%d, %d): the model has %d layers x %d experts", layer, expert,
+                             h->m->hp.n_layer, h->m->hp.n_expert);
     const moex_expert_weights *w = &h->m->layers[layer].experts[expert];
     const size_t total = expert_bytes(w);
     int64_t from = 0, to = (int64_t)total - 1;
@@ -311,8 +313,8 @@ static int serve_expert(hub_http *h, struct lws *wsi, http_req *r, const char *u
     const bool ranged = lws_hdr_copy(wsi, range, sizeof range, WSI_TOKEN_HTTP_RANGE) > 0;
     if (ranged) {
         if (parse_range(range, &from, &to))
-            return respond_error(h, wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad Range '%.100s' (want bytes=N- or bytes=N-M, M >= N)",
-                                 range);
+            return respond_error(h, wsi, r, HTTP_STATUS_BAD_REQUEST, uri,
+                                 "bad Range '%.100s' (want bytes=N- or bytes=N-M, M >= N)", range);
         if (to < 0 || to >= (int64_t)total) to = (int64_t)total - 1;
         if (from >= (int64_t)total || to < from) {
             snprintf(crange, sizeof crange, "bytes */%zu", total);
@@ -364,7 +366,8 @@ static int on_request(hub_http *h, struct lws *wsi, http_req *r) {
     if (!h->token || !*h->token || !hub_auth_ok(wsi, h->token)) return respond_refused(h, wsi, r, uri);
     if (kind == 2) return serve_model(h, wsi, r, uri);
     if (kind < 0)
-        return respond_error(h, wsi, r, HTTP_STATUS_BAD_REQUEST, uri, "bad expert path (want /v1/expert/<layer>/<expert>)");
+        return respond_error(h, wsi, r, HTTP_STATUS_BAD_REQUEST, uri,
+                             "bad expert path (want /v1/expert/<layer>/<expert>)");
     return serve_expert(h, wsi, r, uri, layer, expert);
 }
 

@@ -357,8 +357,8 @@ static int run(const options *o) {
         fprintf(stderr, "moex-hub: the prompt has no tokens\n");
         goto done;
     }
-    const int64_t n_ctx = hub_cli_cap_ctx("moex-hub", o->n_ctx ? o->n_ctx : o->perplexity ? 512 : n_prompt + o->n_predict,
-                                          o->n_ctx > 0, m->hp.n_ctx_train);
+    const int64_t want_ctx = o->n_ctx ? o->n_ctx : o->perplexity ? 512 : n_prompt + o->n_predict;
+    const int64_t n_ctx = hub_cli_cap_ctx("moex-hub", want_ctx, o->n_ctx > 0, m->hp.n_ctx_train);
     if (!(le = moex_local_executor_create(m, pool, o->cli.eng.wire_dtype)) || !(smp = moex_sampler_create(&o->cli.eng.sp, m->hp.n_vocab))) {
         fprintf(stderr, "moex-hub: out of memory\n");
         goto done;

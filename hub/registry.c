@@ -723,7 +723,8 @@ static void print_percentiles(FILE *f, const hub_worker *w) {
 
 void hub_registry_print(hub_registry *r, FILE *f) {
     pthread_mutex_lock(&r->mu);
-    fprintf(f, "  worker                      p50 ms   p95 ms   p99 ms  dispatched  won  timeouts  verified (worst)  state\n");
+    fprintf(f, "  worker                      p50 ms   p95 ms   p99 ms  dispatched  won  timeouts  verified (worst)"
+               "  state\n");
     for (int i = 0; i < r->n; i++) {
         const hub_worker *w = r->w[i];
         if (!w->joined) continue;
@@ -774,8 +775,8 @@ int hub_registry_workers(hub_registry *r, hub_worker_info *out, int max) {
             *o = (hub_worker_info){.id = w->id, .state = state_of(w), .backend = w->backend, .capacity = w->capacity,
                                    .lat_ewma_ms = {w->lat_ewma_ms[HUB_SMALL], w->lat_ewma_ms[HUB_LARGE]},
                                    .rtt_ms = w->rtt_ms, .dispatched = w->n_dispatched,
-                                   .won = w->n_won, .lost = w->n_lost, .timeouts = w->n_timeouts, .bytes_in = w->bytes_in,
-                                   .checked = w->n_checked, .worst_check = w->worst_check};
+                                   .won = w->n_won, .lost = w->n_lost, .timeouts = w->n_timeouts,
+                                   .bytes_in = w->bytes_in, .checked = w->n_checked, .worst_check = w->worst_check};
             snprintf(o->name, sizeof o->name, "%s", w->name);
             snprintf(o->peer, sizeof o->peer, "%s", w->conn ? hub_conn_peer(w->conn) : "");
             o->experts_assigned = w->assigned ? count_bits(w->assigned, r->bitmap_bytes) : 0;

@@ -20,8 +20,8 @@
 
 #define HUB_MAX_WORKERS 256     /* worker records kept, departed ones included */
 #define HUB_MAX_CAPACITY 16.0f  /* a JOIN's capacity weight is clamped to this (bounds placement cost) */
-#define HUB_JOINS_PER_S 20
-#define HUB_NAME_BYTES 256      /* a JOIN's name (at most 255 bytes), made valid UTF-8, and its NUL */      /* JOINs over this rate are refused (each one rebuilds the placement) */
+#define HUB_JOINS_PER_S 20      /* JOINs over this rate are refused (each one rebuilds the placement) */
+#define HUB_NAME_BYTES 256      /* a JOIN's name (at most 255 bytes), made valid UTF-8, and its NUL */
 
 typedef struct hub_registry_config {
     uint64_t model_hash;

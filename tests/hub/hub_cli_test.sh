@@ -53,7 +53,8 @@ expect 2 "expects a path" -- "$B/moex-hub" -m "$ME" --tls-dir "" -p hi
 expect 2 "in the clear" -- "$B/moex-hub" -m "$ME" --tls --tls-dir "$W" --tcp-port 9999 -p hi
 expect 2 "a port of its own" -- "$B/moex-hub" serve -m "$ME" --port 9999 --tcp-port 9999
 expect 2 "tcp-port expects an integer in \[1, 65535\]" -- "$B/moex-hub" -m "$ME" --tcp-port 0 -p hi
-expect 1 "cannot read the TLS certificate" -- "$B/moex-hub" -m "$ME" --port 0 --token t --tls-cert "$W/c.pem" --tls-key "$W/k.pem" -p hi
+expect 1 "cannot read the TLS certificate" -- "$B/moex-hub" -m "$ME" --port 0 --token t --tls-cert "$W/c.pem" \
+    --tls-key "$W/k.pem" -p hi
 # a hub that takes workers without a token could take none (moex-worker requires one): refused at start
 expect 2 "needs --token" -- "$B/moex-hub" -m "$ME" --port 0 -p hi
 expect 2 "needs --token" -- "$B/moex-hub" serve -m "$ME" --port 0

@@ -132,7 +132,8 @@ def key_on_headers():
         t0 = time.monotonic()
         got = raw(srv.port, post_head("/v1/chat/completions", 1 << 20, key="wrong"), timeout=5)
         dt = time.monotonic() - t0
-        check("wrong key, body not sent: 401 at once", statuses(got)[:1] == [401] and dt < 4, f"{statuses(got)} {dt:.1f} s")
+        check("wrong key, body not sent: 401 at once", statuses(got)[:1] == [401] and dt < 4,
+              f"{statuses(got)} {dt:.1f} s")
         check("  and the connection closed (its body is never read)", dt < 4, f"{dt:.1f} s")
         e = error_of(got.partition(b"\r\n\r\n")[2])
         check("  OpenAI's error JSON", e is not None and e["code"] == "invalid_api_key", f"{got[-300:]!r}")
@@ -157,8 +158,8 @@ def key_on_headers():
         lines0 = srv.text().count("api: ")
         for i in range(300):
             if i % 3 == 0:
-                raw(srv.port, f"GET /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode(),
-                    timeout=2, read_all=False)
+                head = f"GET /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+                raw(srv.port, head.encode(), timeout=2, read_all=False)
             elif i % 3 == 1:
                 raw(srv.port, post_head("/v1/completions", 1 << 30), timeout=2, read_all=False)
             else:

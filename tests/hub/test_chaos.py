@@ -46,7 +46,7 @@ N_WORKERS = 4
 SANITIZED = os.environ.get("MOEX_TEST_SANITIZED") == "1"  # an ASan build (tests/hub/tests.cmake says so)
 MOE = gen_model("qwen3moe", "q8_0", 11)
 LONG = args.minutes > 0
-ROUND_TOKENS = 1200 if LONG else 1000
+ROUND_TOKENS = 1200 if LONG else 700
 # faults stop at this fraction of a round: what is left must outlast a worker's reconnect backoff (up to 5 s)
 HEAL_AT = 0.6 if LONG else 0.5
 PROMPTS = ["1,15,27,300,4000,5,6,77,8,900", "7,7,300,21,9000,12,4,4,150", "2,400,11,3,5000,16,8"]

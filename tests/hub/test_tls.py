@@ -30,6 +30,22 @@ import subprocess
 import sys
 import time
 
+# Nothing here may need a name lookup: a machine (a container without an /etc/hosts) may not resolve even
+# localhost. Where this process may make a mount namespace (root, unshare), the test runs in one whose /etc/hosts
+# is empty, so that a lookup fails here as it would there.
+if os.environ.get("MOEX_TLS_NO_HOSTS") is None:
+    empty = os.path.join(sys.argv[3], "empty-hosts")
+    os.makedirs(sys.argv[3], exist_ok=True)
+    open(empty, "w").close()
+    inner = f'mount --bind "{empty}" /etc/hosts && exec "{sys.executable}" "$0" "$@"'
+    if os.geteuid() == 0 and shutil.which("unshare") and subprocess.run(
+            ["unshare", "-m", "sh", "-c", f'mount --bind "{empty}" /etc/hosts'], capture_output=True).returncode == 0:
+        print("(in a mount namespace whose /etc/hosts is empty: no name resolves)", flush=True)
+        os.environ["MOEX_TLS_NO_HOSTS"] = "1"
+        os.execvp("unshare", ["unshare", "-m", "sh", "-c", inner, os.path.abspath(__file__), *sys.argv[1:]])
+    print("(names resolve as the machine has them: no mount namespace here)", flush=True)
+    os.environ["MOEX_TLS_NO_HOSTS"] = "0"
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import distlib  # noqa: E402
 from distlib import check, finish_script, gen_model, local_tokens, metric, scenario  # noqa: E402
@@ -186,7 +202,8 @@ def workers():
     noca_rc, wrongca_rc = hub.workers[0].returncode, hub.workers[2].returncode
     hub.stop()
     text = open(logs["wrongca"]).read()
-    ok = wrongca_rc == 1 and "giving up" in text and "connected to the hub" not in text and "not the one --ca names" in text
+    ok = (wrongca_rc == 1 and "giving up" in text and "connected to the hub" not in text
+          and "not the one --ca names" in text)
     check("--ca naming another certificate: refused, exits 1, says the certificate is not --ca's", ok,
           "" if ok else f"rc={wrongca_rc} {text[-600:]}")
     text = open(logs["noca"]).read()

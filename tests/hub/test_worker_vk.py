@@ -32,8 +32,8 @@ def local_tokens(model):
 
 def worker_row(err, name):
     """(dispatched, won, state) of a worker in the hub's final table."""
-    m = re.search(r"^\s+" + re.escape(name) + r"\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)\s+(\d+)\s+\d+\s+\d+ \([^)]*\)\s+(\w+)",
-                  err, re.M)
+    m = re.search(r"^\s+" + re.escape(name) + r"\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)\s+(\d+)\s+\d+"
+                  r"\s+\d+ \([^)]*\)\s+(\w+)", err, re.M)
     return (int(m.group(1)), int(m.group(2)), m.group(3)) if m else None
 
 

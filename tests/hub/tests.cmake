@@ -5,15 +5,20 @@
 # bad inputs (hub_cli_test.sh); and, in Vulkan builds, a Vulkan worker beside
 # a CPU one and the hub on Vulkan (test_*_vk.py).
 
-# moex_hub_script_test(name script work_dir TIMEOUT s LABELS ... [SKIP77] [ENV ...]):
+# moex_hub_script_test(name script work_dir TIMEOUT s LABELS ... [SKIP77] [ALONE] [ENV ...]):
 # tests/hub/<script> over real processes, run as SCRIPT BIN_DIR VOCAB_DIR
-# <build>/<work_dir>, alone (RUN_SERIAL: they bind ports and use every core);
-# SKIP77: exit 77 means skipped (no device, no Chromium).
+# <build>/<work_dir>. They bind ports, so one at a time (RESOURCE_LOCK
+# moex_ports, which every test that starts a hub takes), beside the unit
+# tests; ALONE: with nothing beside it (RUN_SERIAL: its checks compare wall
+# times). SKIP77: exit 77 means skipped (no device, no Chromium).
 function(moex_hub_script_test name script work)
-  cmake_parse_arguments(T "SKIP77" "TIMEOUT" "LABELS;ENV" ${ARGN})
+  cmake_parse_arguments(T "SKIP77;ALONE" "TIMEOUT" "LABELS;ENV" ${ARGN})
   add_test(NAME ${name} COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/${script} ${CMAKE_BINARY_DIR}/bin
            ${moex_vocab} ${CMAKE_BINARY_DIR}/${work})
-  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}" RUN_SERIAL TRUE)
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}" RESOURCE_LOCK moex_ports)
+  if(T_ALONE)
+    set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
+  endif()
   if(T_SKIP77)
     set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
   endif()
@@ -23,7 +28,7 @@ function(moex_hub_script_test name script work)
   file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/${work})
 endfunction()
 
-moex_hub_script_test(dist_end_to_end test_dist.py dist-work TIMEOUT 600 LABELS "hub;dist"
+moex_hub_script_test(dist_end_to_end test_dist.py dist-work TIMEOUT 600 LABELS "hub;dist" ALONE
   ENV "MOEX_LOG=warn")
 
 # conn.c: the per-connection bound on queued bytes, close after flush, kill.

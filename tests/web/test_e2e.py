@@ -147,7 +147,7 @@ def shipped_model():
     ids = subprocess.run([f"{BIN}/moex-gguf", "tokenize", SHIPPED, text], capture_output=True, text=True,
                          check=True).stdout.split()
     prompt = ",".join(["1"] + ids)
-    n = 48
+    n = 24
     vocab = 32000
     local_dump = os.path.join(WORK, "shipped-local.f32")
     ref_toks = subprocess.run([f"{BIN}/moex-hub", "--local", "-m", SHIPPED, "--prompt-tokens", prompt, "-n", str(n),
@@ -161,7 +161,7 @@ def shipped_model():
             "--replicas", "1", "--verify", "1", "--wait-s", "120", "--dump-logits", dump])
         ev, ver = metric(err, "evictions"), metric(err, "verified")
         check(f"shipped model, {label} worker, --verify 1: no eviction over {ver} verified results",
-              rc == 0 and ev == 0 and (ver or 0) >= 800, f"rc={rc} evictions={ev} verified={ver}; {summary(err)}")
+              rc == 0 and ev == 0 and (ver or 0) >= 500, f"rc={rc} evictions={ev} verified={ver}; {summary(err)}")
         got = logits_of(dump, vocab) if rc == 0 and os.path.exists(dump) else np.zeros((0, vocab), np.float32)
         if len(got) < n_prompt:
             check(f"  {label}: the prompt's logits dumped", False, f"{len(got)} rows")

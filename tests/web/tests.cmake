@@ -7,7 +7,7 @@ set_tests_properties(web_kernels PROPERTIES TIMEOUT 900 LABELS "web;slow" SKIP_R
 add_test(NAME web_end_to_end
   COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/web/test_e2e.py ${CMAKE_BINARY_DIR}/bin ${MOEX_FIXTURES}/vocab
           ${CMAKE_BINARY_DIR}/web-work ${moex_web_dir})
-set_tests_properties(web_end_to_end PROPERTIES TIMEOUT 900 LABELS "web;dist" RUN_SERIAL TRUE SKIP_RETURN_CODE 77
+set_tests_properties(web_end_to_end PROPERTIES TIMEOUT 900 LABELS "web;dist" RESOURCE_LOCK moex_ports SKIP_RETURN_CODE 77
   ENVIRONMENT "MOEX_LOG=warn")
 
 # The native figure docs/BROWSER.md compares the browser's with (not a test).
@@ -16,7 +16,7 @@ target_link_libraries(bench_web_native_ffn PRIVATE moex_kernels)
 add_test(NAME web_session
   COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/web/test_session.py ${CMAKE_BINARY_DIR}/bin ${MOEX_FIXTURES}/vocab
           ${CMAKE_BINARY_DIR}/web-work ${moex_web_dir})
-set_tests_properties(web_session PROPERTIES TIMEOUT 300 LABELS "web;slow" RUN_SERIAL TRUE SKIP_RETURN_CODE 77
+set_tests_properties(web_session PROPERTIES TIMEOUT 300 LABELS "web;slow" RESOURCE_LOCK moex_ports SKIP_RETURN_CODE 77
   ENVIRONMENT "MOEX_LOG=warn")
 
 # The WASM module's C entry points compiled natively: runs everywhere (no emcc

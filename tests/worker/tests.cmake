@@ -36,7 +36,8 @@ add_test(NAME worker_session
   COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_worker_session.py $<TARGET_FILE:moex-worker>
           $<TARGET_FILE:worker_ref> $<TARGET_FILE:moex-hub> ${moex_worker_fixture} ${moex_worker_fixture2}
           ${CMAKE_BINARY_DIR}/worker-session-work ${moex_worker_session_vk})
-set_tests_properties(worker_session PROPERTIES FIXTURES_REQUIRED worker_model TIMEOUT 180 LABELS worker RUN_SERIAL TRUE
+set_tests_properties(worker_session PROPERTIES FIXTURES_REQUIRED worker_model TIMEOUT 180 LABELS worker
+  RESOURCE_LOCK moex_ports
   ENVIRONMENT "MOEX_LOG=info;${MOEX_VK_TEST_ENV}")
 
 if(MOEX_VULKAN)
