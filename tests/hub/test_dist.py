@@ -303,7 +303,7 @@ def printed_worker_command():
         time.sleep(0.05)
     w = None
     if line:
-        cmd = f"{distlib.BIN}/{line.replace('HOST', '127.0.0.1')} --model {MOE} --threads 1"
+        cmd = f"exec {distlib.BIN}/{line.replace('HOST', '127.0.0.1')} --model {MOE} --threads 1"  # exec: one process
         w = subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         c.workers.append(w)
     rc, toks, err = c.finish()
