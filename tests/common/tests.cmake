@@ -17,7 +17,7 @@ moex_c_test(test_tokenizer SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer.c LI
 moex_c_test(test_chat SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_chat.c LIBS moex_common
             ARGS ${moex_vocab}/ggml-vocab-qwen2.gguf ${moex_vocab}/ggml-vocab-llama-spm.gguf TIMEOUT 60 LABELS common)
 
-# Fuzz tree only (CC=clang -DMOEX_FUZZ=ON): seeds from the writer, then a 30 s fuzz run.
+# Fuzz tree only (CC=clang -DMOEX_FUZZ=ON): seeds from the writer, then a 20 s fuzz run.
 if(MOEX_FUZZ)
   add_executable(gguf_fuzz_seeds ${CMAKE_CURRENT_LIST_DIR}/gguf_fuzz_seeds.c)
   target_link_libraries(gguf_fuzz_seeds PRIVATE moex_common)
@@ -26,7 +26,7 @@ if(MOEX_FUZZ)
   add_test(NAME gguf_fuzz_seeds COMMAND sh -c "mkdir -p '${moex_gguf_seeds}' && exec \"$0\" '${moex_gguf_seeds}' '${moex_vocab}/ggml-vocab-llama-spm.gguf'"
     $<TARGET_FILE:gguf_fuzz_seeds>)
   set_tests_properties(gguf_fuzz_seeds PROPERTIES FIXTURES_SETUP gguf_seeds LABELS fuzz)
-  add_test(NAME fuzz_gguf COMMAND sh ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR} fuzz_gguf 30
+  add_test(NAME fuzz_gguf COMMAND sh ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR} fuzz_gguf 20
     ${moex_gguf_seeds} ${CMAKE_SOURCE_DIR}/tests/fuzz/gguf)
   set_tests_properties(fuzz_gguf PROPERTIES FIXTURES_REQUIRED gguf_seeds TIMEOUT 120 LABELS fuzz)
 endif()

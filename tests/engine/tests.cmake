@@ -99,7 +99,7 @@ if(MOEX_VULKAN)
   # tokens and logits alone and batched with 1, 2, 3 and 8 others, bit for bit.
   moex_c_test(test_vk_batch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_batch.c LIBS moex_engine_vk
     ARGS ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
-  # ~95 s on 2 idle cores with lavapipe, ~120 s under ASan: a timeout with room for a busy machine
+  # ~85 s on 2 idle cores with lavapipe, ~105 s under ASan: a timeout with room for a busy machine
   set_tests_properties(test_vk_batch PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
                        LABELS "engine;vulkan" TIMEOUT 600 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
   # the same code on a dense model with mixed types: the release pass only (slow), the sanitizers run the first

@@ -42,7 +42,7 @@ moex_c_test(test_hub_registry SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hub_registr
 # The frame-sequence fuzz target (hub/fuzz_hub.c: registry and remote
 # executor driven by fake workers' frames): a tiny model and seed sessions,
 # the target replayed over mutations of them in every build, and in a fuzz
-# tree a 30 s libFuzzer run.
+# tree a 20 s libFuzzer run.
 set(moex_hub_fuzz ${CMAKE_BINARY_DIR}/fuzz-seeds/hub)
 add_test(NAME hub_fuzz_fixture COMMAND sh -c
   "mkdir -p '${moex_hub_fuzz}/seeds' && \"$0\" gen --arch qwen3moe --preset test --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ff 128 --experts 4 --experts-used 2 --expert-ff 64 --ctx 64 --vocab '${moex_vocab}/ggml-vocab-llama-spm.gguf' --type q8_0 --seed 3 -o '${moex_hub_fuzz}/model.gguf' --quiet && '${MOEX_PYTHON}' '${CMAKE_CURRENT_LIST_DIR}/fuzz_hub_seeds.py' '${moex_hub_fuzz}/seeds'"
@@ -53,7 +53,7 @@ moex_c_test(test_hub_fuzz_replay SOURCES ${CMAKE_SOURCE_DIR}/tests/fuzz/replay.c
 set_tests_properties(test_hub_fuzz_replay PROPERTIES FIXTURES_REQUIRED hub_fuzz
   ENVIRONMENT "MOEX_FUZZ_HUB_MODEL=${moex_hub_fuzz}/model.gguf")
 if(MOEX_FUZZ)
-  add_test(NAME fuzz_hub COMMAND sh ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR} fuzz_hub 30
+  add_test(NAME fuzz_hub COMMAND sh ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR} fuzz_hub 20
     ${moex_hub_fuzz}/seeds)
   set_tests_properties(fuzz_hub PROPERTIES FIXTURES_REQUIRED hub_fuzz TIMEOUT 120 LABELS fuzz
     ENVIRONMENT "MOEX_FUZZ_HUB_MODEL=${moex_hub_fuzz}/model.gguf")

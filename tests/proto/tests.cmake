@@ -1,5 +1,5 @@
 # proto/: unit tests, a replay of the fuzz target over mutated seed frames
-# (every build), and in a fuzz tree a 30 s libFuzzer run.
+# (every build), and in a fuzz tree a 20 s libFuzzer run.
 moex_c_test(test_proto SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_proto.c LIBS moex_proto TIMEOUT 60 LABELS proto)
 # Seed frames of every message type and dtype, written by test_proto.
 set(moex_proto_seeds ${CMAKE_BINARY_DIR}/fuzz-seeds/proto)
@@ -12,7 +12,7 @@ moex_c_test(test_proto_fuzz_replay
   LIBS moex_proto ARGS ${moex_proto_seeds} 10 2000 TIMEOUT 60 LABELS proto)
 set_tests_properties(test_proto_fuzz_replay PROPERTIES FIXTURES_REQUIRED proto_seeds)
 if(MOEX_FUZZ)
-  add_test(NAME fuzz_proto COMMAND sh ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR} fuzz_proto 30
+  add_test(NAME fuzz_proto COMMAND sh ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh ${CMAKE_BINARY_DIR} fuzz_proto 20
     ${moex_proto_seeds})
   set_tests_properties(fuzz_proto PROPERTIES FIXTURES_REQUIRED proto_seeds TIMEOUT 120 LABELS fuzz)
 endif()
