@@ -217,18 +217,6 @@ static int64_t tokenize_prompt(const moex_model *m, const options *o, int32_t **
 }
 
 #if MOEX_HAVE_VULKAN
-/* --backend vulkan: the Vulkan state behind the engine interface. */
-typedef struct vk_engine {
-    const moex_model *m;
-    moex_vk_state *vs;
-} vk_engine;
-
-static int vk_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
-                      moex_error *err) {
-    vk_engine *v = ctx;
-    return moex_vk_forward(v->m, v->vs, tokens, n, pos, all_logits, logits, err);
-}
-
 /* The distributed Vulkan hub's own share of each layer, beside the
  * executor's (the per-layer breakdown of docs/PERF.md). */
 static void print_vk_dist_stats(moex_vk_state *vs) {
@@ -245,18 +233,17 @@ static void print_vk_dist_stats(moex_vk_state *vs) {
 
 /* The Vulkan engine: the whole model on the GPU, or (hub not NULL) its
  * attention, norms, router and head with the experts sent to the workers. */
-static int vk_engine_start(const options *o, const moex_model *m, moex_hub *hub, int64_t n_ctx, vk_engine *vk,
+static int vk_engine_start(const options *o, const moex_model *m, moex_hub *hub, int64_t n_ctx, moex_vk_engine *vk,
                            moex_engine *eng, moex_error *err) {
     /* distributed: products round their inputs to 8 bits as the CPU does, so hub + workers print the tokens
      * of --local (the workers' experts see the same xn); --local keeps the faster f32 activations */
     moex_vk_options vo = {.device = o->cli.eng.device, .round_activations = hub != NULL};
     /* distributed: the experts' weights stay off the GPU, the workers (or this CPU, as fallback) run them */
     vk->m = m;
-    vk->vs = hub ? moex_vk_state_create_remote(m, n_ctx, o->n_batch, &vo, moex_hub_executor(hub), err)
-                 : moex_vk_state_create(m, n_ctx, o->n_batch, &vo, err);
-    if (!vk->vs) return -1;
-    *eng = (moex_engine){.ctx = vk, .forward = vk_forward, .n_ctx = moex_vk_state_n_ctx(vk->vs),
-                         .n_batch = moex_vk_state_n_batch(vk->vs)};
+    vk->s = hub ? moex_vk_state_create_remote(m, n_ctx, o->n_batch, &vo, moex_hub_executor(hub), err)
+                : moex_vk_state_create(m, n_ctx, o->n_batch, &vo, err);
+    if (!vk->s) return -1;
+    *eng = moex_engine_vk(vk); /* as serve's: a greedy decode takes the GPU's argmax, the logits stay there */
     return 0;
 }
 #endif
@@ -329,7 +316,7 @@ static int run(const options *o) {
     moex_state *s = NULL;
     moex_route_recorder *routes = NULL;
 #if MOEX_HAVE_VULKAN
-    vk_engine vk = {.m = m};
+    moex_vk_engine vk = {.m = m};
 #endif
     moex_engine eng;
     moex_sampler *smp = NULL;
@@ -414,10 +401,15 @@ static int run(const options *o) {
         fprintf(stderr, "moex-hub: %s\n", err.msg);
         goto done;
     }
-    fprintf(stderr, "moex-hub: load %.2f s | prompt %lld tokens %.1f tok/s | decode %lld tokens %.1f tok/s | threads %d | %s%s\n",
-            load_s, (long long)st.n_prompt, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0,
+    char read_back[64] = "";
+#if MOEX_HAVE_VULKAN
+    if (vk.s) snprintf(read_back, sizeof read_back, " | logits rows read back %lld",
+                       (long long)moex_vk_state_logits_rows_read(vk.s));
+#endif
+    fprintf(stderr, "moex-hub: load %.2f s | prompt %lld tokens %.1f tok/s | decode %lld tokens %.1f tok/s | threads %d | "
+                    "%s%s%s\n", load_s, (long long)st.n_prompt, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0,
             (long long)st.n_generated, st.decode_s > 0 ? st.n_decode_evals / st.decode_s : 0.0, moex_pool_size(pool),
-            o->cli.eng.vulkan ? "vulkan" : moex_kernels_simd_name(), hub ? " | distributed" : "");
+            o->cli.eng.vulkan ? "vulkan" : moex_kernels_simd_name(), hub ? " | distributed" : "", read_back);
     rc = interrupted ? 130 : 0;
 done:
     if (oc.logits && fclose(oc.logits) && rc == 0) {
@@ -427,14 +419,14 @@ done:
     if (hub) {
         moex_hub_metrics_print(hub, stderr);
 #if MOEX_HAVE_VULKAN
-        if (vk.vs) print_vk_dist_stats(vk.vs);
+        if (vk.s) print_vk_dist_stats(vk.s);
 #endif
         moex_hub_stop(hub);
     }
     moex_sampler_free(smp);
     moex_state_free(s);
 #if MOEX_HAVE_VULKAN
-    moex_vk_state_free(vk.vs);
+    moex_vk_state_free(vk.s);
 #endif
     moex_local_executor_free(le);
     moex_route_recorder_free(routes);

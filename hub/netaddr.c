@@ -1,4 +1,4 @@
-/* The machine's LAN addresses (tls.h): what the self-signed certificate
+/* The machine's LAN addresses (reach.h): what the self-signed certificate
  * names and where the hub tells people to point a browser when it listens
  * on every interface. */
 #include <arpa/inet.h>

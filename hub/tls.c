@@ -1,4 +1,4 @@
-/* The hub's TLS certificate (tls.h), through OpenSSL: a given pair checked,
+/* The hub's TLS certificate (reach.h), through OpenSSL: a given pair checked,
  * or a self-signed one made on first start and kept for the next ones.
  *
  * A browser on another machine reaches the hub's page only over HTTPS (WebGPU

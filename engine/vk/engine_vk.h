@@ -21,6 +21,9 @@ moex_vk_state *moex_vk_state_create(const moex_model *m, int64_t n_ctx, int64_t 
 void moex_vk_state_free(moex_vk_state *s);
 int64_t moex_vk_state_n_ctx(const moex_vk_state *s);
 int64_t moex_vk_state_n_batch(const moex_vk_state *s);
+/* Logits rows copied back to the host so far: a greedy decode on the engine
+ * interface reads none (the GPU's argmax, moex_vk_last_argmax). */
+int64_t moex_vk_state_logits_rows_read(const moex_vk_state *s);
 moex_vk *moex_vk_state_device(moex_vk_state *s);
 /* As moex_forward; logits may be NULL when only the greedy token is wanted. */
 int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,

@@ -132,7 +132,10 @@ void vk_batch_take_outputs(const moex_model *m, moex_vk_state *s, const moex_bat
     for (int64_t t = 0; t < bt->n; t++) {
         if (!bt->want_logits[t]) continue;
         if (bt->argmax) bt->argmax[out] = io[s->io_rows_argmax + (size_t)b->row_of[t]];
-        if (logits && !vk_argmax_only(bt, t)) memcpy((char *)logits + (size_t)out * row, src + (size_t)b->row_of[t] * row, row);
+        if (logits && !vk_argmax_only(bt, t)) {
+            memcpy((char *)logits + (size_t)out * row, src + (size_t)b->row_of[t] * row, row);
+            s->logits_rows_read++;
+        }
         out++;
     }
 }

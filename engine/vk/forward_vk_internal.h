@@ -101,6 +101,7 @@ struct moex_vk_state {
     moex_vk_ptr output_norm;
     bool experts_remote;              /* created without the experts' weights on the GPU */
     int32_t last_argmax;
+    int64_t logits_rows_read;         /* logits rows copied to the caller since the state was made */
     /* Local path (forward_vk_local.c): whole-token recordings, slots of rec_lru. */
     moex_vk_cmd *rec[N_RECORDINGS];
     rec_lru rec_lru;

@@ -367,7 +367,9 @@ int32_t *vk_io_set(moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t p
 
 void vk_take_outputs(const moex_model *m, moex_vk_state *s, const int32_t *io, int64_t rows, float *logits) {
     s->last_argmax = io[IO_ARGMAX];
-    if (logits) memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)rows * (size_t)m->hp.n_vocab * 4);
+    if (!logits) return;
+    memcpy(logits, moex_vk_buffer_map(s->logits_host), (size_t)rows * (size_t)m->hp.n_vocab * 4);
+    s->logits_rows_read += rows;
 }
 
 /* ---- the recording cache ---- */

@@ -180,5 +180,6 @@ moex_engine moex_engine_vk(moex_vk_engine *e) {
 int32_t moex_vk_last_argmax(const moex_vk_state *s) { return s->last_argmax; }
 int moex_vk_state_n_seq(const moex_vk_state *s) { return s->n_seq; }
 int64_t moex_vk_state_n_ctx(const moex_vk_state *s) { return s->n_ctx; }
+int64_t moex_vk_state_logits_rows_read(const moex_vk_state *s) { return s->logits_rows_read; }
 int64_t moex_vk_state_n_batch(const moex_vk_state *s) { return s->n_batch; }
 moex_vk *moex_vk_state_device(moex_vk_state *s) { return s->vk; }

@@ -81,6 +81,12 @@ if(MOEX_VULKAN)
                          LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
   endforeach()
 
+  # The CLI on Vulkan: a greedy decode reads no logits back (the GPU's argmax).
+  add_test(NAME vk_cli_readback COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/vk_cli_readback.sh $<TARGET_FILE:moex-hub>
+           ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
+  set_tests_properties(vk_cli_readback PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77 LABELS "engine;vulkan"
+                       TIMEOUT 120 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
+
   # GPU timestamps per op (MOEX_VK_PROFILE=1): same model test, tables checked.
   add_test(NAME test_vk_profile COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/vk/check_vkprof.py
            $<TARGET_FILE:test_vk_forward> ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
