@@ -54,6 +54,16 @@ def local_tokens(model, n, prompt=PROMPT, extra=()):
     return out.stdout.split()
 
 
+def stops_within(proc, seconds):
+    """SIGTERM to proc; whether it has exited within seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        pass
+    return proc.poll() is not None
+
+
 def check(name, cond, detail=""):
     print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
     if not cond:

@@ -29,7 +29,6 @@ usage: test_api_hostile.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -39,7 +38,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ["MOEX_LOG"] = "info"   # the log-rate checks count info lines
 from apilib import Serve, error_of, parse_prometheus, request  # noqa: E402
-from distlib import check, finish_script, free_port, gen_model, scenario, setup  # noqa: E402
+from distlib import check, finish_script, free_port, gen_model, scenario, setup, stops_within  # noqa: E402
 
 setup(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
 import distlib  # noqa: E402  (setup filled in its BIN and WORK)
@@ -293,12 +292,7 @@ def health():
         check("waiting for workers: /health 503 with the reason", st == 503 and j and j.get("status") == "loading"
               and "worker" in j.get("reason", ""), f"{st} {j}")
         t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGTERM)
-        try:
-            srv.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        check("  SIGTERM while waiting: stopped within 5 s", srv.proc.poll() is not None,
+        check("  SIGTERM while waiting: stopped within 5 s", stops_within(srv.proc, 5),
               f"still running after {time.monotonic() - t0:.1f} s")
     finally:
         srv.stop()

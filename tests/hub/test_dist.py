@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import distlib  # noqa: E402
 from distlib import (Cluster, check, finish_script, free_port, gen_model, local_tokens, metric,  # noqa: E402
-                     run_hostile_clients, scenario, setup, tcp_hostile_peers)
+                     run_hostile_clients, scenario, setup, stops_within, tcp_hostile_peers)
 
 setup(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "train", "model", "brown-moe-q8_0.gguf")
@@ -313,12 +313,7 @@ def printed_worker_command():
     c = Cluster(MOE, 0, N, min_workers=1)
     time.sleep(1)
     t0 = time.time()
-    c.hub.send_signal(signal.SIGTERM)
-    try:
-        c.hub.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
-    stopped = c.hub.poll() is not None
+    stopped = stops_within(c.hub, 5)
     c.finish()
     check("SIGTERM while the hub waits for workers: stopped within 5 s", stopped, f"{time.time() - t0:.1f} s")
 
