@@ -436,8 +436,11 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
 static void bench_streams(const moex_model *m, const moex_vk_options *o, int n_streams, int n_g) {
     const int P = 32;
     const int64_t V = m->hp.n_vocab, n_ctx = P + n_g + 8;
-    moex_vk_state *s = moex_vk_state_create_multi(m, n_ctx, P > n_streams ? P : n_streams, n_streams, o, &err);
-    MUST(!s);
+    moex_engine eng;
+    MUST(moex_engine_open(m, &(moex_engine_options){.backend = MOEX_ENGINE_VULKAN, .vk = *o, .n_ctx = n_ctx,
+                                                    .n_batch = P > n_streams ? P : n_streams, .n_seq = n_streams,
+                                                    .batched = true}, &eng, &err));
+    moex_vk_state *s = moex_engine_vk_state(&eng);
     const size_t nt = (size_t)(P + n_streams);
     int32_t *tok = malloc(nt * sizeof *tok), *seq = malloc(nt * sizeof *seq), *pos = malloc(nt * sizeof *pos);
     bool *want = malloc(nt * sizeof *want);
@@ -471,7 +474,7 @@ static void bench_streams(const moex_model *m, const moex_vk_options *o, int n_s
     printf("streams%d_step_ms %.3f\nstreams%d_tok_s %.1f\n", n_streams, 1e3 * median(step, n_g), n_streams,
            n_streams * n_g / wall);
     free(step), free(tok), free(seq), free(pos), free(want), free(logits), free(next), free(only);
-    moex_vk_state_free(s);
+    moex_engine_close(&eng);
 }
 
 int main(int argc, char **argv) {
@@ -525,8 +528,10 @@ int main(int argc, char **argv) {
         moex_model_free(m);
         return 0;
     }
-    moex_vk_state *s = moex_vk_state_create(m, n_ctx, n_p, &o, &err);
-    MUST(!s);
+    moex_engine eng;
+    MUST(moex_engine_open(m, &(moex_engine_options){.backend = MOEX_ENGINE_VULKAN, .vk = o, .n_ctx = n_ctx,
+                                                    .n_batch = n_p}, &eng, &err));
+    moex_vk_state *s = moex_engine_vk_state(&eng);
     printf("device %s\nload_s %.2f\n", moex_vk_get_info(moex_vk_state_device(s))->name, moex_time_s() - t0);
     if (only_experts && moex_hparams_is_moe(&m->hp)) {
         moex_vk *vk = moex_vk_state_device(s);
@@ -537,7 +542,7 @@ int main(int argc, char **argv) {
     }
     if (only_kernels || only_experts) {
         if (!only_experts) bench_kernels(m, moex_vk_state_device(s));
-        moex_vk_state_free(s);
+        moex_engine_close(&eng);
         moex_model_free(m);
         return 0;
     }
@@ -585,7 +590,7 @@ int main(int argc, char **argv) {
     if (!same) fprintf(stderr, "bench_vk: the decoded tokens differ between repetitions\n");
     if (kernels) bench_kernels(m, moex_vk_state_device(s));
     free(toks);
-    moex_vk_state_free(s);
+    moex_engine_close(&eng);
     moex_model_free(m);
     return 0;
 }

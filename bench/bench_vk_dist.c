@@ -164,7 +164,10 @@ int main(int argc, char **argv) {
     const int64_t n_ctx = b.n_prompt + 2 + b.n_gen;
     moex_vk_options o = {.device = device};
     const double t0 = moex_time_s();
-    MUST(!(b.s = moex_vk_state_create(m, n_ctx, b.n_prompt, &o, &err)));
+    moex_engine eng;
+    MUST(moex_engine_open(m, &(moex_engine_options){.backend = MOEX_ENGINE_VULKAN, .vk = o, .n_ctx = n_ctx,
+                                                    .n_batch = b.n_prompt}, &eng, &err));
+    b.s = moex_engine_vk_state(&eng);
     printf("device %s\nload_s %.2f\nn_layer %d\n", moex_vk_get_info(moex_vk_state_device(b.s))->name,
            moex_time_s() - t0, L);
     b.prompt = malloc((size_t)b.n_prompt * sizeof *b.prompt);
@@ -206,7 +209,7 @@ int main(int argc, char **argv) {
         moex_local_executor_free(le);
         moex_pool_destroy(pool);
     }
-    moex_vk_state_free(b.s);
+    moex_engine_close(&eng);
     free(b.prompt);
     moex_model_free(m);
     return 0;

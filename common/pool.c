@@ -1,7 +1,8 @@
 /* Thread pool: the caller is thread 0, workers 1..n-1 wait for a new job
  * generation. After each job a worker spins for SPIN_US (a decode step issues
  * ~100 jobs back to back; a futex wake-up costs more than the job) and then
- * sleeps on a condition variable. A run is: publish fn/ctx, bump the
+ * sleeps on a condition variable; while the pool is held (moex_pool_hold)
+ * it spins on. A run is: publish fn/ctx, bump the
  * generation, run slice 0, spin until the workers' countdown reaches zero. */
 #include "common/pool.h"
 
@@ -44,6 +45,7 @@ struct moex_pool {
     _Alignas(CACHE_LINE) atomic_int pending;   /* workers still in the current job */
     _Alignas(CACHE_LINE) atomic_int sleepers;  /* workers blocked (or about to block) on wake */
     atomic_bool stop;
+    atomic_bool hold;                          /* moex_pool_hold: spin without a deadline */
 
     pthread_mutex_t mutex;
     pthread_cond_t wake;
@@ -66,6 +68,10 @@ static uint64_t spin_for_job(moex_pool *pool, uint64_t seen) {
         if (g != seen) return g;
         cpu_relax();
         if ((i & 63) == 63) {
+            if (atomic_load_explicit(&pool->hold, memory_order_relaxed)) {
+                deadline = 0;
+                continue;
+            }
             uint64_t t = now_us();
             if (!deadline) deadline = t + SPIN_US;
             else if (t >= deadline) return seen;
@@ -128,6 +134,7 @@ moex_pool *moex_pool_create(int n_threads) {
     atomic_init(&pool->pending, 0);
     atomic_init(&pool->sleepers, 0);
     atomic_init(&pool->stop, false);
+    atomic_init(&pool->hold, false);
     pthread_mutex_init(&pool->mutex, NULL);
     pthread_cond_init(&pool->wake, NULL);
     if (n_threads > 1) {
@@ -179,6 +186,12 @@ void moex_pool_run(moex_pool *pool, moex_task_fn fn, void *ctx) {
         if ((i & 255) == 0) sched_yield();
     }
 }
+
+void moex_pool_hold(moex_pool *pool, bool hold) {
+    if (pool) atomic_store_explicit(&pool->hold, hold, memory_order_relaxed);
+}
+
+int moex_pool_sleeping(const moex_pool *pool) { return pool ? atomic_load(&pool->sleepers) : 0; }
 
 void *moex_pool_scratch(moex_pool *pool, size_t bytes) {
     if (!pool) return NULL;

@@ -13,6 +13,7 @@
 
 #include "common/common.h"
 #include "kernels/kernels.h"
+#include "kernels/vk/vk.h"
 #include "model/model.h"
 
 /* ---- the expert executor: "compute these experts for these tokens with
@@ -79,6 +80,8 @@ typedef struct moex_local_executor moex_local_executor;
 moex_local_executor *moex_local_executor_create(const moex_model *m, moex_pool *pool, int wire_dtype);
 void moex_local_executor_free(moex_local_executor *le);
 moex_expert_executor moex_local_executor_iface(moex_local_executor *le);
+
+typedef struct moex_route_recorder moex_route_recorder; /* engine/route_trace.c, below */
 
 /* ---- inference state: KV cache and activations, allocated once ---- */
 
@@ -163,10 +166,49 @@ typedef struct moex_engine {
      * can pass logits = NULL and read nothing back; -1 where the row has no
      * finite maximum. NULL where the engine has no such thing. */
     int32_t (*last_argmax)(void *ctx);
+    /* What moex_engine_open made for it (moex_engine_close frees it); NULL
+     * for an engine over a state its caller owns (moex_engine_cpu). */
+    struct moex_engine_parts *parts;
 } moex_engine;
 
-/* The CPU engine over a state (moex_forward with the state's model). */
+/* The CPU engine over a state the caller owns (moex_forward with the state's
+ * model): for tests of the state itself; programs open theirs below. */
 moex_engine moex_engine_cpu(moex_state *s);
+
+/* ---- opening an engine (engine/open.c): the one place that picks the
+ * backend, the device, where the experts run, the context, the KV slots and
+ * the rounding at the expert boundary. Every program opens its engine here. ---- */
+
+typedef enum moex_engine_backend { MOEX_ENGINE_CPU, MOEX_ENGINE_VULKAN } moex_engine_backend;
+
+typedef struct moex_engine_options {
+    moex_engine_backend backend;
+    moex_vk_options vk;           /* Vulkan: device, pipeline cache, kernel choices (kernels/vk/vk.h) */
+    int64_t n_ctx;                /* positions per KV slot */
+    int64_t n_batch;              /* tokens per forward at most */
+    int n_seq;                    /* KV slots (0: one) */
+    bool batched;                 /* forward_batch wanted (a scheduler's): needed for n_seq > 1 */
+    moex_pool *pool;              /* CPU threads: the CPU backend's forward and the experts computed here */
+    int wire_dtype;               /* experts computed here round their inputs and results as this wire dtype would
+                                   * (MOEX_WIRE_*), so that local tokens equal distributed ones */
+    moex_expert_executor experts; /* .run set: every MoE layer's experts go there (the hub's workers) and their
+                                   * weights stay off the GPU; Vulkan then rounds its products' inputs to 8 bits as
+                                   * the CPU does, so hub + workers give the tokens of a CPU --local run */
+    bool cpu_moe;                 /* Vulkan: the experts' weights stay in RAM and this process's threads (pool)
+                                   * compute them, while the GPU runs everything else (the CPU tier, in-process:
+                                   * no sockets); the threads spin between layers while a forward runs */
+    bool record_routes;           /* keep each token's experts (moex_engine_routes); needs a MoE model and experts
+                                   * that go through an executor (CPU backend, .cpu_moe or .experts) */
+} moex_engine_options;
+
+/* Opens an engine over m (which outlives it). On failure err says why and
+ * nothing is left open. */
+int moex_engine_open(const moex_model *m, const moex_engine_options *o, moex_engine *eng, moex_error *err);
+void moex_engine_close(moex_engine *eng);
+/* The routing recorder of an engine opened with record_routes, else NULL. */
+moex_route_recorder *moex_engine_routes(const moex_engine *eng);
+/* Short words for logs and /metrics: "vulkan" or "cpu (avx2)". */
+const char *moex_engine_backend_name(const moex_engine *eng);
 
 int moex_generate(const moex_model *m, const moex_engine *eng, moex_sampler *smp, const int32_t *prompt,
                   int64_t n_prompt, const moex_gen_params *gp, moex_gen_stats *stats, moex_error *err);
@@ -213,7 +255,6 @@ int moex_perplexity_file(const moex_model *m, const moex_engine *eng, const moex
 
 /* An executor that records the experts chosen for every token and layer and
  * passes each request on to `inner`. NULL for a dense model or out of memory. */
-typedef struct moex_route_recorder moex_route_recorder;
 moex_route_recorder *moex_route_recorder_create(moex_expert_executor inner, const moex_hparams *hp);
 void moex_route_recorder_free(moex_route_recorder *r);
 moex_expert_executor moex_route_recorder_iface(moex_route_recorder *r);

@@ -18,6 +18,14 @@ hub_cli_engine hub_cli_engine_default(void) {
                                    .seed = (uint64_t)time(NULL)}};
 }
 
+moex_engine_options hub_cli_engine_options(const hub_cli_engine *e, moex_pool *pool, moex_hub *hub, int64_t n_ctx,
+                                           int64_t n_batch) {
+    return (moex_engine_options){.backend = e->vulkan ? MOEX_ENGINE_VULKAN : MOEX_ENGINE_CPU,
+                                 .vk = {.device = e->device}, .n_ctx = n_ctx, .n_batch = n_batch, .pool = pool,
+                                 .wire_dtype = e->wire_dtype, .cpu_moe = e->cpu_moe,
+                                 .experts = hub ? moex_hub_executor(hub) : (moex_expert_executor){0}};
+}
+
 int hub_cli_i64(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     char *end;
     errno = 0;
@@ -188,6 +196,10 @@ int hub_cli_parse(hub_cli *c, int argc, char **argv, int *i) {
         c->eng.local = true;
         return 1;
     }
+    if (!strcmp(a, "--cpu-moe")) {
+        c->eng.cpu_moe = true;
+        return 1;
+    }
     if (!takes_value(a)) return 0;
     if (*i + 1 >= argc) {
         fprintf(stderr, "%s: %s needs a value\n", c->prog, a);
@@ -225,6 +237,12 @@ int hub_cli_finish(hub_cli *c) {
         return -1;
     }
     h->wire_dtype = c->eng.wire_dtype;
+    if (c->eng.cpu_moe && (!c->eng.local || !c->eng.vulkan)) {
+        fprintf(stderr, "%s: --cpu-moe keeps the experts in this machine's RAM beside a GPU: use it with --local "
+                        "--backend vulkan (--backend cpu computes everything on the CPU already; without --local the "
+                        "workers compute the experts)\n", c->prog);
+        return -1;
+    }
     if ((h->tls_cert != NULL) != (h->tls_key != NULL)) {
         fprintf(stderr, "%s: give --tls-cert FILE and --tls-key FILE together (or --tls alone for a self-signed "
                         "certificate)\n", c->prog);
@@ -272,6 +290,9 @@ void hub_cli_engine_usage(FILE *f, const hub_cli *c) {
             "  --backend cpu|vulkan    where the hub's part runs (default cpu); --device N picks the GPU (default: best).\n"
             "                          vulkan with --local: the whole model on the GPU; without --local: embeddings,\n"
             "                          attention, norms, router and head on the GPU, the experts on the workers\n"
+            "  --cpu-moe               with --local --backend vulkan: the experts stay in RAM and this process's\n"
+            "                          CPU threads compute them while the GPU runs the rest (a model whose experts\n"
+            "                          do not fit the GPU; as llama.cpp's --cpu-moe)\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "  --wire-dtype T          expert inputs/outputs as f16 (default), bf16, int8, f32, or exact (--local only);\n"
             "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"

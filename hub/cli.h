@@ -19,6 +19,7 @@
 typedef struct hub_cli_engine {
     bool local;                  /* --local: the whole model here, no workers */
     bool vulkan;                 /* --backend vulkan */
+    bool cpu_moe;                /* --cpu-moe: with --local on Vulkan, the experts on this CPU (the CPU tier) */
     int device;                  /* --device N; -1: the best */
     int threads;                 /* -t N; 0: every core */
     int wire_dtype;              /* --wire-dtype: a MOEX_DT_* or MOEX_WIRE_EXACT */
@@ -28,6 +29,11 @@ typedef struct hub_cli_engine {
 /* The defaults: CPU, every core, f16 on the wire, temperature 0.8, top-k 40,
  * top-p 0.95, min-p 0.05, a seed from the clock. */
 hub_cli_engine hub_cli_engine_default(void);
+
+/* The engine these flags ask for (moex_engine_open's options): experts on the
+ * hub's workers when hub is not NULL, else computed here on pool. */
+moex_engine_options hub_cli_engine_options(const hub_cli_engine *e, moex_pool *pool, moex_hub *hub, int64_t n_ctx,
+                                           int64_t n_batch);
 
 typedef struct hub_cli {
     const char *prog;            /* "moex-hub" or "moex-hub serve" */

@@ -217,8 +217,8 @@ static int64_t tokenize_prompt(const moex_model *m, const options *o, int32_t **
 }
 
 #if MOEX_HAVE_VULKAN
-/* The distributed Vulkan hub's own share of each layer, beside the
- * executor's (the per-layer breakdown of docs/PERF.md). */
+/* The GPU's share of each layer, beside the executor's (workers, or this
+ * CPU with --cpu-moe): the per-layer breakdown of docs/PERF.md. */
 static void print_vk_dist_stats(moex_vk_state *vs) {
     moex_vk_dist_stats st;
     moex_vk_state_dist_stats(vs, &st, false);
@@ -231,21 +231,6 @@ static void print_vk_dist_stats(moex_vk_state *vs) {
             st.total_s / (double)st.forwards * 1e6);
 }
 
-/* The Vulkan engine: the whole model on the GPU, or (hub not NULL) its
- * attention, norms, router and head with the experts sent to the workers. */
-static int vk_engine_start(const options *o, const moex_model *m, moex_hub *hub, int64_t n_ctx, moex_vk_engine *vk,
-                           moex_engine *eng, moex_error *err) {
-    /* distributed: products round their inputs to 8 bits as the CPU does, so hub + workers print the tokens
-     * of --local (the workers' experts see the same xn); --local keeps the faster f32 activations */
-    moex_vk_options vo = {.device = o->cli.eng.device, .round_activations = hub != NULL};
-    /* distributed: the experts' weights stay off the GPU, the workers (or this CPU, as fallback) run them */
-    vk->m = m;
-    vk->s = hub ? moex_vk_state_create_remote(m, n_ctx, o->n_batch, &vo, moex_hub_executor(hub), err)
-                : moex_vk_state_create(m, n_ctx, o->n_batch, &vo, err);
-    if (!vk->s) return -1;
-    *eng = moex_engine_vk(vk); /* as serve's: a greedy decode takes the GPU's argmax, the logits stay there */
-    return 0;
-}
 #endif
 
 typedef struct output_ctx {
@@ -311,14 +296,8 @@ static int run(const options *o) {
     int rc = 1;
     int32_t *prompt = NULL;
     moex_pool *pool = NULL;
-    moex_local_executor *le = NULL;
     moex_hub *hub = NULL;
-    moex_state *s = NULL;
-    moex_route_recorder *routes = NULL;
-#if MOEX_HAVE_VULKAN
-    moex_vk_engine vk = {.m = m};
-#endif
-    moex_engine eng;
+    moex_engine eng = {0};
     moex_sampler *smp = NULL;
     output_ctx oc = {.m = m, .print_tokens = o->print_tokens};
     if (!(pool = moex_pool_create(o->cli.eng.threads))) {
@@ -346,7 +325,7 @@ static int run(const options *o) {
     }
     const int64_t want_ctx = o->n_ctx ? o->n_ctx : o->perplexity ? 512 : n_prompt + o->n_predict;
     const int64_t n_ctx = hub_cli_cap_ctx("moex-hub", want_ctx, o->n_ctx > 0, m->hp.n_ctx_train);
-    if (!(le = moex_local_executor_create(m, pool, o->cli.eng.wire_dtype)) || !(smp = moex_sampler_create(&o->cli.eng.sp, m->hp.n_vocab))) {
+    if (!(smp = moex_sampler_create(&o->cli.eng.sp, m->hp.n_vocab))) {
         fprintf(stderr, "moex-hub: out of memory\n");
         goto done;
     }
@@ -357,28 +336,13 @@ static int run(const options *o) {
             goto done;
         }
     }
-    if (o->cli.eng.vulkan) {
-#if MOEX_HAVE_VULKAN
-        if (vk_engine_start(o, m, hub, n_ctx, &vk, &eng, &err)) {
-            fprintf(stderr, "moex-hub: Vulkan: %s\n", err.msg);
-            goto done;
-        }
-#endif
-    } else {
-        moex_expert_executor exec = hub ? moex_hub_executor(hub) : moex_local_executor_iface(le);
-        if (o->routing_trace) {
-            if (!(routes = moex_route_recorder_create(exec, &m->hp))) {
-                fprintf(stderr, "moex-hub: --routing-trace needs a MoE model (or memory)\n");
-                goto done;
-            }
-            exec = moex_route_recorder_iface(routes);
-        }
-        if (!(s = moex_state_create(m, n_ctx, o->n_batch, pool, exec, &err))) {
-            fprintf(stderr, "moex-hub: %s\n", err.msg);
-            goto done;
-        }
-        eng = moex_engine_cpu(s);
+    moex_engine_options eo = hub_cli_engine_options(&o->cli.eng, pool, hub, n_ctx, o->n_batch);
+    eo.record_routes = o->routing_trace != NULL;
+    if (moex_engine_open(m, &eo, &eng, &err)) {
+        fprintf(stderr, "moex-hub: %s%s\n", o->cli.eng.vulkan ? "Vulkan: " : "", err.msg);
+        goto done;
     }
+    moex_route_recorder *routes = moex_engine_routes(&eng);
     if (o->perplexity) {
         rc = run_perplexity(o, m, &eng, n_ctx, routes);
         goto done;
@@ -403,33 +367,28 @@ static int run(const options *o) {
     }
     char read_back[64] = "";
 #if MOEX_HAVE_VULKAN
-    if (vk.s) snprintf(read_back, sizeof read_back, " | logits rows read back %lld",
-                       (long long)moex_vk_state_logits_rows_read(vk.s));
+    if (moex_engine_vk_state(&eng))
+        snprintf(read_back, sizeof read_back, " | logits rows read back %lld",
+                 (long long)moex_vk_state_logits_rows_read(moex_engine_vk_state(&eng)));
 #endif
     fprintf(stderr, "moex-hub: load %.2f s | prompt %lld tokens %.1f tok/s | decode %lld tokens %.1f tok/s | threads %d | "
                     "%s%s%s\n", load_s, (long long)st.n_prompt, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0,
             (long long)st.n_generated, st.decode_s > 0 ? st.n_decode_evals / st.decode_s : 0.0, moex_pool_size(pool),
-            o->cli.eng.vulkan ? "vulkan" : moex_kernels_simd_name(), hub ? " | distributed" : "", read_back);
+            o->cli.eng.vulkan ? moex_engine_backend_name(&eng) : moex_kernels_simd_name(), hub ? " | distributed" : "",
+            read_back);
     rc = interrupted ? 130 : 0;
 done:
     if (oc.logits && fclose(oc.logits) && rc == 0) {
         fprintf(stderr, "moex-hub: writing %s failed\n", o->dump_logits);
         rc = 1;
     }
-    if (hub) {
-        moex_hub_metrics_print(hub, stderr);
+    if (hub) moex_hub_metrics_print(hub, stderr);
 #if MOEX_HAVE_VULKAN
-        if (vk.s) print_vk_dist_stats(vk.s);
+    if ((hub || o->cli.eng.cpu_moe) && moex_engine_vk_state(&eng)) print_vk_dist_stats(moex_engine_vk_state(&eng));
 #endif
-        moex_hub_stop(hub);
-    }
+    moex_hub_stop(hub);
     moex_sampler_free(smp);
-    moex_state_free(s);
-#if MOEX_HAVE_VULKAN
-    moex_vk_state_free(vk.s);
-#endif
-    moex_local_executor_free(le);
-    moex_route_recorder_free(routes);
+    moex_engine_close(&eng);
     moex_pool_destroy(pool);
     free(prompt);
     moex_model_free(m);

@@ -18,9 +18,6 @@
 #include "hub/cli.h"
 #include "hub/hub.h"
 #include "proto/proto.h"
-#if MOEX_HAVE_VULKAN
-#include "engine/vk/engine_vk.h"
-#endif
 
 typedef struct serve_options {
     const char *model, *api_key, *chat_template, *alias;
@@ -165,40 +162,18 @@ typedef struct serving {
     hub_sched_stats stats;
     hub_api *api;
     moex_hub *hub;
-    moex_local_executor *le;
-    moex_state *s;
-#if MOEX_HAVE_VULKAN
-    moex_vk_engine vk;   /* --backend vulkan: the Vulkan state with --parallel KV slots */
-#endif
-    moex_engine eng;
+    moex_engine eng;     /* --parallel KV slots, experts here (--local) or on the workers */
     hub_sched *sched;
     char model_id[256], backend[64];
 } serving;
 
 static int start_engine(const serve_options *o, serving *sv, int64_t n_ctx, moex_error *err) {
-    if (o->cli.eng.vulkan) {
-#if MOEX_HAVE_VULKAN
-        moex_vk_options vo = {.device = o->cli.eng.device, .round_activations = sv->hub != NULL && !o->cli.eng.local};
-        sv->vk.m = sv->m;
-        sv->vk.s = o->cli.eng.local ? moex_vk_state_create_multi(sv->m, n_ctx, o->n_batch, o->parallel, &vo, err)
-                            : moex_vk_state_create_remote_multi(sv->m, n_ctx, o->n_batch, o->parallel, &vo,
-                                                                moex_hub_executor(sv->hub), err);
-        if (!sv->vk.s) return -1;
-        sv->eng = moex_engine_vk(&sv->vk);
-        snprintf(sv->backend, sizeof sv->backend, "vulkan");
-        return 0;
-#endif
-    }
-    moex_expert_executor exec;
-    if (o->cli.eng.local) {
-        if (!(sv->le = moex_local_executor_create(sv->m, sv->pool, o->cli.eng.wire_dtype))) return moex_fail(err, "out of memory");
-        exec = moex_local_executor_iface(sv->le);
-    } else {
-        exec = moex_hub_executor(sv->hub);
-    }
-    if (!(sv->s = moex_state_create_multi(sv->m, n_ctx, o->n_batch, o->parallel, sv->pool, exec, err))) return -1;
-    sv->eng = moex_engine_cpu(sv->s);
-    snprintf(sv->backend, sizeof sv->backend, "cpu (%s)", moex_kernels_simd_name());
+    moex_engine_options eo = hub_cli_engine_options(&o->cli.eng, sv->pool, o->cli.eng.local ? NULL : sv->hub, n_ctx,
+                                                    o->n_batch);
+    eo.n_seq = o->parallel;
+    eo.batched = true;   /* the scheduler decodes every slot in one forward */
+    if (moex_engine_open(sv->m, &eo, &sv->eng, err)) return -1;
+    snprintf(sv->backend, sizeof sv->backend, "%s", moex_engine_backend_name(&sv->eng));
     return 0;
 }
 
@@ -278,11 +253,7 @@ static void stop(serving *sv) {
     moex_hub_stop(sv->hub);
     hub_sched_free(sv->sched);
     hub_api_free(sv->api);
-    moex_state_free(sv->s);
-#if MOEX_HAVE_VULKAN
-    moex_vk_state_free(sv->vk.s);
-#endif
-    moex_local_executor_free(sv->le);
+    moex_engine_close(&sv->eng);
     moex_pool_destroy(sv->pool);
     moex_model_free(sv->m);
 }

@@ -170,6 +170,17 @@ static int64_t chunk_rows(int64_t rows, size_t row_bytes, int nth, int64_t align
     return c < align ? align : c;
 }
 
+/* Rows per item of one of several matrices worked on together (all_rows
+ * over all of them): at most CHUNK_BYTES of weights (row_bytes per row),
+ * and enough items over all of them for CHUNKS_PER_THREAD per thread. */
+static int64_t chunk_rows_of(int64_t rows, int64_t all_rows, size_t row_bytes, int nth) {
+    int64_t c = (int64_t)(CHUNK_BYTES / row_bytes);
+    const int64_t balanced = all_rows / ((int64_t)nth * CHUNKS_PER_THREAD);
+    if (c > balanced) c = balanced;
+    if (c > rows) c = rows;
+    return c < 1 ? 1 : c;
+}
+
 /* ------------------------------------------------------------------ */
 /* matmul / matmul_multi                                               */
 /* ------------------------------------------------------------------ */
@@ -283,6 +294,7 @@ typedef struct experts_task {
     int n_jobs;
     int64_t hidden;
     int64_t first_item[2][1 + MAX_JOBS]; /* per pass: prefix sums of each job's work items */
+    int64_t first_row[1 + MAX_JOBS];     /* prefix sums of each job's tokens: the rows of h to quantize */
     atomic_int_fast64_t next_item[2];
 } experts_task;
 
@@ -297,23 +309,50 @@ static int find_job(const int64_t *first, int n_jobs, int64_t item) {
     return lo;
 }
 
-/* gate and up rows [r0, r1) for every token of the job, then silu(g) * u,
- * then quantization of those elements for down (r0, r1 are block aligned). */
+/* gate and up rows [r0, r1) for every token of the job, then silu(g) * u.
+ * Items need not cover whole activation blocks of down's type: h is
+ * quantized for down after the pass (quantize_hidden), so that a decode
+ * layer's few experts still split into enough items for every thread. */
 static void expert_gate_up(const experts_task *e, int j, int64_t r0, int64_t r1) {
     const moex_expert_weights *w = e->jobs[j].w;
     const job_state *s = &e->st[j];
     const int64_t n_ff = w->gate.rows, n_tok = e->jobs[j].n_tokens;
     dot_tile(e->simd, &w->gate, r0, r1, &s->x_gate, s->g, n_ff);
     dot_tile(e->simd, &w->up, r0, r1, &s->x_up, s->u, n_ff);
-    const int at = moex_vec_dot_type(w->down.type);
     for (int64_t t = 0; t < n_tok; t++) {
         float *gt = s->g + t * n_ff + r0;
         moex_swiglu(gt, gt, s->u + t * n_ff + r0, r1 - r0);
-        if (at != MOEX_TYPE_F32) {
-            uint8_t *dst = s->hq + t * s->hq_row_bytes + moex_row_bytes(at, r0);
-            e->simd->quantize_act[at](gt, dst, r1 - r0);
-        }
     }
+}
+
+/* Rows [r0, r1) of every job's h (one row per token, jobs in order) quantized
+ * for down; nothing to do for a down that takes f32 (hq is g). */
+static void quantize_hidden_rows(const experts_task *e, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        const int j = find_job(e->first_row, e->n_jobs, r);
+        const moex_expert_weights *w = e->jobs[j].w;
+        const int at = moex_vec_dot_type(w->down.type);
+        if (at == MOEX_TYPE_F32) continue;
+        const job_state *s = &e->st[j];
+        const int64_t t = r - e->first_row[j], n_ff = w->gate.rows;
+        e->simd->quantize_act[at](s->g + t * n_ff, s->hq + t * s->hq_row_bytes, n_ff);
+    }
+}
+
+static void quantize_hidden_worker(void *ctx, int ith, int nth) {
+    const experts_task *e = ctx;
+    const int64_t n = e->first_row[e->n_jobs];
+    quantize_hidden_rows(e, n * ith / nth, n * (ith + 1) / nth);
+}
+
+/* Between the passes: on the calling thread when small (a decode layer's
+ * few rows), else over the pool. */
+static void quantize_hidden(moex_pool *pool, experts_task *e) {
+    const int64_t n = e->first_row[e->n_jobs];
+    int64_t elems = 0;
+    for (int j = 0; j < e->n_jobs; j++) elems += e->jobs[j].n_tokens * e->jobs[j].w->gate.rows;
+    if (elems >= PARALLEL_QUANT_ELEMS && moex_pool_size(pool) > 1) moex_pool_run(pool, quantize_hidden_worker, e);
+    else quantize_hidden_rows(e, 0, n);
 }
 
 static void expert_down(const experts_task *e, int j, int64_t r0, int64_t r1) {
@@ -372,8 +411,6 @@ static int check_job(const moex_expert_job *job, int j, int64_t hidden, moex_err
     return 0;
 }
 
-/* Elements per activation block of type at (1 for f32). */
-static int64_t act_block(int at) { return at == MOEX_TYPE_F32 ? 1 : moex_type_get(at)->block_elems; }
 
 int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, const float *x, int64_t hidden,
                      moex_error *err) {
@@ -423,7 +460,9 @@ int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, c
     experts_task e = {.simd = simd, .jobs = jobs, .st = (job_state *)buf, .n_jobs = n_jobs, .hidden = hidden};
     atomic_init(&e.next_item[0], 0);
     atomic_init(&e.next_item[1], 0);
-    e.first_item[0][0] = e.first_item[1][0] = 0;
+    e.first_item[0][0] = e.first_item[1][0] = e.first_row[0] = 0;
+    int64_t ff_rows = 0; /* gate rows over every job: the first pass's items are sized on all of them */
+    for (int j = 0; j < n_jobs; j++) ff_rows += jobs[j].n_tokens ? jobs[j].w->gate.rows : 0;
     for (int j = 0; j < n_jobs; j++) {
         const moex_expert_weights *w = jobs[j].w;
         const int64_t n_ff = w->gate.rows, n_tok = jobs[j].n_tokens;
@@ -447,15 +486,16 @@ int moex_experts_run(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, c
             s->hq = p + 2 * align64((size_t)(n_tok * n_ff) * sizeof(float));
             s->hq_row_bytes = moex_row_bytes(down_at, n_ff);
         }
-        /* gate+up items must cover whole activation blocks of down's type */
-        s->ff_chunk = chunk_rows(n_ff, w->gate.row_bytes, nth, act_block(down_at));
+        s->ff_chunk = chunk_rows_of(n_ff, ff_rows, 2 * w->gate.row_bytes, nth);
         s->hid_chunk = chunk_rows(hidden, w->down.row_bytes, nth, hidden >= 4 ? 4 : 1);
         s->items_up = n_tok ? (n_ff + s->ff_chunk - 1) / s->ff_chunk : 0;
         s->items_down = n_tok ? (hidden + s->hid_chunk - 1) / s->hid_chunk : 0;
         e.first_item[0][j + 1] = e.first_item[0][j] + s->items_up;
         e.first_item[1][j + 1] = e.first_item[1][j] + s->items_down;
+        e.first_row[j + 1] = e.first_row[j] + n_tok;
     }
     moex_pool_run(pool, experts_pass0, &e);
+    quantize_hidden(pool, &e);
     moex_pool_run(pool, experts_pass1, &e);
     free(owned);
     return 0;

@@ -32,31 +32,10 @@ set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(cd "$1" && pwd)
 shift
-model=${MOEX_BENCH_MODEL:-/tmp/q30.gguf}
-work=${MOEX_BENCH_WORK:-/tmp/moex-gpu}
-mkdir -p "$work"
-export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export MOEX_VK_CACHE=${MOEX_VK_CACHE:-$work/vk-cache}
-export MOEX_LOG=${MOEX_LOG:-warn}
-nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$nvidia_icd" ] && ! ls /usr/share/vulkan/icd.d/*nvidia* >/dev/null 2>&1; then
-    export VK_DRIVER_FILES=$nvidia_icd
-fi
+. "$repo/bench/gpu/common.sh"
 prompt=$(seq -s, 1 ${MOEX_BENCH_PROMPT:-512})
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# "moex-hub: load ... | prompt N tokens X tok/s | decode M tokens Y tok/s ..." -> "X Y"
-stats() { sed -nE 's/.*prompt [0-9]+ tokens ([0-9.]+) tok\/s \| decode [0-9]+ tokens ([0-9.]+) tok\/s.*/\1 \2/p'; }
 keep() { [ -n "${OUT:-}" ] && cp "$@" "$OUT"/ 2>/dev/null || true; }
-
-step_gen() {
-    if [ ! -f "$model" ]; then
-        t0=$(date +%s)
-        "$bin/moex-gguf" gen --arch qwen3moe --preset qwen3-30b-a3b --vocab "$repo/tests/data/vocab/ggml-vocab-qwen2.gguf" \
-            --type q4_K_M --seed 1 --quiet -o "$model"
-        echo "gen_s $(( $(date +%s) - t0 ))"
-    fi
-    echo "model_bytes $(stat -c %s "$model")"
-}
 
 local_run() { # tag
     "$bin/moex-hub" --local --backend vulkan -m "$model" --prompt-tokens "$prompt" -n 128 --temp 0 --ignore-eos \

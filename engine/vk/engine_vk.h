@@ -58,6 +58,8 @@ typedef struct moex_vk_engine {
     moex_vk_state *s;
 } moex_vk_engine;
 moex_engine moex_engine_vk(moex_vk_engine *e);
+/* The Vulkan state of an engine moex_engine_open opened on Vulkan, else NULL. */
+moex_vk_state *moex_engine_vk_state(const moex_engine *eng);
 
 /* The distributed hub on Vulkan (engine/vk/forward_vk_dist.c): the GPU runs the
  * embeddings, attention, norms, router and output head; every MoE layer's

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -83,7 +84,45 @@ static void test_pool(int n_threads) {
     moex_pool_destroy(pool);
 }
 
+static void hold_task(void *ctx, int ith, int nth) {
+    atomic_int *runs = ctx;
+    if (ith >= 0 && ith < nth && nth == 3) atomic_fetch_add(&runs[ith], 1);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {0, ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Polls up to ~2 s for the workers asleep to reach want (a loaded machine
+ * may take a while to schedule them). */
+static int wait_sleeping(moex_pool *pool, int want) {
+    for (int i = 0; i < 400 && moex_pool_sleeping(pool) != want; i++) sleep_ms(5);
+    return moex_pool_sleeping(pool);
+}
+
+/* Idle workers go to sleep; held ones keep spinning between jobs and still
+ * run each job once; released, they sleep again. */
+static void test_pool_hold(void) {
+    moex_pool *pool = moex_pool_create(3);
+    atomic_int counts[3] = {0};
+    moex_pool_run(pool, hold_task, counts);
+    CHECK(wait_sleeping(pool, 2) == 2, "idle workers are not asleep: %d", moex_pool_sleeping(pool));
+    moex_pool_hold(pool, true);
+    moex_pool_run(pool, hold_task, counts); /* wakes them; from now on they spin */
+    for (int r = 0; r < 20; r++) {
+        sleep_ms(2); /* a gap far beyond the usual spin */
+        CHECK(moex_pool_sleeping(pool) == 0, "a held worker went to sleep (gap %d)", r);
+        moex_pool_run(pool, hold_task, counts);
+    }
+    for (int t = 0; t < 3; t++) CHECK(atomic_load(&counts[t]) == 22, "thread %d ran %d jobs, want 22", t, atomic_load(&counts[t]));
+    moex_pool_hold(pool, false);
+    CHECK(wait_sleeping(pool, 2) == 2, "released workers do not sleep: %d", moex_pool_sleeping(pool));
+    moex_pool_destroy(pool);
+}
+
 int main(void) {
+    test_pool_hold();
     test_pool(1);
     test_pool(2);
     test_pool(3); /* more threads than cores: must still be correct */

@@ -5,6 +5,10 @@
 moex_c_test(test_forward_errors SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_forward_errors.c LIBS moex_engine TIMEOUT 60
   LABELS engine)
 
+# moex_engine_open, the constructor every program uses, on the shipped model (CPU; Vulkan where built).
+moex_c_test(test_engine_open SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_open.c LIBS moex_engine
+  ARGS ${CMAKE_SOURCE_DIR}/train/model/brown-moe-q8_0.gguf TIMEOUT 120 LABELS engine)
+
 # The reference's own pieces: decoders against hand-made blocks and a scalar
 # transcription of ggml's loops; forward-pass identities on tiny models.
 add_test(NAME ref_dequant COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/ref/test_ref_dequant.py)
@@ -56,7 +60,7 @@ endforeach()
 if(MOEX_VULKAN)
   # Whole models, generated once per build tree, then vulkan vs cpu.
   add_executable(test_vk_forward ${CMAKE_CURRENT_LIST_DIR}/test_vk_forward.c)
-  target_link_libraries(test_vk_forward PRIVATE moex_engine_vk Threads::Threads ${MATH_LIB})
+  target_link_libraries(test_vk_forward PRIVATE moex_engine Threads::Threads ${MATH_LIB})
   set_target_properties(test_vk_forward PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   set(moex_vk_model_dir ${CMAKE_BINARY_DIR}/vk-models)
   file(MAKE_DIRECTORY ${moex_vk_model_dir})
@@ -96,14 +100,14 @@ if(MOEX_VULKAN)
   # The whole model: prompt batch on the coop kernels vs the f32 tiles. Cold, a
   # CPU driver compiles the emulated variants in ~20 s (~140 s under ASan, whose
   # allocator slows the driver's compiler); the caches make later runs quick.
-  moex_c_test(test_vk_coop_forward SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop_forward.c LIBS moex_engine_vk
+  moex_c_test(test_vk_coop_forward SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop_forward.c LIBS moex_engine
     ARGS ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
   set_tests_properties(test_vk_coop_forward PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
                        LABELS "engine;vulkan" TIMEOUT 400 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 
   # Several sequences in one forward (moex_vk_forward_batch): each sequence's
   # tokens and logits alone and batched with 1, 2, 3 and 8 others, bit for bit.
-  moex_c_test(test_vk_batch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_batch.c LIBS moex_engine_vk
+  moex_c_test(test_vk_batch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_batch.c LIBS moex_engine
     ARGS ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
   # ~85 s on 2 idle cores with lavapipe, ~105 s under ASan: a timeout with room for a busy machine
   set_tests_properties(test_vk_batch PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77
@@ -123,7 +127,7 @@ if(MOEX_VULKAN)
                    --vocab ${moex_vocab}/ggml-vocab-llama-spm.gguf --type q4_K_M --seed 1 --quiet
                    -o ${moex_distvk_model})
   set_tests_properties(distvk_gen_model PROPERTIES FIXTURES_SETUP distvk_models LABELS vulkan TIMEOUT 120)
-  moex_c_test(test_vk_dist SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_dist.c LIBS moex_engine_vk
+  moex_c_test(test_vk_dist SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_dist.c LIBS moex_engine
     ARGS ${moex_distvk_model})
   set_tests_properties(test_vk_dist PROPERTIES FIXTURES_REQUIRED distvk_models SKIP_RETURN_CODE 77
                        LABELS "engine;vulkan" TIMEOUT 180 ENVIRONMENT "${MOEX_VK_TEST_ENV}")

@@ -34,3 +34,8 @@ set_tests_properties(gguf_quantize PROPERTIES TIMEOUT 300 LABELS "tools;quantize
 add_test(NAME train_export COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_train_export.sh ${CMAKE_SOURCE_DIR}
          ${CMAKE_BINARY_DIR}/bin ${CMAKE_BINARY_DIR}/tests/train_export)
 set_tests_properties(train_export PROPERTIES TIMEOUT 300 LABELS "tools;train" SKIP_RETURN_CODE 77)
+
+# The source tree's own rules (docs/ARCHITECTURE.md): one engine constructor.
+add_test(NAME source_rules COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/check_source_rules.py
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(source_rules PROPERTIES TIMEOUT 60 LABELS tools)

@@ -1,0 +1,170 @@
+/* moex_engine_open: the one place that turns options into a running engine.
+ *
+ *   backend CPU:    moex_state (engine/forward.c) with the experts computed by
+ *                   the local executor on the pool, or sent to o->experts
+ *   backend Vulkan: moex_vk_state (engine/vk) with the experts on the GPU, or
+ *                   the GPU runs everything but the experts, which go to
+ *                   o->experts (workers) or (o->cpu_moe) to the local
+ *                   executor on the pool, held spinning while a forward runs
+ *
+ * The routing recorder, when asked for, sits between the forward pass and
+ * whichever executor computes the experts. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/engine.h"
+#if MOEX_HAVE_VULKAN
+#include "engine/vk/engine_vk.h"
+#endif
+
+struct moex_engine_parts {
+    moex_local_executor *local;     /* the experts computed here (CPU backend or cpu_moe, without o->experts) */
+    moex_engine inner;              /* cpu_moe: the Vulkan engine, wrapped to hold the pool during a forward */
+    moex_pool *held;
+    moex_route_recorder *routes;
+    moex_state *cpu;
+#if MOEX_HAVE_VULKAN
+    moex_vk_engine vk;              /* vk.s: the Vulkan state */
+#endif
+    char backend[64];
+};
+
+static void parts_free(struct moex_engine_parts *p) {
+    if (!p) return;
+    moex_state_free(p->cpu);
+#if MOEX_HAVE_VULKAN
+    moex_vk_state_free(p->vk.s);
+#endif
+    moex_route_recorder_free(p->routes);
+    moex_local_executor_free(p->local);
+    free(p);
+}
+
+/* The executor the forward pass calls per MoE layer: o->experts, or the
+ * model's own weights on this CPU; wrapped by the routing recorder if asked. */
+static int experts_of(const moex_model *m, const moex_engine_options *o, struct moex_engine_parts *p,
+                      moex_expert_executor *exec, moex_error *err) {
+    *exec = o->experts;
+    if (!exec->run) {
+        if (!(p->local = moex_local_executor_create(m, o->pool, o->wire_dtype))) return moex_fail(err, "out of memory");
+        *exec = moex_local_executor_iface(p->local);
+    }
+    if (!o->record_routes) return 0;
+    if (!(p->routes = moex_route_recorder_create(*exec, &m->hp)))
+        return moex_fail(err, "recording routes needs a MoE model (or memory)");
+    *exec = moex_route_recorder_iface(p->routes);
+    return 0;
+}
+
+static int open_cpu(const moex_model *m, const moex_engine_options *o, int n_seq, struct moex_engine_parts *p,
+                    moex_engine *eng, moex_error *err) {
+    if (!o->pool) return moex_fail(err, "the CPU backend needs a thread pool");
+    moex_expert_executor exec;
+    if (experts_of(m, o, p, &exec, err)) return -1;
+    if (!(p->cpu = moex_state_create_multi(m, o->n_ctx, o->n_batch, n_seq, o->pool, exec, err))) return -1;
+    *eng = moex_engine_cpu(p->cpu);
+    snprintf(p->backend, sizeof p->backend, "cpu (%s)", moex_kernels_simd_name());
+    return 0;
+}
+
+#if MOEX_HAVE_VULKAN
+/* cpu_moe: between two layers the GPU works for ~100 us, longer than the
+ * pool's usual spin; a sleeping thread's wake-up would cost more than its
+ * share of the experts, so the pool spins until the forward ends. */
+static int held_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+                        moex_error *err) {
+    struct moex_engine_parts *p = ctx;
+    moex_pool_hold(p->held, true);
+    const int rc = p->inner.forward(p->inner.ctx, tokens, n, pos, all_logits, logits, err);
+    moex_pool_hold(p->held, false);
+    return rc;
+}
+
+static int held_forward_batch(void *ctx, const moex_batch *b, float *logits, moex_error *err) {
+    struct moex_engine_parts *p = ctx;
+    moex_pool_hold(p->held, true);
+    const int rc = p->inner.forward_batch(p->inner.ctx, b, logits, err);
+    moex_pool_hold(p->held, false);
+    return rc;
+}
+
+static int32_t held_last_argmax(void *ctx) {
+    struct moex_engine_parts *p = ctx;
+    return p->inner.last_argmax(p->inner.ctx);
+}
+
+static moex_engine held_engine(struct moex_engine_parts *p, moex_engine inner, moex_pool *pool) {
+    p->inner = inner;
+    p->held = pool;
+    moex_engine e = inner;
+    e.ctx = p;
+    e.forward = held_forward;
+    e.forward_batch = inner.forward_batch ? held_forward_batch : NULL;
+    e.last_argmax = inner.last_argmax ? held_last_argmax : NULL;
+    return e;
+}
+
+static int open_vulkan(const moex_model *m, const moex_engine_options *o, int n_seq, struct moex_engine_parts *p,
+                       moex_engine *eng, moex_error *err) {
+    moex_vk_options vo = o->vk;
+    const bool remote = o->experts.run != NULL || o->cpu_moe;
+    vo.round_activations = vo.round_activations || remote;
+    if (o->record_routes && !remote)
+        return moex_fail(err, "recording routes on Vulkan needs the experts on workers or the CPU (or the CPU backend)");
+    if (o->cpu_moe && !o->pool) return moex_fail(err, "experts on the CPU need a thread pool");
+    if (o->cpu_moe && o->experts.run) return moex_fail(err, "the experts go to the CPU or to the workers, not both");
+    p->vk.m = m;
+    if (remote) {
+        moex_expert_executor exec;
+        if (experts_of(m, o, p, &exec, err)) return -1;
+        p->vk.s = o->batched ? moex_vk_state_create_remote_multi(m, o->n_ctx, o->n_batch, n_seq, &vo, exec, err)
+                             : moex_vk_state_create_remote(m, o->n_ctx, o->n_batch, &vo, exec, err);
+    } else {
+        p->vk.s = o->batched ? moex_vk_state_create_multi(m, o->n_ctx, o->n_batch, n_seq, &vo, err)
+                             : moex_vk_state_create(m, o->n_ctx, o->n_batch, &vo, err);
+    }
+    if (!p->vk.s) return -1;
+    *eng = moex_engine_vk(&p->vk);
+    if (o->cpu_moe) *eng = held_engine(p, *eng, o->pool);
+    if (o->cpu_moe) snprintf(p->backend, sizeof p->backend, "vulkan, experts on the cpu (%s)", moex_kernels_simd_name());
+    else snprintf(p->backend, sizeof p->backend, "vulkan");
+    return 0;
+}
+
+moex_vk_state *moex_engine_vk_state(const moex_engine *eng) { return eng->parts ? eng->parts->vk.s : NULL; }
+#endif
+
+int moex_engine_open(const moex_model *m, const moex_engine_options *o, moex_engine *eng, moex_error *err) {
+    *eng = (moex_engine){0};
+    const int n_seq = o->n_seq > 0 ? o->n_seq : 1;
+    if (n_seq > 1 && !o->batched) return moex_fail(err, "%d KV slots need the batched forward (options.batched)", n_seq);
+    struct moex_engine_parts *p = calloc(1, sizeof *p);
+    if (!p) return moex_fail(err, "out of memory");
+    int rc;
+    if (o->backend == MOEX_ENGINE_VULKAN) {
+#if MOEX_HAVE_VULKAN
+        rc = open_vulkan(m, o, n_seq, p, eng, err);
+#else
+        rc = moex_fail(err, "this build has no Vulkan backend (configure with -DMOEX_VULKAN=ON)");
+#endif
+    } else {
+        rc = open_cpu(m, o, n_seq, p, eng, err);
+    }
+    if (rc) {
+        parts_free(p);
+        *eng = (moex_engine){0};
+        return -1;
+    }
+    eng->parts = p;
+    return 0;
+}
+
+void moex_engine_close(moex_engine *eng) {
+    if (!eng) return;
+    parts_free(eng->parts);
+    *eng = (moex_engine){0};
+}
+
+moex_route_recorder *moex_engine_routes(const moex_engine *eng) { return eng->parts ? eng->parts->routes : NULL; }
+
+const char *moex_engine_backend_name(const moex_engine *eng) { return eng->parts ? eng->parts->backend : "cpu"; }
