@@ -199,6 +199,9 @@ typedef struct moex_engine_options {
                                    * no sockets); the threads spin between layers while a forward runs */
     bool record_routes;           /* keep each token's experts (moex_engine_routes); needs a MoE model and experts
                                    * that go through an executor (CPU backend, .cpu_moe or .experts) */
+    bool warm_up;                 /* run a token through before returning (as llama.cpp's programs do): the first
+                                   * request then pays no first-use costs (command buffers recorded, caches
+                                   * filled); slot 0's position 0 is rewritten by the first real forward */
 } moex_engine_options;
 
 /* Opens an engine over m (which outlives it). On failure err says why and

@@ -134,6 +134,18 @@ static int open_vulkan(const moex_model *m, const moex_engine_options *o, int n_
 moex_vk_state *moex_engine_vk_state(const moex_engine *eng) { return eng->parts ? eng->parts->vk.s : NULL; }
 #endif
 
+/* One token at slot 0, position 0, as a greedy decode runs it (the argmax
+ * only, nothing read back, where the engine computes it; else its logits).
+ * Any token id will do: BOS where the model has one. */
+static int warm_up(const moex_model *m, moex_engine *eng, moex_error *err) {
+    const int32_t tok = m->tok && moex_tokenizer_bos(m->tok) >= 0 ? moex_tokenizer_bos(m->tok) : 0;
+    float *logits = eng->last_argmax ? NULL : malloc((size_t)m->hp.n_vocab * sizeof *logits);
+    if (!eng->last_argmax && !logits) return moex_fail(err, "out of memory");
+    const int rc = eng->forward(eng->ctx, &tok, 1, 0, false, logits, err);
+    free(logits);
+    return rc ? moex_error_prefix(err, "warming up") : 0;
+}
+
 int moex_engine_open(const moex_model *m, const moex_engine_options *o, moex_engine *eng, moex_error *err) {
     *eng = (moex_engine){0};
     const int n_seq = o->n_seq > 0 ? o->n_seq : 1;
@@ -156,6 +168,10 @@ int moex_engine_open(const moex_model *m, const moex_engine_options *o, moex_eng
         return -1;
     }
     eng->parts = p;
+    if (o->warm_up && warm_up(m, eng, err)) {
+        moex_engine_close(eng);
+        return -1;
+    }
     return 0;
 }
 

@@ -22,7 +22,7 @@ moex_engine_options hub_cli_engine_options(const hub_cli_engine *e, moex_pool *p
                                            int64_t n_batch) {
     return (moex_engine_options){.backend = e->vulkan ? MOEX_ENGINE_VULKAN : MOEX_ENGINE_CPU,
                                  .vk = {.device = e->device}, .n_ctx = n_ctx, .n_batch = n_batch, .pool = pool,
-                                 .wire_dtype = e->wire_dtype, .cpu_moe = e->cpu_moe,
+                                 .wire_dtype = e->wire_dtype, .cpu_moe = e->cpu_moe, .warm_up = true,
                                  .experts = hub ? moex_hub_executor(hub) : (moex_expert_executor){0}};
 }
 

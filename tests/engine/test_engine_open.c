@@ -1,7 +1,8 @@
 /* moex_engine_open, the one constructor every program uses, on the shipped
  * model (argv[1]):
- *   - the CPU engine it opens gives the logits of a state assembled by hand
- *     (the local executor, the same wire rounding), bit for bit;
+ *   - the CPU engine it opens (warmed up: a token run through first) gives
+ *     the logits of a state assembled by hand (the local executor, the same
+ *     wire rounding), bit for bit;
  *   - options.experts is what computes the experts (a counting executor sees
  *     every MoE layer of every forward), and record_routes records each token;
  *   - bad options fail with a reason and leave nothing open (ASan sees leaks);
@@ -46,7 +47,7 @@ static void cpu_matches_hand_built(const moex_model *m, moex_pool *pool) {
     moex_error err = {0};
     moex_engine eng;
     CHECK(!moex_engine_open(m, &(moex_engine_options){.n_ctx = N_CTX, .n_batch = 8, .pool = pool,
-                                                      .wire_dtype = MOEX_WIRE_DEFAULT}, &eng, &err),
+                                                      .wire_dtype = MOEX_WIRE_DEFAULT, .warm_up = true}, &eng, &err),
           "open: %s", err.msg);
     CHECK(eng.n_ctx == N_CTX && eng.n_batch == 8 && eng.n_seq == 1, "sizes %lld %lld %d", (long long)eng.n_ctx,
           (long long)eng.n_batch, eng.n_seq);
@@ -122,7 +123,8 @@ static void vulkan(const moex_model *m, moex_pool *pool) {
           "routes on a whole-model Vulkan engine: '%s'", err.msg);
     err = (moex_error){0};
     if (moex_engine_open(m, &(moex_engine_options){.backend = MOEX_ENGINE_VULKAN, .vk = {.device = -1},
-                                                   .n_ctx = N_CTX, .n_batch = 8, .n_seq = 2, .batched = true},
+                                                   .n_ctx = N_CTX, .n_batch = 8, .n_seq = 2, .batched = true,
+                                                   .warm_up = true},
                          &eng, &err)) {
         CHECK(0, "Vulkan open: %s", err.msg);
         return;
@@ -135,6 +137,7 @@ static void vulkan(const moex_model *m, moex_pool *pool) {
     CHECK(eng.last_argmax(eng.ctx) == argmax_of(logits, V), "GPU argmax %d, the logits' %d", eng.last_argmax(eng.ctx),
           argmax_of(logits, V));
     const int64_t read = moex_vk_state_logits_rows_read(moex_engine_vk_state(&eng));
+    CHECK(read == 1, "%lld logits rows read back after the warm-up and one forward, want 1", (long long)read);
     CHECK(!eng.forward(eng.ctx, TOKENS, 1, N_TOK, false, NULL, &err), "greedy forward: %s", err.msg);
     CHECK(moex_vk_state_logits_rows_read(moex_engine_vk_state(&eng)) == read, "a forward without logits read some back");
     moex_engine_close(&eng);
