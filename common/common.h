@@ -1,7 +1,7 @@
 /* The common module: what hub, worker and tools share — errors and logging,
  * the thread pool, tensor types and block layouts, GGUF files, model
- * architectures, the tokenizer, the sampler, chat templates, the splitmix64 generator
- * and a binary heap. */
+ * architectures, the tokenizer, the sampler, chat templates, the splitmix64 generator,
+ * a binary heap and a text buffer (with Prometheus lines). */
 #ifndef MOEX_COMMON_H
 #define MOEX_COMMON_H
 
@@ -15,5 +15,6 @@
 #include "common/rng.h"
 #include "common/heap.h"
 #include "common/chat.h"
+#include "common/text.h"
 
 #endif

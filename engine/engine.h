@@ -201,7 +201,8 @@ typedef struct moex_engine_options {
                                    * that go through an executor (CPU backend, .cpu_moe or .experts) */
     bool warm_up;                 /* run a token through before returning (as llama.cpp's programs do): the first
                                    * request then pays no first-use costs (command buffers recorded, caches
-                                   * filled); slot 0's position 0 is rewritten by the first real forward */
+                                   * filled); slot 0's position 0 is rewritten by the first real forward. Not
+                                   * with .experts: the workers may not be there yet */
 } moex_engine_options;
 
 /* Opens an engine over m (which outlives it). On failure err says why and

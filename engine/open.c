@@ -168,7 +168,8 @@ int moex_engine_open(const moex_model *m, const moex_engine_options *o, moex_eng
         return -1;
     }
     eng->parts = p;
-    if (o->warm_up && warm_up(m, eng, err)) {
+    /* not through an executor elsewhere: workers may not be there yet */
+    if (o->warm_up && !o->experts.run && warm_up(m, eng, err)) {
         moex_engine_close(eng);
         return -1;
     }

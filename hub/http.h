@@ -21,7 +21,7 @@ typedef struct hub_http {
 } hub_http;
 
 /* Another HTTP service on the same port (the OpenAI API and status page,
- * hub/api.c): the server offers it each request first; the requests it
+ * serve/api.c): the server offers it each request first; the requests it
  * claims (by method and path) are its own to the end, the rest go to the
  * expert-weights handler below. Everything runs on the network thread. */
 typedef struct hub_http_handler {

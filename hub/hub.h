@@ -67,8 +67,15 @@ moex_expert_executor moex_hub_executor(moex_hub *hub);
 void moex_hub_metrics_print(moex_hub *hub, FILE *f);
 void moex_hub_stop(moex_hub *hub);
 
-/* For the hub's own status page and /metrics (hub/status.c): its worker
- * registry and counters, read-only. */
+/* The hub's side of /metrics and of a status page (hub/report.c): its
+ * dispatch counters, each worker's record and the placement's coverage, as
+ * Prometheus lines appended to t, and as "workers" (an array) and "coverage"
+ * added to root (a cJSON object). */
+void moex_hub_metrics_text(moex_hub *hub, moex_text *t);
+struct cJSON;
+void moex_hub_status_add(moex_hub *hub, struct cJSON *root);
+
+/* Inside the hub (hub/report.c): its registry and counters. */
 struct hub_registry *moex_hub_registry(moex_hub *hub);
 struct hub_metrics *moex_hub_counters(moex_hub *hub);
 

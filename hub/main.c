@@ -404,10 +404,7 @@ static void install_signal_handlers(void) {
     signal(SIGPIPE, SIG_IGN);
 }
 
-int moex_hub_serve(int argc, char **argv); /* main_serve.c */
-
-int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "serve")) return moex_hub_serve(argc - 1, argv + 1);
+int moex_hub_main(int argc, char **argv) {
     options o;
     int r = parse_args(argc, argv, &o);
     if (r) return r > 0 ? 0 : 2;

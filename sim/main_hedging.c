@@ -104,7 +104,7 @@ static void print_rows(const hedging_opts *o, const hedging_row *r, int n) {
                r[i].mc, r[i].ci3, r[i].p50, r[i].p99, r[i].mc_p50, r[i].mc_p99, r[i].bw, r[i].work, r[i].reduction);
 }
 
-static int draw(const hedging_opts *o, const hedging_row *r, int n, moex_error *err) {
+static int draw_svg(const hedging_opts *o, const hedging_row *r, int n, moex_error *err) {
     double x[MOEX_SIM_MAX_LIST], mean[MOEX_SIM_MAX_LIST], mc[MOEX_SIM_MAX_LIST], p50[MOEX_SIM_MAX_LIST],
         p99[MOEX_SIM_MAX_LIST];
     for (int i = 0; i < n; i++) x[i] = r[i].h, mean[i] = r[i].analytic, mc[i] = r[i].mc, p50[i] = r[i].p50, p99[i] = r[i].p99;
@@ -139,7 +139,7 @@ int sim_cmd_hedging(int argc, char **argv) {
             return 1;
         }
     print_rows(&o, rows, o.n_h);
-    if (o.svg && draw(&o, rows, o.n_h, &err)) {
+    if (o.svg && draw_svg(&o, rows, o.n_h, &err)) {
         fprintf(stderr, "moex-sim hedging: %s\n", err.msg);
         return 1;
     }

@@ -70,7 +70,7 @@ static int ticks(const axis *a, double *t) {
     return n;
 }
 
-static void escaped(FILE *f, const char *s) {
+static void svg_escaped(FILE *f, const char *s) {
     for (; s && *s; s++) {
         if (*s == '<') fputs("&lt;", f);
         else if (*s == '>') fputs("&gt;", f);
@@ -79,14 +79,14 @@ static void escaped(FILE *f, const char *s) {
     }
 }
 
-static int usable(const axis *a, double v) { return isfinite(v) && (!a->log || v > 0); }
+static int axis_usable(const axis *a, double v) { return isfinite(v) && (!a->log || v > 0); }
 
 static int data_range(const moex_svg_chart *c, axis *x, axis *y, moex_error *err) {
     double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
     for (int s = 0; s < c->n_series; s++)
         for (int i = 0; i < c->series[s].n; i++) {
             double xv = c->series[s].x[i], yv = c->series[s].y[i];
-            if (!usable(x, xv) || !usable(y, yv)) continue;
+            if (!axis_usable(x, xv) || !axis_usable(y, yv)) continue;
             xlo = fmin(xlo, xv), xhi = fmax(xhi, xv), ylo = fmin(ylo, yv), yhi = fmax(yhi, yv);
         }
     if (!(xlo <= xhi)) return moex_fail(err, "svg chart '%s' has no plottable points", c->title ? c->title : "");
@@ -112,25 +112,25 @@ static void draw_axes(FILE *f, const moex_svg_chart *c, const axis *x, const axi
         fprintf(f, "<text x='%g' y='%.1f' text-anchor='end'>%g</text>\n", LEFT - 6, py + 4, t[i]);
     }
     fprintf(f, "<text x='%g' y='%g' text-anchor='middle' font-size='16'>", W / 2, TOP - 14);
-    escaped(f, c->title);
+    svg_escaped(f, c->title);
     fprintf(f, "</text>\n<text x='%g' y='%g' text-anchor='middle'>", (LEFT + W - RIGHT) / 2, H - 16);
-    escaped(f, c->xlabel);
+    svg_escaped(f, c->xlabel);
     fprintf(f, "</text>\n<text transform='translate(18,%g) rotate(-90)' text-anchor='middle'>", (TOP + H - BOTTOM) / 2);
-    escaped(f, c->ylabel);
+    svg_escaped(f, c->ylabel);
     fputs("</text>\n", f);
 }
 
 static void draw_series(FILE *f, const moex_svg_series *s, const char *color, const axis *x, const axis *y) {
     if (s->markers_only) {
         for (int i = 0; i < s->n; i++)
-            if (usable(x, s->x[i]) && usable(y, s->y[i]))
+            if (axis_usable(x, s->x[i]) && axis_usable(y, s->y[i]))
                 fprintf(f, "<circle cx='%.1f' cy='%.1f' r='4' fill='none' stroke='%s' stroke-width='2'/>\n",
                         to_px(x, s->x[i]), to_px(y, s->y[i]), color);
         return;
     }
     fprintf(f, "<polyline fill='none' stroke='%s' stroke-width='2' points='", color);
     for (int i = 0; i < s->n; i++)
-        if (usable(x, s->x[i]) && usable(y, s->y[i])) fprintf(f, "%.1f,%.1f ", to_px(x, s->x[i]), to_px(y, s->y[i]));
+        if (axis_usable(x, s->x[i]) && axis_usable(y, s->y[i])) fprintf(f, "%.1f,%.1f ", to_px(x, s->x[i]), to_px(y, s->y[i]));
     fputs("'/>\n", f);
 }
 
@@ -143,7 +143,7 @@ static void draw_legend(FILE *f, const moex_svg_chart *c) {
         else
             fprintf(f, "<line x1='%g' y1='%g' x2='%g' y2='%g' stroke='%s' stroke-width='2'/>\n", lx, ly - 4, lx + 24, ly - 4, color);
         fprintf(f, "<text x='%g' y='%g'>", lx + 30, ly);
-        escaped(f, c->series[s].label);
+        svg_escaped(f, c->series[s].label);
         fputs("</text>\n", f);
     }
 }

@@ -102,7 +102,7 @@ static void check_against_forward(world *w, int i, double tol) {
     free(row);
 }
 
-/* The scheduler's batches (hub/scheduler.c build_batch) over n_slots slots, checked against the alone runs. */
+/* The scheduler's batches (serve/scheduler.c build_batch) over n_slots slots, checked against the alone runs. */
 typedef struct live {
     int seq;          /* -1: free */
     int64_t fed, past;

@@ -1,4 +1,4 @@
-/* The scheduler (hub/scheduler.c) over a scripted engine: the engine's
+/* The scheduler (serve/scheduler.c) over a scripted engine: the engine's
  * greedy next token at (slot, position) is a script chosen by the slot's
  * first prompt token, so every job's text is known in advance. Checked:
  * text, stop sequences across tokens, UTF-8 held back across tokens and
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "hub/scheduler.h"
+#include "serve/scheduler.h"
 #include "tests/test_util.h"
 
 #define MAX_SLOTS 8
@@ -142,16 +142,16 @@ static void add_script(int32_t first, int prompt_len, const int32_t *next, int n
 typedef struct result {
     char text[4096];
     size_t len;
-    hub_job_state st;
+    serve_job_state st;
 } result;
 
 /* Waits for the job, gathering its text. */
-static void wait_job(hub_job *j, result *r, double timeout_s) {
+static void wait_job(serve_job *j, result *r, double timeout_s) {
     const double end = moex_time_s() + timeout_s;
     r->len = 0;
     for (;;) {
         char *t;
-        const size_t n = hub_job_take(j, &t, &r->st);
+        const size_t n = serve_job_take(j, &t, &r->st);
         if (n && r->len + n < sizeof r->text) memcpy(r->text + r->len, t, n), r->len += n;
         free(t);
         r->text[r->len] = 0;
@@ -160,70 +160,70 @@ static void wait_job(hub_job *j, result *r, double timeout_s) {
     }
 }
 
-static hub_job *submit(hub_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
-    hub_job_params p = {.max_tokens = max_tokens, .sp = {.temp = 0}};
+static serve_job *submit(serve_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
+    serve_job_params p = {.max_tokens = max_tokens, .sp = {.temp = 0}};
     p.prompt_tokens = malloc((size_t)n * sizeof *p.prompt_tokens);
     memcpy(p.prompt_tokens, prompt, (size_t)n * sizeof *prompt);
     p.n_prompt_tokens = n;
     if (stop) p.stop[p.n_stop++] = strdup(stop);
-    hub_job *j = hub_job_create(&p, NULL, NULL);
+    serve_job *j = serve_job_create(&p, NULL, NULL);
     moex_error err = {0};
-    if (hub_sched_submit(s, j, &err)) {
-        hub_job_unref(j);
+    if (serve_sched_submit(s, j, &err)) {
+        serve_job_unref(j);
         return NULL;
     }
     return j;
 }
 
-static result run_one(hub_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
+static result run_one(serve_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
     result r = {0};
-    hub_job *j = submit(s, prompt, n, max_tokens, stop);
+    serve_job *j = submit(s, prompt, n, max_tokens, stop);
     CHECK(j != NULL, "submit");
     if (j) {
         wait_job(j, &r, 10);
-        hub_job_unref(j);
+        serve_job_unref(j);
     }
     return r;
 }
 
-static void wait_idle(hub_sched_stats *st) {
+static void wait_idle(serve_sched_stats *st) {
     for (int i = 0; i < 5000 && (atomic_load(&st->active) || atomic_load(&st->queued)); i++) sleep_ms(1);
 }
 
 /* ---- the checks ---- */
 
-static hub_sched *start(hub_sched_stats *st, int slots, int64_t n_ctx, int64_t chunk, int max_queue) {
+static serve_sched *start(serve_sched_stats *st, int slots, int64_t n_ctx, int64_t chunk, int max_queue) {
     memset(st, 0, sizeof *st);
     moex_engine eng = {.ctx = &fk, .forward = fake_forward, .forward_batch = fake_forward_batch, .n_ctx = n_ctx,
                        .n_batch = 64, .n_seq = MAX_SLOTS, .batch_argmax = fk.batch_argmax};
     for (int i = 0; i < MAX_SLOTS; i++) fk.last_pos[i] = -1;
-    hub_sched_config cfg = {.n_slots = slots, .n_ctx = n_ctx, .n_batch = 64, .prompt_chunk = chunk,
+    serve_sched_config cfg = {.n_slots = slots, .n_ctx = n_ctx, .n_batch = 64, .prompt_chunk = chunk,
                             .max_queue = max_queue, .pool = g_pool};
     moex_error err = {0};
-    hub_sched *s = hub_sched_start(&model, &eng, &cfg, st, &err);
+    serve_sched *s = serve_sched_start(&model, &eng, &cfg, st, &err);
     CHECK(s != NULL, "start: %s", err.msg);
     return s;
 }
 
-static void check_text(hub_sched *s, const int32_t *hello, int n_hello, const char *hello_text) {
+static void check_text(serve_sched *s, const int32_t *hello, int n_hello, const char *hello_text) {
     const int32_t prompt[4] = {1000, 11, 12, 13};
     result r = run_one(s, prompt, 4, n_hello, NULL);
-    CHECK(r.st.done && r.st.finish == HUB_FINISH_LENGTH && !strcmp(r.text, hello_text),
+    CHECK(r.st.done && r.st.finish == SERVE_FINISH_LENGTH && !strcmp(r.text, hello_text),
           "scripted text: got '%s' (finish %d), want '%s'", r.text, r.st.finish, hello_text);
     CHECK(r.st.n_prompt == 4 && r.st.n_completion == n_hello, "usage %lld + %lld", (long long)r.st.n_prompt,
           (long long)r.st.n_completion);
     /* "lo wor" spans tokens: the text ends before it */
     r = run_one(s, prompt, 4, n_hello, "lo wor");
-    CHECK(r.st.finish == HUB_FINISH_STOP && !strcmp(r.text, "Hel"), "stop across tokens: '%s' (%d)", r.text,
+    CHECK(r.st.finish == SERVE_FINISH_STOP && !strcmp(r.text, "Hel"), "stop across tokens: '%s' (%d)", r.text,
           r.st.finish);
     r = run_one(s, prompt, 4, n_hello, "zzz");
-    CHECK(r.st.finish == HUB_FINISH_LENGTH && !strcmp(r.text, hello_text), "a stop that never comes: '%s'", r.text);
+    CHECK(r.st.finish == SERVE_FINISH_LENGTH && !strcmp(r.text, hello_text), "a stop that never comes: '%s'", r.text);
     r = run_one(s, prompt, 4, 2, NULL);
-    CHECK(r.st.finish == HUB_FINISH_LENGTH && r.st.n_completion == 2, "max_tokens 2: %lld",
+    CHECK(r.st.finish == SERVE_FINISH_LENGTH && r.st.n_completion == 2, "max_tokens 2: %lld",
           (long long)r.st.n_completion);
 }
 
-static void check_utf8(hub_sched *s) {
+static void check_utf8(serve_sched *s) {
     const int32_t c3 = token_of("\xC3", 1), a9 = token_of("\xA9", 1), ff = token_of("\xFF", 1), x = token_of("x", 1);
     CHECK(c3 >= 0 && a9 >= 0 && ff >= 0 && x >= 0, "byte tokens in the vocab (%d %d %d %d)", c3, a9, ff, x);
     if (c3 < 0 || a9 < 0 || ff < 0 || x < 0) return;
@@ -235,12 +235,12 @@ static void check_utf8(hub_sched *s) {
     CHECK(!strcmp(r.text, "x\xC3\xA9x\xEF\xBF\xBDx\xEF\xBF\xBD"), "UTF-8 out: '%s'", r.text);
     /* a stop sequence after a split character still matches the bytes */
     r = run_one(s, prompt, 2, 7, "\xC3\xA9x");
-    CHECK(!strcmp(r.text, "x") && r.st.finish == HUB_FINISH_STOP, "a stop after a split character: '%s'", r.text);
+    CHECK(!strcmp(r.text, "x") && r.st.finish == SERVE_FINISH_STOP, "a stop after a split character: '%s'", r.text);
 }
 
 /* Four jobs through 4 slots, three of them joining while the first
  * decodes (their prompts go in chunks beside its tokens), against each alone. */
-static void check_batching(hub_sched *s, hub_sched_stats *st) {
+static void check_batching(serve_sched *s, serve_sched_stats *st) {
     int32_t prompts[4][10];
     result alone[4], together[4];
     for (int i = 0; i < 4; i++) {
@@ -257,13 +257,13 @@ static void check_batching(hub_sched *s, hub_sched_stats *st) {
     pthread_mutex_unlock(&fk.mu);
     set_delay(1);
     const uint64_t gen0 = atomic_load(&st->generated_tokens);
-    hub_job *jobs[4];
+    serve_job *jobs[4];
     jobs[0] = submit(s, prompts[0], 10, 24, NULL);
     for (int i = 0; i < 5000 && atomic_load(&st->generated_tokens) == gen0; i++) sleep_ms(1);
     for (int i = 1; i < 4; i++) jobs[i] = submit(s, prompts[i], 10, 24, NULL);
     for (int i = 0; i < 4; i++) {
         wait_job(jobs[i], &together[i], 10);
-        hub_job_unref(jobs[i]);
+        serve_job_unref(jobs[i]);
         CHECK(together[i].len == alone[i].len && !memcmp(together[i].text, alone[i].text, alone[i].len),
               "job %d together equals alone", i);
     }
@@ -279,21 +279,21 @@ static void check_batching(hub_sched *s, hub_sched_stats *st) {
     CHECK(atomic_load(&st->active) == 0, "slots free after");
 }
 
-static void check_cancel_and_reuse(hub_sched *s, hub_sched_stats *st) {
+static void check_cancel_and_reuse(serve_sched *s, serve_sched_stats *st) {
     const int32_t prompt[3] = {4000, 1, 2};
     const uint64_t cancelled0 = atomic_load(&st->cancelled);
     set_delay(2);
     const uint64_t gen0 = atomic_load(&st->generated_tokens);
-    hub_job *j = submit(s, prompt, 3, 100000, NULL);
+    serve_job *j = submit(s, prompt, 3, 100000, NULL);
     for (int i = 0; i < 5000 && atomic_load(&st->generated_tokens) == gen0; i++) sleep_ms(1);
     sleep_ms(5);
     CHECK(atomic_load(&st->active) == 1, "the long job holds a slot");
-    hub_job_cancel(j);
+    serve_job_cancel(j);
     for (int i = 0; i < 5000 && atomic_load(&st->active); i++) sleep_ms(1);
     CHECK(atomic_load(&st->active) == 0 && atomic_load(&st->cancelled) == cancelled0 + 1,
           "a cancelled job frees its slot (active %d, cancelled %llu)", atomic_load(&st->active),
           (unsigned long long)atomic_load(&st->cancelled));
-    hub_job_unref(j);
+    serve_job_unref(j);
     set_delay(0);
     pthread_mutex_lock(&fk.mu);
     const int zero0 = fk.zero_pos_writes[0];
@@ -304,31 +304,31 @@ static void check_cancel_and_reuse(hub_sched *s, hub_sched_stats *st) {
     pthread_mutex_unlock(&fk.mu);
 }
 
-static void check_context(hub_sched *s) {
+static void check_context(serve_sched *s) {
     int32_t prompt[N_CTX];
     for (int i = 0; i < N_CTX; i++) prompt[i] = 7 + i;
     result r = run_one(s, prompt, N_CTX, 8, NULL);
-    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 400 && r.st.error_code &&
+    CHECK(r.st.finish == SERVE_FINISH_ERROR && r.st.http_status == 400 && r.st.error_code &&
           !strcmp(r.st.error_code, "context_length_exceeded") && !r.st.accepted,
           "a prompt filling the context: 400 (%d %s)", r.st.http_status, r.st.error);
     r = run_one(s, prompt, N_CTX - 1, 8, NULL);
-    CHECK(r.st.finish == HUB_FINISH_LENGTH && r.st.n_completion == 2, "a prompt one short of the context: 2 tokens, then length (%lld)",
+    CHECK(r.st.finish == SERVE_FINISH_LENGTH && r.st.n_completion == 2, "a prompt one short of the context: 2 tokens, then length (%lld)",
           (long long)r.st.n_completion);
     const int32_t bad[2] = {5, 1 << 30};
     r = run_one(s, bad, 2, 8, NULL);
-    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 400, "a token id outside the vocabulary: 400");
+    CHECK(r.st.finish == SERVE_FINISH_ERROR && r.st.http_status == 400, "a token id outside the vocabulary: 400");
 }
 
-static void check_failure_and_queue(hub_sched *s, hub_sched_stats *st) {
+static void check_failure_and_queue(serve_sched *s, serve_sched_stats *st) {
     const int32_t prompt[2] = {9, 9};
     pthread_mutex_lock(&fk.mu);
     fk.fail_next = 1;
     pthread_mutex_unlock(&fk.mu);
     result r = run_one(s, prompt, 2, 4, NULL);
-    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 500 && strstr(r.st.error, "injected"),
+    CHECK(r.st.finish == SERVE_FINISH_ERROR && r.st.http_status == 500 && strstr(r.st.error, "injected"),
           "a failing forward fails its jobs: %d %s", r.st.http_status, r.st.error);
     r = run_one(s, prompt, 2, 4, NULL);
-    CHECK(r.st.finish == HUB_FINISH_LENGTH, "and the next job is served");
+    CHECK(r.st.finish == SERVE_FINISH_LENGTH, "and the next job is served");
     wait_idle(st);
 }
 
@@ -337,10 +337,10 @@ static void check_failure_and_queue(hub_sched *s, hub_sched_stats *st) {
  * with no finite maximum (argmax -1) fails its job alone, with 500, while
  * another job goes on. */
 static void check_engine_argmax(const int32_t *hello, int n_hello, const char *hello_text) {
-    hub_sched_stats st;
+    serve_sched_stats st;
     fk.batch_argmax = true;
     fk.argmax_only_rows = 0;
-    hub_sched *s = start(&st, 4, N_CTX, 3, 16);
+    serve_sched *s = start(&st, 4, N_CTX, 3, 16);
     if (s) {
         check_text(s, hello, n_hello, hello_text);
         pthread_mutex_lock(&fk.mu);
@@ -352,45 +352,45 @@ static void check_engine_argmax(const int32_t *hello, int n_hello, const char *h
         CHECK(only > 0, "the greedy rows went as argmax alone (%d rows)", only);
         const int32_t bad[2] = {4100, 7}, good[4] = {1000, 11, 12, 13};
         set_delay(1);
-        hub_job *jb = submit(s, bad, 2, 3, NULL), *jg = submit(s, good, 4, n_hello, NULL);
+        serve_job *jb = submit(s, bad, 2, 3, NULL), *jg = submit(s, good, 4, n_hello, NULL);
         result rb = {0}, rg = {0};
-        if (jb) wait_job(jb, &rb, 10), hub_job_unref(jb);
-        if (jg) wait_job(jg, &rg, 10), hub_job_unref(jg);
+        if (jb) wait_job(jb, &rb, 10), serve_job_unref(jb);
+        if (jg) wait_job(jg, &rg, 10), serve_job_unref(jg);
         set_delay(0);
-        CHECK(rb.st.finish == HUB_FINISH_ERROR && rb.st.http_status == 500 && strstr(rb.st.error, "finite"),
+        CHECK(rb.st.finish == SERVE_FINISH_ERROR && rb.st.http_status == 500 && strstr(rb.st.error, "finite"),
               "no finite maximum: the job fails with 500 (%d, %s)", rb.st.http_status, rb.st.error);
-        CHECK(rg.st.finish == HUB_FINISH_LENGTH && !strcmp(rg.text, hello_text),
+        CHECK(rg.st.finish == SERVE_FINISH_LENGTH && !strcmp(rg.text, hello_text),
               "and the job beside it completes: '%s'", rg.text);
         wait_idle(&st);
         pthread_mutex_lock(&fk.mu);
         fk.broken_first = -1;
         pthread_mutex_unlock(&fk.mu);
-        hub_sched_stop(s);
-        hub_sched_free(s);
+        serve_sched_stop(s);
+        serve_sched_free(s);
     }
     fk.batch_argmax = false;
 }
 
-static void check_queue_limit(hub_sched_stats *st) {
-    hub_sched *s = start(st, 1, 4096, 8, 1);
+static void check_queue_limit(serve_sched_stats *st) {
+    serve_sched *s = start(st, 1, 4096, 8, 1);
     if (!s) return;
     set_delay(2);
     const int32_t prompt[2] = {4000, 3};
-    hub_job *a = submit(s, prompt, 2, 100000, NULL);
+    serve_job *a = submit(s, prompt, 2, 100000, NULL);
     for (int i = 0; i < 5000 && atomic_load(&st->active) == 0; i++) sleep_ms(1);
-    hub_job *b = submit(s, prompt, 2, 4, NULL);
-    hub_job *c = submit(s, prompt, 2, 4, NULL);
+    serve_job *b = submit(s, prompt, 2, 4, NULL);
+    serve_job *c = submit(s, prompt, 2, 4, NULL);
     CHECK(a && b && !c, "one slot busy, one waiting: a third is refused (%p %p %p)", (void *)a, (void *)b, (void *)c);
     CHECK(atomic_load(&st->queued) == 1, "queue length 1 (%d)", atomic_load(&st->queued));
-    hub_sched_stop(s);
+    serve_sched_stop(s);
     result r;
     wait_job(a, &r, 5);
-    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 503, "stopping fails the running job with 503");
+    CHECK(r.st.finish == SERVE_FINISH_ERROR && r.st.http_status == 503, "stopping fails the running job with 503");
     wait_job(b, &r, 5);
-    CHECK(r.st.finish == HUB_FINISH_ERROR && r.st.http_status == 503, "and the waiting one");
-    hub_job_unref(a);
-    hub_job_unref(b);
-    hub_sched_free(s);
+    CHECK(r.st.finish == SERVE_FINISH_ERROR && r.st.http_status == 503, "and the waiting one");
+    serve_job_unref(a);
+    serve_job_unref(b);
+    serve_sched_free(s);
     set_delay(0);
 }
 
@@ -421,8 +421,8 @@ int main(int argc, char **argv) {
     CHECK(n_hello > 4 && n_hello < 32, "tokenize the script");
     add_script(1000, 4, hello, (int)n_hello);
 
-    hub_sched_stats st;
-    hub_sched *s = start(&st, 4, N_CTX, 3, 16);
+    serve_sched_stats st;
+    serve_sched *s = start(&st, 4, N_CTX, 3, 16);
     if (s) {
         check_text(s, hello, (int)n_hello, hello_text);
         check_utf8(s);
@@ -430,11 +430,11 @@ int main(int argc, char **argv) {
         check_cancel_and_reuse(s, &st);
         check_context(s);
         check_failure_and_queue(s, &st);
-        hub_sched_stop(s);
-        hub_sched_free(s);
+        serve_sched_stop(s);
+        serve_sched_free(s);
     }
     check_engine_argmax(hello, (int)n_hello, hello_text);
-    hub_sched_stats st2;
+    serve_sched_stats st2;
     check_queue_limit(&st2);
     moex_tokenizer_free(tok);
     moex_gguf_close(g);

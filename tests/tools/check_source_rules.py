@@ -7,6 +7,10 @@ files themselves (a rule no test reads is a rule nobody keeps):
                    or an engine over one, by hand. Tests of the states
                    themselves (tests/) may.
 
+  arrows_down      a module includes only its own headers and those of the
+                   modules below it (docs/ARCHITECTURE.md's graph): serve/ sits
+                   on hub/, hub/ on engine/, and nothing includes upwards.
+
 Usage: check_source_rules.py SOURCE_DIR. Exit 1 listing every breach."""
 import os
 import re
@@ -47,17 +51,51 @@ def one_constructor(root):
     return breaches
 
 
+# What each module may include besides itself (docs/ARCHITECTURE.md, "The dependency graph").
+BELOW = {
+    "common": set(),
+    "kernels": {"common"},
+    "proto": {"common"},
+    "placement": {"common"},
+    "model": {"kernels", "common"},
+    "engine": {"model", "kernels", "proto", "common"},
+    "worker": {"model", "kernels", "proto", "common"},
+    "hub": {"engine", "model", "kernels", "proto", "placement", "common"},
+    "serve": {"hub", "engine", "model", "kernels", "proto", "placement", "common"},
+    "sim": {"placement", "common"},
+    "tools": {"model", "kernels", "common"},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
+
+
+def arrows_down(root):
+    breaches = []
+    for module, allowed in BELOW.items():
+        for d, _, files in os.walk(os.path.join(root, module)):
+            for f in files:
+                if not f.endswith((".c", ".h")):
+                    continue
+                path = os.path.join(d, f)
+                rel = os.path.relpath(path, root)
+                with open(path, encoding="utf-8") as fh:
+                    for n, line in enumerate(fh, 1):
+                        m = INCLUDE.match(line)
+                        if m and m.group(1) != module and m.group(1) in BELOW and m.group(1) not in allowed:
+                            breaches.append(f"{rel}:{n}: {module}/ includes {m.group(1)}/, which is not below it")
+    return breaches
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
         return 2
     root = sys.argv[1]
-    breaches = one_constructor(root)
+    breaches = one_constructor(root) + arrows_down(root)
     for b in breaches:
         print(b)
     if breaches:
         return 1
-    print("source rules: ok (one_constructor)")
+    print("source rules: ok (one_constructor, arrows_down)")
     return 0
 
 

@@ -18,7 +18,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "hub/api.h"
+#include "serve/api.h"
 
 typedef enum route {
     R_PAGE, R_HEALTH, R_METRICS, R_STATUS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_COUNT
@@ -28,22 +28,22 @@ static const struct {
     const char *path;
     int method;          /* LWSHUMETH_GET or _POST */
     bool auth;
-    int endpoint;        /* hub_api_counters */
+    int endpoint;        /* serve_api_counters */
 } routes[R_COUNT] = {
-    [R_PAGE] = {"/", LWSHUMETH_GET, false, HUB_EP_STATUS},
-    [R_HEALTH] = {"/health", LWSHUMETH_GET, false, HUB_EP_OTHER},
-    [R_METRICS] = {"/metrics", LWSHUMETH_GET, true, HUB_EP_METRICS},
-    [R_STATUS] = {"/status.json", LWSHUMETH_GET, true, HUB_EP_STATUS},
-    [R_MODELS] = {"/v1/models", LWSHUMETH_GET, true, HUB_EP_MODELS},
-    [R_MODEL] = {"/v1/models/", LWSHUMETH_GET, true, HUB_EP_MODELS}, /* a prefix: /v1/models/<id> */
-    [R_CHAT] = {"/v1/chat/completions", LWSHUMETH_POST, true, HUB_EP_CHAT},
-    [R_COMPLETIONS] = {"/v1/completions", LWSHUMETH_POST, true, HUB_EP_COMPLETIONS},
+    [R_PAGE] = {"/", LWSHUMETH_GET, false, SERVE_EP_STATUS},
+    [R_HEALTH] = {"/health", LWSHUMETH_GET, false, SERVE_EP_OTHER},
+    [R_METRICS] = {"/metrics", LWSHUMETH_GET, true, SERVE_EP_METRICS},
+    [R_STATUS] = {"/status.json", LWSHUMETH_GET, true, SERVE_EP_STATUS},
+    [R_MODELS] = {"/v1/models", LWSHUMETH_GET, true, SERVE_EP_MODELS},
+    [R_MODEL] = {"/v1/models/", LWSHUMETH_GET, true, SERVE_EP_MODELS}, /* a prefix: /v1/models/<id> */
+    [R_CHAT] = {"/v1/chat/completions", LWSHUMETH_POST, true, SERVE_EP_CHAT},
+    [R_COMPLETIONS] = {"/v1/completions", LWSHUMETH_POST, true, SERVE_EP_COMPLETIONS},
 };
 
-struct hub_api {
-    hub_api_config cfg;
-    _Atomic(hub_sched *) sched;  /* NULL while the server starts */
-    hub_status_src *status;
+struct serve_api {
+    serve_api_config cfg;
+    _Atomic(serve_sched *) sched;  /* NULL while the server starts */
+    serve_status_src *status;
     hub_http_handler handler;
     uint64_t n_requests;         /* network thread: numbers ids and default seeds */
     hub_log_limit refusals;      /* network thread */
@@ -51,13 +51,13 @@ struct hub_api {
     _Atomic(const char *) phase; /* what /health says while there is no scheduler (static text) */
     pthread_mutex_t mu;          /* ctx and the ready list */
     struct lws_context *ctx;
-    hub_job **ready;
+    serve_job **ready;
     int n_ready, cap_ready;
 };
 
 /* One request and its response. */
 typedef struct api_req {
-    hub_api *a;
+    serve_api *a;
     struct lws *wsi;
     route route;
     char *body;
@@ -73,7 +73,7 @@ typedef struct api_req {
     size_t out_len, out_cap;
     double waiting_since;        /* a writeable callback asked for and not yet had (0: none) */
     /* a generation */
-    hub_job *job;
+    serve_job *job;
     bool chat, stream, include_usage, role_sent, ended;
     char id[48];
     long long created;
@@ -112,7 +112,7 @@ static int respond(api_req *r, unsigned status, const char *ctype, const char *b
     r->length = (int64_t)len;
     r->final = true;
     r->out_len = 0;
-    hub_api_count(&r->a->status->api, routes[r->route].endpoint, status);
+    serve_api_count(&r->a->status->api, routes[r->route].endpoint, status);
     if (out_add(r, body, len)) return -1;
     want_writeable(r);
     return 0;
@@ -127,7 +127,7 @@ static int respond_json(api_req *r, unsigned status, char *json) {
 
 /* Server errors are always logged; a client's mistakes a few times a second
  * (a flood of bad requests must not become a flood of log lines). */
-static int respond_error(api_req *r, const hub_api_error *e) {
+static int respond_error(api_req *r, const serve_api_error *e) {
     uint32_t suppressed = 0;
     if (e->status >= 500 || hub_log_limit_take(&r->a->client_errors, moex_time_s(), &suppressed)) {
         char peer[64] = "?";
@@ -135,7 +135,7 @@ static int respond_error(api_req *r, const hub_api_error *e) {
         moex_log(e->status >= 500 ? MOEX_LOG_WARN : MOEX_LOG_INFO, "api: %s %s -> %u: %s%s", peer,
                  routes[r->route].path, e->status, e->message, suppressed ? " (and more not logged)" : "");
     }
-    return respond_json(r, e->status, hub_openai_error_json(e));
+    return respond_json(r, e->status, serve_openai_error_json(e));
 }
 
 static int add_header(struct lws *wsi, const char *name, const char *value, uint8_t **p, uint8_t *end) {
@@ -169,36 +169,36 @@ static int sse_event(api_req *r, char *json) {
     return rc;
 }
 
-static int stream_progress(api_req *r, const char *text, const hub_job_state *st) {
-    hub_api *a = r->a;
+static int stream_progress(api_req *r, const char *text, const serve_job_state *st) {
+    serve_api *a = r->a;
     const char *model = a->cfg.openai.model_id;
     if (r->chat && !r->role_sent) {
         r->role_sent = true;
-        if (sse_event(r, hub_openai_chunk_json(true, r->id, r->created, model, NULL, true, HUB_FINISH_NONE))) return -1;
+        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, NULL, true, SERVE_FINISH_NONE))) return -1;
     }
-    if (text && sse_event(r, hub_openai_chunk_json(r->chat, r->id, r->created, model, text, false, HUB_FINISH_NONE)))
+    if (text && sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, text, false, SERVE_FINISH_NONE)))
         return -1;
     if (!st->done) return 0;
     r->ended = true;
-    if (st->finish == HUB_FINISH_ERROR) {
-        hub_api_error e;
-        hub_api_fail(&e, st->http_status, "server_error", st->error_code, NULL, "%s", st->error);
-        if (sse_event(r, hub_openai_error_json(&e))) return -1;
+    if (st->finish == SERVE_FINISH_ERROR) {
+        serve_api_error e;
+        serve_api_fail(&e, st->http_status, "server_error", st->error_code, NULL, "%s", st->error);
+        if (sse_event(r, serve_openai_error_json(&e))) return -1;
     } else {
-        if (sse_event(r, hub_openai_chunk_json(r->chat, r->id, r->created, model, NULL, false, st->finish))) return -1;
+        if (sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, NULL, false, st->finish))) return -1;
         if (r->include_usage &&
-            sse_event(r, hub_openai_usage_chunk_json(r->chat, r->id, r->created, model, st->n_prompt, st->n_completion)))
+            sse_event(r, serve_openai_usage_chunk_json(r->chat, r->id, r->created, model, st->n_prompt, st->n_completion)))
             return -1;
     }
     r->final = true;
     return out_add(r, "data: [DONE]\n\n", 14);
 }
 
-static int whole_progress(api_req *r, const char *text, size_t n, const hub_job_state *st) {
+static int whole_progress(api_req *r, const char *text, size_t n, const serve_job_state *st) {
     if (n && append((uint8_t **)&r->text, &r->text_len, &r->text_cap, 0, text, n)) return -1;
     if (!st->done) return 0;
     r->ended = true;
-    return respond_json(r, 200, hub_openai_completion_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id,
+    return respond_json(r, 200, serve_openai_completion_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id,
                                                           r->text ? r->text : "", st->finish, st->n_prompt,
                                                           st->n_completion));
 }
@@ -206,12 +206,12 @@ static int whole_progress(api_req *r, const char *text, size_t n, const hub_job_
 /* Takes the job's new text into the response. */
 static int pull_job(api_req *r) {
     char *text;
-    hub_job_state st;
-    const size_t n = hub_job_take(r->job, &text, &st);
+    serve_job_state st;
+    const size_t n = serve_job_take(r->job, &text, &st);
     int rc = 0;
-    if (!r->status && st.done && st.finish == HUB_FINISH_ERROR) { /* before any byte went out: a plain error */
-        hub_api_error e;
-        hub_api_fail(&e, st.http_status, st.http_status < 500 ? "invalid_request_error" : "server_error",
+    if (!r->status && st.done && st.finish == SERVE_FINISH_ERROR) { /* before any byte went out: a plain error */
+        serve_api_error e;
+        serve_api_fail(&e, st.http_status, st.http_status < 500 ? "invalid_request_error" : "server_error",
                      st.error_code, st.http_status == 400 ? (r->chat ? "messages" : "prompt") : NULL, "%s", st.error);
         r->ended = true;
         rc = respond_error(r, &e);
@@ -222,7 +222,7 @@ static int pull_job(api_req *r) {
             r->status = 200;
             r->ctype = "text/event-stream";
             r->length = -1;
-            hub_api_count(&r->a->status->api, routes[r->route].endpoint, 200);
+            serve_api_count(&r->a->status->api, routes[r->route].endpoint, 200);
         }
         rc = stream_progress(r, text, &st);
     }
@@ -235,13 +235,13 @@ static int pull_job(api_req *r) {
 static void req_free(api_req *r) {
     if (!r) return;
     if (r->job) {
-        hub_job_set_user(r->job, NULL);
+        serve_job_set_user(r->job, NULL);
         if (!r->ended) {
-            hub_job_cancel(r->job);
+            serve_job_cancel(r->job);
             atomic_fetch_add(&r->a->status->api.disconnects, 1);
             moex_log(MOEX_LOG_INFO, "api: %s: the client left before the end: its slot is freed", r->id);
         }
-        hub_job_unref(r->job);
+        serve_job_unref(r->job);
     }
     free(r->body);
     free(r->out);
@@ -274,18 +274,18 @@ static int on_writeable(api_req *r, void **state) {
     return close || lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 
-static void notify(void *ctx, hub_job *j) {
-    hub_api *a = ctx;
+static void notify(void *ctx, serve_job *j) {
+    serve_api *a = ctx;
     pthread_mutex_lock(&a->mu);
     bool listed = false;
     for (int i = 0; i < a->n_ready && !listed; i++) listed = a->ready[i] == j;
     if (!listed && a->n_ready == a->cap_ready) {
         const int cap = a->cap_ready ? 2 * a->cap_ready : 16;
-        hub_job **grown = realloc(a->ready, (size_t)cap * sizeof *grown);
+        serve_job **grown = realloc(a->ready, (size_t)cap * sizeof *grown);
         if (grown) a->ready = grown, a->cap_ready = cap;
     }
     if (!listed && a->n_ready < a->cap_ready) {
-        hub_job_ref(j);
+        serve_job_ref(j);
         a->ready[a->n_ready++] = j;
     }
     struct lws_context *lc = a->ctx;
@@ -297,32 +297,32 @@ static void notify(void *ctx, hub_job *j) {
  * writeable callback; a client that has not been writeable for too long is
  * not reading, and is dropped. */
 static void service(void *ctx) {
-    hub_api *a = ctx;
+    serve_api *a = ctx;
     pthread_mutex_lock(&a->mu);
-    hub_job **ready = a->ready;
+    serve_job **ready = a->ready;
     const int n = a->n_ready;
     a->ready = NULL;
     a->n_ready = a->cap_ready = 0;
     pthread_mutex_unlock(&a->mu);
     const double now = moex_time_s();
     for (int i = 0; i < n; i++) {
-        api_req *r = hub_job_user(ready[i]);
+        api_req *r = serve_job_user(ready[i]);
         if (r && r->waiting_since && now - r->waiting_since > a->cfg.client_timeout_s) {
             moex_log(MOEX_LOG_INFO, "api: %s: the client read nothing for %.0f s: dropped", r->id,
                      now - r->waiting_since);
-            hub_job_cancel(r->job);
+            serve_job_cancel(r->job);
             lws_set_timeout(r->wsi, PENDING_TIMEOUT_HTTP_CONTENT, LWS_TO_KILL_ASYNC);
         } else if (r) {
             want_writeable(r);
         }
-        hub_job_unref(ready[i]);
+        serve_job_unref(ready[i]);
     }
     free(ready);
 }
 
 static int bad_method(api_req *r) {
-    hub_api_error e;
-    hub_api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s takes %s", routes[r->route].path,
+    serve_api_error e;
+    serve_api_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s takes %s", routes[r->route].path,
                  routes[r->route].method == LWSHUMETH_POST ? "POST" : "GET");
     return respond_error(r, &e);
 }
@@ -335,36 +335,36 @@ static int refuse(api_req *r) {
         moex_log(MOEX_LOG_WARN, "api: %s %s -> 401: wrong or missing API key%s", peer, routes[r->route].path,
                  suppressed ? " (and more refusals not logged)" : "");
     }
-    hub_api_error e;
-    hub_api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+    serve_api_error e;
+    serve_api_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                  "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'");
-    return respond_json(r, 401, hub_openai_error_json(&e));
+    return respond_json(r, 401, serve_openai_error_json(&e));
 }
 
 static int start_generation(api_req *r) {
-    hub_api *a = r->a;
+    serve_api *a = r->a;
     if (r->job) return 0; /* one job a request */
     const bool chat = r->route == R_CHAT;
-    hub_api_request req;
-    hub_api_error e;
+    serve_api_request req;
+    serve_api_error e;
     const uint64_t no = ++a->n_requests;
-    if (hub_openai_parse(&a->cfg.openai, chat, r->body ? r->body : "", r->body_len, no, &req, &e))
+    if (serve_openai_parse(&a->cfg.openai, chat, r->body ? r->body : "", r->body_len, no, &req, &e))
         return respond_error(r, &e);
     r->chat = chat;
     r->stream = req.stream;
     r->include_usage = req.include_usage;
     r->created = (long long)time(NULL);
     snprintf(r->id, sizeof r->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", r->created, (unsigned long long)no);
-    hub_job *job = hub_job_create(&req.job, notify, a);
+    serve_job *job = serve_job_create(&req.job, notify, a);
     moex_error err = {0};
-    if (!job) return respond_error(r, (hub_api_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), &e));
-    hub_job_set_user(job, r);
-    hub_sched *sched = atomic_load(&a->sched);
+    if (!job) return respond_error(r, (serve_api_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), &e));
+    serve_job_set_user(job, r);
+    serve_sched *sched = atomic_load(&a->sched);
     if (!sched) moex_fail(&err, "the server is starting (waiting for workers): try again shortly");
-    if (!sched || hub_sched_submit(sched, job, &err)) {
-        hub_job_set_user(job, NULL);
-        hub_job_unref(job);
-        hub_api_fail(&e, 503, "server_error", "server_busy", NULL, "%s", err.msg);
+    if (!sched || serve_sched_submit(sched, job, &err)) {
+        serve_job_set_user(job, NULL);
+        serve_job_unref(job);
+        serve_api_fail(&e, 503, "server_error", "server_busy", NULL, "%s", err.msg);
         return respond_error(r, &e);
     }
     r->job = job;
@@ -375,7 +375,7 @@ static int start_generation(api_req *r) {
  * the weights are read or workers awaited, and while some expert has no
  * live replica and the hub may not compute it itself. */
 static int respond_health(api_req *r) {
-    hub_api *a = r->a;
+    serve_api *a = r->a;
     char why[256];
     const char *status = "ok";
     if (!atomic_load(&a->sched)) {
@@ -394,24 +394,24 @@ static int respond_health(api_req *r) {
 }
 
 static int respond_static(api_req *r) {
-    hub_status_src *st = r->a->status;
+    serve_status_src *st = r->a->status;
     char *s;
     size_t n;
     switch (r->route) {
     case R_PAGE: {
-        const char *page = hub_status_page(&n);
+        const char *page = serve_status_page(&n);
         return respond(r, 200, "text/html; charset=utf-8", page, n);
     }
     case R_HEALTH: return respond_health(r);
     case R_METRICS: {
-        if (!(s = hub_status_metrics(st, &n))) return respond(r, 500, "text/plain", "out of memory\n", 14);
+        if (!(s = serve_status_metrics(st, &n))) return respond(r, 500, "text/plain", "out of memory\n", 14);
         const int rc = respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", s, n);
         free(s);
         return rc;
     }
-    case R_STATUS: return respond_json(r, 200, hub_status_json(st));
+    case R_STATUS: return respond_json(r, 200, serve_status_json(st));
     case R_MODELS:
-        return respond_json(r, 200, hub_openai_models_json(r->a->cfg.openai.model_id, (long long)time(NULL), false));
+        return respond_json(r, 200, serve_openai_models_json(r->a->cfg.openai.model_id, (long long)time(NULL), false));
     default: return -1;
     }
 }
@@ -419,12 +419,12 @@ static int respond_static(api_req *r) {
 static int model_by_id(api_req *r, const char *uri) {
     const char *id = uri + strlen(routes[R_MODEL].path);
     if (strcmp(id, r->a->cfg.openai.model_id)) {
-        hub_api_error e;
-        hub_api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
+        serve_api_error e;
+        serve_api_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
                      "The model '%.200s' does not exist; this server serves '%.200s'", id, r->a->cfg.openai.model_id);
         return respond_error(r, &e);
     }
-    return respond_json(r, 200, hub_openai_models_json(id, (long long)time(NULL), true));
+    return respond_json(r, 200, serve_openai_models_json(id, (long long)time(NULL), true));
 }
 
 /* The path of a request and its method (LWSHUMETH_*), or -1. */
@@ -461,18 +461,18 @@ static size_t content_length(struct lws *wsi, bool *known) {
  * Transfer-Encoding (libwebsockets does not decode chunked request bodies,
  * and a request with both is ambiguous: RFC 9112 6.3 lets a server refuse
  * it). 0, or the error to answer (the connection then closes). */
-static int check_body_framing(hub_api *a, struct lws *wsi, hub_api_error *e) {
+static int check_body_framing(serve_api *a, struct lws *wsi, serve_api_error *e) {
     bool known;
     const size_t n = content_length(wsi, &known);
     const bool chunked = lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
     if (chunked && known)
-        return hub_api_fail(e, 400, "invalid_request_error", "bad_framing", NULL,
+        return serve_api_fail(e, 400, "invalid_request_error", "bad_framing", NULL,
                             "the request has both Content-Length and Transfer-Encoding: send only Content-Length");
     if (!known)
-        return hub_api_fail(e, 411, "invalid_request_error", "length_required", NULL,
+        return serve_api_fail(e, 411, "invalid_request_error", "length_required", NULL,
                             "send the body with a Content-Length (chunked request bodies are not supported)");
     if (n > a->cfg.max_body)
-        return hub_api_fail(e, 413, "invalid_request_error", "request_too_large", NULL,
+        return serve_api_fail(e, 413, "invalid_request_error", "request_too_large", NULL,
                             "the request body is %zu bytes; this server takes at most %zu", n, a->cfg.max_body);
     return 0;
 }
@@ -480,7 +480,7 @@ static int check_body_framing(hub_api *a, struct lws *wsi, hub_api_error *e) {
 /* The key is checked on the headers, before anything else is looked at or
  * read: a client without it costs no body buffer and no log line beyond the
  * rate-limited refusal. CORS preflights carry no credentials. */
-static int on_request(hub_api *a, struct lws *wsi, api_req *r) {
+static int on_request(serve_api *a, struct lws *wsi, api_req *r) {
     char path[512];
     const int method = method_and_path(wsi, path, sizeof path);
     r->route = (route)route_of(path);
@@ -496,7 +496,7 @@ static int on_request(hub_api *a, struct lws *wsi, api_req *r) {
         return bad_method(r);
     }
     if (method == LWSHUMETH_POST) {
-        hub_api_error e;
+        serve_api_error e;
         if (check_body_framing(a, wsi, &e)) {
             r->close_after = true;
             return respond_error(r, &e);
@@ -512,13 +512,13 @@ static int on_request(hub_api *a, struct lws *wsi, api_req *r) {
 
 /* A body that grows past its Content-Length's check (it cannot: lws stops
  * at the length) or the limit is answered at once and the connection closed. */
-static int on_body(hub_api *a, api_req *r, const void *in, size_t len) {
+static int on_body(serve_api *a, api_req *r, const void *in, size_t len) {
     if (r->status || r->body_done) return 0; /* answered already (413), or bytes after the body: dropped */
     if (r->body_len + len > a->cfg.max_body) {
         free(r->body);
         r->body = NULL;
-        hub_api_error e;
-        hub_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+        serve_api_error e;
+        serve_api_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
                      "the request body is over %zu bytes, this server's limit", a->cfg.max_body);
         r->close_after = true;
         return respond_error(r, &e);
@@ -535,7 +535,7 @@ static int on_body(hub_api *a, api_req *r, const void *in, size_t len) {
 /* libwebsockets may report the end of the body again when more bytes follow
  * it in the same read (a stray CRLF, a pipelined request): the request is
  * started once. */
-static int on_body_done(hub_api *a, api_req *r) {
+static int on_body_done(serve_api *a, api_req *r) {
     (void)a;
     if (r->status || r->body_done) return 0;
     r->body_done = true;
@@ -544,7 +544,7 @@ static int on_body_done(hub_api *a, api_req *r) {
 
 static int callback(void *ctx, struct lws *wsi, enum lws_callback_reasons reason, void **state, void *in,
                     size_t len) {
-    hub_api *a = ctx;
+    serve_api *a = ctx;
     api_req *r = *state;
     switch (reason) {
     case LWS_CALLBACK_HTTP:
@@ -568,8 +568,8 @@ static int callback(void *ctx, struct lws *wsi, enum lws_callback_reasons reason
     }
 }
 
-hub_api *hub_api_create(const hub_api_config *cfg, hub_status_src *status, moex_error *err) {
-    hub_api *a = calloc(1, sizeof *a);
+serve_api *serve_api_create(const serve_api_config *cfg, serve_status_src *status, moex_error *err) {
+    serve_api *a = calloc(1, sizeof *a);
     if (!a) {
         moex_fail(err, "out of memory");
         return NULL;
@@ -585,15 +585,15 @@ hub_api *hub_api_create(const hub_api_config *cfg, hub_status_src *status, moex_
     return a;
 }
 
-const hub_http_handler *hub_api_handler(hub_api *a) { return &a->handler; }
+const hub_http_handler *serve_api_handler(serve_api *a) { return &a->handler; }
 
-void hub_api_set_scheduler(hub_api *a, hub_sched *sched) { atomic_store(&a->sched, sched); }
+void serve_api_set_scheduler(serve_api *a, serve_sched *sched) { atomic_store(&a->sched, sched); }
 
-void hub_api_set_phase(hub_api *a, const char *phase) { atomic_store(&a->phase, phase); }
+void serve_api_set_phase(serve_api *a, const char *phase) { atomic_store(&a->phase, phase); }
 
-void hub_api_free(hub_api *a) {
+void serve_api_free(serve_api *a) {
     if (!a) return;
-    for (int i = 0; i < a->n_ready; i++) hub_job_unref(a->ready[i]);
+    for (int i = 0; i < a->n_ready; i++) serve_job_unref(a->ready[i]);
     free(a->ready);
     pthread_mutex_destroy(&a->mu);
     free(a);

@@ -1,5 +1,5 @@
 /* moex-hub serve: one long-running process on one port that serves the
- * OpenAI-compatible API (hub/api.h), a status page and /metrics, and (unless
+ * OpenAI-compatible API (serve/api.h), a status page and /metrics, and (unless
  * --local) accepts workers as the one-shot hub does. Its pieces:
  *
  *   network thread (hub server)  workers on /ws, the API and the page over HTTP
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hub/api.h"
+#include "serve/api.h"
 #include "hub/cli.h"
 #include "hub/hub.h"
 #include "proto/proto.h"
@@ -158,12 +158,12 @@ static void model_id_of(const serve_options *o, char *out, size_t cap) {
 typedef struct serving {
     moex_model *m;
     moex_pool *pool;
-    hub_status_src status;
-    hub_sched_stats stats;
-    hub_api *api;
+    serve_status_src status;
+    serve_sched_stats stats;
+    serve_api *api;
     moex_hub *hub;
     moex_engine eng;     /* --parallel KV slots, experts here (--local) or on the workers */
-    hub_sched *sched;
+    serve_sched *sched;
     char model_id[256], backend[64];
 } serving;
 
@@ -198,18 +198,18 @@ static int start(const serve_options *o, serving *sv) {
     const int64_t n_ctx = hub_cli_cap_ctx("moex-hub serve", o->n_ctx ? o->n_ctx : 4096, o->n_ctx > 0,
                                           sv->m->hp.n_ctx_train);
     model_id_of(o, sv->model_id, sizeof sv->model_id);
-    sv->status = (hub_status_src){.m = sv->m, .model_id = sv->model_id, .backend = sv->backend,
+    sv->status = (serve_status_src){.m = sv->m, .model_id = sv->model_id, .backend = sv->backend,
                                   .chat_template = moex_chat_name(chat), .distributed = !o->cli.eng.local,
                                   .sched = &sv->stats, .t_start = moex_time_s()};
-    hub_api_config ac = {.api_key = o->api_key, .max_body = (size_t)o->max_body,
+    serve_api_config ac = {.api_key = o->api_key, .max_body = (size_t)o->max_body,
                          .client_timeout_s = o->client_timeout_s,
                          .openai = {.model_id = sv->model_id, .chat = chat, .defaults = o->cli.eng.sp, .seed = o->cli.eng.sp.seed}};
-    if (!(sv->api = hub_api_create(&ac, &sv->status, &err))) {
+    if (!(sv->api = serve_api_create(&ac, &sv->status, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
     }
     moex_hub_config hc = o->hub;
-    hc.http_handler = hub_api_handler(sv->api);
+    hc.http_handler = serve_api_handler(sv->api);
     if (!(sv->hub = moex_hub_start(sv->m, sv->pool, &hc, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
@@ -217,7 +217,7 @@ static int start(const serve_options *o, serving *sv) {
     sv->status.hub = sv->hub;
     if (!o->cli.eng.local && o->cli.min_workers > 0) {
         moex_log(MOEX_LOG_INFO, "waiting for %lld workers", (long long)o->cli.min_workers);
-        hub_api_set_phase(sv->api, "waiting for --min-workers workers to be ready");
+        serve_api_set_phase(sv->api, "waiting for --min-workers workers to be ready");
         if (moex_hub_wait_ready(sv->hub, (int)o->cli.min_workers, o->cli.wait_s, &interrupted, &err)) {
             fprintf(stderr, "moex-hub serve: %s\n", err.msg);
             return -1;
@@ -225,21 +225,21 @@ static int start(const serve_options *o, serving *sv) {
     }
     /* /health says 200 only once a request runs at full speed: the weights this
      * process computes with are read in first (the experts too with --local) */
-    hub_api_set_phase(sv->api, "reading the weights");
+    serve_api_set_phase(sv->api, "reading the weights");
     moex_model_page_in(sv->m, o->cli.eng.local);
     if (start_engine(o, sv, n_ctx, &err)) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
     }
     const int parallel = o->parallel;   /* both engines decode --parallel sequences in one forward */
-    sv->status.sched_cfg = (hub_sched_config){.n_slots = parallel, .n_ctx = sv->eng.n_ctx, .n_batch = sv->eng.n_batch,
+    sv->status.sched_cfg = (serve_sched_config){.n_slots = parallel, .n_ctx = sv->eng.n_ctx, .n_batch = sv->eng.n_batch,
                                               .prompt_chunk = o->prompt_chunk, .max_queue = o->max_queue,
                                               .pool = sv->pool};
-    if (!(sv->sched = hub_sched_start(sv->m, &sv->eng, &sv->status.sched_cfg, &sv->stats, &err))) {
+    if (!(sv->sched = serve_sched_start(sv->m, &sv->eng, &sv->status.sched_cfg, &sv->stats, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
     }
-    hub_api_set_scheduler(sv->api, sv->sched);
+    serve_api_set_scheduler(sv->api, sv->sched);
     moex_log(MOEX_LOG_INFO, "serving '%s' on %s://%s:%d/ (OpenAI API under /v1, %d slots of %lld positions, %s, "
              "chat template %s%s)", sv->model_id, moex_hub_http_scheme(sv->hub), o->hub.host, moex_hub_port(sv->hub), parallel,
              (long long)sv->eng.n_ctx, sv->backend, moex_chat_name(chat), o->api_key ? ", API key required" : "");
@@ -248,11 +248,11 @@ static int start(const serve_options *o, serving *sv) {
 
 /* Requests fail (503) first, then the network stops, then the engine goes. */
 static void stop(serving *sv) {
-    hub_sched_stop(sv->sched);
+    serve_sched_stop(sv->sched);
     if (sv->hub && sv->status.distributed) moex_hub_metrics_print(sv->hub, stderr);
     moex_hub_stop(sv->hub);
-    hub_sched_free(sv->sched);
-    hub_api_free(sv->api);
+    serve_sched_free(sv->sched);
+    serve_api_free(sv->api);
     moex_engine_close(&sv->eng);
     moex_pool_destroy(sv->pool);
     moex_model_free(sv->m);
@@ -267,10 +267,8 @@ static void install_signal_handlers(void) {
     signal(SIGPIPE, SIG_IGN);
 }
 
-int moex_hub_serve(int argc, char **argv);
-
 /* argv[0] is "serve". */
-int moex_hub_serve(int argc, char **argv) {
+static int serve_main(int argc, char **argv) {
     serve_options o;
     const int r = parse_args(argc, argv, &o);
     if (r) return r > 0 ? 0 : 2;
@@ -287,4 +285,11 @@ int moex_hub_serve(int argc, char **argv) {
     }
     stop(&sv);
     return rc;
+}
+
+/* The program moex-hub: `moex-hub serve ...` here, anything else the one-shot
+ * hub and the --local CLI (hub/main.c). */
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "serve")) return serve_main(argc - 1, argv + 1);
+    return moex_hub_main(argc, argv);
 }

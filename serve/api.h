@@ -11,89 +11,89 @@
  *
  * Requests carry the API key as Authorization: Bearer K (not the workers'
  * token); / and /health need none. Errors are OpenAI's error JSON. */
-#ifndef MOEX_HUB_API_H
-#define MOEX_HUB_API_H
+#ifndef MOEX_SERVE_API_H
+#define MOEX_SERVE_API_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "hub/http.h"
-#include "hub/scheduler.h"
-#include "hub/status.h"
+#include "serve/scheduler.h"
+#include "serve/status.h"
 
 /* ---- the request and response JSON (api_openai.c) ---- */
 
-typedef struct hub_api_error {
+typedef struct serve_api_error {
     unsigned status;             /* HTTP status */
     const char *type;            /* "invalid_request_error", "authentication_error", "server_error", ... */
     const char *code;            /* NULL: null */
     const char *param;           /* the offending field; NULL: null */
     char message[640];
-} hub_api_error;
+} serve_api_error;
 
 /* What requests are checked against and filled in from. */
-typedef struct hub_openai_ctx {
+typedef struct serve_openai_ctx {
     const char *model_id;
     moex_chat_template chat;     /* how chat messages become a prompt */
     moex_sampler_params defaults;/* sampling fields a request leaves out (the seed: drawn per request) */
     uint64_t seed;               /* a request without a seed gets seed + its number */
-} hub_openai_ctx;
+} serve_openai_ctx;
 
-typedef struct hub_api_request {
+typedef struct serve_api_request {
     bool chat, stream, include_usage;
-    hub_job_params job;          /* owned: hub_job_create takes it, or hub_api_request_free */
-} hub_api_request;
+    serve_job_params job;          /* owned: serve_job_create takes it, or serve_api_request_free */
+} serve_api_request;
 
 /* Parses and checks a /v1/chat/completions (chat) or /v1/completions body.
  * Unknown fields are ignored; known ones of the wrong type, out of range or
  * asking for what this server does not do (n > 1, logprobs, echo, best_of)
  * are errors (400, the field in param). */
-int hub_openai_parse(const hub_openai_ctx *ctx, bool chat, const char *body, size_t len, uint64_t request_no,
-                     hub_api_request *out, hub_api_error *e);
-void hub_api_request_free(hub_api_request *r);
+int serve_openai_parse(const serve_openai_ctx *ctx, bool chat, const char *body, size_t len, uint64_t request_no,
+                     serve_api_request *out, serve_api_error *e);
+void serve_api_request_free(serve_api_request *r);
 
 /* Fills e (printf-style message). Returns -1. */
-int hub_api_fail(hub_api_error *e, unsigned status, const char *type, const char *code, const char *param,
+int serve_api_fail(serve_api_error *e, unsigned status, const char *type, const char *code, const char *param,
                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* Response bodies (malloc'd, NULL when out of memory). */
-char *hub_openai_error_json(const hub_api_error *e);
-const char *hub_openai_finish_name(hub_finish f);
+char *serve_openai_error_json(const serve_api_error *e);
+const char *serve_openai_finish_name(serve_finish f);
 /* A whole (non-streamed) completion. */
-char *hub_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                                 hub_finish finish, int64_t n_prompt, int64_t n_completion);
+char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
+                                 serve_finish finish, int64_t n_prompt, int64_t n_completion);
 /* One SSE chunk's JSON: text (may be NULL) and, at the end, the finish
  * reason; chat's first chunk carries the assistant role. */
-char *hub_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                            bool role, hub_finish finish);
+char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
+                            bool role, serve_finish finish);
 /* The last chunk when stream_options.include_usage: no choices, the usage. */
-char *hub_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model, int64_t n_prompt,
+char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model, int64_t n_prompt,
                                   int64_t n_completion);
-char *hub_openai_models_json(const char *model, long long created, bool one);
+char *serve_openai_models_json(const char *model, long long created, bool one);
 
 /* ---- the HTTP side (api.c) ---- */
 
-typedef struct hub_api_config {
+typedef struct serve_api_config {
     const char *api_key;         /* NULL or "": no key needed */
     size_t max_body;             /* request bodies at most (bytes): more gets 413 */
     double client_timeout_s;     /* a client that reads nothing this long while text waits is dropped */
-    hub_openai_ctx openai;
-} hub_api_config;
+    serve_openai_ctx openai;
+} serve_api_config;
 
-typedef struct hub_api hub_api;
+typedef struct serve_api serve_api;
 
 /* status: what /metrics, /status.json and / show (the API fills in its
  * request counters there). Until a scheduler is set, generation requests
  * get 503 and /health says "loading". */
-hub_api *hub_api_create(const hub_api_config *cfg, hub_status_src *status, moex_error *err);
-void hub_api_set_scheduler(hub_api *a, hub_sched *sched);
+serve_api *serve_api_create(const serve_api_config *cfg, serve_status_src *status, moex_error *err);
+void serve_api_set_scheduler(serve_api *a, serve_sched *sched);
 /* What /health gives as the reason for its 503 until the scheduler is set
  * ("reading the weights", "waiting for 3 workers"): static text. */
-void hub_api_set_phase(hub_api *a, const char *phase);
+void serve_api_set_phase(serve_api *a, const char *phase);
 /* The handler to give the hub's server (moex_hub_config.http_handler). */
-const hub_http_handler *hub_api_handler(hub_api *a);
+const hub_http_handler *serve_api_handler(serve_api *a);
 /* After the server stopped. */
-void hub_api_free(hub_api *a);
+void serve_api_free(serve_api *a);
 
 #endif

@@ -15,19 +15,20 @@
 #include <string.h>
 #include <time.h>
 
-#include "hub/scheduler.h"
+#include "serve/scheduler.h"
+#include "serve/text_out.h"
 
 #define MAX_PENDING_TEXT (4u << 20) /* text a client has not taken; past it the client is not reading */
 
-struct hub_job {
+struct serve_job {
     pthread_mutex_t mu;
     atomic_int refs;
     atomic_bool cancelled;
-    hub_job_params p;
-    hub_job_notify_fn notify;
+    serve_job_params p;
+    serve_job_notify_fn notify;
     void *notify_ctx;
     void *user;                  /* network thread only */
-    hub_job *next;               /* the scheduler's queue */
+    serve_job *next;               /* the scheduler's queue */
     /* scheduler thread only */
     int32_t *prompt;
     int64_t n_prompt, n_fed;     /* prompt tokens, how many are in the KV slot */
@@ -35,28 +36,27 @@ struct hub_job {
     int64_t n_gen;               /* tokens sampled */
     int32_t last;                /* the token to feed next (decoding) */
     moex_sampler *smp;
-    char *held;                  /* text not yet released: may start a stop sequence or end mid-UTF-8 */
-    size_t held_len, held_cap;
+    serve_text_out text;         /* text not yet released: may start a stop sequence or end mid-UTF-8 */
     double t_submit, t_last;
     /* shared, under mu */
     char *out;
     size_t out_len, out_cap;
-    hub_job_state st;
+    serve_job_state st;
 };
 
 /* ---- histograms ---- */
 
-void hub_hist_observe(hub_hist *h, double v) {
+void serve_hist_observe(serve_hist *h, double v) {
     int b = 0;
-    while (b < HUB_HIST_BUCKETS && v > h->bounds[b]) b++;
+    while (b < SERVE_HIST_BUCKETS && v > h->bounds[b]) b++;
     atomic_fetch_add_explicit(&h->count[b], 1, memory_order_relaxed);
     atomic_store_explicit(&h->sum, atomic_load_explicit(&h->sum, memory_order_relaxed) + v, memory_order_relaxed);
 }
 
 /* ---- jobs ---- */
 
-hub_job *hub_job_create(hub_job_params *p, hub_job_notify_fn notify, void *notify_ctx) {
-    hub_job *j = calloc(1, sizeof *j);
+serve_job *serve_job_create(serve_job_params *p, serve_job_notify_fn notify, void *notify_ctx) {
+    serve_job *j = calloc(1, sizeof *j);
     if (!j) {
         free(p->prompt_text);
         free(p->prompt_tokens);
@@ -67,30 +67,31 @@ hub_job *hub_job_create(hub_job_params *p, hub_job_notify_fn notify, void *notif
     atomic_init(&j->refs, 1);
     atomic_init(&j->cancelled, false);
     j->p = *p;
+    j->text = (serve_text_out){.stop = j->p.stop, .n_stop = j->p.n_stop};
     j->notify = notify;
     j->notify_ctx = notify_ctx;
     j->t_submit = moex_time_s();
     return j;
 }
 
-void hub_job_ref(hub_job *j) { atomic_fetch_add(&j->refs, 1); }
+void serve_job_ref(serve_job *j) { atomic_fetch_add(&j->refs, 1); }
 
-void hub_job_unref(hub_job *j) {
+void serve_job_unref(serve_job *j) {
     if (!j || atomic_fetch_sub(&j->refs, 1) != 1) return;
     free(j->p.prompt_text);
     free(j->p.prompt_tokens);
     for (int i = 0; i < j->p.n_stop; i++) free(j->p.stop[i]);
     free(j->prompt);
     moex_sampler_free(j->smp);
-    free(j->held);
+    serve_text_out_free(&j->text);
     free(j->out);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
 
-void hub_job_cancel(hub_job *j) { atomic_store(&j->cancelled, true); }
+void serve_job_cancel(serve_job *j) { atomic_store(&j->cancelled, true); }
 
-size_t hub_job_take(hub_job *j, char **text, hub_job_state *st) {
+size_t serve_job_take(serve_job *j, char **text, serve_job_state *st) {
     pthread_mutex_lock(&j->mu);
     const size_t n = j->out_len;
     *text = n ? j->out : NULL;
@@ -104,26 +105,26 @@ size_t hub_job_take(hub_job *j, char **text, hub_job_state *st) {
     return n;
 }
 
-void hub_job_set_user(hub_job *j, void *user) { j->user = user; }
-void *hub_job_user(const hub_job *j) { return j->user; }
+void serve_job_set_user(serve_job *j, void *user) { j->user = user; }
+void *serve_job_user(const serve_job *j) { return j->user; }
 
 /* ---- the scheduler ---- */
 
-struct hub_sched {
+struct serve_sched {
     const moex_model *m;
     moex_engine eng;
-    hub_sched_config cfg;
-    hub_sched_stats *stats;
+    serve_sched_config cfg;
+    serve_sched_stats *stats;
     pthread_t thread;
     bool started;
     pthread_mutex_t mu;          /* the queue and stop */
     pthread_cond_t cv;
     bool stop;
-    hub_job *queue_head, *queue_tail;   /* submitted, not yet taken by the thread */
+    serve_job *queue_head, *queue_tail;   /* submitted, not yet taken by the thread */
     int n_queue;
     /* thread only */
-    hub_job **slot;              /* [n_slots] the job in each KV slot */
-    hub_job **waiting;           /* tokenized, waiting for a slot, in arrival order */
+    serve_job **slot;              /* [n_slots] the job in each KV slot */
+    serve_job **waiting;           /* tokenized, waiting for a slot, in arrival order */
     int n_waiting, cap_waiting;
     int32_t *b_tok, *b_seq, *b_pos;
     bool *b_want;
@@ -136,7 +137,7 @@ struct hub_sched {
 };
 
 /* Publishes a state change and tells the submitter. */
-static void job_update(hub_job *j, const char *text, size_t len, void (*change)(hub_job_state *st, void *arg),
+static void job_update(serve_job *j, const char *text, size_t len, void (*change)(serve_job_state *st, void *arg),
                        void *arg) {
     pthread_mutex_lock(&j->mu);
     bool overflow = false;
@@ -168,26 +169,26 @@ typedef struct failure {
     const char *msg;
 } failure;
 
-static void set_failed(hub_job_state *st, void *arg) {
+static void set_failed(serve_job_state *st, void *arg) {
     const failure *f = arg;
     st->done = true;
-    st->finish = HUB_FINISH_ERROR;
+    st->finish = SERVE_FINISH_ERROR;
     st->http_status = f->status;
     st->error_code = f->code;
     snprintf(st->error, sizeof st->error, "%s", f->msg);
 }
 
-static void set_accepted(hub_job_state *st, void *arg) {
+static void set_accepted(serve_job_state *st, void *arg) {
     st->accepted = true;
     st->n_prompt = *(const int64_t *)arg;
 }
 
 typedef struct progress {
     int64_t n_completion;
-    hub_finish finish;
+    serve_finish finish;
 } progress;
 
-static void set_progress(hub_job_state *st, void *arg) {
+static void set_progress(serve_job_state *st, void *arg) {
     const progress *p = arg;
     st->n_completion = p->n_completion;
     if (p->finish) {
@@ -196,132 +197,17 @@ static void set_progress(hub_job_state *st, void *arg) {
     }
 }
 
-static void fail_job(hub_sched *s, hub_job *j, int status, const char *code, const char *msg) {
+static void fail_job(serve_sched *s, serve_job *j, int status, const char *code, const char *msg) {
     failure f = {status, code, msg};
     atomic_fetch_add(status == 400 ? &s->stats->rejected : &s->stats->failed, 1);
     job_update(j, NULL, 0, set_failed, &f);
 }
 
-static void free_slot(hub_sched *s, int slot) {
-    hub_job *j = s->slot[slot];
+static void free_slot(serve_sched *s, int slot) {
+    serve_job *j = s->slot[slot];
     s->slot[slot] = NULL;
     atomic_fetch_sub(&s->stats->active, 1);
-    hub_job_unref(j);
-}
-
-/* ---- text out ---- */
-
-/* Bytes at the end of s[0..n) that begin a UTF-8 sequence not yet complete. */
-static size_t utf8_incomplete_tail(const char *s, size_t n) {
-    for (size_t back = 1; back <= 4 && back <= n; back++) {
-        const unsigned char c = (unsigned char)s[n - back];
-        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
-        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > back ? back : 0;
-    }
-    return 0;
-}
-
-/* The longest suffix of s[0..n) that is a proper prefix of a stop sequence. */
-static size_t stop_prefix_tail(const hub_job *j, const char *s, size_t n) {
-    size_t keep = 0;
-    for (int i = 0; i < j->p.n_stop; i++) {
-        const size_t k = strlen(j->p.stop[i]);
-        for (size_t len = k - 1 < n ? k - 1 : n; len > keep; len--)
-            if (!memcmp(s + n - len, j->p.stop[i], len)) {
-                keep = len;
-                break;
-            }
-    }
-    return keep;
-}
-
-/* The first stop sequence in s[0..n): its offset, or -1. */
-static long find_stop(const hub_job *j, const char *s, size_t n) {
-    long best = -1;
-    for (int i = 0; i < j->p.n_stop; i++) {
-        const size_t k = strlen(j->p.stop[i]);
-        for (size_t at = 0; at + k <= n; at++)
-            if (!memcmp(s + at, j->p.stop[i], k)) {
-                if (best < 0 || (long)at < best) best = (long)at;
-                break;
-            }
-    }
-    return best;
-}
-
-/* The bytes at s[0..n) that begin a UTF-8 sequence: *valid says whether
- * they are a whole, valid one; otherwise they are its longest valid prefix
- * (at least one byte), which one U+FFFD replaces, as the Unicode standard
- * recommends (browsers, Python and TextDecoder do the same). */
-static size_t utf8_span(const unsigned char *s, size_t n, bool *valid) {
-    const unsigned char c = s[0];
-    *valid = c < 0x80;
-    if (c < 0x80) return 1;
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xBF; /* the second byte's range */
-    if (c >= 0xC2 && c <= 0xDF) need = 2;
-    else if (c >= 0xE0 && c <= 0xEF) need = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-    else if (c >= 0xF0 && c <= 0xF4) need = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    else return 1;
-    size_t k = 1;
-    for (; k < need && k < n; k++) {
-        const unsigned char b = s[k];
-        if (k == 1 ? b < lo || b > hi : (b & 0xC0) != 0x80) break;
-    }
-    *valid = k == need;
-    return k;
-}
-
-/* s[0..n) with each invalid part replaced by U+FFFD (clients parse the text
- * as JSON strings). out holds 3 * n bytes. */
-static size_t utf8_sanitize(const char *s, size_t n, char *out) {
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        bool valid;
-        const size_t k = utf8_span((const unsigned char *)s + i, n - i, &valid);
-        if (valid) {
-            memcpy(out + o, s + i, k);
-            o += k;
-        } else {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-        }
-        i += k;
-    }
-    return o;
-}
-
-static int held_append(hub_job *j, const char *piece, size_t n) {
-    if (j->held_len + n > j->held_cap) {
-        size_t cap = j->held_cap ? j->held_cap : 64;
-        while (cap < j->held_len + n) cap *= 2;
-        char *grown = realloc(j->held, cap);
-        if (!grown) return -1;
-        j->held = grown;
-        j->held_cap = cap;
-    }
-    memcpy(j->held + j->held_len, piece, n);
-    j->held_len += n;
-    return 0;
-}
-
-/* Releases what can no longer be part of a stop sequence (or, at the end,
- * everything); returns true when a stop sequence was found (the text ends
- * before it). */
-static bool release_text(hub_job *j, bool final, size_t *n_out) {
-    const long at = find_stop(j, j->held, j->held_len);
-    if (at >= 0) {
-        *n_out = (size_t)at;
-        return true;
-    }
-    size_t keep = final ? 0 : stop_prefix_tail(j, j->held, j->held_len);
-    if (!final) {
-        const size_t partial = utf8_incomplete_tail(j->held, j->held_len - keep);
-        keep += partial;
-    }
-    *n_out = j->held_len - keep;
-    return false;
+    serve_job_unref(j);
 }
 
 static int piece_of(const moex_model *m, int32_t id, char *buf, int cap, char **big) {
@@ -333,43 +219,42 @@ static int piece_of(const moex_model *m, int32_t id, char *buf, int cap, char **
 }
 
 /* A sampled token: text out, then whether the job is finished. */
-static hub_finish on_token(hub_sched *s, hub_job *j, int32_t id, int64_t n_completion) {
+static serve_finish on_token(serve_sched *s, serve_job *j, int32_t id, int64_t n_completion) {
     const moex_model *m = s->m;
     const bool eog = !j->p.ignore_eos && m->tok && moex_tokenizer_is_eog(m->tok, id);
-    hub_finish finish = HUB_FINISH_NONE;
+    serve_finish finish = SERVE_FINISH_NONE;
     if (eog) {
-        finish = HUB_FINISH_STOP;
+        finish = SERVE_FINISH_STOP;
     } else if (m->tok) {
         char buf[256], *big = NULL;
         const int n = piece_of(m, id, buf, sizeof buf, &big);
-        const bool oom = n < 0 || (n > 0 && held_append(j, big ? big : buf, (size_t)n));
+        const bool oom = n < 0 || (n > 0 && serve_text_out_add(&j->text, big ? big : buf, (size_t)n));
         free(big);
         if (oom) {
             fail_job(s, j, 500, "server_error", "out of memory for the completion's text");
-            return HUB_FINISH_ERROR;
+            return SERVE_FINISH_ERROR;
         }
     }
-    if (!finish && j->p.max_tokens > 0 && n_completion >= j->p.max_tokens) finish = HUB_FINISH_LENGTH;
-    if (!finish && j->n_past + 1 > s->cfg.n_ctx) finish = HUB_FINISH_LENGTH; /* no room to feed it */
+    if (!finish && j->p.max_tokens > 0 && n_completion >= j->p.max_tokens) finish = SERVE_FINISH_LENGTH;
+    if (!finish && j->n_past + 1 > s->cfg.n_ctx) finish = SERVE_FINISH_LENGTH; /* no room to feed it */
     size_t n_out = 0;
-    const bool stopped = release_text(j, finish != HUB_FINISH_NONE, &n_out);
-    if (stopped) finish = HUB_FINISH_STOP;
+    const bool stopped = serve_text_out_release(&j->text, finish != SERVE_FINISH_NONE, &n_out);
+    if (stopped) finish = SERVE_FINISH_STOP;
     progress pr = {n_completion, finish};
     char *clean = n_out ? malloc(3 * n_out) : NULL;
     if (n_out && !clean) {
         fail_job(s, j, 500, "server_error", "out of memory for the completion's text");
-        return HUB_FINISH_ERROR;
+        return SERVE_FINISH_ERROR;
     }
-    job_update(j, clean, clean ? utf8_sanitize(j->held, n_out, clean) : 0, set_progress, &pr);
+    job_update(j, clean, clean ? serve_text_out_sanitize(j->text.held, n_out, clean) : 0, set_progress, &pr);
     free(clean);
-    memmove(j->held, j->held + n_out, j->held_len - n_out);
-    j->held_len -= n_out;
+    serve_text_out_consume(&j->text, n_out);
     return finish;
 }
 
 /* ---- steps ---- */
 
-static int64_t tokenize(const moex_model *m, const hub_job *j, int32_t **out, moex_error *err) {
+static int64_t tokenize(const moex_model *m, const serve_job *j, int32_t **out, moex_error *err) {
     if (j->p.prompt_tokens) {
         *out = malloc((size_t)(j->p.n_prompt_tokens ? j->p.n_prompt_tokens : 1) * sizeof **out);
         if (!*out) return moex_fail(err, "out of memory");
@@ -390,7 +275,7 @@ static int64_t tokenize(const moex_model *m, const hub_job *j, int32_t **out, mo
 }
 
 /* A new job: its prompt in tokens, checked against the context; its sampler. */
-static bool prepare(hub_sched *s, hub_job *j) {
+static bool prepare(serve_sched *s, serve_job *j) {
     moex_error err = {0};
     char msg[sizeof err.msg + 128];
     j->n_prompt = tokenize(s->m, j, &j->prompt, &err);
@@ -418,22 +303,22 @@ static bool prepare(hub_sched *s, hub_job *j) {
 }
 
 /* Moves submitted jobs to the waiting list (tokenized). false: stopping. */
-static bool take_submitted(hub_sched *s, bool block) {
+static bool take_submitted(serve_sched *s, bool block) {
     pthread_mutex_lock(&s->mu);
     while (block && !s->stop && !s->queue_head) pthread_cond_wait(&s->cv, &s->mu);
-    hub_job *list = s->queue_head;
+    serve_job *list = s->queue_head;
     s->queue_head = s->queue_tail = NULL;
     const bool stop = s->stop;
     pthread_mutex_unlock(&s->mu);
-    for (hub_job *j = list, *next; j; j = next) {
+    for (serve_job *j = list, *next; j; j = next) {
         next = j->next;
         j->next = NULL;
         if (s->n_waiting == s->cap_waiting) {
             const int cap = s->cap_waiting ? 2 * s->cap_waiting : 16;
-            hub_job **grown = realloc(s->waiting, (size_t)cap * sizeof *grown);
+            serve_job **grown = realloc(s->waiting, (size_t)cap * sizeof *grown);
             if (!grown) {
                 fail_job(s, j, 503, "server_error", "out of memory for the queue");
-                hub_job_unref(j);
+                serve_job_unref(j);
                 continue;
             }
             s->waiting = grown;
@@ -445,7 +330,7 @@ static bool take_submitted(hub_sched *s, bool block) {
             s->n_queue--;
             atomic_store(&s->stats->queued, s->n_queue);
             pthread_mutex_unlock(&s->mu);
-            hub_job_unref(j);
+            serve_job_unref(j);
             continue;
         }
         s->waiting[s->n_waiting++] = j;
@@ -453,7 +338,7 @@ static bool take_submitted(hub_sched *s, bool block) {
     return !stop;
 }
 
-static void drop_cancelled(hub_sched *s) {
+static void drop_cancelled(serve_sched *s) {
     for (int i = 0; i < s->cfg.n_slots; i++)
         if (s->slot[i] && atomic_load(&s->slot[i]->cancelled)) {
             atomic_fetch_add(&s->stats->cancelled, 1);
@@ -463,7 +348,7 @@ static void drop_cancelled(hub_sched *s) {
     for (int i = 0; i < s->n_waiting; i++) {
         if (atomic_load(&s->waiting[i]->cancelled)) {
             atomic_fetch_add(&s->stats->cancelled, 1);
-            hub_job_unref(s->waiting[i]);
+            serve_job_unref(s->waiting[i]);
         } else {
             s->waiting[kept++] = s->waiting[i];
         }
@@ -477,11 +362,11 @@ static void drop_cancelled(hub_sched *s) {
     }
 }
 
-static void admit(hub_sched *s) {
+static void admit(serve_sched *s) {
     int taken = 0;
     for (int i = 0; i < s->cfg.n_slots && taken < s->n_waiting; i++) {
         if (s->slot[i]) continue;
-        hub_job *j = s->waiting[taken++];
+        serve_job *j = s->waiting[taken++];
         j->n_fed = j->n_past = j->n_gen = 0;
         s->slot[i] = j;
         atomic_fetch_add(&s->stats->active, 1);
@@ -498,7 +383,7 @@ static void admit(hub_sched *s) {
 
 /* A greedy job's row needs only its argmax, which an engine with
  * batch_argmax computes where the logits are (152k floats not read back). */
-static void add_token(hub_sched *s, int64_t *n, int32_t tok, int seq, int64_t pos, bool want) {
+static void add_token(serve_sched *s, int64_t *n, int32_t tok, int seq, int64_t pos, bool want) {
     s->b_tok[*n] = tok;
     s->b_seq[*n] = seq;
     s->b_pos[*n] = (int32_t)pos;
@@ -508,10 +393,10 @@ static void add_token(hub_sched *s, int64_t *n, int32_t tok, int seq, int64_t po
 }
 
 /* Decoding sequences first (one token each), then prompt chunks in slot order. */
-static int64_t build_batch(hub_sched *s) {
+static int64_t build_batch(serve_sched *s) {
     int64_t n = 0, n_decoding = 0;
     for (int i = 0; i < s->cfg.n_slots; i++) {
-        hub_job *j = s->slot[i];
+        serve_job *j = s->slot[i];
         if (j && j->n_fed == j->n_prompt) {
             add_token(s, &n, j->last, i, j->n_past, true);
             n_decoding++;
@@ -520,7 +405,7 @@ static int64_t build_batch(hub_sched *s) {
     int64_t budget = s->cfg.n_batch - n;
     if (n_decoding && budget > s->cfg.prompt_chunk) budget = s->cfg.prompt_chunk;
     for (int i = 0; i < s->cfg.n_slots && budget > 0; i++) {
-        hub_job *j = s->slot[i];
+        serve_job *j = s->slot[i];
         if (!j || j->n_fed == j->n_prompt) continue;
         /* without forward_batch, one sequence per forward */
         if (!s->eng.forward_batch && n) break;
@@ -535,7 +420,7 @@ static int64_t build_batch(hub_sched *s) {
     return n;
 }
 
-static int run_forward(hub_sched *s, int64_t n, moex_error *err) {
+static int run_forward(serve_sched *s, int64_t n, moex_error *err) {
     if (s->eng.forward_batch) {
         const moex_batch b = {.n = n, .tokens = s->b_tok, .seq = s->b_seq, .pos = s->b_pos, .want_logits = s->b_want,
                               .argmax = s->eng.batch_argmax ? s->row_argmax : NULL, .argmax_only = s->b_greedy};
@@ -545,7 +430,7 @@ static int run_forward(hub_sched *s, int64_t n, moex_error *err) {
     return s->eng.forward(s->eng.ctx, s->b_tok, n, s->b_pos[0], false, s->logits, err);
 }
 
-static int slot_of(const hub_sched *s, const hub_job *j) {
+static int slot_of(const serve_sched *s, const serve_job *j) {
     for (int i = 0; i < s->cfg.n_slots; i++)
         if (s->slot[i] == j) return i;
     return -1;
@@ -554,13 +439,13 @@ static int slot_of(const hub_sched *s, const hub_job *j) {
 /* Rows ith, ith + nth, ...: each row's job samples it with its own sampler
  * (a slot has one wanted row a step), so rows are independent. */
 typedef struct sample_job {
-    hub_sched *s;
+    serve_sched *s;
     int64_t n_rows;
 } sample_job;
 
 static void sample_rows(void *ctx, int ith, int nth) {
     const sample_job *sj = ctx;
-    hub_sched *s = sj->s;
+    serve_sched *s = sj->s;
     for (int64_t r = ith; r < sj->n_rows; r += nth) {
         const int64_t t = s->row_tok[r];
         s->row_id[r] = s->b_greedy[t] ? s->row_argmax[r]
@@ -571,7 +456,7 @@ static void sample_rows(void *ctx, int ith, int nth) {
 /* Every wanted row sampled, on the pool when several are read back (a
  * greedy row on the host is an argmax over the vocabulary: ~0.15 ms for
  * 152k entries; with batch_argmax the engine has taken it). */
-static void sample_wanted(hub_sched *s, int64_t n) {
+static void sample_wanted(serve_sched *s, int64_t n) {
     int64_t rows = 0, on_host = 0;
     for (int64_t t = 0; t < n; t++) {
         if (!s->b_want[t] || !s->slot[s->b_seq[t]]) continue;
@@ -584,12 +469,12 @@ static void sample_wanted(hub_sched *s, int64_t n) {
 }
 
 /* After the forward: positions advance; wanted rows are sampled. */
-static void after_forward(hub_sched *s, int64_t n) {
+static void after_forward(serve_sched *s, int64_t n) {
     sample_wanted(s, n);
     const double now = moex_time_s();
     int64_t row = 0, n_prompt = 0, n_gen = 0;
     for (int64_t t = 0; t < n; t++) {
-        hub_job *j = s->slot[s->b_seq[t]];
+        serve_job *j = s->slot[s->b_seq[t]];
         if (!j) continue; /* cannot happen: a slot's wanted row is its last token here */
         j->n_past++;
         if (j->n_fed < j->n_prompt) j->n_fed++, n_prompt++;
@@ -603,14 +488,14 @@ static void after_forward(hub_sched *s, int64_t n) {
         }
         const int64_t n_completion = ++j->n_gen;
         n_gen++;
-        if (n_completion == 1) hub_hist_observe(&s->stats->ttft, now - j->t_submit);
-        else hub_hist_observe(&s->stats->per_token, now - j->t_last);
+        if (n_completion == 1) serve_hist_observe(&s->stats->ttft, now - j->t_submit);
+        else serve_hist_observe(&s->stats->per_token, now - j->t_last);
         j->t_last = now;
         j->last = id;
-        const hub_finish f = on_token(s, j, id, n_completion);
+        const serve_finish f = on_token(s, j, id, n_completion);
         if (f) {
-            if (f == HUB_FINISH_STOP) atomic_fetch_add(&s->stats->finished_stop, 1);
-            else if (f == HUB_FINISH_LENGTH) atomic_fetch_add(&s->stats->finished_length, 1);
+            if (f == SERVE_FINISH_STOP) atomic_fetch_add(&s->stats->finished_stop, 1);
+            else if (f == SERVE_FINISH_LENGTH) atomic_fetch_add(&s->stats->finished_length, 1);
             free_slot(s, slot_of(s, j));
         }
     }
@@ -619,19 +504,19 @@ static void after_forward(hub_sched *s, int64_t n) {
 }
 
 /* The forward failed: every job in it fails (500), the others go on. */
-static void fail_batch(hub_sched *s, int64_t n, const char *why) {
+static void fail_batch(serve_sched *s, int64_t n, const char *why) {
     char msg[600];
     snprintf(msg, sizeof msg, "generation failed: %s", why);
     moex_log(MOEX_LOG_WARN, "api: %s", msg);
     for (int64_t t = 0; t < n; t++) {
-        hub_job *j = s->slot[s->b_seq[t]];
+        serve_job *j = s->slot[s->b_seq[t]];
         if (!j) continue;
         fail_job(s, j, 500, "server_error", msg);
         free_slot(s, s->b_seq[t]);
     }
 }
 
-static void step(hub_sched *s) {
+static void step(serve_sched *s) {
     const double t_build = moex_time_s();
     const int64_t n = build_batch(s);
     if (!n) return;
@@ -642,7 +527,7 @@ static void step(hub_sched *s) {
         return;
     }
     const double t1 = moex_time_s();
-    hub_hist_observe(&s->stats->step_s, t1 - t0);
+    serve_hist_observe(&s->stats->step_s, t1 - t0);
     moex_log(MOEX_LOG_DEBUG, "api step: %lld tokens, forward %.1f ms", (long long)n, (t1 - t0) * 1e3);
     atomic_fetch_add(&s->stats->steps, 1);
     atomic_fetch_add(&s->stats->step_tokens, (uint_fast64_t)n);
@@ -650,17 +535,17 @@ static void step(hub_sched *s) {
     s->t_around += (t0 - t_build) + (moex_time_s() - t1);
 }
 
-static bool any_active(const hub_sched *s) {
+static bool any_active(const serve_sched *s) {
     for (int i = 0; i < s->cfg.n_slots; i++)
         if (s->slot[i]) return true;
     return false;
 }
 
-static void fail_everything(hub_sched *s) {
+static void fail_everything(serve_sched *s) {
     take_submitted(s, false);
     for (int i = 0; i < s->n_waiting; i++) {
         fail_job(s, s->waiting[i], 503, "server_error", "the server is shutting down");
-        hub_job_unref(s->waiting[i]);
+        serve_job_unref(s->waiting[i]);
     }
     s->n_waiting = 0;
     for (int i = 0; i < s->cfg.n_slots; i++)
@@ -671,7 +556,7 @@ static void fail_everything(hub_sched *s) {
 }
 
 static void *sched_main(void *arg) {
-    hub_sched *s = arg;
+    serve_sched *s = arg;
     for (;;) {
         const bool idle = !any_active(s) && s->n_waiting == 0;
         if (!take_submitted(s, idle)) break;
@@ -686,12 +571,12 @@ static void *sched_main(void *arg) {
     return NULL;
 }
 
-static const double ttft_bounds[HUB_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+static const double ttft_bounds[SERVE_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                                      1,     2.5,  5,     10,   30,  60,  120};
-static const double token_bounds[HUB_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06,
+static const double token_bounds[SERVE_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06,
                                                       0.1,   0.15,   0.25,  0.5,  1,    2.5,  5};
 
-void hub_sched_stop(hub_sched *s) {
+void serve_sched_stop(serve_sched *s) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
     s->stop = true;
@@ -701,9 +586,9 @@ void hub_sched_stop(hub_sched *s) {
     s->started = false;
 }
 
-void hub_sched_free(hub_sched *s) {
+void serve_sched_free(serve_sched *s) {
     if (!s) return;
-    hub_sched_stop(s);
+    serve_sched_stop(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->slot);
@@ -720,8 +605,8 @@ void hub_sched_free(hub_sched *s) {
     free(s);
 }
 
-hub_sched *hub_sched_start(const moex_model *m, const moex_engine *eng, const hub_sched_config *cfg,
-                           hub_sched_stats *stats, moex_error *err) {
+serve_sched *serve_sched_start(const moex_model *m, const moex_engine *eng, const serve_sched_config *cfg,
+                           serve_sched_stats *stats, moex_error *err) {
     const int max_slots = eng->forward_batch ? (eng->n_seq > 0 ? eng->n_seq : 1) : 1;
     if (cfg->n_slots < 1 || cfg->n_slots > max_slots) {
         moex_fail(err, "%d parallel sequences, but the engine has %d KV slot(s)%s", cfg->n_slots, max_slots,
@@ -733,7 +618,7 @@ hub_sched *hub_sched_start(const moex_model *m, const moex_engine *eng, const hu
                   (long long)cfg->n_ctx, (long long)eng->n_ctx, (long long)cfg->n_batch, (long long)eng->n_batch);
         return NULL;
     }
-    hub_sched *s = calloc(1, sizeof *s);
+    serve_sched *s = calloc(1, sizeof *s);
     if (!s) {
         moex_fail(err, "out of memory");
         return NULL;
@@ -763,19 +648,19 @@ hub_sched *hub_sched_start(const moex_model *m, const moex_engine *eng, const hu
     if (!s->slot || !s->b_tok || !s->b_seq || !s->b_pos || !s->b_want || !s->b_greedy || !s->logits ||
         !s->row_argmax || !s->row_id || !s->row_tok) {
         moex_fail(err, "out of memory for %d slots", cfg->n_slots);
-        hub_sched_free(s);
+        serve_sched_free(s);
         return NULL;
     }
     if (pthread_create(&s->thread, NULL, sched_main, s)) {
         moex_fail(err, "cannot start the scheduler thread");
-        hub_sched_free(s);
+        serve_sched_free(s);
         return NULL;
     }
     s->started = true;
     return s;
 }
 
-int hub_sched_submit(hub_sched *s, hub_job *j, moex_error *err) {
+int serve_sched_submit(serve_sched *s, serve_job *j, moex_error *err) {
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
@@ -785,7 +670,7 @@ int hub_sched_submit(hub_sched *s, hub_job *j, moex_error *err) {
         pthread_mutex_unlock(&s->mu);
         return moex_fail(err, "%d requests are waiting already: try again later", s->cfg.max_queue);
     }
-    hub_job_ref(j);
+    serve_job_ref(j);
     j->t_submit = moex_time_s();
     if (s->queue_tail) s->queue_tail->next = j;
     else s->queue_head = j;
@@ -797,4 +682,4 @@ int hub_sched_submit(hub_sched *s, hub_job *j, moex_error *err) {
     return 0;
 }
 
-const hub_sched_config *hub_sched_config_of(const hub_sched *s) { return &s->cfg; }
+const serve_sched_config *serve_sched_config_of(const serve_sched *s) { return &s->cfg; }

@@ -12,12 +12,12 @@
 #include <cjson/cJSON.h>
 
 #include "common/unicode.h"
-#include "hub/api.h"
+#include "serve/api.h"
 
 #define MAX_MESSAGES 4096
 #define MAX_PROMPT_TOKENS (1 << 22)
 
-int hub_api_fail(hub_api_error *e, unsigned status, const char *type, const char *code, const char *param,
+int serve_api_fail(serve_api_error *e, unsigned status, const char *type, const char *code, const char *param,
                  const char *fmt, ...) {
     e->status = status;
     e->type = type;
@@ -30,9 +30,9 @@ int hub_api_fail(hub_api_error *e, unsigned status, const char *type, const char
     return -1;
 }
 
-#define BAD(e, param, ...) hub_api_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
+#define BAD(e, param, ...) serve_api_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
 
-void hub_api_request_free(hub_api_request *r) {
+void serve_api_request_free(serve_api_request *r) {
     free(r->job.prompt_text);
     free(r->job.prompt_tokens);
     for (int i = 0; i < r->job.n_stop; i++) free(r->job.stop[i]);
@@ -46,7 +46,7 @@ static const cJSON *field(const cJSON *root, const char *name) {
     return f && !cJSON_IsNull(f) ? f : NULL;
 }
 
-static int get_number(const cJSON *root, const char *name, double lo, double hi, float *out, hub_api_error *e) {
+static int get_number(const cJSON *root, const char *name, double lo, double hi, float *out, serve_api_error *e) {
     const cJSON *f = field(root, name);
     if (!f) return 0;
     if (!cJSON_IsNumber(f)) return BAD(e, name, "'%s' must be a number", name);
@@ -60,7 +60,7 @@ static bool is_integer(const cJSON *f) {
     return cJSON_IsNumber(f) && f->valuedouble == floor(f->valuedouble) && fabs(f->valuedouble) < 9007199254740992.0;
 }
 
-static int get_integer(const cJSON *root, const char *name, double lo, double hi, int64_t *out, hub_api_error *e) {
+static int get_integer(const cJSON *root, const char *name, double lo, double hi, int64_t *out, serve_api_error *e) {
     const cJSON *f = field(root, name);
     if (!f) return 0;
     if (!is_integer(f)) return BAD(e, name, "'%s' must be an integer", name);
@@ -70,7 +70,7 @@ static int get_integer(const cJSON *root, const char *name, double lo, double hi
     return 0;
 }
 
-static int get_bool(const cJSON *root, const char *name, bool *out, hub_api_error *e) {
+static int get_bool(const cJSON *root, const char *name, bool *out, serve_api_error *e) {
     const cJSON *f = field(root, name);
     if (!f) return 0;
     if (!cJSON_IsBool(f)) return BAD(e, name, "'%s' must be true or false", name);
@@ -82,7 +82,7 @@ static int get_bool(const cJSON *root, const char *name, bool *out, hub_api_erro
 
 /* A message's content: a string, or an array of {"type": "text", "text": ...}
  * parts (joined). *owned is set when the text had to be joined. */
-static int message_content(const cJSON *msg, int i, const char **text, char **owned, hub_api_error *e) {
+static int message_content(const cJSON *msg, int i, const char **text, char **owned, serve_api_error *e) {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
     *owned = NULL;
     if (!c || cJSON_IsNull(c)) {
@@ -104,7 +104,7 @@ static int message_content(const cJSON *msg, int i, const char **text, char **ow
                        "are supported", i);
         total += strlen(t->valuestring);
     }
-    if (!(*owned = malloc(total))) return hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (!(*owned = malloc(total))) return serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     size_t at = 0;
     cJSON_ArrayForEach(part, c) {
         const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
@@ -127,14 +127,14 @@ static const char *message_role(const cJSON *msg) {
     return NULL;
 }
 
-static int render_messages(const hub_openai_ctx *ctx, const cJSON *messages, hub_job_params *job, hub_api_error *e) {
+static int render_messages(const serve_openai_ctx *ctx, const cJSON *messages, serve_job_params *job, serve_api_error *e) {
     if (!cJSON_IsArray(messages)) return BAD(e, "messages", "'messages' must be an array of {role, content}");
     const int n = cJSON_GetArraySize(messages);
     if (n < 1) return BAD(e, "messages", "'messages' is empty: nothing to answer");
     if (n > MAX_MESSAGES) return BAD(e, "messages", "%d messages; at most %d", n, MAX_MESSAGES);
     moex_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
     char **owned = calloc((size_t)n, sizeof *owned);
-    int rc = msgs && owned ? 0 : hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    int rc = msgs && owned ? 0 : serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     int i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, messages) {
@@ -153,9 +153,9 @@ static int render_messages(const hub_openai_ctx *ctx, const cJSON *messages, hub
     if (!rc) {
         moex_error err = {0};
         const int64_t len = moex_chat_apply(ctx->chat, msgs, n, true, NULL, 0, &err);
-        if (len < 0) rc = hub_api_fail(e, 500, "server_error", NULL, NULL, "chat template: %s", err.msg);
+        if (len < 0) rc = serve_api_fail(e, 500, "server_error", NULL, NULL, "chat template: %s", err.msg);
         else if (!(job->prompt_text = malloc((size_t)len + 1)))
-            rc = hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            rc = serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         else {
             moex_chat_apply(ctx->chat, msgs, n, true, job->prompt_text, len + 1, &err);
             job->prompt_len = (size_t)len;
@@ -168,7 +168,7 @@ static int render_messages(const hub_openai_ctx *ctx, const cJSON *messages, hub
 }
 
 /* A string, an array of token ids, or an array holding one string. */
-static int completion_prompt(const cJSON *root, hub_job_params *job, hub_api_error *e) {
+static int completion_prompt(const cJSON *root, serve_job_params *job, serve_api_error *e) {
     const cJSON *p = field(root, "prompt");
     if (!p) return BAD(e, "prompt", "'prompt' is required");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
@@ -176,7 +176,7 @@ static int completion_prompt(const cJSON *root, hub_job_params *job, hub_api_err
     if (cJSON_IsString(p)) {
         job->prompt_len = strlen(p->valuestring);
         if (!(job->prompt_text = strdup(p->valuestring)))
-            return hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            return serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return 0;
     }
     if (!cJSON_IsArray(p)) return BAD(e, "prompt", "'prompt' must be a string or an array of token ids");
@@ -184,7 +184,7 @@ static int completion_prompt(const cJSON *root, hub_job_params *job, hub_api_err
     if (n < 1) return BAD(e, "prompt", "'prompt' is empty: nothing to continue from");
     if (n > MAX_PROMPT_TOKENS) return BAD(e, "prompt", "%d prompt tokens; at most %d", n, MAX_PROMPT_TOKENS);
     if (!(job->prompt_tokens = malloc((size_t)n * sizeof *job->prompt_tokens)))
-        return hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     int i = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, p) {
@@ -197,19 +197,19 @@ static int completion_prompt(const cJSON *root, hub_job_params *job, hub_api_err
     return 0;
 }
 
-static int add_stop(hub_job_params *job, const cJSON *s, hub_api_error *e) {
+static int add_stop(serve_job_params *job, const cJSON *s, serve_api_error *e) {
     if (!cJSON_IsString(s)) return BAD(e, "stop", "'stop' must be a string or an array of strings");
     const size_t n = strlen(s->valuestring);
     if (n == 0) return 0; /* an empty stop sequence stops nothing */
-    if (n > HUB_STOP_MAX_BYTES) return BAD(e, "stop", "a stop sequence of %zu bytes; at most %d", n, HUB_STOP_MAX_BYTES);
-    if (job->n_stop == HUB_MAX_STOPS) return BAD(e, "stop", "at most %d stop sequences", HUB_MAX_STOPS);
+    if (n > SERVE_STOP_MAX_BYTES) return BAD(e, "stop", "a stop sequence of %zu bytes; at most %d", n, SERVE_STOP_MAX_BYTES);
+    if (job->n_stop == SERVE_MAX_STOPS) return BAD(e, "stop", "at most %d stop sequences", SERVE_MAX_STOPS);
     if (!(job->stop[job->n_stop] = strdup(s->valuestring)))
-        return hub_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     job->n_stop++;
     return 0;
 }
 
-static int stops(const cJSON *root, hub_job_params *job, hub_api_error *e) {
+static int stops(const cJSON *root, serve_job_params *job, serve_api_error *e) {
     const cJSON *s = field(root, "stop");
     if (!s) return 0;
     if (!cJSON_IsArray(s)) return add_stop(job, s, e);
@@ -219,7 +219,7 @@ static int stops(const cJSON *root, hub_job_params *job, hub_api_error *e) {
 }
 
 /* What is asked for that this server does not do: refused rather than ignored. */
-static int unsupported(const cJSON *root, bool chat, hub_api_error *e) {
+static int unsupported(const cJSON *root, bool chat, serve_api_error *e) {
     int64_t n = 1;
     if (get_integer(root, "n", 1, 128, &n, e)) return -1;
     if (n != 1) return BAD(e, "n", "'n' is %lld: this server returns one choice per request", (long long)n);
@@ -235,8 +235,8 @@ static int unsupported(const cJSON *root, bool chat, hub_api_error *e) {
     return 0;
 }
 
-static int sampling(const hub_openai_ctx *ctx, const cJSON *root, uint64_t request_no, moex_sampler_params *sp,
-                    hub_api_error *e) {
+static int sampling(const serve_openai_ctx *ctx, const cJSON *root, uint64_t request_no, moex_sampler_params *sp,
+                    serve_api_error *e) {
     *sp = ctx->defaults;
     sp->seed = ctx->seed + request_no;
     int64_t top_k = sp->top_k, seed;
@@ -257,19 +257,19 @@ static int sampling(const hub_openai_ctx *ctx, const cJSON *root, uint64_t reque
     return 0;
 }
 
-static int check_model(const hub_openai_ctx *ctx, const cJSON *root, hub_api_error *e) {
+static int check_model(const serve_openai_ctx *ctx, const cJSON *root, serve_api_error *e) {
     const cJSON *m = field(root, "model");
     if (!m) return 0; /* OpenAI requires it; one model here, so it may be left out */
     if (!cJSON_IsString(m)) return BAD(e, "model", "'model' must be a string");
     if (strcmp(m->valuestring, ctx->model_id))
-        return hub_api_fail(e, 404, "invalid_request_error", "model_not_found", "model",
+        return serve_api_fail(e, 404, "invalid_request_error", "model_not_found", "model",
                             "The model '%.200s' does not exist; this server serves '%.200s' (GET /v1/models)",
                             m->valuestring, ctx->model_id);
     return 0;
 }
 
-static int parse_root(const hub_openai_ctx *ctx, bool chat, const cJSON *root, uint64_t request_no,
-                      hub_api_request *out, hub_api_error *e) {
+static int parse_root(const serve_openai_ctx *ctx, bool chat, const cJSON *root, uint64_t request_no,
+                      serve_api_request *out, serve_api_error *e) {
     if (!cJSON_IsObject(root)) return BAD(e, NULL, "the request body must be a JSON object");
     if (check_model(ctx, root, e) || unsupported(root, chat, e)) return -1;
     if (get_bool(root, "stream", &out->stream, e)) return -1;
@@ -293,8 +293,8 @@ static int parse_root(const hub_openai_ctx *ctx, bool chat, const cJSON *root, u
     return completion_prompt(root, &out->job, e);
 }
 
-int hub_openai_parse(const hub_openai_ctx *ctx, bool chat, const char *body, size_t len, uint64_t request_no,
-                     hub_api_request *out, hub_api_error *e) {
+int serve_openai_parse(const serve_openai_ctx *ctx, bool chat, const char *body, size_t len, uint64_t request_no,
+                     serve_api_request *out, serve_api_error *e) {
     memset(out, 0, sizeof *out);
     out->chat = chat;
     const char *end = NULL;
@@ -311,7 +311,7 @@ int hub_openai_parse(const hub_openai_ctx *ctx, bool chat, const char *body, siz
     }
     const int rc = parse_root(ctx, chat, root, request_no, out, e);
     cJSON_Delete(root);
-    if (rc) hub_api_request_free(out);
+    if (rc) serve_api_request_free(out);
     return rc;
 }
 
@@ -328,7 +328,7 @@ static void add_string_or_null(cJSON *o, const char *name, const char *v) {
     else cJSON_AddNullToObject(o, name);
 }
 
-char *hub_openai_error_json(const hub_api_error *e) {
+char *serve_openai_error_json(const serve_api_error *e) {
     /* a message may quote what the client sent (a model name, a path): valid UTF-8 only */
     char message[sizeof e->message];
     moex_utf8_sanitize(e->message, strnlen(e->message, sizeof e->message), message, sizeof message);
@@ -340,10 +340,10 @@ char *hub_openai_error_json(const hub_api_error *e) {
     return print_and_free(root);
 }
 
-const char *hub_openai_finish_name(hub_finish f) {
+const char *serve_openai_finish_name(serve_finish f) {
     switch (f) {
-    case HUB_FINISH_STOP: return "stop";
-    case HUB_FINISH_LENGTH: return "length";
+    case SERVE_FINISH_STOP: return "stop";
+    case SERVE_FINISH_LENGTH: return "length";
     default: return NULL;
     }
 }
@@ -365,8 +365,8 @@ static void add_usage(cJSON *root, int64_t n_prompt, int64_t n_completion) {
     cJSON_AddNumberToObject(u, "total_tokens", (double)(n_prompt + n_completion));
 }
 
-char *hub_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                                 hub_finish finish, int64_t n_prompt, int64_t n_completion) {
+char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
+                                 serve_finish finish, int64_t n_prompt, int64_t n_completion) {
     cJSON *root = envelope(chat, false, id, created, model);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", 0);
@@ -378,14 +378,14 @@ char *hub_openai_completion_json(bool chat, const char *id, long long created, c
         cJSON_AddStringToObject(choice, "text", text);
     }
     cJSON_AddNullToObject(choice, "logprobs");
-    add_string_or_null(choice, "finish_reason", hub_openai_finish_name(finish));
+    add_string_or_null(choice, "finish_reason", serve_openai_finish_name(finish));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     add_usage(root, n_prompt, n_completion);
     return print_and_free(root);
 }
 
-char *hub_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                            bool role, hub_finish finish) {
+char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
+                            bool role, serve_finish finish) {
     cJSON *root = envelope(chat, true, id, created, model);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", 0);
@@ -397,12 +397,12 @@ char *hub_openai_chunk_json(bool chat, const char *id, long long created, const 
         cJSON_AddStringToObject(choice, "text", text ? text : "");
     }
     cJSON_AddNullToObject(choice, "logprobs");
-    add_string_or_null(choice, "finish_reason", hub_openai_finish_name(finish));
+    add_string_or_null(choice, "finish_reason", serve_openai_finish_name(finish));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     return print_and_free(root);
 }
 
-char *hub_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model, int64_t n_prompt,
+char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model, int64_t n_prompt,
                                   int64_t n_completion) {
     cJSON *root = envelope(chat, true, id, created, model);
     cJSON_AddArrayToObject(root, "choices");
@@ -410,7 +410,7 @@ char *hub_openai_usage_chunk_json(bool chat, const char *id, long long created, 
     return print_and_free(root);
 }
 
-char *hub_openai_models_json(const char *model, long long created, bool one) {
+char *serve_openai_models_json(const char *model, long long created, bool one) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", model);
     cJSON_AddStringToObject(m, "object", "model");

@@ -7,7 +7,7 @@
  * and a small chat box that streams from /v1/chat/completions. */
 #include <string.h>
 
-#include "hub/status.h"
+#include "serve/status.h"
 
 static const char page[] =
     "<!doctype html>\n"
@@ -154,7 +154,7 @@ static const char page[] =
     "</script>\n"
     "</body></html>\n";
 
-const char *hub_status_page(size_t *len) {
+const char *serve_status_page(size_t *len) {
     *len = sizeof page - 1;
     return page;
 }
