@@ -33,13 +33,6 @@ static int counting_run(void *ctx, const moex_moe_request *req, moex_error *err)
     return c->inner.run(c->inner.ctx, req, err);
 }
 
-static int32_t argmax_of(const float *v, int64_t n) {
-    int32_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (v[i] > v[best]) best = (int32_t)i;
-    return best;
-}
-
 /* The engine moex_engine_open gives equals the state assembled by hand. */
 static void cpu_matches_hand_built(const moex_model *m, moex_pool *pool) {
     const int64_t V = m->hp.n_vocab;
@@ -113,6 +106,13 @@ static void bad_options(const moex_model *m, moex_pool *pool) {
 }
 
 #if MOEX_HAVE_VULKAN
+static int32_t argmax_of(const float *v, int64_t n) {
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (v[i] > v[best]) best = (int32_t)i;
+    return best;
+}
+
 static void vulkan(const moex_model *m, moex_pool *pool) {
     const int64_t V = m->hp.n_vocab;
     moex_error err = {0};
