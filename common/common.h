@@ -1,7 +1,7 @@
 /* The common module: what hub, worker and tools share — errors and logging,
  * the thread pool, tensor types and block layouts, GGUF files, model
  * architectures, the tokenizer, the sampler, chat templates, the splitmix64 generator,
- * a binary heap and a text buffer (with Prometheus lines). */
+ * a binary heap, a text buffer (with Prometheus lines) and nearest-rank quantiles. */
 #ifndef MOEX_COMMON_H
 #define MOEX_COMMON_H
 
@@ -16,5 +16,6 @@
 #include "common/heap.h"
 #include "common/chat.h"
 #include "common/text.h"
+#include "common/quantile.h"
 
 #endif

@@ -1016,15 +1016,9 @@ moex_expert_executor hub_executor_iface(hub_executor *x) {
 
 /* ---- the time breakdown ---- */
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static void percentiles(float *v, size_t n, float *p50, float *p99) {
-    qsort(v, n, sizeof *v, cmp_float);
-    *p50 = v[n / 2];
-    *p99 = v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+    *p50 = moex_quantile_sorted_f32(v, n, 0.5);
+    *p99 = moex_quantile_of_sorted_f32(v, n, 0.99);
 }
 
 /* Appends " plan+encode P50/P99 send ... send+wait P50/P99" over the held

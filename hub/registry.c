@@ -703,11 +703,6 @@ void hub_registry_stop(hub_registry *r) {
     pthread_mutex_unlock(&r->mu);
 }
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static void print_percentiles(FILE *f, const hub_worker *w) {
     const uint32_t n = w->lat_n < LAT_SAMPLES ? w->lat_n : LAT_SAMPLES;
     if (!n) {
@@ -716,9 +711,8 @@ static void print_percentiles(FILE *f, const hub_worker *w) {
     }
     float s[LAT_SAMPLES];
     memcpy(s, w->lat_ms, n * sizeof *s);
-    qsort(s, n, sizeof *s, cmp_float);
-    fprintf(f, "%7.2f  %7.2f  %7.2f ", s[n / 2], s[(n * 95) / 100 < n ? (n * 95) / 100 : n - 1],
-            s[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1]);
+    const float p50 = moex_quantile_sorted_f32(s, n, 0.5);
+    fprintf(f, "%7.2f  %7.2f  %7.2f ", p50, moex_quantile_of_sorted_f32(s, n, 0.95), moex_quantile_of_sorted_f32(s, n, 0.99));
 }
 
 void hub_registry_print(hub_registry *r, FILE *f) {
@@ -758,10 +752,9 @@ static void percentiles(const hub_worker *w, hub_worker_info *o) {
     if (!n) return;
     float s[LAT_SAMPLES];
     memcpy(s, w->lat_ms, n * sizeof *s);
-    qsort(s, n, sizeof *s, cmp_float);
-    o->lat_p50_ms = s[n / 2];
-    o->lat_p95_ms = s[(n * 95) / 100 < n ? (n * 95) / 100 : n - 1];
-    o->lat_p99_ms = s[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1];
+    o->lat_p50_ms = moex_quantile_sorted_f32(s, n, 0.5);
+    o->lat_p95_ms = moex_quantile_of_sorted_f32(s, n, 0.95);
+    o->lat_p99_ms = moex_quantile_of_sorted_f32(s, n, 0.99);
 }
 
 int hub_registry_workers(hub_registry *r, hub_worker_info *out, int max) {

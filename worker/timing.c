@@ -11,20 +11,11 @@ void moex_worker_timing_add(moex_worker_timing *t, double seconds) {
     t->n++;
 }
 
-static int by_value(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 double moex_worker_timing_quantile(const moex_worker_timing *t, double q) {
     const size_t n = t->n < MOEX_WORKER_TIMING_SAMPLES ? (size_t)t->n : MOEX_WORKER_TIMING_SAMPLES;
-    if (n == 0) return 0;
     float sorted[MOEX_WORKER_TIMING_SAMPLES];
     memcpy(sorted, t->ms, n * sizeof *sorted);
-    qsort(sorted, n, sizeof *sorted, by_value);
-    q = q < 0 ? 0 : q > 1 ? 1 : q;
-    const size_t rank = (size_t)ceil(q * (double)n); /* nearest rank */
-    return sorted[rank < 1 ? 0 : rank > n ? n - 1 : rank - 1];
+    return moex_quantile_sorted_f32(sorted, n, q);
 }
 
 void moex_worker_timing_record(moex_worker_stats *st, moex_worker_timer k, bool large, double seconds) {

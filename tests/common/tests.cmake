@@ -11,6 +11,7 @@ moex_c_test(test_matmul_pool SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_matmul_pool.
   LABELS common)
 moex_c_test(test_rng SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_rng.c LIBS moex_common TIMEOUT 60 LABELS common)
 moex_c_test(test_heap SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_heap.c LIBS moex_common TIMEOUT 60 LABELS common)
+moex_c_test(test_quantile SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_quantile.c LIBS moex_common TIMEOUT 60 LABELS common)
 moex_c_test(test_sampler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sampler.c LIBS moex_common TIMEOUT 120 LABELS common)
 moex_c_test(test_tokenizer SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer.c LIBS moex_common
             ARGS ${moex_vocab} TIMEOUT 120 LABELS "common;tokenizer")
