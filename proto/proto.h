@@ -243,6 +243,15 @@ typedef struct moex_proto_heartbeat {
 } moex_proto_heartbeat;
 #define MOEX_PROTO_HEARTBEAT_BYTES 24
 
+/* A worker's session timing (native and browser workers alike): a HEARTBEAT
+ * every HEARTBEAT_MS; nothing from the hub for HUB_SILENCE_MS and it
+ * reconnects; reconnects back off from BACKOFF_MIN_MS, doubling up to
+ * BACKOFF_MAX_MS, with jitter, and start over once a hub answers a JOIN. */
+#define MOEX_PROTO_HEARTBEAT_MS 1000
+#define MOEX_PROTO_HUB_SILENCE_MS 5000
+#define MOEX_PROTO_BACKOFF_MIN_MS 200
+#define MOEX_PROTO_BACKOFF_MAX_MS 5000
+
 typedef struct moex_proto_weight_chunk {
     uint8_t kind;        /* moex_proto_tensor_kind */
     uint8_t ggml_type;   /* moex_type of the tensor (q4_K, f16, ...) */

@@ -1,28 +1,9 @@
 // The JavaScript side of the WASM module (wasm/moex_wasm.c): frames, hashes
 // and the CPU path, one call across the boundary per frame or per batch.
-// A classic script (importScripts in the Web Worker, <script> in test pages):
-// it defines self.MoexWasm and the protocol constants.
+// A classic script (importScripts in the Web Worker, <script> in test pages),
+// after moex_constants.js (the protocol's numbers, generated from the C
+// headers): it defines self.MoexWasm.
 'use strict';
-
-const MOEX = Object.freeze({
-  MSG: { DISPATCH: 1, RESULT: 2, CANCEL: 3, HEARTBEAT: 4, WEIGHT_SYNC: 5, JOIN: 6, ASSIGN: 7, ERROR: 8 },
-  BACKEND: { CPU: 0, VULKAN: 1, WEBGPU: 2, OTHER: 3 },
-  STATE: { STARTING: 0, LOADING: 1, READY: 2, DRAINING: 3 },
-  // Error codes a worker sends (proto/proto.h moex_proto_error_code).
-  ERR: { MODEL_MISMATCH: 1, BUSY: 2, PREEMPTED: 3, COMPUTE: 4 },
-  // What a worker does on receiving an ERROR (moex_proto_error_action).
-  ACT: { IGNORE: 0, REDISPATCH: 1, RECONNECT: 2, EXIT: 3 },
-  // ggml type ids (common/types.h) and their names as /v1/model spells them.
-  TYPE: { f32: 0, f16: 1, q4_0: 2, q4_1: 3, q5_0: 6, q5_1: 7, q8_0: 8, q4_K: 12, q5_K: 13, q6_K: 14, bf16: 30 },
-  HEADER_BYTES: 28,
-});
-
-// Byte offsets of moex_wasm_msg's u32 fields.
-const MSG_FIELDS = {
-  type: 0, seq: 4, layer: 8, expert: 12, n_tokens: 16, hidden: 20, dtype: 24, flags: 28, code: 32,
-  text_off: 36, text_len: 40, list_off: 44, list_count: 48, worker_id: 52, n_layers: 56, n_experts: 60,
-  replicas: 64, hash_lo: 68, hash_hi: 72, ts_lo: 76, ts_hi: 80,
-};
 
 function hex64(lo, hi) {
   return (hi >>> 0).toString(16).padStart(8, '0') + (lo >>> 0).toString(16).padStart(8, '0');
@@ -101,9 +82,9 @@ class MoexWasm {
     const p = this.stage(frame);
     const status = this.M._moex_wasm_decode(this.h, p, frame.length);
     const m = this.M._moex_wasm_msg_ptr(this.h);
-    const dv = new DataView(this.heap.buffer, m, 84);
+    const dv = new DataView(this.heap.buffer, m, MOEX.MSG_BYTES);
     const out = { status };
-    for (const [k, off] of Object.entries(MSG_FIELDS)) out[k] = k === 'code' ? dv.getInt32(off, true) : dv.getUint32(off, true);
+    for (const [k, off] of Object.entries(MOEX.MSG_FIELDS)) out[k] = k === 'code' ? dv.getInt32(off, true) : dv.getUint32(off, true);
     if (status) { out.error = this.error(); return out; }
     if (out.type === MOEX.MSG.ERROR) out.text = new TextDecoder().decode(this.heap.subarray(p + out.text_off, p + out.text_off + out.text_len));
     if (out.type === MOEX.MSG.ASSIGN) {
@@ -260,5 +241,4 @@ class MoexWasm {
   }
 }
 
-self.MOEX = MOEX;
 self.MoexWasm = MoexWasm;

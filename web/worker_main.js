@@ -6,12 +6,11 @@
 // (worker/session.c, compute.c) is the reference for every rule here.
 'use strict';
 
-importScripts('moex_wasm.js', 'wasm_api.js', 'gpu.js', 'store.js');
+importScripts('moex_wasm.js', 'moex_constants.js', 'wasm_api.js', 'gpu.js', 'store.js');
 
-const HEARTBEAT_MS = 1000;
-const HUB_SILENCE_MS = 5000;
-const BACKOFF_MIN_S = 0.2;
-const BACKOFF_MAX_S = 5.0;
+const { HEARTBEAT_MS, HUB_SILENCE_MS } = MOEX.SESSION;   // proto/proto.h, as the native worker
+const BACKOFF_MIN_S = MOEX.SESSION.BACKOFF_MIN_MS / 1000;
+const BACKOFF_MAX_S = MOEX.SESSION.BACKOFF_MAX_MS / 1000;
 const BACKLOG = 64;               // queued dispatches at most (--backlog)
 const BATCH_MAX = 64;             // dispatches per GPU submission
 const BATCH_TOKENS = 4096;        // tokens per GPU submission

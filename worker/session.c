@@ -17,10 +17,10 @@
 #include "worker/session_internal.h"
 
 #define TICK_US (100 * LWS_US_PER_MS)
-#define HEARTBEAT_S 1.0
-#define HUB_SILENCE_S 5.0
-#define BACKOFF_MIN_S 0.2
-#define BACKOFF_MAX_S 5.0
+#define HEARTBEAT_S (MOEX_PROTO_HEARTBEAT_MS / 1000.0)
+#define HUB_SILENCE_S (MOEX_PROTO_HUB_SILENCE_MS / 1000.0)
+#define BACKOFF_MIN_S (MOEX_PROTO_BACKOFF_MIN_MS / 1000.0)
+#define BACKOFF_MAX_S (MOEX_PROTO_BACKOFF_MAX_MS / 1000.0)
 #define FATAL_FLUSH_S 1.0      /* how long a fatal ERROR may take to leave */
 #define CLOSE_WAIT_S 1.0       /* how long a clean close may take on exit */
 #define PROBE_S 5.0            /* how long asking the hub's HTTP side may take */

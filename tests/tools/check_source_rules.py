@@ -11,6 +11,12 @@ files themselves (a rule no test reads is a rule nobody keeps):
                    modules below it (docs/ARCHITECTURE.md's graph): serve/ sits
                    on hub/, hub/ on engine/, and nothing includes upwards.
 
+  one_definition   the protocol's numbers the browser worker uses (message types,
+                   states, ERROR codes, session timing, struct offsets) are
+                   defined once, in C; web/'s scripts read them from the
+                   generated moex_constants.js (web/gen_constants.c) and spell
+                   none of them.
+
 Usage: check_source_rules.py SOURCE_DIR. Exit 1 listing every breach."""
 import os
 import re
@@ -85,17 +91,45 @@ def arrows_down(root):
     return breaches
 
 
+# What a hand copy of a C number looks like in a script: an object of them
+# (MSG/ERR/STATE tables, struct offsets) or a timing constant.
+JS_COPIES = [
+    (re.compile(r"\bconst\s+MOEX\s*="), "a MOEX table: read the generated moex_constants.js"),
+    (re.compile(r"\b(DISPATCH|HEARTBEAT|MODEL_MISMATCH|STARTING|n_tokens)\s*:\s*\d"), "a protocol number spelled out"),
+    (re.compile(r"\b\w*(HEARTBEAT|SILENCE|BACKOFF)\w*\s*=\s*[\d.]"), "session timing spelled out (MOEX.SESSION)"),
+    (re.compile(r"\bMSG_FIELDS\s*="), "moex_wasm_msg's offsets spelled out (MOEX.MSG_FIELDS)"),
+]
+
+
+def one_definition(root):
+    breaches = []
+    for d, _, files in os.walk(os.path.join(root, "web")):
+        if "third_party" in d or "node_modules" in d:
+            continue
+        for f in files:
+            if not f.endswith(".js"):
+                continue
+            path = os.path.join(d, f)
+            rel = os.path.relpath(path, root)
+            with open(path, encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    for rx, why in JS_COPIES:
+                        if rx.search(line):
+                            breaches.append(f"{rel}:{n}: {why}")
+    return breaches
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
         return 2
     root = sys.argv[1]
-    breaches = one_constructor(root) + arrows_down(root)
+    breaches = one_constructor(root) + arrows_down(root) + one_definition(root)
     for b in breaches:
         print(b)
     if breaches:
         return 1
-    print("source rules: ok (one_constructor, arrows_down)")
+    print("source rules: ok (one_constructor, arrows_down, one_definition)")
     return 0
 
 

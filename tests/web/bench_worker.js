@@ -1,7 +1,7 @@
 // OPFS through a sync access handle (as web/store.js uses it) and XXH3 in
 // WASM, in a dedicated Worker: MiB/s for writing, reading and hashing 64 MiB.
 'use strict';
-importScripts('/moex_wasm.js', '/wasm_api.js');
+importScripts('/moex_wasm.js', '/moex_constants.js', '/wasm_api.js');
 
 onmessage = async () => {
   const MiB = 1 << 20, N = 64;
