@@ -17,10 +17,22 @@
 #include "engine/vk/engine_vk.h"
 #endif
 
+/* cpu_moe: the model as the CPU executor sees it, every expert view pointing
+ * into the Vulkan state's host copy (one copy of the experts in RAM, read by
+ * the GPU for prompts and by the CPU for decode, not a second one through
+ * the file's pages). */
+typedef struct ram_view {
+    moex_model model;
+    moex_layer *layers;
+    moex_expert_weights *experts;
+} ram_view;
+
 struct moex_engine_parts {
     moex_local_executor *local;     /* the experts computed here (CPU backend or cpu_moe, without o->experts) */
-    moex_engine inner;              /* cpu_moe: the Vulkan engine, wrapped to hold the pool during a forward */
+    moex_engine inner;              /* cpu_moe: the Vulkan engine, wrapped to pick where a forward's experts run */
     moex_pool *held;
+    moex_expert_executor cpu_experts; /* cpu_moe: the local executor (decode) */
+    ram_view ram;                   /* cpu_moe: the experts as the local executor reads them */
     moex_route_recorder *routes;
     moex_state *cpu;
 #if MOEX_HAVE_VULKAN
@@ -37,6 +49,8 @@ static void parts_free(struct moex_engine_parts *p) {
 #endif
     moex_route_recorder_free(p->routes);
     moex_local_executor_free(p->local);
+    free(p->ram.layers);
+    free(p->ram.experts);
     free(p);
 }
 
@@ -68,22 +82,36 @@ static int open_cpu(const moex_model *m, const moex_engine_options *o, int n_seq
 }
 
 #if MOEX_HAVE_VULKAN
-/* cpu_moe: between two layers the GPU works for ~100 us, longer than the
- * pool's usual spin; a sleeping thread's wake-up would cost more than its
- * share of the experts, so the pool spins until the forward ends. */
+/* cpu_moe: where a forward's experts run. The experts' weights live in host
+ * memory the GPU can read over the bus. A forward of few tokens (a decode
+ * step) reads each active expert's weights once per token: the CPU threads
+ * read them from RAM faster than the bus carries them, so the experts go to
+ * the local executor, and between two layers (the GPU working ~100 us,
+ * longer than the pool's usual spin) the pool spins, since a sleeping
+ * thread's wake-up would cost more than its share. A forward of many tokens
+ * (a prompt) reads every expert's weights about once for all its tokens:
+ * the GPU computes them, streaming the weights over the bus. */
+#define CPU_MOE_GPU_FROM 32 /* tokens: llama.cpp's threshold for the same choice */
+
+static int pick_experts(struct moex_engine_parts *p, int64_t n, moex_error *err) {
+    const bool gpu = n >= CPU_MOE_GPU_FROM;
+    moex_pool_hold(p->held, !gpu);
+    return moex_vk_state_set_executor(p->vk.m, p->vk.s, gpu ? (moex_expert_executor){0} : p->cpu_experts, err);
+}
+
 static int held_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
                         moex_error *err) {
     struct moex_engine_parts *p = ctx;
-    moex_pool_hold(p->held, true);
-    const int rc = p->inner.forward(p->inner.ctx, tokens, n, pos, all_logits, logits, err);
+    int rc = pick_experts(p, n, err);
+    if (!rc) rc = p->inner.forward(p->inner.ctx, tokens, n, pos, all_logits, logits, err);
     moex_pool_hold(p->held, false);
     return rc;
 }
 
 static int held_forward_batch(void *ctx, const moex_batch *b, float *logits, moex_error *err) {
     struct moex_engine_parts *p = ctx;
-    moex_pool_hold(p->held, true);
-    const int rc = p->inner.forward_batch(p->inner.ctx, b, logits, err);
+    int rc = pick_experts(p, b->n, err);
+    if (!rc) rc = p->inner.forward_batch(p->inner.ctx, b, logits, err);
     moex_pool_hold(p->held, false);
     return rc;
 }
@@ -104,17 +132,50 @@ static moex_engine held_engine(struct moex_engine_parts *p, moex_engine inner, m
     return e;
 }
 
+static int ram_view_of(const moex_model *m, const moex_vk_state *vs, ram_view *v, moex_error *err) {
+    const moex_hparams *hp = &m->hp;
+    v->model = *m;
+    v->layers = malloc((size_t)hp->n_layer * sizeof *v->layers);
+    v->experts = malloc((size_t)hp->n_layer * (size_t)hp->n_expert * sizeof *v->experts);
+    if (!v->layers || !v->experts) return moex_fail(err, "out of memory");
+    for (int l = 0; l < hp->n_layer; l++) {
+        v->layers[l] = m->layers[l];
+        if (!m->layers[l].experts) continue;
+        v->layers[l].experts = v->experts + (size_t)l * (size_t)hp->n_expert;
+        for (int w = 0; w < 3; w++) {
+            const uint8_t *base = moex_vk_state_experts_host(m, vs, l, w);
+            if (!base) return moex_fail(err, "vulkan: layer %d's experts are not in host memory", l);
+            for (int e = 0; e < hp->n_expert; e++) {
+                moex_expert_weights *x = &v->layers[l].experts[e];
+                if (w == 0) *x = m->layers[l].experts[e];
+                moex_matrix *mat = w == 0 ? &x->gate : w == 1 ? &x->up : &x->down;
+                mat->data = base + (size_t)e * (size_t)mat->rows * mat->row_bytes;
+            }
+        }
+    }
+    v->model.layers = v->layers;
+    return 0;
+}
+
 static int open_vulkan(const moex_model *m, const moex_engine_options *o, int n_seq, struct moex_engine_parts *p,
                        moex_engine *eng, moex_error *err) {
     moex_vk_options vo = o->vk;
     const bool remote = o->experts.run != NULL || o->cpu_moe;
     vo.round_activations = vo.round_activations || remote;
+    vo.experts_in_ram = o->cpu_moe;
     if (o->record_routes && !remote)
         return moex_fail(err, "recording routes on Vulkan needs the experts on workers or the CPU (or the CPU backend)");
     if (o->cpu_moe && !o->pool) return moex_fail(err, "experts on the CPU need a thread pool");
     if (o->cpu_moe && o->experts.run) return moex_fail(err, "the experts go to the CPU or to the workers, not both");
     p->vk.m = m;
-    if (remote) {
+    if (o->cpu_moe) {   /* the experts in RAM: the whole-model state, the executor picked per forward */
+        p->vk.s = o->batched ? moex_vk_state_create_multi(m, o->n_ctx, o->n_batch, n_seq, &vo, err)
+                             : moex_vk_state_create(m, o->n_ctx, o->n_batch, &vo, err);
+        if (!p->vk.s || ram_view_of(m, p->vk.s, &p->ram, err) ||
+            experts_of(&p->ram.model, o, p, &p->cpu_experts, err) ||
+            moex_vk_state_set_executor(m, p->vk.s, p->cpu_experts, err))
+            return -1;
+    } else if (remote) {
         moex_expert_executor exec;
         if (experts_of(m, o, p, &exec, err)) return -1;
         p->vk.s = o->batched ? moex_vk_state_create_remote_multi(m, o->n_ctx, o->n_batch, n_seq, &vo, exec, err)

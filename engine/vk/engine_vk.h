@@ -25,6 +25,10 @@ int64_t moex_vk_state_n_batch(const moex_vk_state *s);
  * interface reads none (the GPU's argmax, moex_vk_last_argmax). */
 int64_t moex_vk_state_logits_rows_read(const moex_vk_state *s);
 moex_vk *moex_vk_state_device(moex_vk_state *s);
+/* With moex_vk_options.experts_in_ram: where layer's experts' gate (which 0),
+ * up (1) or down (2) weights sit in host memory, every expert in the file's
+ * layout (so the CPU can compute from the same copy); else NULL. */
+const void *moex_vk_state_experts_host(const moex_model *m, const moex_vk_state *s, int layer, int which);
 /* As moex_forward; logits may be NULL when only the greedy token is wanted. */
 int moex_vk_forward(const moex_model *m, moex_vk_state *s, const int32_t *tokens, int64_t n, int64_t pos,
                     bool all_logits, float *logits, moex_error *err);

@@ -49,6 +49,8 @@ typedef struct vk_layer {
     moex_vk_ptr attn_norm, ffn_norm, q_norm, k_norm;
     moex_vk_matrix wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down, router;
     moex_vk_experts experts;
+    const void *experts_host[3];   /* experts_in_ram: where gate, up and down (every expert, the file's layout)
+                                    * sit in host memory, for the CPU to read too */
 } vk_layer;
 
 /* Which recordings exist, by batch shape: the local path's whole-token
@@ -100,6 +102,7 @@ struct moex_vk_state {
     moex_vk_matrix tok_embd, output;
     moex_vk_ptr output_norm;
     bool experts_remote;              /* created without the experts' weights on the GPU */
+    bool experts_in_ram;              /* the experts' weights in host memory the GPU reads over the bus */
     int32_t last_argmax;
     int64_t logits_rows_read;         /* logits rows copied to the caller since the state was made */
     /* Local path (forward_vk_local.c): whole-token recordings, slots of rec_lru. */

@@ -26,6 +26,8 @@ typedef struct upload {
     const void *src;
     size_t bytes;
     moex_vk_ptr *dst;
+    bool in_ram;        /* goes to a chunk of host memory (experts_in_ram) */
+    const void **host;  /* in_ram: set to where the copy sits for the CPU */
     int chunk;
     size_t off;
 } upload;
@@ -53,22 +55,31 @@ static void add_upload(uploader *u, const void *src, size_t bytes, moex_vk_ptr *
 
 static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
 
-/* Assigns chunk and offset to each upload; returns the chunk count and their sizes. */
-static int place_uploads(uploader *u, size_t **sizes) {
+/* Assigns chunk and offset to each upload, device-memory uploads first, then
+ * those for host memory in chunks of their own; returns the chunk count,
+ * their sizes and (in_ram[c]) which chunks are host memory. */
+static int place_uploads(uploader *u, size_t **sizes, bool **in_ram) {
     int n_chunks = 0;
-    size_t used = 0;
     *sizes = calloc((size_t)u->n + 1, sizeof **sizes);
-    if (!*sizes) return -1;
-    for (int i = 0; i < u->n; i++) {
-        const size_t b = align_up(u->items[i].bytes);
-        if (n_chunks == 0 || (used + b > CHUNK_BYTES && used > 0)) {
-            n_chunks++;
-            used = 0;
+    *in_ram = calloc((size_t)u->n + 1, sizeof **in_ram);
+    if (!*sizes || !*in_ram) return -1;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t used = 0;
+        bool open = false;   /* a chunk of this pass has been started */
+        for (int i = 0; i < u->n; i++) {
+            if (u->items[i].in_ram != (pass == 1)) continue;
+            const size_t b = align_up(u->items[i].bytes);
+            if (!open || (used + b > CHUNK_BYTES && used > 0)) {
+                n_chunks++;
+                used = 0;
+                open = true;
+                (*in_ram)[n_chunks - 1] = pass == 1;
+            }
+            u->items[i].chunk = n_chunks - 1;
+            u->items[i].off = used;
+            used += b;
+            (*sizes)[n_chunks - 1] = used;
         }
-        u->items[i].chunk = n_chunks - 1;
-        u->items[i].off = used;
-        used += b;
-        (*sizes)[n_chunks - 1] = used;
     }
     return n_chunks;
 }
@@ -83,8 +94,9 @@ static int copy_uploads(moex_vk_state *s, uploader *u, moex_error *err) {
         upload *it = &u->items[i];
         moex_vk_buffer *dst = s->chunks[it->chunk];
         *it->dst = moex_vk_buffer_ptr(dst) + it->off;
-        if (moex_vk_buffer_map(dst)) { /* host-visible device memory (lavapipe, ReBAR): write directly */
+        if (moex_vk_buffer_map(dst)) { /* host memory, or host-visible device memory (lavapipe, ReBAR): write directly */
             memcpy((char *)moex_vk_buffer_map(dst) + it->off, it->src, it->bytes);
+            if (it->in_ram && it->host) *it->host = (char *)moex_vk_buffer_map(dst) + it->off;
             continue;
         }
         if (!stage && (!(stage = moex_vk_buffer_create(s->vk, STAGE_BYTES, MOEX_VK_MEM_HOST, err)) ||
@@ -136,7 +148,8 @@ static int add_matrix(uploader *u, moex_vk_matrix *dst, const moex_matrix *src, 
 }
 
 /* Expert tensors: one upload per tensor when the experts are contiguous in the file, else one per expert. */
-static int add_experts(uploader *u, vk_layer *L, const moex_layer *ml, int n_expert, int il, moex_error *err) {
+static int add_experts(uploader *u, vk_layer *L, const moex_layer *ml, int n_expert, int il, bool in_ram,
+                       moex_error *err) {
     const size_t off[3] = {offsetof(moex_expert_weights, gate), offsetof(moex_expert_weights, up),
                            offsetof(moex_expert_weights, down)};
     moex_vk_matrix *dst[3] = {&L->experts.gate, &L->experts.up, &L->experts.down};
@@ -154,6 +167,7 @@ static int add_experts(uploader *u, vk_layer *L, const moex_layer *ml, int n_exp
         dst[w]->expert_stride = stride;
         if (contiguous) {
             add_upload(u, m0->data, stride * (size_t)n_expert, &dst[w]->data);
+            if (!u->oom) u->items[u->n - 1].in_ram = in_ram, u->items[u->n - 1].host = &L->experts_host[w];
             continue;
         }
         return moex_fail(err, "vulkan: layer %d: experts stored as separate tensors are not supported yet", il);
@@ -188,7 +202,7 @@ static int plan_weights(const moex_model *m, moex_vk_state *s, uploader *u, moex
             return -1;
         if (moex_hparams_is_moe(hp)) {
             if (add_matrix(u, &L->router, &ml->router, "ffn_gate_inp", il, err) ||
-                (!s->experts_remote && add_experts(u, L, ml, hp->n_expert, il, err)))
+                (!s->experts_remote && add_experts(u, L, ml, hp->n_expert, il, s->experts_in_ram, err)))
                 return -1;
         } else if (add_matrix(u, &L->ffn_gate, &ml->ffn_gate, "ffn_gate", il, err) ||
                    add_matrix(u, &L->ffn_up, &ml->ffn_up, "ffn_up", il, err) ||
@@ -202,26 +216,30 @@ static int plan_weights(const moex_model *m, moex_vk_state *s, uploader *u, moex
 static int upload_weights(const moex_model *m, moex_vk_state *s, moex_error *err) {
     uploader u = {0};
     size_t *sizes = NULL;
+    bool *in_ram = NULL;
     int rc = -1;
     if (plan_weights(m, s, &u, err)) goto done;
-    s->n_chunks = place_uploads(&u, &sizes);
+    s->n_chunks = place_uploads(&u, &sizes, &in_ram);
     if (s->n_chunks < 0 || !(s->chunks = calloc((size_t)s->n_chunks, sizeof *s->chunks))) {
         moex_fail(err, "out of memory");
         goto done;
     }
     for (int i = 0; i < s->n_chunks; i++)
-        if (!(s->chunks[i] = moex_vk_buffer_create(s->vk, sizes[i], MOEX_VK_MEM_DEVICE, err))) goto done;
+        if (!(s->chunks[i] =
+                  moex_vk_buffer_create(s->vk, sizes[i], in_ram[i] ? MOEX_VK_MEM_HOST : MOEX_VK_MEM_DEVICE, err)))
+            goto done;
     const double t0 = moex_time_s();
     if (copy_uploads(s, &u, err)) goto done;
-    size_t bytes = 0;
-    for (int i = 0; i < u.n; i++) bytes += u.items[i].bytes;
-    moex_log(MOEX_LOG_INFO, "vulkan: %.2f GB of weights copied to the GPU in %.2f s", (double)bytes / 1e9,
-             moex_time_s() - t0);
+    size_t bytes[2] = {0, 0};
+    for (int i = 0; i < u.n; i++) bytes[u.items[i].in_ram] += u.items[i].bytes;
+    moex_log(MOEX_LOG_INFO, "vulkan: %.2f GB of weights copied to the GPU, %.2f GB of experts to host memory it reads, "
+             "in %.2f s", (double)bytes[0] / 1e9, (double)bytes[1] / 1e9, moex_time_s() - t0);
     if (m->output.data == m->tok_embd.data) s->output = s->tok_embd;
     rc = 0;
 done:
     free(u.items);
     free(sizes);
+    free(in_ram);
     return rc;
 }
 

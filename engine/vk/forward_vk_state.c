@@ -63,6 +63,7 @@ static moex_vk_state *create_state(const moex_model *m, int64_t n_ctx, int64_t n
     s->n_batch = n_batch;
     s->n_seq = n_seq;
     s->experts_remote = experts_remote && moex_hparams_is_moe(hp);
+    s->experts_in_ram = !s->experts_remote && opt && opt->experts_in_ram && moex_hparams_is_moe(hp);
     s->sh = (moex_vk_attn_shape){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                                  .rope_dim = hp->rope_dim, .rope_base = hp->rope_freq_base, .rms_eps = hp->rms_eps,
                                  .scale = 1.0f / sqrtf((float)hp->head_dim), .neox = hp->rope_neox,
@@ -182,4 +183,8 @@ int moex_vk_state_n_seq(const moex_vk_state *s) { return s->n_seq; }
 int64_t moex_vk_state_n_ctx(const moex_vk_state *s) { return s->n_ctx; }
 int64_t moex_vk_state_logits_rows_read(const moex_vk_state *s) { return s->logits_rows_read; }
 int64_t moex_vk_state_n_batch(const moex_vk_state *s) { return s->n_batch; }
+const void *moex_vk_state_experts_host(const moex_model *m, const moex_vk_state *s, int layer, int which) {
+    if (!s->experts_in_ram || layer < 0 || layer >= m->hp.n_layer || which < 0 || which > 2) return NULL;
+    return s->layers[layer].experts_host[which];
+}
 moex_vk *moex_vk_state_device(moex_vk_state *s) { return s->vk; }

@@ -23,6 +23,8 @@ typedef struct moex_vk_options {
     bool round_activations;  /* moex_vk_state_create: round product inputs as the CPU does (see below) */
     bool verbose;
     int coop;                /* prompt products on cooperative matrices: MOEX_VK_COOP_* */
+    bool experts_in_ram;     /* moex_vk_state_create: the experts' weights in host memory the GPU reads over the
+                              * bus (a model whose experts do not fit VRAM; engine/vk/forward_vk_memory.c) */
 } moex_vk_options;
 /* MOEX_VK_COOP_AUTO: where the device has them ($MOEX_VK_NO_COOP=1 turns them off,
  * $MOEX_VK_COOP_EMULATE=1 acts as MOEX_VK_COOP_EMULATE); OFF: the f32 tiles;

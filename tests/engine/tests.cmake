@@ -8,6 +8,8 @@ moex_c_test(test_forward_errors SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_forward_e
 # moex_engine_open, the constructor every program uses, on the shipped model (CPU; Vulkan where built).
 moex_c_test(test_engine_open SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_open.c LIBS moex_engine
   ARGS ${CMAKE_SOURCE_DIR}/train/model/brown-moe-q8_0.gguf TIMEOUT 120 LABELS engine)
+# its Vulkan part as every Vulkan test runs (lavapipe preloaded under the sanitizers: its allocations are known)
+set_tests_properties(test_engine_open PROPERTIES ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 
 # The reference's own pieces: decoders against hand-made blocks and a scalar
 # transcription of ggml's loops; forward-pass identities on tiny models.
@@ -87,7 +89,7 @@ if(MOEX_VULKAN)
 
   # The CLI on Vulkan: a greedy decode reads no logits back (the GPU's argmax).
   add_test(NAME vk_cli_readback COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/vk_cli_readback.sh $<TARGET_FILE:moex-hub>
-           ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
+           ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf ${MOEX_PYTHON})
   set_tests_properties(vk_cli_readback PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77 LABELS "engine;vulkan"
                        TIMEOUT 120 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 

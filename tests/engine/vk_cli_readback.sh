@@ -3,11 +3,12 @@
 # the GPU's argmax and copies no logits back (only the prompt's last row, which
 # the sampler reads for the first token); sampling reads every row. The
 # stats line counts the rows (moex_vk_state_logits_rows_read). With --cpu-moe
-# (the experts in RAM, computed by the CLI's own threads) a greedy run prints
-# the CPU backend's tokens: both round the experts' inputs to 8 bits.
-# usage: vk_cli_readback.sh MOEX_HUB MODEL ; exit 77 without a Vulkan device
+# (the experts in RAM, computed by the CLI's own threads while few tokens run)
+# a greedy run prints the CPU backend's tokens: both round the experts' inputs
+# to 8 bits; a long prompt's experts run on the GPU, within 5 % of them.
+# usage: vk_cli_readback.sh MOEX_HUB MODEL PYTHON ; exit 77 without a Vulkan device
 set -u
-hub=$1 model=$2
+hub=$1 model=$2 python=${3:-python3}
 "$hub" --list-devices >/dev/null 2>&1 && [ -n "$("$hub" --list-devices 2>/dev/null)" ] || { echo "no Vulkan device"; exit 77; }
 fails=0
 rows() { # rows TEMP: the stats line's count
@@ -28,6 +29,28 @@ case "$line" in
 *"experts on the cpu"*"logits rows read back 1"*) echo "ok: the stats line says where the experts ran: $line" ;;
 *) echo "FAIL: stats line '$line'"; fails=1 ;;
 esac
+# A prompt of 32 tokens or more runs its experts on the GPU (their weights read from host memory): its
+# logits against the CPU backend's, every prompt row and the decode's
+long=$(seq -s, 3 45) dir=$(mktemp -d)
+"$hub" --local -m "$model" --prompt-tokens "$long" -n 8 --ignore-eos --temp 0 -t 2 --backend cpu \
+    --dump-logits "$dir/cpu.bin" >/dev/null 2>&1
+"$hub" --local -m "$model" --prompt-tokens "$long" -n 8 --ignore-eos --temp 0 -t 2 --backend vulkan --cpu-moe \
+    --dump-logits "$dir/tier.bin" >/dev/null 2>&1
+if "$python" - "$dir/cpu.bin" "$dir/tier.bin" <<'PY'
+import sys, numpy as np
+a, b = (np.fromfile(p, dtype=np.float32) for p in sys.argv[1:3])
+rows = 43 + 8 - 1  # the prompt's rows, then each decoded token's but the last
+if a.size == 0 or a.size != b.size or a.size % rows:
+    sys.exit(f"logits sizes {a.size} and {b.size}")
+a, b = a.reshape(rows, -1), b.reshape(rows, -1)
+rel = np.linalg.norm(a - b, axis=1) / np.linalg.norm(a, axis=1)
+top1 = (a.argmax(1) == b.argmax(1)).mean()
+print(f"--cpu-moe, 43-token prompt: worst row's relative error {rel.max():.2e}, top-1 agreement {top1:.3f}")
+sys.exit(0 if rel.max() < 0.05 and top1 >= 0.9 else 1)
+PY
+then echo "ok: a long prompt's experts on the GPU: logits within 5 % of the CPU backend's"
+else echo "FAIL: --cpu-moe's long prompt strays from the CPU backend"; fails=1; fi
+rm -rf "$dir"
 "$hub" -m "$model" --cpu-moe --token t -p hi >/dev/null 2>&1
 if [ $? = 2 ]; then echo "ok: --cpu-moe without --local is refused (exit 2)"
 else echo "FAIL: --cpu-moe without --local was not refused"; fails=1; fi
