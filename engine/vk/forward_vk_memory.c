@@ -84,21 +84,39 @@ static int place_uploads(uploader *u, size_t **sizes, bool **in_ram) {
     return n_chunks;
 }
 
+typedef struct mapped_copy {
+    moex_vk_state *s;
+    uploader *u;
+} mapped_copy;
+
+/* The uploads whose chunk the host can write (host memory: the experts in
+ * RAM; host-visible device memory: lavapipe, ReBAR), split over the threads
+ * by item: tens of GB of experts take one thread seconds. */
+static void copy_mapped(void *ctx, int ith, int nth) {
+    const mapped_copy *mc = ctx;
+    for (int i = ith; i < mc->u->n; i += nth) {
+        upload *it = &mc->u->items[i];
+        char *map = moex_vk_buffer_map(mc->s->chunks[it->chunk]);
+        if (!map) continue;
+        memcpy(map + it->off, it->src, it->bytes);
+        if (it->in_ram && it->host) *it->host = map + it->off;
+    }
+}
+
 /* Copies everything to the GPU, batching many small tensors per staging flush. */
 static int copy_uploads(moex_vk_state *s, uploader *u, moex_error *err) {
     moex_vk_buffer *stage = NULL;
     moex_vk_cmd *c = NULL;
     size_t fill = 0;
     int rc = -1;
+    moex_pool *pool = moex_pool_create(0); /* NULL: one thread */
+    moex_pool_run(pool, copy_mapped, &(mapped_copy){.s = s, .u = u});
+    moex_pool_destroy(pool);
     for (int i = 0; i < u->n; i++) {
         upload *it = &u->items[i];
         moex_vk_buffer *dst = s->chunks[it->chunk];
         *it->dst = moex_vk_buffer_ptr(dst) + it->off;
-        if (moex_vk_buffer_map(dst)) { /* host memory, or host-visible device memory (lavapipe, ReBAR): write directly */
-            memcpy((char *)moex_vk_buffer_map(dst) + it->off, it->src, it->bytes);
-            if (it->in_ram && it->host) *it->host = (char *)moex_vk_buffer_map(dst) + it->off;
-            continue;
-        }
+        if (moex_vk_buffer_map(dst)) continue; /* copied above */
         if (!stage && (!(stage = moex_vk_buffer_create(s->vk, STAGE_BYTES, MOEX_VK_MEM_HOST, err)) ||
                        !(c = moex_vk_cmd_create(s->vk, err)) || moex_vk_cmd_begin(c, err)))
             goto done;
