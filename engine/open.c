@@ -2,10 +2,11 @@
  *
  *   backend CPU:    moex_state (engine/forward.c) with the experts computed by
  *                   the local executor on the pool, or sent to o->experts
- *   backend Vulkan: moex_vk_state (engine/vk) with the experts on the GPU, or
+ *   backend Vulkan: moex_vk_state (engine/vk) with the experts on the GPU; or
  *                   the GPU runs everything but the experts, which go to
- *                   o->experts (workers) or (o->cpu_moe) to the local
- *                   executor on the pool, held spinning while a forward runs
+ *                   o->experts (workers); or (o->cpu_moe) the experts' weights
+ *                   in host memory, computed per forward by the GPU (a
+ *                   prompt) or the local executor on the pool (a decode step)
  *
  * The routing recorder, when asked for, sits between the forward pass and
  * whichever executor computes the experts. */
@@ -30,7 +31,7 @@ typedef struct ram_view {
 struct moex_engine_parts {
     moex_local_executor *local;     /* the experts computed here (CPU backend or cpu_moe, without o->experts) */
     moex_engine inner;              /* cpu_moe: the Vulkan engine, wrapped to pick where a forward's experts run */
-    moex_pool *held;
+    moex_pool *pool;                /* cpu_moe: the local executor's threads, held spinning during a decode step */
     moex_expert_executor cpu_experts; /* cpu_moe: the local executor (decode) */
     ram_view ram;                   /* cpu_moe: the experts as the local executor reads them */
     moex_route_recorder *routes;
@@ -95,40 +96,40 @@ static int open_cpu(const moex_model *m, const moex_engine_options *o, int n_seq
 
 static int pick_experts(struct moex_engine_parts *p, int64_t n, moex_error *err) {
     const bool gpu = n >= CPU_MOE_GPU_FROM;
-    moex_pool_hold(p->held, !gpu);
+    moex_pool_hold(p->pool, !gpu);
     return moex_vk_state_set_executor(p->vk.m, p->vk.s, gpu ? (moex_expert_executor){0} : p->cpu_experts, err);
 }
 
-static int held_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
+static int tier_forward(void *ctx, const int32_t *tokens, int64_t n, int64_t pos, bool all_logits, float *logits,
                         moex_error *err) {
     struct moex_engine_parts *p = ctx;
     int rc = pick_experts(p, n, err);
     if (!rc) rc = p->inner.forward(p->inner.ctx, tokens, n, pos, all_logits, logits, err);
-    moex_pool_hold(p->held, false);
+    moex_pool_hold(p->pool, false);
     return rc;
 }
 
-static int held_forward_batch(void *ctx, const moex_batch *b, float *logits, moex_error *err) {
+static int tier_forward_batch(void *ctx, const moex_batch *b, float *logits, moex_error *err) {
     struct moex_engine_parts *p = ctx;
     int rc = pick_experts(p, b->n, err);
     if (!rc) rc = p->inner.forward_batch(p->inner.ctx, b, logits, err);
-    moex_pool_hold(p->held, false);
+    moex_pool_hold(p->pool, false);
     return rc;
 }
 
-static int32_t held_last_argmax(void *ctx) {
+static int32_t tier_last_argmax(void *ctx) {
     struct moex_engine_parts *p = ctx;
     return p->inner.last_argmax(p->inner.ctx);
 }
 
-static moex_engine held_engine(struct moex_engine_parts *p, moex_engine inner, moex_pool *pool) {
+static moex_engine tier_engine(struct moex_engine_parts *p, moex_engine inner, moex_pool *pool) {
     p->inner = inner;
-    p->held = pool;
+    p->pool = pool;
     moex_engine e = inner;
     e.ctx = p;
-    e.forward = held_forward;
-    e.forward_batch = inner.forward_batch ? held_forward_batch : NULL;
-    e.last_argmax = inner.last_argmax ? held_last_argmax : NULL;
+    e.forward = tier_forward;
+    e.forward_batch = inner.forward_batch ? tier_forward_batch : NULL;
+    e.last_argmax = inner.last_argmax ? tier_last_argmax : NULL;
     return e;
 }
 
@@ -163,8 +164,9 @@ static int open_vulkan(const moex_model *m, const moex_engine_options *o, int n_
     const bool remote = o->experts.run != NULL || o->cpu_moe;
     vo.round_activations = vo.round_activations || remote;
     vo.experts_in_ram = o->cpu_moe;
-    if (o->record_routes && !remote)
-        return moex_fail(err, "recording routes on Vulkan needs the experts on workers or the CPU (or the CPU backend)");
+    if (o->record_routes && (!remote || o->cpu_moe))
+        return moex_fail(err, "recording routes on Vulkan needs the experts on workers (or the CPU backend): the GPU "
+                              "computes some");
     if (o->cpu_moe && !o->pool) return moex_fail(err, "experts on the CPU need a thread pool");
     if (o->cpu_moe && o->experts.run) return moex_fail(err, "the experts go to the CPU or to the workers, not both");
     p->vk.m = m;
@@ -186,7 +188,7 @@ static int open_vulkan(const moex_model *m, const moex_engine_options *o, int n_
     }
     if (!p->vk.s) return -1;
     *eng = moex_engine_vk(&p->vk);
-    if (o->cpu_moe) *eng = held_engine(p, *eng, o->pool);
+    if (o->cpu_moe) *eng = tier_engine(p, *eng, o->pool);
     if (o->cpu_moe) snprintf(p->backend, sizeof p->backend, "vulkan, experts on the cpu (%s)", moex_kernels_simd_name());
     else snprintf(p->backend, sizeof p->backend, "vulkan");
     return 0;

@@ -122,6 +122,12 @@ static void vulkan(const moex_model *m, moex_pool *pool) {
                            &eng, &err) && strstr(err.msg, "routes"),
           "routes on a whole-model Vulkan engine: '%s'", err.msg);
     err = (moex_error){0};
+    CHECK(moex_engine_open(m, &(moex_engine_options){.backend = MOEX_ENGINE_VULKAN, .vk = {.device = -1},
+                                                     .n_ctx = N_CTX, .n_batch = 8, .pool = pool, .cpu_moe = true,
+                                                     .record_routes = true},
+                           &eng, &err) && strstr(err.msg, "routes") && !eng.parts,
+          "routes with --cpu-moe (the GPU computes a prompt's experts): '%s'", err.msg);
+    err = (moex_error){0};
     if (moex_engine_open(m, &(moex_engine_options){.backend = MOEX_ENGINE_VULKAN, .vk = {.device = -1},
                                                    .n_ctx = N_CTX, .n_batch = 8, .n_seq = 2, .batched = true,
                                                    .warm_up = true},
