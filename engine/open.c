@@ -177,6 +177,10 @@ static int open_vulkan(const moex_model *m, const moex_engine_options *o, int n_
             experts_of(&p->ram.model, o, p, &p->cpu_experts, err) ||
             moex_vk_state_set_executor(m, p->vk.s, p->cpu_experts, err))
             return -1;
+        moex_log(MOEX_LOG_INFO, "experts: 0 of %d in VRAM, all in RAM (a token uses %d); forwards of fewer than %d "
+                 "tokens compute them on %d CPU threads, longer ones on the GPU from RAM",
+                 m->hp.n_layer * m->hp.n_expert, m->hp.n_layer * m->hp.n_expert_used, CPU_MOE_GPU_FROM,
+                 moex_pool_size(o->pool));
     } else if (remote) {
         moex_expert_executor exec;
         if (experts_of(m, o, p, &exec, err)) return -1;

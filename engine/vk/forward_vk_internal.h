@@ -103,6 +103,7 @@ struct moex_vk_state {
     moex_vk_ptr output_norm;
     bool experts_remote;              /* created without the experts' weights on the GPU */
     bool experts_in_ram;              /* the experts' weights in host memory the GPU reads over the bus */
+    size_t weights_vram, experts_ram; /* bytes of weights in device memory, of experts in host memory */
     int32_t last_argmax;
     int64_t logits_rows_read;         /* logits rows copied to the caller since the state was made */
     /* Local path (forward_vk_local.c): whole-token recordings, slots of rec_lru. */

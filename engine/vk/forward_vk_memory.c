@@ -250,6 +250,8 @@ static int upload_weights(const moex_model *m, moex_vk_state *s, moex_error *err
     if (copy_uploads(s, &u, err)) goto done;
     size_t bytes[2] = {0, 0};
     for (int i = 0; i < u.n; i++) bytes[u.items[i].in_ram] += u.items[i].bytes;
+    s->weights_vram = bytes[0];
+    s->experts_ram = bytes[1];
     moex_log(MOEX_LOG_INFO, "vulkan: %.2f GB of weights copied to the GPU, %.2f GB of experts to host memory it reads, "
              "in %.2f s", (double)bytes[0] / 1e9, (double)bytes[1] / 1e9, moex_time_s() - t0);
     if (m->output.data == m->tok_embd.data) s->output = s->tok_embd;
@@ -361,7 +363,12 @@ static int create_buffers(const moex_model *m, moex_vk_state *s, moex_error *err
 /* ---- the whole plan ---- */
 
 int vk_memory_create(const moex_model *m, moex_vk_state *s, moex_error *err) {
-    return upload_weights(m, s, err) || create_buffers(m, s, err) || vk_logits_alloc(m, s, 1, err) ? -1 : 0;
+    if (upload_weights(m, s, err) || create_buffers(m, s, err) || vk_logits_alloc(m, s, 1, err)) return -1;
+    const size_t kv = moex_vk_buffer_size(s->kv), act = moex_vk_buffer_size(s->act);
+    moex_log(MOEX_LOG_INFO, "vulkan: %.2f GB of device memory: weights %.2f, KV cache %.2f, activations %.2f%s",
+             (double)(s->weights_vram + kv + act) / 1e9, (double)s->weights_vram / 1e9, (double)kv / 1e9,
+             (double)act / 1e9, s->experts_remote ? " (the experts elsewhere)" : "");
+    return 0;
 }
 
 int vk_logits_alloc(const moex_model *m, moex_vk_state *s, int64_t rows, moex_error *err) {
