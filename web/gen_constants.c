@@ -3,12 +3,15 @@
  * the C compiler, so that no JavaScript file spells one of them again:
  * message types, backends, worker states, every ERROR code with its name and
  * reactions (proto/proto.h), the session timing (proto/proto.h), the tensor
- * types and their names (common/types.h), the header size, and the byte
- * offsets of moex_wasm_msg's fields (web/wasm/moex_wasm.h).
+ * types and their names (common/types.h), the header size, the byte
+ * offsets of moex_wasm_msg's fields (web/wasm/moex_wasm.h), and every block
+ * layout's elements, bytes and field offsets (common/block_views.h), also as
+ * WGSL constants the kernels are compiled with (MOEX.WGSL_BLOCKS).
  * usage: gen_constants > moex_constants.js */
 #include <stddef.h>
 #include <stdio.h>
 
+#include "common/block_views.h"
 #include "common/common.h"
 #include "proto/proto.h"
 #include "web/wasm/moex_wasm.h"
@@ -70,6 +73,21 @@ int main(void) {
     object("SESSION", session, N(session));
     object("TYPE", type, N(type));
     object("MSG_FIELDS", fields, N(fields));
+    /* BLOCK: type id -> [elements, bytes] of every type the GPU kernels read, floats included */
+    static const moex_type floats[] = {MOEX_TYPE_F32, MOEX_TYPE_F16, MOEX_TYPE_BF16};
+    printf("  BLOCK: {");
+    for (size_t i = 0; i < N(floats); i++)
+        printf(" %d: [1, %d],", (int)floats[i], moex_type_get(floats[i])->block_bytes);
+    for (size_t i = 0; i < MOEX_N_BLOCK_VIEWS; i++)
+        printf(" %d: [%d, %zu]%s", (int)moex_block_views[i].type, moex_block_views[i].elems, moex_block_views[i].bytes,
+               i + 1 < MOEX_N_BLOCK_VIEWS ? "," : "");
+    printf(" },\n  WGSL_BLOCKS: '");
+    for (size_t i = 0; i < MOEX_N_BLOCK_VIEWS; i++) {
+        const moex_block_view *v = &moex_block_views[i];
+        printf("const %s_ELEMS = %du; const %s_BYTES = %zuu; ", v->name, v->elems, v->name, v->bytes);
+        for (const moex_block_field *f = v->fields; f->name; f++) printf("const %s_%s = %zuu; ", v->name, f->name, f->offset);
+    }
+    printf("',\n");
     printf("  MSG_BYTES: %zu,\n  HEADER_BYTES: %d,\n});\nself.MOEX = MOEX;\n", sizeof(moex_wasm_msg),
            MOEX_PROTO_HEADER_BYTES);
     return 0;

@@ -10,11 +10,12 @@
 // them (act.wgsl), so results match the native worker's to float rounding.
 'use strict';
 
+// weight type -> [kernel flavour, activation mode of act.wgsl (0 Q8_K, 1 Q8_0, 2 f32)]; block elements and
+// bytes come from the C headers (MOEX.BLOCK, moex_constants.js)
 const GPU_TYPES = {
-  // weight type id -> [kernel flavour, activation mode of act.wgsl (0 Q8_K, 1 Q8_0, 2 f32), block elements, block bytes]
-  0: ['f32', 2, 1, 4], 1: ['f16', 2, 1, 2], 30: ['bf16', 2, 1, 2],
-  2: ['q4_0', 1, 32, 18], 6: ['q5_0', 1, 32, 22], 8: ['q8_0', 1, 32, 34],
-  12: ['q4_K', 0, 256, 144], 13: ['q5_K', 0, 256, 176], 14: ['q6_K', 0, 256, 210],
+  [MOEX.TYPE.f32]: ['f32', 2], [MOEX.TYPE.f16]: ['f16', 2], [MOEX.TYPE.bf16]: ['bf16', 2],
+  [MOEX.TYPE.q4_0]: ['q4_0', 1], [MOEX.TYPE.q5_0]: ['q5_0', 1], [MOEX.TYPE.q8_0]: ['q8_0', 1],
+  [MOEX.TYPE.q4_K]: ['q4_K', 0], [MOEX.TYPE.q5_K]: ['q5_K', 0], [MOEX.TYPE.q6_K]: ['q6_K', 0],
 };
 
 const SLOT_ALIGN = 256;
@@ -166,6 +167,7 @@ class GpuExperts {
       '  for (var i = 0u; i < 32u; i += 8u) { s += (i32(a << (24u - i)) >> 24u) * (i32(b << (24u - i)) >> 24u); }',
       '  return s;',
       '}',
+      MOEX.WGSL_BLOCKS,   // the block layouts' sizes and offsets (Q6_K_BYTES, ...), from the C headers
       this.src.common.replace('DP4(', dp4 + '('),
       preprocess(quant ? this.src.wq : this.src.wf, {}, name),
       preprocess(this.src.mv, flags, name),
@@ -432,7 +434,7 @@ function lanesPerRow(units) {
 }
 
 function rowBytes(t, cols) {
-  const [, , be, bb] = GPU_TYPES[t];
+  const [be, bb] = MOEX.BLOCK[t];
   return cols / be * bb;
 }
 

@@ -15,7 +15,10 @@ files themselves (a rule no test reads is a rule nobody keeps):
                    states, ERROR codes, session timing, struct offsets) are
                    defined once, in C; web/'s scripts read them from the
                    generated moex_constants.js (web/gen_constants.c) and spell
-                   none of them.
+                   none of them. The block layouts' sizes and field offsets are
+                   defined once, in common/types.h: the GLSL and WGSL kernels
+                   read them as Q6_K_BYTES, Q6_K_D, ... (blocks.glsl and
+                   MOEX.WGSL_BLOCKS, generated from common/block_views.h).
 
 Usage: check_source_rules.py SOURCE_DIR. Exit 1 listing every breach."""
 import os
@@ -101,8 +104,27 @@ JS_COPIES = [
 ]
 
 
+# A block's size as a multiplier, or a K-quant field's offset, spelled in a kernel.
+SHADER_BLOCK_NUMBERS = re.compile(r"\*\s*(18|20|22|24|34|144|176|210)u\b|\+\s*(192|208)u\b")
+
+
+def shader_files(root):
+    for sub, ext in (("kernels/vk/shaders", ".comp"), ("web/wgsl", ".wgsl")):
+        d = os.path.join(root, sub)
+        if os.path.isdir(d):
+            for f in sorted(os.listdir(d)):
+                if f.endswith(ext):
+                    yield os.path.join(d, f)
+
+
 def one_definition(root):
     breaches = []
+    for path in shader_files(root):
+        rel = os.path.relpath(path, root)
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if SHADER_BLOCK_NUMBERS.search(line.split("//")[0]):
+                    breaches.append(f"{rel}:{n}: a block layout's size or offset spelled out (use Q6_K_BYTES, ...)")
     for d, _, files in os.walk(os.path.join(root, "web")):
         if "third_party" in d or "node_modules" in d:
             continue

@@ -1,7 +1,10 @@
 // Shared by every kernel, which includes it after vk_variants.h and the
 // #defines its variant derives from VARIANT (and USE_SUBGROUP, EMU, TYPE:
 // variants.cmake). Buffers are reached through device addresses pushed as
-// push constants, so no descriptor sets exist anywhere.
+// push constants, so no descriptor sets exist anywhere. The block layouts'
+// sizes and offsets (Q6_K_BYTES, Q6_K_D, ...) come from blocks.glsl, which
+// the build writes from common/types.h.
+#include "blocks.glsl"
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_scalar_block_layout : enable
 #ifdef USE_SUBGROUP

@@ -206,13 +206,14 @@ void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
 struct WU { uvec4 a, b, h; vec4 s; };   // s: d * scale of runs 0..3
 uint ubase(uint u) { return (u >> 2) * 256u + ((u >> 1) & 1u) * 128u + (u & 1u) * 16u; }
 WU wload(U32 p, uint rb, uint u) {
-    const uint bo = rb + (u >> 2) * 210u, hf = (u >> 1) & 1u, l0 = (u & 1u) * 16u;
+    const uint bo = rb + (u >> 2) * Q6_K_BYTES, hf = (u >> 1) & 1u, l0 = (u & 1u) * 16u;
     WU r;
-    r.a = ld16B(p, bo + 64u * hf + l0);
-    r.b = ld16B(p, bo + 64u * hf + 32u + l0);
-    r.h = ld16B(p, bo + 128u + 32u * hf + l0);
-    // scales[16] and d: 18 bytes from bo + 192 (the last word may reach 2 bytes past the block, as ld16 does)
-    const uint i = (bo + 192u) >> 2, sh = ((bo + 192u) & 2u) * 8u;
+    r.a = ld16B(p, bo + Q6_K_QL + 64u * hf + l0);
+    r.b = ld16B(p, bo + Q6_K_QL + 64u * hf + 32u + l0);
+    r.h = ld16B(p, bo + Q6_K_QH + 32u * hf + l0);
+    // scales[16] and d (right after them): 18 bytes from the scales (the last word may reach 2 bytes past the
+    // block, as ld16 does)
+    const uint i = (bo + Q6_K_SCALES) >> 2, sh = ((bo + Q6_K_SCALES) & 2u) * 8u;
     const uint w0 = p.v[i + 2u * hf], w1 = p.v[i + 2u * hf + 1u], w2 = p.v[i + 2u * hf + 2u], w4 = p.v[i + 4u];
     const uint lo = funnel(w0, w1, sh), hi = funnel(w1, w2, sh), bs = l0 >> 1;   // scales[8hf ..], [8hf + 4 ..]
     const float d = unpackHalf2x16((w4 >> sh) & 0xffffu).x;
@@ -269,7 +270,7 @@ void wdot(RV4 x, WU w[NR], uint xo, inout float acc[NR]) {
 struct WU { uint q[8]; float d; };
 uint ubase(uint u) { return u * 32u; }
 WU wload(U32 p, uint rb, uint u) {
-    const uint o = rb + u * 34u, i = o >> 2, sh = (o & 2u) * 8u;
+    const uint o = rb + u * Q8_0_BYTES, i = o >> 2, sh = (o & 2u) * 8u;
     uint w[9];
     for (uint j = 0u; j < 9u; j++) w[j] = p.v[i + j];   // the 9th word may reach 2 bytes past the block
     WU r;

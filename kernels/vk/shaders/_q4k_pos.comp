@@ -9,7 +9,7 @@
 #define PE 32u
 struct PW { uvec4 q, h; };
 PW pload(UV4 p, uint rb, uint pos) {
-    const uint bi = (rb >> 4) + (pos >> 3) * 9u;
+    const uint bi = (rb >> 4) + (pos >> 3) * (Q4_K_BYTES / 16u);   // in 16-byte units: the header, then qs
     PW w;
     w.h = p.v[bi];
     w.q = p.v[bi + 1u + (pos & 7u)];

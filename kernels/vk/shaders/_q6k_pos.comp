@@ -16,11 +16,11 @@ uvec2 ld64(U32 p, uint off) {
     return uvec2((p.v[i] >> 16) | (w1 << 16), (w1 >> 16) | (p.v[i + 2u] << 16));
 }
 PW pload(U32 p, uint rb, uint pos) {
-    const uint o = rb + (pos >> 4) * 210u, m = pos & 15u, sb = o + 192u + 8u * (m >> 3) + ((m & 7u) >> 1);
+    const uint o = rb + (pos >> 4) * Q6_K_BYTES, m = pos & 15u, sb = o + Q6_K_SCALES + 8u * (m >> 3) + ((m & 7u) >> 1);
     PW w;
-    w.ql = ld64(p, o + 8u * m);
-    w.qh = ld64(p, o + 128u + 4u * (8u * (m >> 3) + 2u * (m & 3u)));
-    const float d = f16at(p, o + 208u);
+    w.ql = ld64(p, o + Q6_K_QL + 8u * m);
+    w.qh = ld64(p, o + Q6_K_QH + 4u * (8u * (m >> 3) + 2u * (m & 3u)));
+    const float d = f16at(p, o + Q6_K_D);
     w.slo = d * field(ld8(p, sb) ^ 0x80u, 255u, 0u, 128.0);   // int8 scales
     w.shi = d * field(ld8(p, sb + 4u) ^ 0x80u, 255u, 0u, 128.0);
     return w;

@@ -63,15 +63,15 @@ void dq8(U32 p, uint rb, uint c, out vec4 lo, out vec4 hi) {
     lo = vec4(uintBitsToFloat(w0 << 16), uintBitsToFloat(w0 & 0xffff0000u), uintBitsToFloat(w1 << 16), uintBitsToFloat(w1 & 0xffff0000u));
     hi = vec4(uintBitsToFloat(w2 << 16), uintBitsToFloat(w2 & 0xffff0000u), uintBitsToFloat(w3 << 16), uintBitsToFloat(w3 & 0xffff0000u));
 #elif TYPE == T_Q8_0
-    uint bo = rb + (c >> 5) * 34u, j = c & 31u;
-    float d = f16at(p, bo);
-    lo = d * s8x4(ld32(p, bo + 2u + j));
-    hi = d * s8x4(ld32(p, bo + 6u + j));
+    uint bo = rb + (c >> 5) * Q8_0_BYTES, j = c & 31u;
+    float d = f16at(p, bo + Q8_0_D);
+    lo = d * s8x4(ld32(p, bo + Q8_0_QS + j));
+    hi = d * s8x4(ld32(p, bo + Q8_0_QS + 4u + j));
 #elif TYPE == T_Q4_0 || TYPE == T_Q4_1
 #if TYPE == T_Q4_0
-    uint bo = rb + (c >> 5) * 18u, qo = bo + 2u;
+    uint bo = rb + (c >> 5) * Q4_0_BYTES, qo = bo + Q4_0_QS;
 #else
-    uint bo = rb + (c >> 5) * 20u, qo = bo + 4u;
+    uint bo = rb + (c >> 5) * Q4_1_BYTES, qo = bo + Q4_1_QS;
 #endif
     uint j = c & 31u, sh = (j >> 4) * 4u, q = qo + (j & 15u);
     float d = f16at(p, bo);
@@ -79,14 +79,14 @@ void dq8(U32 p, uint rb, uint c, out vec4 lo, out vec4 hi) {
 #if TYPE == T_Q4_0
     lo = d * (a - 8.0); hi = d * (b - 8.0);
 #else
-    float m = f16at(p, bo + 2u);
+    float m = f16at(p, bo + Q4_1_M);
     lo = d * a + m; hi = d * b + m;
 #endif
 #elif TYPE == T_Q5_0 || TYPE == T_Q5_1
 #if TYPE == T_Q5_0
-    uint bo = rb + (c >> 5) * 22u, ho = bo + 2u, qo = bo + 6u;
+    uint bo = rb + (c >> 5) * Q5_0_BYTES, ho = bo + Q5_0_QH, qo = bo + Q5_0_QS;
 #else
-    uint bo = rb + (c >> 5) * 24u, ho = bo + 4u, qo = bo + 8u;
+    uint bo = rb + (c >> 5) * Q5_1_BYTES, ho = bo + Q5_1_QH, qo = bo + Q5_1_QS;
 #endif
     uint j = c & 31u, sh = (j >> 4) * 4u, q = qo + (j & 15u), qh = ld32(p, ho);
     float d = f16at(p, bo);
@@ -94,34 +94,34 @@ void dq8(U32 p, uint rb, uint c, out vec4 lo, out vec4 hi) {
 #if TYPE == T_Q5_0
     lo = d * (a - 16.0); hi = d * (b - 16.0);
 #else
-    float m = f16at(p, bo + 2u);
+    float m = f16at(p, bo + Q5_1_M);
     lo = d * a + m; hi = d * b + m;
 #endif
 #elif TYPE == T_Q4_K || TYPE == T_Q5_K
 #if TYPE == T_Q4_K
-    uint bo = rb + (c >> 8) * 144u, qo = bo + 16u;
+    uint bo = rb + (c >> 8) * Q4_K_BYTES, qo = bo + Q4_K_QS;
 #else
-    uint bo = rb + (c >> 8) * 176u, qo = bo + 48u;
+    uint bo = rb + (c >> 8) * Q5_K_BYTES, qo = bo + Q5_K_QS;
 #endif
     uint w = c & 255u, g = w >> 6, h = (w >> 5) & 1u, l = w & 31u;
     vec2 dm = unpackHalf2x16(p.v[bo >> 2]);
-    vec2 sm = k4_scale_min(p, bo + 4u, 2u * g + h);
+    vec2 sm = k4_scale_min(p, bo + Q4_K_SCALES, 2u * g + h);   // Q5_K's scales sit there too
     float d = dm.x * sm.x, m = dm.y * sm.y;
     uint q = qo + 32u * g + l;
     vec4 a = nib4(p.v[q >> 2], 4u * h), b = nib4(p.v[(q >> 2) + 1u], 4u * h);
 #if TYPE == T_Q5_K
-    uint hbit = 2u * g + h, h0 = p.v[(bo + 16u + l) >> 2], h1 = p.v[(bo + 20u + l) >> 2];
+    uint hbit = 2u * g + h, h0 = p.v[(bo + Q5_K_QH + l) >> 2], h1 = p.v[(bo + Q5_K_QH + 4u + l) >> 2];
     a += vec4((h0 >> hbit) & 1u, (h0 >> (hbit + 8u)) & 1u, (h0 >> (hbit + 16u)) & 1u, (h0 >> (hbit + 24u)) & 1u) * 16.0;
     b += vec4((h1 >> hbit) & 1u, (h1 >> (hbit + 8u)) & 1u, (h1 >> (hbit + 16u)) & 1u, (h1 >> (hbit + 24u)) & 1u) * 16.0;
 #endif
     lo = d * a - m; hi = d * b - m;
 #elif TYPE == T_Q6_K
-    uint bo = rb + (c >> 8) * 210u;
+    uint bo = rb + (c >> 8) * Q6_K_BYTES;
     uint w = c & 255u, half_ = w >> 7, r = w & 127u, run = r >> 5, l = r & 31u;
-    uint qlo = bo + 64u * half_ + (run & 1u) * 32u + l, qho = bo + 128u + 32u * half_ + l;
+    uint qlo = bo + Q6_K_QL + 64u * half_ + (run & 1u) * 32u + l, qho = bo + Q6_K_QH + 32u * half_ + l;
     uint sh = (run >> 1) * 4u, hs = 2u * run;
-    uint sc = ld8(p, bo + 192u + 8u * half_ + (l >> 4) + 2u * run);
-    float d = f16at(p, bo + 208u) * float(bitfieldExtract(int(sc), 0, 8));
+    uint sc = ld8(p, bo + Q6_K_SCALES + 8u * half_ + (l >> 4) + 2u * run);
+    float d = f16at(p, bo + Q6_K_D) * float(bitfieldExtract(int(sc), 0, 8));
     uint ql0 = ld32(p, qlo), ql1 = ld32(p, qlo + 4u), qh0 = ld32(p, qho), qh1 = ld32(p, qho + 4u);
     vec4 a = nib4(ql0, sh) + 16.0 * vec4((qh0 >> hs) & 3u, (qh0 >> (hs + 8u)) & 3u, (qh0 >> (hs + 16u)) & 3u, (qh0 >> (hs + 24u)) & 3u);
     vec4 b = nib4(ql1, sh) + 16.0 * vec4((qh1 >> hs) & 3u, (qh1 >> (hs + 8u)) & 3u, (qh1 >> (hs + 16u)) & 3u, (qh1 >> (hs + 24u)) & 3u);

@@ -107,7 +107,7 @@ void write_h(float acc[NV], uint c, uint slot) {
 void main() {
     const uint tid = gl_LocalInvocationID.x, pos = tid % NPOS, rl = tid / NPOS;
     const uint c = gl_WorkGroupID.x, slot = gl_WorkGroupID.y;
-    const uint rowb = (pc.d / 256u) * 144u, eb = uint(pc.ids.v[slot]) * pc.estride, r0 = c * CH + rl;
+    const uint rowb = (pc.d / Q4_K_ELEMS) * Q4_K_BYTES, eb = uint(pc.ids.v[slot]) * pc.estride, r0 = c * CH + rl;
     const PX px = pxload(pc.x, (slot / pc.k) * (pc.d / 4u), pos);
     float acc[NV];
     for (uint v = 0u; v < NV; v++) acc[v] = 0.0;

@@ -183,21 +183,21 @@ void put_w(WRaw r, uint e, out uvec4 lo, out uvec4 hi) {
 struct WRaw { uint a[5], h[5], sw, dw; };
 WRaw wzero() { return WRaw(uint[5](0u, 0u, 0u, 0u, 0u), uint[5](0u, 0u, 0u, 0u, 0u), 0u, 0u); }
 WRaw fetch_w(U32 p, uint rb, uint e) {
-    const uint bo = rb + (e >> 8) * 210u, w = e & 255u, hf = w >> 7, run = (w >> 5) & 3u, l0 = w & 16u;
-    const uint ia = (bo + 64u * hf + 32u * (run & 1u) + l0) >> 2, ih = (bo + 128u + 32u * hf + l0) >> 2;
+    const uint bo = rb + (e >> 8) * Q6_K_BYTES, w = e & 255u, hf = w >> 7, run = (w >> 5) & 3u, l0 = w & 16u;
+    const uint ia = (bo + Q6_K_QL + 64u * hf + 32u * (run & 1u) + l0) >> 2, ih = (bo + Q6_K_QH + 32u * hf + l0) >> 2;
     WRaw r;
     UNROLL for (uint i = 0u; i < 5u; i++) {   // the 5th word may reach 2 bytes past the run, inside the block
         r.a[i] = p.v[ia + i];
         r.h[i] = p.v[ih + i];
     }
-    r.sw = p.v[(bo + 192u + 8u * hf + (l0 >> 4) + 2u * run) >> 2];
-    r.dw = p.v[(bo + 208u) >> 2];
+    r.sw = p.v[(bo + Q6_K_SCALES + 8u * hf + (l0 >> 4) + 2u * run) >> 2];
+    r.dw = p.v[(bo + Q6_K_D) >> 2];
     return r;
 }
 void put_w(WRaw r, uint rb, uint e, out uvec4 lo, out uvec4 hi) {
-    const uint bo = rb + (e >> 8) * 210u, w = e & 255u, hf = w >> 7, run = (w >> 5) & 3u, l0 = w & 16u;
+    const uint bo = rb + (e >> 8) * Q6_K_BYTES, w = e & 255u, hf = w >> 7, run = (w >> 5) & 3u, l0 = w & 16u;
     const uint sh = (bo & 2u) * 8u, ns = 4u * (run >> 1), hs = 2u * run;   // the runs share bo's alignment
-    const uint so = bo + 192u + 8u * hf + (l0 >> 4) + 2u * run;
+    const uint so = bo + Q6_K_SCALES + 8u * hf + (l0 >> 4) + 2u * run;
     const float d = unpackHalf2x16(r.dw >> sh).x * float(bitfieldExtract(int(r.sw >> ((so & 3u) * 8u)), 0, 8));
     uvec2 o[4];
     UNROLL for (uint i = 0u; i < 4u; i++) {

@@ -17,7 +17,13 @@ if(NOT MOEX_GLSLC)
   message(FATAL_ERROR "glslc not found: the Vulkan shaders are compiled at build time (apt install glslc, or -DMOEX_VULKAN=OFF)")
 endif()
 file(GLOB vk_shader_parts CONFIGURE_DEPENDS ${vk_shader_dir}/_*.comp)
-set(vk_shader_deps ${vk_shader_parts} ${CMAKE_CURRENT_SOURCE_DIR}/vk_variants.h)
+# The block layouts' sizes and offsets for GLSL (blocks.glsl), written from the C structs by a host program.
+add_executable(moex_gen_blocks ${vk_shader_dir}/gen_blocks.c)
+target_include_directories(moex_gen_blocks PRIVATE ${CMAKE_SOURCE_DIR})
+add_custom_command(OUTPUT ${vk_spirv_dir}/blocks.glsl
+  COMMAND moex_gen_blocks > ${vk_spirv_dir}/blocks.glsl
+  DEPENDS moex_gen_blocks COMMENT "blocks.glsl (from common/types.h)" VERBATIM)
+set(vk_shader_deps ${vk_shader_parts} ${CMAKE_CURRENT_SOURCE_DIR}/vk_variants.h ${vk_spirv_dir}/blocks.glsl)
 set(vk_kernels "")
 
 # vk_variant(<kernel> <type, or - for kernels that read no weights> <mode> [SUBGROUP] [EMU <0|1>])
@@ -47,6 +53,7 @@ macro(vk_variant kernel type mode)
   endif()
   add_custom_command(OUTPUT ${vk_spirv_dir}/${vname}.inc
     COMMAND ${MOEX_GLSLC} -fshader-stage=compute --target-env=vulkan1.2 -O -mfmt=c -I${CMAKE_CURRENT_SOURCE_DIR}
+            -I${vk_spirv_dir}
             ${vdefs} -o ${vk_spirv_dir}/${vname}.inc ${vk_shader_dir}/${kernel}.comp
     DEPENDS ${vk_shader_dir}/${kernel}.comp ${vk_shader_deps}
     COMMENT "glslc ${vname}" VERBATIM)
