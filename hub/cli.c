@@ -2,6 +2,7 @@
  * one parser per flag, one help text. */
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -337,4 +338,13 @@ int64_t hub_cli_cap_ctx(const char *prog, int64_t want, bool given, int64_t n_ct
         moex_log(MOEX_LOG_WARN, "%s: --ctx %lld is above the model's trained context: using %lld (positions past it "
                                 "are outside what the model learned)", prog, (long long)want, (long long)n_ctx_train);
     return n_ctx_train;
+}
+
+void hub_cli_install_signals(void (*handler)(int)) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
 }

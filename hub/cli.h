@@ -79,6 +79,10 @@ int64_t hub_cli_cap_ctx(const char *prog, int64_t want, bool given, int64_t n_ct
 int hub_cli_i64(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int hub_cli_f64(const char *prog, const char *flag, const char *s, double lo, double hi, double *out);
 
+/* SIGINT and SIGTERM to handler (which sets the program's stop flag), SIGPIPE
+ * ignored (a peer gone mid-write is an error return, not a death). */
+void hub_cli_install_signals(void (*handler)(int));
+
 /* The one-shot hub and the --local CLI (hub/main.c): the program moex-hub
  * for every command but `serve` (serve/main_serve.c holds main). */
 int moex_hub_main(int argc, char **argv);

@@ -395,19 +395,10 @@ done:
     return rc;
 }
 
-static void install_signal_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-}
-
 int moex_hub_main(int argc, char **argv) {
     options o;
     int r = parse_args(argc, argv, &o);
     if (r) return r > 0 ? 0 : 2;
-    install_signal_handlers();
+    hub_cli_install_signals(on_signal);
     return run(&o);
 }

@@ -258,21 +258,12 @@ static void stop(serving *sv) {
     moex_model_free(sv->m);
 }
 
-static void install_signal_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-}
-
 /* argv[0] is "serve". */
 static int serve_main(int argc, char **argv) {
     serve_options o;
     const int r = parse_args(argc, argv, &o);
     if (r) return r > 0 ? 0 : 2;
-    install_signal_handlers();
+    hub_cli_install_signals(on_signal);
     serving sv = {0};
     int rc = 1;
     if (start(&o, &sv) == 0) {
