@@ -3,7 +3,7 @@
  *
  *   bench_kernels           full table (LM head 151936x1024 and 2048x1024)
  *   bench_kernels --quick   tiny sizes, one pass (ctest smoke run)
- *   bench_kernels --prefill only the prefill table (compare paths with MOEX_SIMD)
+ *   bench_kernels --prefill only the prefill table (--simd portable|avx2: another path)
  *
  * Weights are random bytes with sane block scales: speed does not depend on
  * the values, and quantizing 150M elements properly would take minutes. */
@@ -244,6 +244,13 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) cfg.quick = 1, cfg.min_seconds = 0;
         else if (!strcmp(argv[i], "--prefill")) cfg.prefill_only = 1;
+        else if (!strcmp(argv[i], "--simd") && i + 1 < argc) {
+            moex_error err;
+            if (moex_kernels_use_simd(argv[++i], &err)) {
+                fprintf(stderr, "bench_kernels: %s\n", err.msg);
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "usage: %s [--quick] [--prefill]\n", argv[0]);
             return 2;

@@ -432,7 +432,7 @@ static void bench_kernels(const moex_model *m, moex_vk *vk) {
  * prompt, then n_g steps of one token per slot, each row's token its argmax
  * taken on the GPU (argmax_only: no logits read back). Prints
  * streams<N>_step_ms (median step) and the aggregate tok/s.
- * MOEX_VK_PROFILE=1 adds the GPU's per-op table. */
+ * --vk-tune profile=1 adds the GPU's per-op table. */
 static void bench_streams(const moex_model *m, const moex_vk_options *o, int n_streams, int n_g) {
     const int P = 32;
     const int64_t V = m->hp.n_vocab, n_ctx = P + n_g + 8;
@@ -479,7 +479,7 @@ static void bench_streams(const moex_model *m, const moex_vk_options *o, int n_s
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [-p 512] [-n 128] [-r 3] [--ctx N] [--round] "
+        fprintf(stderr, "usage: bench_vk MODEL.gguf [--device N] [--vk-tune K=V,...] [-p 512] [-n 128] [-r 3] [--ctx N] [--round] "
                         "[--no-kernels|--only-kernels|--only-experts|--streams N,...]\n");
         return 2;
     }
@@ -492,6 +492,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const bool has = i + 1 < argc;
         if (!strcmp(argv[i], "--device") && has) o.device = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--vk-tune") && has) MUST(moex_vk_options_tune(&o, argv[++i], &err));
         else if (!strcmp(argv[i], "-p") && has) n_p = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && has) n_g = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && has) reps = atoi(argv[++i]);
@@ -552,7 +553,7 @@ int main(int argc, char **argv) {
     double pp[64], tg0[64], tgd[64];
     /* The decoded tokens after the prompt, hashed (FNV-1a): equal in every
      * repetition (the kernels reduce in a fixed order), and a run with a
-     * tuning switch set (MOEX_VK_EX_SHAPE, MOEX_VK_MV_GROUPS) must print the
+     * tuning switch set (--vk-tune ex_shape, mv_groups) must print the
      * same hash. */
     uint32_t tok_hash[64];
     /* warm-up: compiles every variant used below */

@@ -7,7 +7,7 @@ For each path, a one-shot hub on the shipped model (--replicas 1, --verify 1:
 every result checked against the honest bound) whose only worker runs on
 that path, decoding until at least --checks results were verified:
 
-  cpu-portable, cpu-avx2, cpu-best    moex-worker with MOEX_SIMD (best: AVX-512 VNNI where the CPU has it)
+  cpu-portable, cpu-avx2, cpu-best    moex-worker with --simd (best: AVX-512 VNNI where the CPU has it)
   vulkan                              moex-worker --backend vulkan (lavapipe where there is no GPU)
   wasm, webgpu                        the worker page in headless Chromium (&cpu=1; WebGPU on SwiftShader)
 
@@ -75,7 +75,7 @@ def run(build, path, n_tokens, prompt, worker_extra=()):
     else:
         simd = {"cpu-portable": "portable", "cpu-avx2": "avx2"}.get(path)
         extra = ["--backend", "vulkan"] if path == "vulkan" else []
-        c.start_worker(path, [*extra, *worker_extra], env={"MOEX_SIMD": simd} if simd else None)
+        c.start_worker(path, [*extra, *(["--simd", simd] if simd else []), *worker_extra])
     rc, toks, err = c.finish(timeout=3600)
     if browser:
         browser.close()

@@ -25,8 +25,4 @@ void moex_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* Monotonic wall clock in seconds. */
 double moex_time_s(void);
 
-/* The integer in environment variable name (tuning and compare switches,
- * MOEX_WORKER_INLINE_ROWS, ...); dflt when it is unset or empty. */
-int moex_env_int(const char *name, int dflt);
-
 #endif

@@ -14,7 +14,7 @@
 #include "proto/proto.h"
 
 hub_cli_engine hub_cli_engine_default(void) {
-    return (hub_cli_engine){.device = -1, .wire_dtype = MOEX_WIRE_DEFAULT,
+    return (hub_cli_engine){.vk = {.device = -1}, .wire_dtype = MOEX_WIRE_DEFAULT,
                             .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
                                    .seed = (uint64_t)time(NULL)}};
 }
@@ -22,7 +22,7 @@ hub_cli_engine hub_cli_engine_default(void) {
 moex_engine_options hub_cli_engine_options(const hub_cli_engine *e, moex_pool *pool, moex_hub *hub, int64_t n_ctx,
                                            int64_t n_batch) {
     return (moex_engine_options){.backend = e->vulkan ? MOEX_ENGINE_VULKAN : MOEX_ENGINE_CPU,
-                                 .vk = {.device = e->device}, .n_ctx = n_ctx, .n_batch = n_batch, .pool = pool,
+                                 .vk = e->vk, .n_ctx = n_ctx, .n_batch = n_batch, .pool = pool,
                                  .wire_dtype = e->wire_dtype, .cpu_moe = e->cpu_moe, .warm_up = true,
                                  .experts = hub ? moex_hub_executor(hub) : (moex_expert_executor){0}};
 }
@@ -74,6 +74,26 @@ static int parse_backend(hub_cli *c, const char *a, const char *v) {
     return 0;
 }
 
+static int parse_vk_tune(hub_cli *c, const char *a, const char *v) {
+#if MOEX_HAVE_VULKAN
+    moex_error err = {0};
+    (void)a;
+    if (moex_vk_options_tune(&c->eng.vk, v, &err) == 0) return 0;
+    fprintf(stderr, "%s: %s\n", c->prog, err.msg);
+#else
+    fprintf(stderr, "%s: %s: this moex-hub was built without Vulkan (-DMOEX_VULKAN=OFF)\n", c->prog, a);
+    (void)v;
+#endif
+    return -1;
+}
+
+static int parse_simd(hub_cli *c, const char *v) {
+    moex_error err = {0};
+    if (moex_kernels_use_simd(v, &err) == 0) return 0;
+    fprintf(stderr, "%s: %s\n", c->prog, err.msg);
+    return -1;
+}
+
 static int parse_wire_dtype(hub_cli *c, const char *a, const char *v) {
     static const struct {
         const char *name;
@@ -93,9 +113,11 @@ static int parse_engine_value(hub_cli *c, const char *a, const char *v) {
     double d;
     if (!strcmp(a, "--backend")) return parse_backend(c, a, v);
     if (!strcmp(a, "--wire-dtype")) return parse_wire_dtype(c, a, v);
+    if (!strcmp(a, "--vk-tune")) return parse_vk_tune(c, a, v);
+    if (!strcmp(a, "--simd")) return parse_simd(c, v);
     if (!strcmp(a, "--device")) {
         if (hub_cli_i64(c->prog, a, v, 0, 64, &n)) return -1;
-        e->device = (int)n;
+        e->vk.device = (int)n;
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (hub_cli_i64(c->prog, a, v, 1, 1024, &n)) return -1;
         e->threads = (int)n;
@@ -143,6 +165,9 @@ static int parse_value(hub_cli *c, const char *a, const char *v) {
     } else if (!strcmp(a, "--timeout-ms")) {
         if (hub_cli_i64(c->prog, a, v, 1, 600000, &n)) return -1;
         h->timeout_ms = (int)n;
+    } else if (!strcmp(a, "--split-bytes")) {
+        if (hub_cli_i64(c->prog, a, v, 1, 1 << 30, &n)) return -1;
+        h->split_bytes = (int)n;
     } else if (!strcmp(a, "--verify")) {
         if (hub_cli_f64(c->prog, a, v, 0, 1, &d)) return -1;
         h->verify_p = d;
@@ -172,9 +197,10 @@ static int parse_value(hub_cli *c, const char *a, const char *v) {
 }
 
 static const char *const value_flags[] = {
-    "--host", "--token", "--port", "--tcp-port", "--replicas", "--hedge", "--timeout-ms", "--verify", "--min-workers",
-    "--wait-s", "--web-dir", "--tls-cert", "--tls-key", "--tls-dir",
-    "--backend", "--device", "-t", "--threads", "--wire-dtype", "--temp", "--top-k", "--top-p", "--min-p", "--seed",
+    "--host", "--token", "--port", "--tcp-port", "--replicas", "--hedge", "--timeout-ms", "--split-bytes", "--verify",
+    "--min-workers", "--wait-s", "--web-dir", "--tls-cert", "--tls-key", "--tls-dir",
+    "--backend", "--device", "--vk-tune", "--simd", "-t", "--threads", "--wire-dtype", "--temp", "--top-k", "--top-p",
+    "--min-p", "--seed",
 };
 
 static bool takes_value(const char *a) {
@@ -294,7 +320,9 @@ void hub_cli_engine_usage(FILE *f, const hub_cli *c) {
             "  --cpu-moe               with --local --backend vulkan: the experts stay in RAM and this process's\n"
             "                          CPU threads compute them while the GPU runs the rest (a model whose experts\n"
             "                          do not fit the GPU; as llama.cpp's --cpu-moe)\n"
+            "  --vk-tune K=V,...       Vulkan kernel choices for a new GPU (keys: docs/ARCHITECTURE.md \"Settings\")\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
+            "  --simd P                the CPU kernels on portable, avx2 or avx512vnni (default: the CPU's best)\n"
             "  --wire-dtype T          expert inputs/outputs as f16 (default), bf16, int8, f32, or exact (--local only);\n"
             "                          --local rounds at the expert boundary the same way, so both give the same tokens\n"
             "  --temp T                temperature, 0 = greedy (default %g)\n"
@@ -316,6 +344,7 @@ void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help) {
             "  --hedge N|auto          send each expert to N replicas, or adapt (default %d)\n"
             "  --timeout-ms MS         per-expert deadline before re-dispatch (default %d)\n"
             "  --verify P              recompute a fraction P of results here; evict workers that disagree\n"
+            "  --split-bytes N         cut a message to a worker after N bytes of frames (default 256 KiB; tests)\n"
             "  --no-local-fallback     fail instead of computing experts that have no live replica\n"
             "  --min-workers N         %s (default %lld)\n"
             "  --wait-s S              %s (default %g)\n"

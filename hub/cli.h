@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "common/sampler.h"
+#include "kernels/vk/vk.h"
 #include "hub/hub.h"
 
 /* Where and how the model runs: the same flags in both commands. */
@@ -20,7 +21,7 @@ typedef struct hub_cli_engine {
     bool local;                  /* --local: the whole model here, no workers */
     bool vulkan;                 /* --backend vulkan */
     bool cpu_moe;                /* --cpu-moe: with --local on Vulkan, the experts on this CPU (the CPU tier) */
-    int device;                  /* --device N; -1: the best */
+    moex_vk_options vk;          /* --device N (-1: the best), --vk-tune KEY=VALUE,... */
     int threads;                 /* -t N; 0: every core */
     int wire_dtype;              /* --wire-dtype: a MOEX_DT_* or MOEX_WIRE_EXACT */
     moex_sampler_params sp;      /* --temp, --top-k, --top-p, --min-p, --seed */

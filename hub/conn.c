@@ -33,7 +33,6 @@ struct hub_conn {
     bool flush_close, kill, close_started;
     bool raw;                /* TCP transport: no WebSocket framing; written by raw_write */
     int fd;                  /* raw: the socket (-1 once gone) */
-    bool direct;             /* raw: senders write what the socket takes at once */
     size_t head_off;         /* raw: bytes of the head message already written */
     char why[96];
 };
@@ -200,7 +199,7 @@ bool hub_conn_send_owned(hub_conn *c, uint8_t *buf, size_t len) {
     else c->head = m;
     c->tail = m;
     c->queued += len;
-    if (c->raw && c->direct && c->wsi && raw_write(c)) {   /* what the socket takes now leaves from this thread */
+    if (c->raw && c->wsi && raw_write(c)) {   /* what the socket takes now leaves from this thread */
         snprintf(c->why, sizeof c->why, "write failed: %s", strerror(errno));
         c->kill = true;
         drop_queue(c);
@@ -318,10 +317,9 @@ int hub_conn_on_writeable(hub_conn *c) {
     return more;
 }
 
-void hub_conn_set_raw(hub_conn *c, int fd, bool direct) {
+void hub_conn_set_raw(hub_conn *c, int fd) {
     c->raw = true;
     c->fd = fd;
-    c->direct = direct;
 }
 
 bool hub_conn_is_raw(const hub_conn *c) { return c->raw; }

@@ -36,9 +36,9 @@ void hub_net_wake(hub_net *n);
 /* Network thread: a new connection (one reference, the network thread's). */
 hub_conn *hub_conn_create(hub_net *n, struct lws *wsi, size_t max_queued_bytes, const char *peer);
 /* Network thread: the connection is a plain TCP stream (the TCP transport)
- * on socket fd, not a WebSocket: its messages are written as raw bytes, by
- * their senders at once where direct (else all by the network thread). */
-void hub_conn_set_raw(hub_conn *c, int fd, bool direct);
+ * on socket fd, not a WebSocket: its messages are written as raw bytes, what
+ * the socket takes at once by their senders, the rest by the network thread. */
+void hub_conn_set_raw(hub_conn *c, int fd);
 /* Whether it is (any thread: fixed before the connection is shared). */
 bool hub_conn_is_raw(const hub_conn *c);
 /* Tests and the frame-sequence fuzzer: a connection without a socket that

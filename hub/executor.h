@@ -21,6 +21,7 @@ typedef struct hub_executor_config {
     int wire_dtype;
     int64_t max_batch;         /* most tokens per request */
     uint64_t seed;             /* verification sampling */
+    int split_bytes;           /* moex_hub_config.split_bytes */
 } hub_executor_config;
 
 hub_executor *hub_executor_create(const moex_model *m, moex_pool *pool, const hub_executor_config *cfg,

@@ -31,6 +31,7 @@
  * threads' wake-up costs more than they save (an 8-stream decode layer's
  * 64 rows x 2048 encode alone in ~30 us, against ~240 on the pool). */
 #define PARALLEL_ELEMENTS (1 << 20)
+enum { NORMS_UNKNOWN, NORMS_KNOWN, NORMS_FAILED };
 
 typedef struct hub_send {
     uint32_t worker;
@@ -94,7 +95,8 @@ typedef struct worker_count {
  * the first part while the executor queues the next, the worker computes
  * one part while it receives the next — instead of each side waiting for
  * the whole. A decode layer's message (a few rows) stays one message.
- * MOEX_HUB_SPLIT_BYTES overrides it (tests split every frame apart). */
+ * moex_hub_config.split_bytes (--split-bytes) overrides it (tests split every
+ * frame apart). */
 #define MESSAGE_SPLIT_BYTES (256 * 1024)
 
 /* Per-layer times (µs), a ring; n_tokens tells a prompt's layers from a decode's. */
@@ -128,8 +130,8 @@ struct hub_executor {
     float *x_wire;               /* [cap_tokens x d] */
     float *x_absmax;             /* [cap_tokens]: each token's largest |x| */
     double *pair_max;            /* [cap_pairs]: each pair's largest honest |result| value */
-    moex_expert_norms *norms;    /* [layers x experts], computed on first use */
-    uint8_t *norms_known;
+    moex_expert_norms *norms;    /* [layers x experts], computed on first use (learn_norms) */
+    uint8_t *norms_state;        /* NORMS_UNKNOWN, NORMS_KNOWN or NORMS_FAILED (a type without a dequantizer) */
     moex_expert_check *checker;  /* verification: the exact chain and its bound */
     double *ref, *tol;           /* [MOEX_EXPERT_CHECK_VARIANTS x d] */
     float *results;              /* [cap_pairs x d] grouped, as the plan orders pairs */
@@ -147,7 +149,7 @@ struct hub_executor {
     bool x_wire_ready;
     outgoing out[HUB_MAX_WORKERS];
     int n_out;
-    size_t split_bytes;          /* MESSAGE_SPLIT_BYTES, or MOEX_HUB_SPLIT_BYTES */
+    size_t split_bytes;          /* MESSAGE_SPLIT_BYTES, or cfg->split_bytes */
     worker_count inflight[HUB_MAX_WORKERS];  /* sends of this layer per worker */
     int n_inflight;
     uint64_t rng;
@@ -165,7 +167,7 @@ hub_executor *hub_executor_create(const moex_model *m, moex_pool *pool, const hu
     hub_executor *x = calloc(1, sizeof *x);
     const size_t n_experts = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
     if (!x || !(x->tmp = malloc(moex_wire_tmp_bytes(m->hp.n_embd))) ||
-        !(x->norms = calloc(n_experts, sizeof *x->norms)) || !(x->norms_known = calloc(n_experts, 1)) ||
+        !(x->norms = calloc(n_experts, sizeof *x->norms)) || !(x->norms_state = calloc(n_experts, 1)) ||
         !(x->checker = moex_expert_check_create()) ||
         !(x->ref = malloc(MOEX_EXPERT_CHECK_VARIANTS * (size_t)m->hp.n_embd * sizeof(double))) ||
         !(x->tol = malloc(MOEX_EXPERT_CHECK_VARIANTS * (size_t)m->hp.n_embd * sizeof(double)))) {
@@ -184,8 +186,7 @@ hub_executor *hub_executor_create(const moex_model *m, moex_pool *pool, const hu
     x->d = m->hp.n_embd;
     x->next_seq = 1;
     x->rng = cfg->seed * 0x9E3779B97F4A7C15ull + 1;
-    const int split = moex_env_int("MOEX_HUB_SPLIT_BYTES", MESSAGE_SPLIT_BYTES);
-    x->split_bytes = split > 0 ? (size_t)split : MESSAGE_SPLIT_BYTES;
+    x->split_bytes = cfg->split_bytes > 0 ? (size_t)cfg->split_bytes : MESSAGE_SPLIT_BYTES;
     atomic_init(&x->stopping, false);
     return x;
 }
@@ -204,7 +205,7 @@ void hub_executor_free(hub_executor *x) {
     free(x->x_absmax);
     free(x->pair_max);
     free(x->norms);
-    free(x->norms_known);
+    free(x->norms_state);
     moex_expert_check_free(x->checker);
     free(x->ref);
     free(x->tol);
@@ -583,14 +584,11 @@ static bool read_rows(const moex_proto_tensor_view *v, float *dst, int64_t d, co
 }
 
 /* The largest honest |value| of each pair's result, from the expert's
- * weights (their norms, computed on the expert's first use) and the token's
- * input: x's wire rounding and the result's add at most 1 % each. */
-static int expert_limits(hub_executor *x, const hub_task *t, moex_error *err) {
+ * weights (their norms, learn_norms) and the token's input: x's wire
+ * rounding and the result's add at most 1 % each. -1: no bound for it. */
+static int expert_limits(hub_executor *x, const hub_task *t) {
     const size_t e = (size_t)x->layer * (size_t)x->m->hp.n_expert + (size_t)t->expert;
-    if (!x->norms_known[e]) {
-        if (moex_expert_norms_of(&x->m->layers[x->layer].experts[t->expert], &x->norms[e], err)) return -1;
-        x->norms_known[e] = 1;
-    }
+    if (x->norms_state[e] != NORMS_KNOWN) return -1;
     const moex_moe_plan *p = &x->plan;
     for (int32_t i = p->group_first[t->group]; i < p->group_first[t->group + 1]; i++)
         x->pair_max[i] = moex_expert_result_max(&x->norms[e], 1.01 * x->x_absmax[p->rows[i]], p->gates[i]) * 1.01;
@@ -630,7 +628,7 @@ static void claim_result(hub_executor *x, uint32_t worker, const moex_proto_msg 
     if (t->local || t->claimed) return; /* computed here after its replicas failed; or answered twice */
     pr->task = t;
     pr->send = s;
-    if (!t->limits_ready) t->limits_ready = expert_limits(x, t, NULL) == 0;
+    if (!t->limits_ready) t->limits_ready = expert_limits(x, t) == 0;
     pr->limits = t->limits_ready ? x->pair_max + x->plan.group_first[t->group] : NULL;
     if (!t->done) {
         pr->dst = x->results + (size_t)x->plan.group_first[t->group] * (size_t)x->d;
@@ -989,6 +987,39 @@ static void record_times(hub_executor *x, int layer, double t0, double t1, doubl
              layer, (long long)lt->n_tokens, lt->plan_encode, lt->send, lt->wait, lt->decode, lt->combine);
 }
 
+/* The norms of this layer's experts not seen before, on the pool while the
+ * workers compute: each expert's matrices are read whole once (a prompt's
+ * first layers touch every expert, which one thread took seconds for). */
+typedef struct norms_job {
+    hub_executor *x;
+    int *todo; /* indices into x->tasks */
+    int n;
+} norms_job;
+
+static void learn_norms_part(void *ctx, int ith, int nth) {
+    const norms_job *j = ctx;
+    hub_executor *x = j->x;
+    for (int i = ith; i < j->n; i += nth) {
+        const int expert = x->tasks[j->todo[i]].expert;
+        const size_t e = (size_t)x->layer * (size_t)x->m->hp.n_expert + (size_t)expert;
+        x->norms_state[e] = moex_expert_norms_of(&x->m->layers[x->layer].experts[expert], &x->norms[e], NULL)
+                                ? NORMS_FAILED : NORMS_KNOWN;
+    }
+}
+
+static void learn_norms(hub_executor *x) {
+    int todo_one[64], *todo = x->n_tasks <= 64 ? todo_one : malloc((size_t)x->n_tasks * sizeof *todo);
+    if (!todo) return; /* the results of these experts go unbounded this layer */
+    norms_job job = {.x = x, .todo = todo};
+    for (int i = 0; i < x->n_tasks; i++) {
+        const size_t e = (size_t)x->layer * (size_t)x->m->hp.n_expert + (size_t)x->tasks[i].expert;
+        if (x->norms_state[e] == NORMS_UNKNOWN) todo[job.n++] = i;
+    }
+    if (job.n > 1) moex_pool_run(x->pool, learn_norms_part, &job);
+    else if (job.n == 1) learn_norms_part(&job, 0, 1);
+    if (todo != todo_one) free(todo);
+}
+
 static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
     hub_executor *x = ctx;
     if (req->n_tokens > x->cfg.max_batch)
@@ -1001,6 +1032,7 @@ static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
     const double t1 = moex_time_s();
     if (rc == 0) rc = send_layer(x, err);
     const double t2 = moex_time_s();
+    if (rc == 0) learn_norms(x); /* while the workers compute */
     if (rc == 0) rc = wait_layer(x, err);
     const double t3 = moex_time_s();
     if (rc == 0) rc = verify_layer(x, err);

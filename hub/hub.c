@@ -84,7 +84,7 @@ moex_hub *moex_hub_start(const moex_model *m, moex_pool *pool, const moex_hub_co
                               .dead_after_ms = cfg->dead_after_ms};
     hub_executor_config xc = {.hedge = cfg->hedge, .timeout_ms = cfg->timeout_ms, .verify_p = cfg->verify_p,
                               .local_fallback = cfg->local_fallback, .wire_dtype = cfg->wire_dtype,
-                              .max_batch = cfg->max_batch, .seed = cfg->seed};
+                              .max_batch = cfg->max_batch, .seed = cfg->seed, .split_bytes = cfg->split_bytes};
     hub->http = (hub_http){.m = m, .model_hash = model_hash, .token = cfg->token, .metrics = &hub->metrics,
                            .no_weights = cfg->no_workers};
     hub_server_config sc = {.host = cfg->host, .port = cfg->port, .token = cfg->token, .heartbeat_ms = cfg->heartbeat_ms,

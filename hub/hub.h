@@ -26,6 +26,7 @@ typedef struct moex_hub_config {
     int dead_after_ms;         /* a silent worker is removed after this */
     uint64_t seed;             /* for verification sampling */
     int64_t max_batch;         /* most tokens per forward: bounds frame sizes */
+    int split_bytes;           /* a message to a worker is cut after this many bytes of frames (0: 256 KiB; tests: 1) */
     /* moex-hub serve: the API's HTTP handler, offered every request first;
      * no_workers: the model runs in this process (--local), /ws is refused */
     const struct hub_http_handler *http_handler;

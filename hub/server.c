@@ -31,7 +31,6 @@ struct hub_server {
     bool thread_started;
     atomic_bool stop;
     int port, tcp_port;
-    bool tcp_queue_only;   /* MOEX_HUB_TCP_DIRECT=0: TCP connections written by the network thread alone (to compare) */
     hub_log_limit refusals;
 };
 
@@ -102,7 +101,7 @@ static int established(hub_server *s, struct lws *wsi, conn_data *cd, bool raw) 
     peer_name(wsi, peer, sizeof peer);
     cd->rx.max_bytes = s->cfg.max_message;
     cd->conn = hub_conn_create(s->net, wsi, s->cfg.max_queued, peer);
-    if (cd->conn && raw) hub_conn_set_raw(cd->conn, (int)lws_get_socket_fd(wsi), !s->tcp_queue_only);
+    if (cd->conn && raw) hub_conn_set_raw(cd->conn, (int)lws_get_socket_fd(wsi));
     cd->w = cd->conn ? hub_registry_connect(s->reg, cd->conn) : NULL;
     if (!cd->w) {
         moex_log(MOEX_LOG_WARN, "refused %s: %d workers already", peer, HUB_MAX_WORKERS);
@@ -410,7 +409,6 @@ hub_server *hub_server_start(const hub_server_config *cfg, hub_registry *reg, hu
         return NULL;
     }
     s->cfg = *cfg;
-    s->tcp_queue_only = moex_env_int("MOEX_HUB_TCP_DIRECT", 1) == 0;
     s->reg = reg;
     s->inbox = inbox;
     s->net = net;

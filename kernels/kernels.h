@@ -40,6 +40,10 @@ int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n, 
 int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n, moex_error *err);
 /* Name of the SIMD path in use ("avx2", "portable"). */
 const char *moex_kernels_simd_name(void);
+/* --simd: the kernels of this process on a lower path than the CPU's best
+ * ("portable", "avx2"; "avx512vnni" = the best), to compare or test them.
+ * Call before the first kernel runs; -1 for another name or once they run. */
+int moex_kernels_use_simd(const char *name, moex_error *err);
 
 /* ---- matrix products ---- */
 /* y[t][r] = sum_c W[r][c] * x[t][c] for t < n. x: n x cols, y: n x rows. */

@@ -37,8 +37,8 @@ typedef struct moex_simd_table {
 int moex_vec_dot_type(moex_type weight_type);
 
 /* The table in use: AVX-512 VNNI when the CPU has it (and AVX2), else AVX2
- * when the CPU has AVX2+FMA+F16C, else portable. MOEX_SIMD=avx2 or
- * MOEX_SIMD=portable in the environment forces a lower path. */
+ * when the CPU has AVX2+FMA+F16C, else portable. moex_kernels_use_simd
+ * (--simd avx2 or portable) forces a lower path. */
 const moex_simd_table *moex_simd_active(void);
 const moex_simd_table *moex_simd_portable(void);
 /* NULL when not built for x86 or the CPU lacks AVX2/FMA/F16C. */

@@ -1,6 +1,8 @@
 /* Picks the dot-product table for this CPU once per process. The choice is a
- * pure function of the CPU and MOEX_SIMD, cached in a pthread_once. */
+ * pure function of the CPU and a program's --simd (moex_kernels_use_simd,
+ * before the first kernel runs), cached in a pthread_once. */
 #include <pthread.h>
+#include <stdatomic.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -89,23 +91,26 @@ const moex_simd_table *moex_simd_vnni(void) {
 
 static pthread_once_t active_once = PTHREAD_ONCE_INIT;
 static const moex_simd_table *active_table; /* written once, under active_once */
+static _Atomic int requested = -1;           /* moex_kernels_use_simd's choice: 0 portable, 1 avx2; -1 the best */
 
-/* Best path of this CPU, or a lower one that MOEX_SIMD asks for. */
+/* Best path of this CPU, or a lower one that moex_kernels_use_simd asked for. */
 static void choose_table(void) {
-    const char *forced = getenv("MOEX_SIMD");
     const moex_simd_table *t = NULL;
-    if (forced && !strcmp(forced, "portable")) {
-        t = NULL;
-    } else if (forced && !strcmp(forced, "avx2")) {
-        t = moex_simd_avx2();
-    } else {
-        if (forced && *forced && strcmp(forced, "avx512vnni") != 0)
-            moex_log(MOEX_LOG_WARN, "kernels: MOEX_SIMD=%s is not avx512vnni, avx2 or portable; using the best path",
-                     forced);
-        t = moex_simd_vnni();
-        if (!t) t = moex_simd_avx2();
-    }
+    const int want = atomic_load(&requested);
+    if (want == 1) t = moex_simd_avx2();
+    else if (want < 0 && !(t = moex_simd_vnni())) t = moex_simd_avx2();
     active_table = t ? t : moex_simd_portable();
+}
+
+int moex_kernels_use_simd(const char *name, moex_error *err) {
+    static const char *const names[] = {"portable", "avx2", "avx512vnni"};
+    int i = 0;
+    while (i < 3 && strcmp(name, names[i])) i++;
+    if (i == 3) return moex_fail(err, "--simd wants portable, avx2 or avx512vnni, not '%s'", name);
+    atomic_store(&requested, i == 2 ? -1 : i);
+    if (active_table && strcmp(moex_kernels_simd_name(), name) && i != 2)
+        return moex_fail(err, "--simd %s: the kernels already run on %s", name, moex_kernels_simd_name());
+    return 0;
 }
 
 const moex_simd_table *moex_simd_active(void) {

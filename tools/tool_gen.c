@@ -27,6 +27,8 @@ static const gen_preset presets[] = {
      "qwen3moe of ~1B params for speed comparisons"},
     {"qwen3-30b-a3b", GEN_QWEN3MOE, 48, 2048, 32, 4, 128, 6144, 128, 8, 768, 40960, 1e6f, 1e-6f,
      "Qwen3-30B-A3B's shape (use the qwen2 vocab)"},
+    {"qwen3-235b-a22b", GEN_QWEN3MOE, 94, 4096, 64, 4, 128, 12288, 128, 8, 1536, 40960, 1e6f, 1e-6f,
+     "Qwen3-235B-A22B's shape (use the qwen2 vocab; 142 GB as q4_K_M)"},
     {"mixtral-8x7b", GEN_MIXTRAL, 32, 4096, 32, 8, 128, 14336, 8, 2, 14336, 32768, 1e6f, 1e-5f,
      "Mixtral-8x7B's shape (use a 32000-token llama vocab)"},
     {"qwen3-0.6b", GEN_QWEN3, 28, 1024, 16, 8, 128, 3072, 0, 0, 0, 40960, 1e6f, 1e-6f, "Qwen3-0.6B's shape"},

@@ -492,8 +492,8 @@ static void run_batch(compute *c) {
  * thread is idle: a decode layer's message then costs no hand-off to the
  * compute thread and back (two thread wake-ups, most of a round trip on a loaded
  * machine). Larger ones go to the compute thread, so that the lws thread
- * stays free for CANCELs and heartbeats during long batches.
- * MOEX_WORKER_INLINE_ROWS overrides it (0: never inline, to compare). */
+ * stays free for CANCELs and heartbeats during long batches (docs/PERF.md
+ * measured it against handing every message over). */
 #define INLINE_ROWS MOEX_WORKER_SMALL_ROWS
 
 /* Called with mu held: whether the queued work is whole messages of at most
@@ -559,9 +559,8 @@ static void compute_free(compute *c) {
 
 /* --backend vulkan: the GPU core. */
 static int create_gpu(compute *c, moex_error *err) {
-    const moex_vk_options vo = {.device = c->s->o->device};
     moex_error why;
-    if (!(c->gpu = moex_worker_vk_create(c->s->m, &vo, &why))) return moex_fail(err, "--backend vulkan: %s", why.msg);
+    if (!(c->gpu = moex_worker_vk_create(c->s->m, &c->s->o->vk, MOEX_WORKER_VK_EACH_ALWAYS, &why))) return moex_fail(err, "--backend vulkan: %s", why.msg);
     return 0;
 }
 
@@ -617,7 +616,7 @@ int moex_worker_compute_start(session *s, pthread_t *th, moex_error *err) {
     else
         moex_log(MOEX_LOG_INFO, "worker: compute pool of %d threads (%s kernels)", moex_pool_size(c->pool),
                  moex_kernels_simd_name());
-    s->inline_rows = moex_env_int("MOEX_WORKER_INLINE_ROWS", INLINE_ROWS);
+    s->inline_rows = INLINE_ROWS;
     pthread_mutex_lock(&s->mu);
     s->compute = c;
     pthread_mutex_unlock(&s->mu);

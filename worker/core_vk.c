@@ -50,10 +50,9 @@ typedef struct vk_op {
  * gets alone (the API's continuous batching promises it). Each row streams
  * its expert's weights (from L2 when its neighbour did); on a GPU shared with
  * the hub this measured no slower than the prompt's tiles even for 512-token
- * prompts (docs/PERF.md). MOEX_WORKER_EACH_ROWS=N takes the tiles for an op
- * of more than N rows an expert (0: always the kernels by row count), to
- * compare. */
-#define EACH_ROWS_ALWAYS (-1)
+ * prompts (docs/PERF.md). moex_worker_vk_create's each_rows = N takes the
+ * tiles for an op of more than N rows an expert (0: always the kernels by row
+ * count), to compare. */
 
 /* A dispatch of the batch: its rows [row0, row0 + n) read from the view at
  * run time (values NULL: zero rows, for the warm-up). */
@@ -91,7 +90,7 @@ struct moex_worker_vk {
     int64_t cap_tokens;
     io_plan plan;
     double stage_s, gpu_s;       /* the last run's two parts */
-    int each_rows;               /* EACH_ROWS_ALWAYS or MOEX_WORKER_EACH_ROWS */
+    int each_rows;               /* MOEX_WORKER_VK_EACH_ALWAYS, or N (tests) */
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -148,7 +147,8 @@ static size_t scratch_bytes(const moex_worker_vk *g) {
     return a > b ? a : b;
 }
 
-moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options *opt, moex_error *err) {
+moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options *opt, int each_rows,
+                                      moex_error *err) {
     if (check_model(m, err)) return NULL;
     const moex_hparams *hp = &m->hp;
     moex_worker_vk *g = calloc(1, sizeof *g);
@@ -162,7 +162,7 @@ moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options
     g->n_layers = hp->n_layer;
     g->n_experts = hp->n_expert;
     g->hidden = hp->n_embd;
-    g->each_rows = moex_env_int("MOEX_WORKER_EACH_ROWS", EACH_ROWS_ALWAYS);
+    g->each_rows = each_rows;
     plan_slots(g, m);
     if (g->max_span < 1) {
         moex_fail(err, "worker vulkan: an expert of %zu bytes is over the kernels' 4 GiB", g->slot_bytes);

@@ -3,7 +3,8 @@
  * at start-up with that message; nothing else is reachable without a core. */
 #include "worker/worker.h"
 
-moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options *opt, moex_error *err) {
+moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options *opt, int each_rows,
+                                      moex_error *err) {
     (void)m, (void)opt;
     moex_fail(err, "this moex-worker was built without Vulkan (-DMOEX_VULKAN=OFF): use --backend cpu, or rebuild "
                    "with -DMOEX_VULKAN=ON");

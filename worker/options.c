@@ -23,12 +23,15 @@ void moex_worker_usage(FILE *f) {
             "  --download               download the experts from the hub (the default without --model)\n"
             "  --cache-dir DIR          downloaded experts (default $XDG_CACHE_HOME/moex or ~/.cache/moex)\n"
             "  --threads N              compute threads (default: all cores)\n"
+            "  --simd P                 CPU kernels on portable, avx2 or avx512vnni (default: the CPU's best)\n"
             "  --name NAME              name shown by the hub (default worker-<hostname>-<pid>)\n"
             "  --capacity W             placement weight, > 0 (default 1)\n"
             "  --memory-budget BYTES    bytes for experts, suffix K/M/G allowed (default: all the model's);\n"
             "                           downloaded experts no longer assigned stay cached up to it\n"
             "  --backend cpu|vulkan     compute backend (default cpu); vulkan keeps the assigned experts on the GPU\n"
             "  --device N               --backend vulkan: the GPU to use (default: the best; the log names it)\n"
+            "  --vk-tune K=V,...        --backend vulkan: kernel choices for a new GPU (the keys:\n"
+            "                           docs/ARCHITECTURE.md \"Settings\")\n"
             "  --backlog N              dispatches queued at most, 1..4096 (default 64)\n"
             "  --reconnect-max-s S      give up after S seconds without a connection the hub took (default: never)\n"
             "  --seed S                 seed of the fault injection (default: from time and pid)\n"
@@ -88,7 +91,7 @@ static void set_defaults(moex_worker_options *o) {
     memset(o, 0, sizeof *o);
     o->capacity = 1.0;
     o->backend = MOEX_BACKEND_CPU;
-    o->device = -1;
+    o->vk.device = -1;
     o->backlog = 64;
     o->inject_corrupt_scale = 10;
     o->seed = (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
@@ -96,7 +99,8 @@ static void set_defaults(moex_worker_options *o) {
 
 static const char *const known_flags[] = {
     "--hub", "--token", "--ca", "--model", "--cache-dir", "--name", "--threads", "--capacity", "--memory-budget",
-    "--backend", "--device", "--backlog", "--reconnect-max-s", "--seed", "--inject-delay-ms", "--inject-delay-prob",
+    "--backend", "--device", "--vk-tune", "--simd", "--backlog", "--reconnect-max-s", "--seed", "--inject-delay-ms",
+    "--inject-delay-prob",
     "--inject-exit-after", "--inject-corrupt-prob", "--inject-corrupt-scale",
 };
 
@@ -137,7 +141,16 @@ static int apply_flag(moex_worker_options *o, const char *flag, const char *val,
         else return moex_fail(err, "--backend: '%s' is not a backend (cpu or vulkan)", val);
     } else if (!strcmp(flag, "--device")) {
         if (parse_int(flag, val, 0, 255, &i, err)) return -1;
-        o->device = (int)i;
+        o->vk.device = (int)i;
+    } else if (!strcmp(flag, "--simd")) {
+        if (moex_kernels_use_simd(val, err)) return -1;
+    } else if (!strcmp(flag, "--vk-tune")) {
+#if MOEX_HAVE_VULKAN
+        if (moex_vk_options_tune(&o->vk, val, err)) return -1;
+        o->vk_tuned = true;
+#else
+        return moex_fail(err, "--vk-tune: this moex-worker was built without Vulkan (-DMOEX_VULKAN=OFF)");
+#endif
     } else if (!strcmp(flag, "--backlog")) {
         if (parse_int(flag, val, 1, 4096, &i, err)) return -1;
         o->backlog = (int)i;
@@ -182,7 +195,9 @@ static int check_required(const moex_worker_options *o, moex_error *err) {
     if (o->model_path && o->download)
         return moex_fail(err, "--model and --download exclude each other (--download fetches the experts from the hub)");
     if (o->model_path && o->cache_dir) return moex_fail(err, "--cache-dir is for downloads: leave out --model");
-    if (o->device >= 0 && o->backend != MOEX_BACKEND_VULKAN) return moex_fail(err, "--device is for --backend vulkan");
+    if (o->vk.device >= 0 && o->backend != MOEX_BACKEND_VULKAN)
+        return moex_fail(err, "--device is for --backend vulkan");
+    if (o->vk_tuned && o->backend != MOEX_BACKEND_VULKAN) return moex_fail(err, "--vk-tune is for --backend vulkan");
     if (o->inject_delay_prob > 0 && o->inject_delay_ms <= 0)
         return moex_fail(err, "--inject-delay-prob needs --inject-delay-ms");
     return 0;

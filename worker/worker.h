@@ -92,8 +92,13 @@ float *moex_worker_core_batch_values(const moex_worker_core *c, int i);
 typedef struct moex_worker_vk moex_worker_vk;
 
 /* A GPU core for m's experts (shapes and types only: no weights are read
- * here, and no slots are allocated yet). opt: the device (NULL: the best). */
-moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options *opt, moex_error *err);
+ * here, and no slots are allocated yet). opt: the device (NULL: the best).
+ * each_rows: MOEX_WORKER_VK_EACH_ALWAYS (what the worker runs: every row on
+ * one token's kernels, the same bits in any batch), or N >= 0: an op of
+ * more than N rows an expert on the prompt's tiles (tests compare the two). */
+#define MOEX_WORKER_VK_EACH_ALWAYS (-1)
+moex_worker_vk *moex_worker_vk_create(const moex_model *m, const moex_vk_options *opt, int each_rows,
+                                      moex_error *err);
 void moex_worker_vk_free(moex_worker_vk *g);
 const char *moex_worker_vk_device_name(const moex_worker_vk *g);
 size_t moex_worker_vk_slot_bytes(const moex_worker_vk *g);
@@ -239,7 +244,8 @@ typedef struct moex_worker_options {
     double capacity;            /* placement weight, JOIN capacity_centi = round(100 x) */
     uint64_t memory_budget;     /* 0: all the model's experts; vulkan: also sizes the GPU's expert slots */
     int backend;                /* moex_proto_backend: CPU or VULKAN */
-    int device;                 /* --backend vulkan: device index (moex_vk_list_devices), -1: the best */
+    moex_vk_options vk;         /* --backend vulkan: --device N (vk.device, -1: the best), --vk-tune */
+    bool vk_tuned;              /* --vk-tune given */
     double reconnect_max_s;     /* <= 0: retry forever */
     int backlog;                /* queued dispatches at most */
     int inject_delay_ms;

@@ -5,6 +5,8 @@
 model=${MOEX_BENCH_MODEL:-/tmp/q30.gguf}
 work=${MOEX_BENCH_WORK:-/tmp/moex-gpu}
 mkdir -p "$work"
+# the prompt of every step: token ids 1..N
+prompt=$(seq -s, 1 ${MOEX_BENCH_PROMPT:-512})
 export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MOEX_VK_CACHE=${MOEX_VK_CACHE:-$work/vk-cache}
 export MOEX_LOG=${MOEX_LOG:-warn}
@@ -15,6 +17,10 @@ fi
 # "moex-hub: load ... | prompt N tokens X tok/s | decode M tokens Y tok/s ..." -> "X Y"
 stats() { sed -nE 's/.*prompt [0-9]+ tokens ([0-9.]+) tok\/s \| decode [0-9]+ tokens ([0-9.]+) tok\/s.*/\1 \2/p'; }
 
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# copies files to $OUT, when set (the device tool brings them back)
+keep() { [ -n "${OUT:-}" ] && cp "$@" "$OUT"/ 2>/dev/null || true; }
+
 step_gen() {
     if [ ! -f "$model" ]; then
         t0=$(date +%s)
@@ -23,4 +29,22 @@ step_gen() {
         echo "gen_s $(( $(date +%s) - t0 ))"
     fi
     echo "model_bytes $(stat -c %s "$model")"
+}
+
+# llama.cpp's CUDA llama-bench, built by step_llama
+llama_bench=$work/llama/build/bin/llama-bench
+# llama-bench's markdown rows -> "pp512 X" / "tg128 Y" (t/s without the +- part)
+llama_rows() { awk -F'|' '/ (pp|tg)[0-9]+ \|/{gsub(/ /,"",$(NF-2)); split($(NF-1),v," "); print $(NF-2), v[1]}'; }
+
+# builds llama.cpp's CUDA llama-bench from $LLAMA_SRC (a tarball of the source in the npm package
+# node-llama-cpp's llama/gitRelease.bundle) into $work/llama (reused when built)
+step_llama() {
+    [ -x "$llama_bench" ] && { echo "llama_build_s 0 (reused)"; return; }
+    t0=$(date +%s)
+    rm -rf "$work/llama" && mkdir -p "$work/llama" && tar -xJf "$LLAMA_SRC" -C "$work/llama" --strip-components=1
+    (cd "$work/llama" && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > "$work/llama-cmake.log" 2>&1 &&
+     cmake --build build --target llama-bench > "$work/llama-build.log" 2>&1) ||
+        { tail -20 "$work/llama-cmake.log" "$work/llama-build.log"; return 1; }
+    echo "llama_build_s $(( $(date +%s) - t0 ))"
 }

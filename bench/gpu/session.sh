@@ -8,12 +8,7 @@
 #   bench      bench_vk: pp512 and decode after a 512-token prompt (docs/PERF.md's figures)
 #   dist       the same prompt through hub --backend vulkan + 4 workers (Vulkan, then CPU) against --local
 #   distvk     dist without the CPU workers' run
-#   each       apidist at 8 streams and dist's Vulkan run, each with MOEX_WORKER_EACH_ROWS=-1 (default), 4 and 0
 #   probe      hub + 4, 2 and 1 Vulkan workers, and with the hub's CPU pool at one thread (where a layer goes)
-#   inline     dist's Vulkan run and apidist at 1 and 8 streams, each with the workers' small messages computed
-#              on their socket thread (default) and with MOEX_WORKER_INLINE_ROWS=0 (all on the compute thread)
-#   nospin     local and hub + 4 Vulkan workers again with MOEX_VK_SPIN_US=0 (every submit blocks on its fence at
-#              once), to set against dist's runs, which poll first
 #   apilocal   api's --local run alone
 #   apidistonly  api's hub + 4 Vulkan workers alone (MOEX_API_STREAMS=1,8: those stream counts)
 #   (the api steps take each stream count's best of MOEX_API_REPS runs, default 1, MOEX_API_SERVE_ARGS adds
@@ -25,7 +20,7 @@
 #              workers, with the hub's and workers' timings for moex-sim
 #   api        `moex-hub serve --backend vulkan --parallel 16` through the OpenAI API (bench/bench_api.py): 1, 2,
 #              4, 8, 16 streams of 128 greedy tokens after 32-token prompts, --local (one stream against the
-#              Vulkan CLI's decode; again with MOEX_VK_EACH_STAGED=0: the decode tokens' dense products read
+#              Vulkan CLI's decode; again with --vk-tune each_staged=0: the decode tokens' dense products read
 #              their weights once per 8 tokens instead of staging x per token) and hub + 4 Vulkan workers
 # usage: bench/gpu/session.sh BIN_DIR STEP...
 set -eu
@@ -33,9 +28,6 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(cd "$1" && pwd)
 shift
 . "$repo/bench/gpu/common.sh"
-prompt=$(seq -s, 1 ${MOEX_BENCH_PROMPT:-512})
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-keep() { [ -n "${OUT:-}" ] && cp "$@" "$OUT"/ 2>/dev/null || true; }
 
 local_run() { # tag
     "$bin/moex-hub" --local --backend vulkan -m "$model" --prompt-tokens "$prompt" -n 128 --temp 0 --ignore-eos \
@@ -115,31 +107,6 @@ step_probe() {
     dist_run probe_cpu4_hubt1 cpu 3 4 2 --threads 1
 }
 
-# The workers' rows all on one token's kernels (the default, -1) against the prompt's tiles for ops of more
-# than 4 rows an expert (4) and the kernels by row count (0: more than 8 rows took the tiles): the API at 8
-# streams, then the CLI's 512-token prompt and decode
-step_each() {
-    for e in -1 4 0; do
-        (export MOEX_WORKER_EACH_ROWS=$e MOEX_APIDIST_STREAMS=8; step_apidist) | sed "s/^/each$e /"
-    done
-    for e in -1 4 0; do
-        (export MOEX_WORKER_EACH_ROWS=$e; dist_run "each${e}_dist_vk" vulkan 1)
-    done
-}
-
-# The workers' small messages computed on their socket thread (the default, MOEX_WORKER_INLINE_ROWS=16)
-# against every message handed to the compute thread and back (0): dist's Vulkan run, then the API at 1 and 8 streams
-step_inline() {
-    for r in 16 0; do
-        (export MOEX_WORKER_INLINE_ROWS=$r; dist_run "inline${r}_dist_vk" vulkan 1)
-        (export MOEX_WORKER_INLINE_ROWS=$r MOEX_APIDIST_STREAMS="1 8"; step_apidist) | sed "s/^/inline$r /"
-    done
-}
-
-step_nospin() {
-    (export MOEX_VK_SPIN_US=0; local_run nospin_local; dist_run nospin_dist_vk vulkan 1)
-}
-
 # one run through relays: $1 rtt_ms, $2 h
 relay_run() {
     p=$(port)
@@ -212,7 +179,7 @@ step_api() {
     serve="$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port}"
     cli="$bin/moex-hub --local --backend vulkan -m $model --prompt-tokens {prompt} -n {n} --temp 0 --ignore-eos"
     api_run api_local --hub "$serve --local" --cli "$cli"
-    (export MOEX_VK_EACH_STAGED=0; api_run api_local_unstaged --hub "$serve --local" --cli "$cli")
+    api_run api_local_unstaged --hub "$serve --local --vk-tune each_staged=0" --cli "$cli"
     step_apidistonly
 }
 

@@ -12,7 +12,7 @@
 # Loaders: when no libvulkan.so.1 is installed, <repo>/.gl/*.deb are unpacked
 # (see the device tool's README). Output: "key value" lines.
 # MOEX_BENCH_QUICK=1 skips the correctness checks (step 1). Step 3 first runs
-# a short bench with MOEX_VK_PROFILE=1: GPU timestamps per op ("vkprof" lines).
+# a short bench with --vk-tune profile=1: GPU timestamps per op ("vkprof" lines).
 set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(cd "$1" && pwd)
@@ -61,7 +61,7 @@ echo "model_bytes $(stat -c %s "$model")"
 
 # 3. where a token's GPU time goes (timestamps slow it a little), then moex
 #    (Vulkan) and llama.cpp (Vulkan), same file, same measurements
-MOEX_VK_PROFILE=1 "$bin/bench_vk" "$model" -p 512 -n 32 -r 1 --no-kernels 2>&1 | grep -v "^bench_vk: rep" |
+"$bin/bench_vk" "$model" --vk-tune profile=1 -p 512 -n 32 -r 1 --no-kernels 2>&1 | grep -v "^bench_vk: rep" |
     sed 's/^\([a-z]\)/profiled_\1/; s/^profiled_vkprof/vkprof/'
 "$bin/bench_vk" "$model" -p 512 -n 128 -r 3
 # the same decode with a 32768-token context (the decode attention runs only the splits the position needs)

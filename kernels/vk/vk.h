@@ -16,6 +16,37 @@ typedef struct moex_vk_buffer moex_vk_buffer;
 typedef struct moex_vk_cmd moex_vk_cmd;
 typedef uint64_t moex_vk_ptr;   /* device address (0: none) */
 
+/* The backend's tuning: kernel shapes and paths that a new GPU may want
+ * otherwise, and how a submit waits. Every field's zero is the default;
+ * programs set it with --vk-tune KEY=VALUE,... (moex_vk_options_tune; the
+ * keys and what each changes: docs/ARCHITECTURE.md "Settings"). */
+typedef struct moex_vk_tuning {
+    int spin_us;         /* spin_us: a submit's wait polls its fence this long before it blocks; 0: the default
+                          * (at once, but the CPU tier polls 1 ms: engine/open.c), -1 at once (spin_us=0) */
+    int idot;            /* idot: the decode products' int8 activations: 0 where the device has integer dot
+                          * products in hardware, 1 wherever it has them, 2 never (idot=0) */
+    int ex_preq;         /* ex_preq: the expert down half's int8 input quantized once: 0 for batches of several
+                          * tokens of several experts, 1 every batch, 2 never (ex_preq=0; in every workgroup) */
+    bool each_unstaged;  /* each_staged=0: a batch's one-token products read their weights once per 8 tokens */
+    bool attn_simple;    /* attn_simple=1: prompt attention on the split-K path */
+    bool attn_no_coop;   /* attn_no_coop=1: prompt attention on f32 tiles */
+    bool coop_wide;      /* coop_narrow=0: dense cooperative products keep 64-token tiles */
+    int coop_bm;         /* coop_bm=128: mm_coop.comp's tile rows (0: 64) */
+    int coop_bk;         /* coop_bk=32: its columns per step (0: 64) */
+    int coop_nbuf;       /* coop_nbuf=2: double-buffered tiles where shared memory allows (0: one) */
+    int mv_rpt;          /* mv_rpt=1..8: rows per thread of the staged one-token products (0: default) */
+    int mv_groups;       /* mv_groups=1..32: their row groups per workgroup (0: default) */
+    int mv_tokens;       /* mv_tokens=1..8: tokens a workgroup of the batched head takes at most (0: 8) */
+    int mv_batch_wg;     /* mv_batch_wg=N: workgroups of a batch's staged product in all (0: 1024; -1 each
+                          * token's own: mv_batch_wg=0) */
+    bool gu_off;         /* gu=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
+    int gu_wg, gu_ru;    /* gu_wg=64..1024, gu_ru=1..16: experts_gu.comp's shape (0: default) */
+    int gu_ch;           /* gu_ch=16..256 (multiples of 16): its rows per workgroup (0: default) */
+    char ex_shape[128];  /* ex_shape=GWG:GRT:GRU:DWG:DRT:DRU[:...]: the expert FFN's workgroups (vk_testing.h) */
+    bool profile;        /* profile=1: GPU timestamps around every op, a table per recording on stderr */
+} moex_vk_tuning;
+
+
 typedef struct moex_vk_options {
     int device;              /* index from moex_vk_list_devices, -1: best (discrete > integrated > virtual > CPU) */
     const char *cache_dir;   /* the pipeline cache; NULL: $MOEX_VK_CACHE or ~/.cache/moex-vk; "" = off */
@@ -25,9 +56,14 @@ typedef struct moex_vk_options {
     int coop;                /* prompt products on cooperative matrices: MOEX_VK_COOP_* */
     bool experts_in_ram;     /* moex_vk_state_create: the experts' weights in host memory the GPU reads over the
                               * bus (a model whose experts do not fit VRAM; engine/vk/forward_vk_memory.c) */
+    moex_vk_tuning tune;
 } moex_vk_options;
-/* MOEX_VK_COOP_AUTO: where the device has them ($MOEX_VK_NO_COOP=1 turns them off,
- * $MOEX_VK_COOP_EMULATE=1 acts as MOEX_VK_COOP_EMULATE); OFF: the f32 tiles;
+/* Parses --vk-tune's "KEY=VALUE,KEY=VALUE" into o->tune (and o->coop: the
+ * key coop=auto|off|emulate); what it does not name keeps its value. */
+int moex_vk_options_tune(moex_vk_options *o, const char *spec, moex_error *err);
+/* The keys, one line each, for --help. */
+const char *moex_vk_tune_keys(void);
+/* MOEX_VK_COOP_AUTO: where the device has them; OFF: the f32 tiles;
  * EMULATE: the coop kernel with a shared-memory stand-in for the matrix unit
  * where the device has none (tests the kernel on CPU drivers). */
 enum { MOEX_VK_COOP_AUTO, MOEX_VK_COOP_OFF, MOEX_VK_COOP_EMULATE };
@@ -91,7 +127,7 @@ int moex_vk_cmd_end(moex_vk_cmd *c, moex_error *err);
 /* Submits the recorded work (again, if already run) and waits for it. */
 int moex_vk_cmd_run(moex_vk_cmd *c, moex_error *err);
 void moex_vk_barrier(moex_vk_cmd *c);
-/* Names the ops recorded next (a string that outlives c) in the MOEX_VK_PROFILE=1
+/* Names the ops recorded next (a string that outlives c) in the --vk-tune profile=1
  * table of GPU time per op, printed to stderr when c is freed. */
 void moex_vk_cmd_label(moex_vk_cmd *c, const char *label);
 void moex_vk_copy(moex_vk_cmd *c, moex_vk_buffer *dst, size_t doff, moex_vk_buffer *src, size_t soff, size_t n);
@@ -229,7 +265,7 @@ int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, 
  * kernels by what kind of token it is, never by how many share the dispatch:
  *   MOEX_VK_EACH   every token gets exactly the kernels and the arithmetic it
  *                  gets alone (n = 1: the decode kernels, those that stage x
- *                  run once per token, the grid's y; MOEX_VK_EACH_STAGED=0:
+ *                  run once per token, the grid's y; --vk-tune each_staged=0:
  *                  the products and routers never stage x, so their weights
  *                  are read once per 8 tokens, for comparison);
  *   MOEX_VK_TILED  the prompt-batch kernels for any n (a token's sums do not

@@ -251,7 +251,7 @@ static void read_caps(moex_vk *vk, const moex_vk_options *opt, int coop) {
     free(qp);
     vk->ts_period = p2.properties.limits.timestampPeriod;
     if (vk->profile && !timestamps) {
-        moex_log(MOEX_LOG_WARN, "vulkan profile: the queue has no timestamps, MOEX_VK_PROFILE ignored");
+        moex_log(MOEX_LOG_WARN, "vulkan profile: the queue has no timestamps, --vk-tune profile ignored");
         vk->profile = false;
     }
     vk->api_version = p2.properties.apiVersion;
@@ -427,7 +427,7 @@ moex_vk_ptr moex_vk_buffer_ptr(const moex_vk_buffer *b) { return b ? b->addr : 0
 size_t moex_vk_buffer_size(const moex_vk_buffer *b) { return b->size; }
 void *moex_vk_buffer_map(const moex_vk_buffer *b) { return b->map; }
 
-/* Waits for a submit: with MOEX_VK_SPIN_US set, polls its fence that long
+/* Waits for a submit: with --vk-tune spin_us set, polls its fence that long
  * first (answering as soon as it signals instead of after the driver's
  * wake-up, for one busy core), then blocks. */
 static int wait_fence(moex_vk *vk, VkFence fence, moex_error *err) {

@@ -5,6 +5,7 @@
  *                  tuning switches, the cache directory, profiling) and wires
  *                  the device, the pipeline cache and the profiler together
  *   vk_testing.c   the hooks of vk_testing.h (tests, benchmarks)
+ *   vk_tune.c      --vk-tune's keys into moex_vk_tuning, and its defaults filled in
  *   vk_ops.c       the ops: products, norms, router, elementwise, argmax
  *   vk_experts.c   the expert FFN
  *   vk_attn.c      attention
@@ -16,7 +17,7 @@
  *   vk_shapes.c    the workgroup shapes and tiles each kernel takes on this
  *                  device (its capabilities and tuning switches)
  *   vk_cmd.c       command buffers, barriers, copies
- *   vk_prof.c      GPU timestamps per op (MOEX_VK_PROFILE)
+ *   vk_prof.c      GPU timestamps per op (--vk-tune profile)
  *   vk_device.c    instance, device, capabilities, memory, buffers, transfers
  *
  * This header follows the same order from the bottom up. */
@@ -56,33 +57,33 @@ typedef enum vk_kernel {
 } vk_kernel;
 #define VK_TYPE_SLOTS 32   /* moex_type ids fit below this after vk_type_slot() */
 
-/* Switches for comparing kernel variants (docs/PERF.md), read from the
- * environment once when the device is created (vk_create.c read_tuning). */
-
+/* The tuning as the kernels read it: moex_vk_tuning (vk.h, --vk-tune) with
+ * each default filled in (vk_tune.c vk_tuning_resolve). */
 typedef struct vk_tuning {
-    bool attn_simple;    /* MOEX_VK_ATTN_SIMPLE=1: prompt attention on the split-K path */
-    bool attn_no_coop;   /* MOEX_VK_ATTN_NO_COOP=1: prompt attention on f32 tiles */
-    bool coop_wide;      /* MOEX_VK_COOP_NARROW=0: dense coop products keep 64-token tiles */
-    int coop_bm;         /* MOEX_VK_COOP_BM: mm_coop.comp tile rows, VK_COOP_BM or 128 */
-    int coop_bk;         /* MOEX_VK_COOP_BK: mm_coop.comp columns per step, VK_COOP_BK or 32 */
-    int coop_nbuf;       /* MOEX_VK_COOP_NBUF: 2 asks for double-buffered coop tiles, else 1 */
-    int mv_rpt;          /* MOEX_VK_MV_RPT: rows per thread of the staged one-token products (1-8), 0: default */
-    int mv_groups;       /* MOEX_VK_MV_GROUPS: row groups per workgroup of those products (1-32), 0: default */
-    int mv_tokens;       /* MOEX_VK_MV_TOKENS: tokens a workgroup of the batched head takes at most (1: one) */
-    int mv_batch_wg;     /* MOEX_VK_MV_BATCH_WG: workgroups of a batch's staged product in all, at most
-                          * (VK_MV_BATCH_WG; 0: each token's own, up to VK_MV_PERSIST) */
-    bool gu_off;         /* MOEX_VK_GU=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
-    int gu_wg, gu_ru;    /* MOEX_VK_GU_WG (64-1024), MOEX_VK_GU_RU (1-16): experts_gu.comp's shape, 0: default */
-    int gu_ch;           /* MOEX_VK_GU_CH (16 to 256, multiples of 16): experts_gu.comp's rows per workgroup, 0: default */
-    int idot;            /* MOEX_VK_IDOT: the decode products' int8 activations (vk_idot): 0 off, 1 wherever the
-                          * device has integer dot products, unset (-1) where it has them in hardware */
-    int spin_us;         /* MOEX_VK_SPIN_US: how long a submit's wait polls its fence before it blocks (0) */
-    int ex_preq;         /* MOEX_VK_EX_PREQ: the expert down half's int8 input quantized once (experts_xq.comp)
-                          * for 0 never, 1 every batch, unset (-1) batches of several tokens of several
-                          * experts each; else in every workgroup of the down half */
-    bool each_unstaged;  /* MOEX_VK_EACH_STAGED=0: MOEX_VK_EACH products and routers on mode 0 (the weights read
-                          * once per VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
+    bool attn_simple;    /* prompt attention on the split-K path */
+    bool attn_no_coop;   /* prompt attention on f32 tiles */
+    bool coop_wide;      /* dense coop products keep 64-token tiles */
+    int coop_bm;         /* mm_coop.comp tile rows, VK_COOP_BM or 128 */
+    int coop_bk;         /* mm_coop.comp columns per step, VK_COOP_BK or 32 */
+    int coop_nbuf;       /* 2 asks for double-buffered coop tiles, else 1 */
+    int mv_rpt;          /* rows per thread of the staged one-token products (1-8), 0: default */
+    int mv_groups;       /* row groups per workgroup of those products (1-32), 0: default */
+    int mv_tokens;       /* tokens a workgroup of the batched head takes at most (1: one) */
+    int mv_batch_wg;     /* workgroups of a batch's staged product in all, at most (VK_MV_BATCH_WG; 0: each
+                          * token's own, up to VK_MV_PERSIST) */
+    bool gu_off;         /* one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
+    int gu_wg, gu_ru;    /* experts_gu.comp's shape (64-1024 threads, 1-16 rows loaded together), 0: default */
+    int gu_ch;           /* experts_gu.comp's rows per workgroup (16 to 256, multiples of 16), 0: default */
+    int idot;            /* the decode products' int8 activations (vk_idot): 0 off, 1 wherever the device has
+                          * integer dot products, -1 where it has them in hardware */
+    int spin_us;         /* how long a submit's wait polls its fence before it blocks (0) */
+    int ex_preq;         /* the expert down half's int8 input quantized once (experts_xq.comp) for 0 never, 1
+                          * every batch, -1 batches of several tokens of several experts; else in every
+                          * workgroup of the down half */
+    bool each_unstaged;  /* a batch's one-token products and routers on mode 0 (the weights read once per
+                          * VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
 } vk_tuning;
+void vk_tuning_resolve(const moex_vk_tuning *t, vk_tuning *out);
 
 typedef struct moex_vk_buffer {
     moex_vk *vk;
@@ -108,7 +109,7 @@ struct moex_vk {
     uint32_t api_version;
     int tpr;                      /* threads per row in mv.comp: the subgroup size where use_subgroup */
     bool use_subgroup;
-    bool profile;                 /* MOEX_VK_PROFILE set and timestamps supported: recordings time their ops */
+    bool profile;                 /* tune.profile and timestamps supported: recordings time their ops */
     double ts_period;             /* ns per timestamp tick */
     moex_vk_buffer *staging;      /* uploads/downloads through it when memory is not mappable */
     VkCommandBuffer xfer_cmd;
@@ -164,8 +165,8 @@ struct moex_vk_cmd {
  * workgroup by mode. Plain products reuse each x load for two rows (and keep
  * both rows' loads in flight); the router (mode 3) has few rows; the staged
  * one-token modes 1 and 2 take VK_MV_RPT_STAGED rows per row group and
- * VK_MV_GROUPS_STAGED row groups (MOEX_VK_MV_RPT=1..8 and
- * MOEX_VK_MV_GROUPS=1..32 override them, for tuning; docs/PERF.md). */
+ * VK_MV_GROUPS_STAGED row groups (--vk-tune mv_rpt=1..8 and
+ * mv_groups=1..32 override them, for tuning; docs/PERF.md). */
 #define VK_MV_GROUPS 4
 #define VK_MV_RPT_STAGED 1
 #define VK_MV_GROUPS_STAGED 8
@@ -187,13 +188,13 @@ uint32_t vk_mv_groups(const moex_vk *vk, int64_t rows, int mode);   /* mv.comp w
  * integer dot products (OpSUDot), about a third of the instructions of the
  * f32 path (docs/PERF.md).
  * On where the device has the integer dot product in hardware
- * (MOEX_VK_IDOT=1: wherever it has it, =0: never), unless activations are
+ * (idot=1: wherever it has it, =0: never), unless activations are
  * rounded to the CPU's grid (vk->actq). */
 bool vk_idot(const moex_vk *vk);
 
 /* experts_mv.comp's shapes by [half (0 gate+up, 1 down)][kind], measured
  * rather than derived (docs/PERF.md); each device starts from these,
- * MOEX_VK_EX_SHAPE changes them. Kinds: one token's, a batch's (at least
+ * --vk-tune ex_shape changes them. Kinds: one token's, a batch's (at least
  * VK_EX_MANY tokens over many experts), and one token's where its positions
  * (k experts x a row's positions) would leave more than half of the
  * one-token workgroup idle (a worker's rows, each with its one expert). */
@@ -214,7 +215,7 @@ vk_gu_shape vk_gu_shape_of(const moex_vk *vk, int npos);
 size_t vk_gu_shared_bytes(const moex_vk *vk, vk_gu_shape s);   /* experts_gu.comp's reduction */
 
 /* mm_coop.comp: a workgroup of 4 warps computes coop_bm (vk->tune: VK_COOP_BM,
- * or 128 with MOEX_VK_COOP_BM=128) weight rows x VK_COOP_BN tokens,
+ * or 128 with --vk-tune coop_bm=128) weight rows x VK_COOP_BN tokens,
  * VK_COOP_BK columns per step (vk_mm.c sizes the grids). 64 rows keep the
  * gate+up variant at 8 accumulators per warp: more workgroups per SM to hide
  * the dequantization's load latency. 64 columns per step: one Q4_K group,

@@ -45,7 +45,7 @@ static int coop_flags(moex_type t, moex_vk_ptr a, moex_vk_ptr b, size_t stride) 
 static const vk_pipe *mm_pipeline(moex_vk *vk, mm_kind *mk, moex_type t, int mode, int flags, moex_error *err) {
     const vk_pipe *p = vk_pipeline(vk, mk->k, t, mk->k == VK_K_MM_COOP ? mode | flags : mode, err);
     if (p || mk->k != VK_K_MM_COOP) return p;   /* (the fallback's mm_kind_of resets a narrow tile's bn) */
-    moex_log(MOEX_LOG_WARN, "vulkan: %s; prompts use the f32 tiles (MOEX_VK_NO_COOP=1 skips this attempt)", err->msg);
+    moex_log(MOEX_LOG_WARN, "vulkan: %s; prompts use the f32 tiles (--vk-tune coop=off skips this attempt)", err->msg);
     vk->info.coop = 0;
     *mk = mm_kind_of(vk, t);
     return vk_pipeline(vk, mk->k, t, mode, err);
@@ -53,7 +53,7 @@ static const vk_pipe *mm_pipeline(moex_vk *vk, mm_kind *mk, moex_type t, int mod
 
 /* Few row tiles (k and v: 512 rows) leave most SMs idle under 64-token
  * tiles: 32-token ones double the workgroups (where there is more than one
- * 64-token tile to split). MOEX_VK_COOP_NARROW=0 keeps 64, for comparisons. */
+ * 64-token tile to split). --vk-tune coop_narrow=0 keeps 64, for comparisons. */
 static bool coop_narrow(const moex_vk *vk, const mm_kind *mk, int64_t rows, int64_t n) {
     if (mk->k != VK_K_MM_COOP || n <= VK_COOP_BN || vk->tune.coop_wide) return false;
     return (int64_t)vk_ceil_div(rows, mk->bm) * vk_ceil_div(n, mk->bn) < VK_COOP_FEW;

@@ -25,7 +25,7 @@ static bool mv_stageable(const moex_vk *vk, const moex_vk_matrix *w, moex_vk_ptr
 static uint32_t staged_groups(int64_t blocks) { return blocks < VK_MV_PERSIST ? (uint32_t)blocks : VK_MV_PERSIST; }
 
 /* Workgroups per token of a staged product over n tokens (each the grid's y):
- * for a batch, MOEX_VK_MV_BATCH_WG workgroups in all at most, so that each
+ * for a batch, --vk-tune mv_batch_wg workgroups in all at most, so that each
  * stages its token's x once for several row blocks (the grid-stride loop)
  * where the tokens alone fill the GPU. A block's rows sum alike in any grid. */
 static uint32_t staged_groups_n(const moex_vk *vk, int64_t blocks, int64_t n) {
@@ -143,7 +143,7 @@ static int check_norm_each(moex_vk_cmd *c, const moex_vk_matrix *w, moex_vk_ptr 
 
 /* Tokens one workgroup of mode 1 | VK_MV_TOKENS takes: as many rows of x as
  * its stage holds (vk_mv_stage_copies XMAX-wide rows), at most VK_MV_TPW
- * (f32 x) or VK_MV_TPW_I8 (int8) and MOEX_VK_MV_TOKENS; only the fast units
+ * (f32 x) or VK_MV_TPW_I8 (int8) and --vk-tune mv_tokens; only the fast units
  * of the types variants.cmake compiles it for (their bank padding every 8 or
  * more vec4s keeps two f32 rows in ~36 KiB). 1: one token a workgroup. */
 static int64_t mv_tokens_per_group(const moex_vk *vk, const moex_vk_matrix *w, int mode, int64_t n) {

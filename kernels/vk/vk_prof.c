@@ -1,4 +1,4 @@
-/* Optional GPU timestamps (MOEX_VK_PROFILE=1): a timestamp after every
+/* Optional GPU timestamps (--vk-tune profile=1): a timestamp after every
  * recorded op, summed per (label, kernel) over every run of the recording and
  * printed as a table of µs per run when the command buffer is recorded again or freed. The time of an
  * op is the distance from the previous timestamp, so it includes the barrier

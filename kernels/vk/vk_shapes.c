@@ -102,7 +102,7 @@ size_t vk_gu_shared_bytes(const moex_vk *vk, vk_gu_shape s) {   /* experts_gu.co
 /* ---- mm_coop.comp ---- */
 
 /* Single shared tiles (two barriers per step) by default, double-buffered
- * (one barrier per step) with MOEX_VK_COOP_NBUF=2 where the device's shared
+ * (one barrier per step) with --vk-tune coop_nbuf=2 where the device's shared
  * memory holds two of each (docs/PERF.md: more shared memory costs workgroups
  * per SM); gate+up (two weight tiles) never fits two. */
 int vk_coop_nbuf(const moex_vk *vk, int mode, int bk, int bn) {

@@ -23,26 +23,26 @@
 int moex_vk_testing_pipelines(const moex_vk *vk);
 
 /* The decode products' int8 activations (vk_internal.h vk_idot): whether they
- * are taken now, and their switch (MOEX_VK_IDOT): 1 wherever the device has
+ * are taken now, and their switch (--vk-tune idot): 1 wherever the device has
  * integer dot products, 0 never, -1 where it has them in hardware. */
 bool moex_vk_testing_idot(const moex_vk *vk);
 void moex_vk_testing_set_idot(moex_vk *vk, int idot);
 /* The expert down half's int8 input: quantized once by experts_xq.comp (1
  * always, -1 the default: batches of several tokens of several experts) or
- * in every workgroup (0; MOEX_VK_EX_PREQ's values); returns the setting it
+ * in every workgroup (0; --vk-tune ex_preq's values); returns the setting it
  * replaces. */
 int moex_vk_testing_set_ex_preq(moex_vk *vk, int preq);
-/* The workgroups of a batch's staged products in all (MOEX_VK_MV_BATCH_WG; 0:
+/* The workgroups of a batch's staged products in all (--vk-tune mv_batch_wg; 0:
  * each token's own); returns the setting it replaces. */
 int moex_vk_testing_set_mv_batch_wg(moex_vk *vk, int wg);
-/* Prompt attention on the split-K path instead of the tiles (MOEX_VK_ATTN_SIMPLE=1). */
+/* Prompt attention on the split-K path instead of the tiles (--vk-tune attn_simple=1). */
 void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on);
 
 /* experts_mv.comp's workgroup for one half: wg threads, rt output rows, ru
  * rows whose weight loads are issued together. Each half has three kinds: 0
  * a token's, 1 a batch's (at least 4 tokens), 2 a token's with few positions
  * (fewer than half the threads of kind 0: one expert's down half, as a
- * worker's rows); MOEX_VK_EX_SHAPE sets them. */
+ * worker's rows); --vk-tune ex_shape sets them. */
 typedef struct moex_vk_ex_shape {
     int wg, rt, ru;
 } moex_vk_ex_shape;
@@ -65,8 +65,8 @@ typedef struct moex_vk_gu_shape {
 moex_vk_gu_shape moex_vk_testing_gu_shape(const moex_vk *vk, int npos);
 /* Whether experts_gu.comp takes e's gate+up for n tokens (one token of 16-byte aligned Q4_K). */
 bool moex_vk_testing_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n);
-/* Its tuning (MOEX_VK_GU_WG, MOEX_VK_GU_RU, MOEX_VK_GU_CH; 0: the default) and
- * off (MOEX_VK_GU=0: the gate+up on experts_mv.comp). */
+/* Its tuning (--vk-tune gu_wg, gu_ru, gu_ch; 0: the default) and
+ * off (--vk-tune gu=0: the gate+up on experts_mv.comp). */
 void moex_vk_testing_set_gu(moex_vk *vk, int wg, int ru, int ch, bool off);
 
 /* The decode path of moex_vk_op_experts (n <= VK_MV_NMAX) with only some of

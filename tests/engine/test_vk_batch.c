@@ -14,7 +14,7 @@
  * that wants every row of a prompt; refused batches (bad slot, position order,
  * token id, size) changing nothing. Configurations: f32 activations with a
  * long context (the decode attention's indirect splits, each token its own
- * count), the same with MOEX_VK_EACH_STAGED=0 (the one-token products on
+ * count), the same with each_staged=0 (the one-token products on
  * mode 0, norms apart), activations rounded as the distributed hub does (the
  * unfused one-token path), and the distributed path with the experts on a
  * CPU executor (exact wire), all on f32 kernels (no matrix units, no int8
@@ -266,15 +266,17 @@ static void run_config(const char *name, const moex_model *m, moex_vk_state *s, 
     free(w.logits);
 }
 
-/* device_kernels false: f32 tiles for prompts (no cooperative matrices) and,
- * with MOEX_VK_IDOT=0 set by the caller, f32 decode activations, so that
- * the two paths differ by float rounding alone; true: what the device runs by
- * default (f16 matrix units, int8 decode activations where it has them). */
-static moex_vk_state *make_state(const moex_model *m, int64_t n_ctx, bool round, bool device_kernels,
+/* device_kernels false: f32 tiles for prompts (no cooperative matrices) and
+ * f32 decode activations (idot=0), so that the two paths differ by float
+ * rounding alone; true: what the device runs by default (f16 matrix units,
+ * int8 decode activations where it has them). unstaged: each_staged=0. */
+static moex_vk_state *make_state(const moex_model *m, int64_t n_ctx, bool round, bool device_kernels, bool unstaged,
                                  moex_expert_executor exec) {
-    const char *dev = getenv("MOEX_VK_DEVICE");
-    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .round_activations = round,
-                         .coop = device_kernels ? MOEX_VK_COOP_AUTO : MOEX_VK_COOP_OFF};
+    moex_vk_options o = test_vk_options();
+    o.round_activations = round;
+    o.coop = device_kernels ? MOEX_VK_COOP_AUTO : MOEX_VK_COOP_OFF;
+    if (!device_kernels) o.tune.idot = 2;   /* never */
+    o.tune.each_unstaged = unstaged;
     moex_vk_state *s = exec.run ? moex_vk_state_create_remote_multi(m, n_ctx, BATCH, SLOTS, &o, exec, &g_err)
                                 : moex_vk_state_create_multi(m, n_ctx, BATCH, SLOTS, &o, &g_err);
     if (!s) {
@@ -295,27 +297,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "FATAL: %s\n", g_err.msg);
         return 1;
     }
-    setenv("MOEX_VK_IDOT", "0", 1);   /* f32 decode activations until the last configuration */
-    moex_vk_state *s = make_state(m, 1100, false, false, (moex_expert_executor){0});
+    moex_vk_state *s = make_state(m, 1100, false, false, false, (moex_expert_executor){0});
     printf("device: %s, %s\n", moex_vk_get_info(moex_vk_state_device(s))->name, m->hp.arch_name);
     CHECK(moex_vk_state_n_seq(s) == SLOTS, "the state has %d slots, not %d", moex_vk_state_n_seq(s), SLOTS);
     run_config("f32 activations, 1100 positions a slot", m, s, &r, 1e-3, 15);
     moex_vk_state_free(s);
 
-    setenv("MOEX_VK_EACH_STAGED", "0", 1);
-    s = make_state(m, 160, false, false, (moex_expert_executor){0});
-    run_config("f32 activations, the one-token products unstaged (MOEX_VK_EACH_STAGED=0)", m, s, &r, 1e-3, 12);
+    s = make_state(m, 160, false, false, true, (moex_expert_executor){0});
+    run_config("f32 activations, the one-token products unstaged (each_staged=0)", m, s, &r, 1e-3, 12);
     moex_vk_state_free(s);
-    unsetenv("MOEX_VK_EACH_STAGED");
 
-    s = make_state(m, 160, true, false, (moex_expert_executor){0});
+    s = make_state(m, 160, true, false, false, (moex_expert_executor){0});
     run_config("activations rounded as the CPU's", m, s, &r, 1e-2, 15);
     moex_vk_state_free(s);
 
     if (moex_hparams_is_moe(&m->hp)) {
         moex_pool *pool = moex_pool_create(2);
         moex_local_executor *le = moex_local_executor_create(m, pool, MOEX_WIRE_EXACT);
-        s = make_state(m, 160, true, false, moex_local_executor_iface(le));
+        s = make_state(m, 160, true, false, false, moex_local_executor_iface(le));
         run_config("distributed: the experts on a CPU executor", m, s, &r, 1e-2, 15);
         moex_vk_state_free(s);
         moex_local_executor_free(le);
@@ -326,8 +325,7 @@ int main(int argc, char **argv) {
      * prompt kernels (f16 matrix units) where the batch runs it on the decode
      * kernels (int8 activations), the rows differ by those kernels' rounding:
      * 1.1-2.1e-2 on an H200 with this test's random weights. */
-    unsetenv("MOEX_VK_IDOT");
-    s = make_state(m, 160, false, true, (moex_expert_executor){0});
+    s = make_state(m, 160, false, true, false, (moex_expert_executor){0});
     run_config("the device's own kernels (matrix units, int8 decode activations where present)", m, s, &r, 5e-2, 15);
     moex_vk_state_free(s);
     moex_model_free(m);

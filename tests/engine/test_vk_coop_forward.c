@@ -14,8 +14,9 @@
 enum { N_PROMPT = 40, N_GEN = 12 };
 
 static moex_vk_state *make_state(const moex_model *m, bool coop) {
-    const char *dev = getenv("MOEX_VK_DEVICE");
-    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .coop = coop ? MOEX_VK_COOP_EMULATE : MOEX_VK_COOP_OFF};
+    moex_vk_options o = test_vk_options();
+    o.coop = coop ? MOEX_VK_COOP_EMULATE : MOEX_VK_COOP_OFF;
+    o.tune.idot = 2;   /* f32 decode activations: see main */
     moex_vk_state *s = moex_vk_state_create(m, 64, N_PROMPT, &o, &g_err);
     if (!s) {
         printf("SKIP: %s\n", g_err.msg);
@@ -44,8 +45,8 @@ int main(int argc, char **argv) {
     /* Both runs decode on the same kernels from caches the prompt paths left a
      * little apart; int8 activations (vk_idot, a GPU with integer dot products)
      * would turn that into rounding flips that decide this random model's
-     * near-tied greedy tokens. The comparison is of the prompt paths: f32 decode. */
-    setenv("MOEX_VK_IDOT", "0", 1);
+     * near-tied greedy tokens. The comparison is of the prompt paths: f32 decode
+     * (make_state: idot=0). */
     rng r = test_rng("test_vk_coop_forward");
     moex_model *m = moex_model_load(argv[1], &g_err);
     MUST(!m);

@@ -88,8 +88,8 @@ int main(int argc, char **argv) {
     moex_local_executor *le_f16 = moex_local_executor_create(m, pool, MOEX_WIRE_DEFAULT);
     flaky fl = {.inner = moex_local_executor_iface(le_exact), .fail_layer = 1};
     const moex_expert_executor flaky_exec = {.ctx = &fl, .run = flaky_run};
-    const char *dev = getenv("MOEX_VK_DEVICE");
-    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .round_activations = true};
+    moex_vk_options o = test_vk_options();
+    o.round_activations = true;
     moex_vk_state *full = moex_vk_state_create(m, n_ctx, 32, &o, &g_err);
     if (!full) {
         printf("SKIP: %s\n", g_err.msg);

@@ -59,9 +59,9 @@ int main(int argc, char **argv) {
     moex_local_executor *le = moex_local_executor_create(m, pool, MOEX_WIRE_EXACT);
     moex_state *cs = moex_state_create(m, n_ctx, 32, pool, moex_local_executor_iface(le), &g_err);
     MUST(!cs);
-    const char *dev = getenv("MOEX_VK_DEVICE");
     const bool exact = getenv("MOEX_VK_EXACT") != NULL;   /* f32 activations: report the difference only */
-    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .round_activations = !exact};
+    moex_vk_options o = test_vk_options();
+    o.round_activations = !exact;
     moex_vk_state *gs = moex_vk_state_create(m, n_ctx, 32, &o, &g_err);
     if (!gs) {
         printf("SKIP: %s\n", g_err.msg);

@@ -93,7 +93,7 @@ if(MOEX_VULKAN)
   set_tests_properties(vk_cli_readback PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77 LABELS "engine;vulkan"
                        TIMEOUT 120 ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 
-  # GPU timestamps per op (MOEX_VK_PROFILE=1): same model test, tables checked.
+  # GPU timestamps per op (--vk-tune profile=1): same model test, tables checked.
   add_test(NAME test_vk_profile COMMAND ${MOEX_PYTHON} ${CMAKE_SOURCE_DIR}/tests/vk/check_vkprof.py
            $<TARGET_FILE:test_vk_forward> ${moex_vk_model_dir}/qwen3moe_q4_K_M.gguf)
   set_tests_properties(test_vk_profile PROPERTIES FIXTURES_REQUIRED vk_models SKIP_RETURN_CODE 77 LABELS vulkan

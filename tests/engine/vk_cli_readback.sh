@@ -51,6 +51,14 @@ PY
 then echo "ok: a long prompt's experts on the GPU: logits within 5 % of the CPU backend's"
 else echo "FAIL: --cpu-moe's long prompt strays from the CPU backend"; fails=1; fi
 rm -rf "$dir"
+# --vk-tune reaches the backend: profile=1 prints the GPU's per-op tables; a key it does not know is refused
+prof=$("$hub" --local --backend vulkan -m "$model" --prompt-tokens 1,15 -n 2 --temp 0 --vk-tune profile=1,idot=0 2>&1 >/dev/null)
+if printf '%s' "$prof" | grep -q "^vkprof recording"; then echo "ok: --vk-tune profile=1 prints the per-op tables"
+else echo "FAIL: --vk-tune profile=1 printed no vkprof table"; fails=1; fi
+"$hub" --local --backend vulkan -m "$model" -p hi --vk-tune idot=7 >/dev/null 2>"$dir.err"
+if [ $? = 2 ] && grep -q "idot=7: it takes 0..1" "$dir.err"; then echo "ok: --vk-tune idot=7 is refused (exit 2)"
+else echo "FAIL: --vk-tune idot=7: $(cat "$dir.err")"; fails=1; fi
+rm -f "$dir.err"
 "$hub" -m "$model" --cpu-moe --token t -p hi >/dev/null 2>&1
 if [ $? = 2 ]; then echo "ok: --cpu-moe without --local is refused (exit 2)"
 else echo "FAIL: --cpu-moe without --local was not refused"; fails=1; fi

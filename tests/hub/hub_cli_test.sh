@@ -28,6 +28,7 @@ expect 2 "needs a value" -- "$B/moex-hub" --local -m "$M" -p
 expect 2 "only one of" -- "$B/moex-hub" --local -m "$M" -p hi --prompt-tokens 1,2
 expect 2 "wire-dtype" -- "$B/moex-hub" --local -m "$M" -p hi --wire-dtype f8
 expect 2 "backend" -- "$B/moex-hub" --local -m "$M" -p hi --backend tpu
+expect 2 "no key 'nope'\|without Vulkan" -- "$B/moex-hub" --local -m "$M" -p hi --backend vulkan --vk-tune nope=1
 expect 1 "cannot load" -- "$B/moex-hub" --local -m "$W/missing.gguf" -p hi
 expect 1 "truncated" -- "$B/moex-hub" --local -m "$W/truncated.gguf" -p hi
 expect 1 "cannot load" -- "$B/moex-hub" --local -m "$W/tiny.gguf" -p hi

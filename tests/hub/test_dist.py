@@ -44,12 +44,12 @@ def matches_local():
 
 @scenario
 def split_messages():
-    # MOEX_HUB_SPLIT_BYTES=1: every DISPATCH leaves as a message of its own (a prompt layer's message is
+    # --split-bytes 1: every DISPATCH leaves as a message of its own (a prompt layer's message is
     # cut at 256 KiB by default); the worker answers each apart and computes them as they come.
     # A 40-token prompt: its layers are timed apart from the decode's.
     prompt = ",".join(str(7 + 97 * i) for i in range(40))
     ref = local_tokens(MOE, N, prompt)
-    c = Cluster(MOE, 3, N, hub_args=["--replicas", "2"], hub_env={"MOEX_HUB_SPLIT_BYTES": "1"}, prompt=prompt)
+    c = Cluster(MOE, 3, N, hub_args=["--replicas", "2", "--split-bytes", "1"], prompt=prompt)
     rc, toks, err = c.finish()
     check("every frame its own message: tokens equal --local", rc == 0 and toks == ref,
           f"rc={rc} got={toks[:6]} want={ref[:6]}" + ("" if rc == 0 else err[-2000:]))
@@ -280,7 +280,7 @@ def verify_every_cpu_path():
     ref = local_tokens(SHIPPED, n, prompt)
     c = Cluster(SHIPPED, 0, n, hub_args=["--replicas", "1", "--verify", "1"], prompt=prompt, min_workers=3)
     for name, simd in (("portable", "portable"), ("avx2", "avx2"), ("best", "")):
-        c.start_worker(name, env={"MOEX_SIMD": simd} if simd else None)
+        c.start_worker(name, ["--simd", simd] if simd else [])
     rc, toks, err = c.finish()
     ev, ver = metric(err, "evictions"), metric(err, "verified")
     per = verified_per_worker(err)

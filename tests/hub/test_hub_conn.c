@@ -110,7 +110,7 @@ static void test_raw_socket(void) {
     hub_net *net = hub_net_create();
     static char not_a_wsi; /* stands for the socket's handle: no libwebsockets call takes it here */
     hub_conn *c = hub_conn_create(net, (struct lws *)&not_a_wsi, 8 << 20, "tcp");
-    hub_conn_set_raw(c, sv[0], true);
+    hub_conn_set_raw(c, sv[0]);
     const size_t lens[3] = {300000, 10, 700001};
     size_t total = 0;
     for (int i = 0; i < 3; i++) total += lens[i];

@@ -139,10 +139,11 @@ def hedged(model):
 
 
 def split_messages(model):
-    # every DISPATCH in a message of its own (MOEX_HUB_SPLIT_BYTES=1; a prompt layer's message is cut at 256 KiB):
+    # every DISPATCH in a message of its own (--split-bytes 1; a prompt layer's message is cut at 256 KiB):
     # the Vulkan worker computes a layer's dispatches as they arrive, in as many submissions as it takes
     ref = local_tokens(model)
-    rc, toks, err, _, codes = run_cluster(model, [("vk", ["--backend", "vulkan"], {})], hub_env={"MOEX_HUB_SPLIT_BYTES": "1"})
+    rc, toks, err, _, codes = run_cluster(model, [("vk", ["--backend", "vulkan"], {})],
+                                          hub_args=("--replicas", "1", "--split-bytes", "1"))
     check("a vulkan worker, one message per DISPATCH, --verify 1: equal --local", rc == 0 and toks == ref,
           f"rc={rc} got={toks[:6]} want={ref[:6]}" + ("" if rc == 0 else err[-2000:]))
     d, m = metric(err, "dispatches"), metric(err, "messages")

@@ -2,7 +2,7 @@
  * references computed from the dequantized weights and exact activations;
  * 1 and 2 threads (and no pool) must give bit-identical results.
  * Runs on the SIMD path of this CPU, or the portable one with
- * MOEX_SIMD=portable. Usage: test_matmul [seed] */
+ * MOEX_TEST_SIMD=portable (--simd). Usage: test_matmul [seed] */
 #include <string.h>
 
 #include "test_quant_util.h"
@@ -273,6 +273,7 @@ static void test_bad_matrices(moex_pool *pool) {
 
 int main(int argc, char **argv) {
     rng r = {seed_from_args(argc, argv)};
+    use_test_simd();
     printf("simd path in use: %s\n", moex_kernels_simd_name());
     moex_pool *p1 = moex_pool_create(1), *p2 = moex_pool_create(2);
     CHECK(p1 && p2, "pool creation failed");

@@ -456,15 +456,16 @@ static void test_vnni_matches_avx2(rng *r) {
     free(x);
 }
 
-/* The active path is the best of this CPU unless MOEX_SIMD names a lower one. */
+/* The active path is the best of this CPU unless --simd (MOEX_TEST_SIMD
+ * here) names a lower one. */
 static void test_path_choice(void) {
-    const char *forced = getenv("MOEX_SIMD");
+    const char *forced = getenv("MOEX_TEST_SIMD");
     const char *name = moex_kernels_simd_name();
     const moex_simd_table *best = moex_simd_vnni() ? moex_simd_vnni() : moex_simd_avx2();
     const char *want = best ? best->name : "portable";
     if (forced && !strcmp(forced, "portable")) want = "portable";
     if (forced && !strcmp(forced, "avx2")) want = moex_simd_avx2() ? "avx2" : "portable";
-    CHECK(!strcmp(name, want), "MOEX_SIMD=%s: path %s, expected %s", forced ? forced : "(unset)", name, want);
+    CHECK(!strcmp(name, want), "--simd %s: path %s, expected %s", forced ? forced : "(unset)", name, want);
     CHECK(moex_simd_active() == (!strcmp(want, "portable") ? moex_simd_portable()
                                  : !strcmp(want, "avx2") ? moex_simd_avx2() : moex_simd_vnni()),
           "moex_simd_active is not the table named %s", want);
@@ -472,7 +473,11 @@ static void test_path_choice(void) {
 
 int main(int argc, char **argv) {
     rng r = {seed_from_args(argc, argv)};
+    use_test_simd();
     printf("simd path in use: %s\n", moex_kernels_simd_name());
+    moex_error err;
+    CHECK(moex_kernels_use_simd("sse9", &err) == -1 && strstr(err.msg, "portable, avx2 or avx512vnni"),
+          "--simd sse9 accepted");
     test_q4_K_layout(&r);
     test_q5_K_layout(&r);
     test_q6_K_layout(&r);

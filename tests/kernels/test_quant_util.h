@@ -35,6 +35,17 @@ static inline uint64_t seed_from_args(int argc, char **argv) {
     return seed;
 }
 
+/* MOEX_TEST_SIMD=portable|avx2: the test's kernels on that path (the
+ * programs' --simd, moex_kernels_use_simd), so that every path stays tested. */
+static inline void use_test_simd(void) {
+    const char *simd = getenv("MOEX_TEST_SIMD");
+    moex_error err;
+    if (simd && moex_kernels_use_simd(simd, &err)) {
+        fprintf(stderr, "MOEX_TEST_SIMD: %s\n", err.msg);
+        exit(2);
+    }
+}
+
 /* Quantizes rows x cols f32 into a freshly allocated matrix of type t. */
 static inline moex_matrix make_matrix(moex_type t, const float *w, int64_t rows, int64_t cols) {
     moex_matrix m = {.type = t, .rows = rows, .cols = cols, .row_bytes = moex_row_bytes(t, cols)};

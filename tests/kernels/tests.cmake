@@ -8,8 +8,8 @@ moex_c_test(test_matmul SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_matmul.c LIBS moe
 foreach(simd portable avx2)
   add_test(NAME test_quant_${simd} COMMAND test_quant)
   add_test(NAME test_matmul_${simd} COMMAND test_matmul)
-  set_tests_properties(test_quant_${simd} PROPERTIES ENVIRONMENT "MOEX_SIMD=${simd}" TIMEOUT 60 LABELS kernels)
-  set_tests_properties(test_matmul_${simd} PROPERTIES ENVIRONMENT "MOEX_SIMD=${simd}" TIMEOUT 120 LABELS kernels)
+  set_tests_properties(test_quant_${simd} PROPERTIES ENVIRONMENT "MOEX_TEST_SIMD=${simd}" TIMEOUT 60 LABELS kernels)
+  set_tests_properties(test_matmul_${simd} PROPERTIES ENVIRONMENT "MOEX_TEST_SIMD=${simd}" TIMEOUT 120 LABELS kernels)
 endforeach()
 moex_c_test(test_ops SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops.c LIBS moex_kernels TIMEOUT 120 LABELS kernels)
 # What an honest expert result is (the hub's --verify): every SIMD table, moex_experts_run and emulated

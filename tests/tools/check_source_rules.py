@@ -20,6 +20,11 @@ files themselves (a rule no test reads is a rule nobody keeps):
                    read them as Q6_K_BYTES, Q6_K_D, ... (blocks.glsl and
                    MOEX.WGSL_BLOCKS, generated from common/block_views.h).
 
+  no_hidden_knobs  the programs read only the environment variables that
+                   docs/ARCHITECTURE.md's "Settings" table lists (the log level,
+                   cache paths); every choice else is a flag or an option
+                   (--vk-tune, --simd, ...). Benchmarks (bench/) may read more.
+
 Usage: check_source_rules.py SOURCE_DIR. Exit 1 listing every breach."""
 import os
 import re
@@ -141,17 +146,47 @@ def one_definition(root):
     return breaches
 
 
+GETENV = re.compile(r'getenv\("([A-Za-z_0-9]+)"\)')
+
+
+def settings_section(root):
+    with open(os.path.join(root, "docs", "ARCHITECTURE.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    start = text.find("## Settings")
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def no_hidden_knobs(root):
+    table = settings_section(root)
+    if not table:
+        return ["docs/ARCHITECTURE.md: no \"## Settings\" section"]
+    breaches = []
+    for path in c_files(root):
+        rel = os.path.relpath(path, root)
+        if rel.startswith("bench" + os.sep):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            code = strip_comments(fh.read())
+        for name in GETENV.findall(code):
+            if f"`{name}`" not in table:
+                breaches.append(f"{rel}: reads ${name}, which docs/ARCHITECTURE.md's Settings table does not list")
+    return breaches
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
         return 2
     root = sys.argv[1]
-    breaches = one_constructor(root) + arrows_down(root) + one_definition(root)
+    breaches = one_constructor(root) + arrows_down(root) + one_definition(root) + no_hidden_knobs(root)
     for b in breaches:
         print(b)
     if breaches:
         return 1
-    print("source rules: ok (one_constructor, arrows_down, one_definition)")
+    print("source rules: ok (one_constructor, arrows_down, one_definition, no_hidden_knobs)")
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""MOEX_VK_PROFILE=1: the whole-model Vulkan test still passes, and the GPU
+"""--vk-tune profile=1: the whole-model Vulkan test still passes, and the GPU
 timestamp tables it prints are consistent: the per-op rows add up to the
 recording's first-to-last span, the host's submit-to-fence time encloses that
 span (checks the tick period), and per-layer ops appear once per layer; a
@@ -11,13 +11,13 @@ import re
 import subprocess
 import sys
 
-env = dict(os.environ, MOEX_VK_PROFILE="1")
+env = dict(os.environ, MOEX_VK_TEST_TUNE="profile=1")   # --vk-tune profile=1
 p = subprocess.run(sys.argv[1:], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 out = p.stdout
 if p.returncode == 77:
     sys.exit(77)
 if p.returncode != 0:
-    sys.exit("test failed under MOEX_VK_PROFILE=1:\n" + out[-3000:])
+    sys.exit("test failed with profile=1:\n" + out[-3000:])
 
 head = re.compile(r"^vkprof recording: (\d+) timed ops, (\d+) runs, GPU ([\d.]+) us/run .*host submit-to-fence ([\d.]+) us/run")
 row = re.compile(r"^vkprof (\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%")

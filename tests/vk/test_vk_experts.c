@@ -6,7 +6,7 @@
  * the same with other workgroup shapes (threads not a power of two or larger,
  * more rows) than the defaults. One token's Q4_K gate+up runs on
  * experts_gu.comp where it applies: it is checked to apply, and its cases run
- * in other shapes and with it switched off (experts_mv.comp, MOEX_VK_GU=0).
+ * in other shapes and with it switched off (experts_mv.comp, --vk-tune gu=0).
  * One expert a token (a worker's rows) runs the down half on the shape for
  * few positions. Where the device has integer dot products Q4_K and Q6_K positions take
  * int8 activations: each half is then checked against float64 on
@@ -196,7 +196,7 @@ static void run_case(const ex_case *t) {
     float *again = malloc(n * d * 4);
     gpu_read(vk, rb, again, n * d * 4);
     for (int preq = 0; xq && preq < 2; preq++)
-        CHECK(!memcmp(got, other[preq], n * d * 4), "experts %s: MOEX_VK_EX_PREQ=%d (the down half's input quantized "
+        CHECK(!memcmp(got, other[preq], n * d * 4), "experts %s: ex_preq=%d (the down half's input quantized "
               "%s) gives other bits", what, preq, preq ? "once" : "in every workgroup");
     CHECK(e1 <= 1e-5, "experts %s: rel err %.3g (each half on the GPU's input)", what, e1);
     CHECK(e0 <= (idot ? 1.5e-1 : 1e-5), "experts %s: rel err %.3g against the unrounded FFN", what, e0);
@@ -230,7 +230,7 @@ static void check_gu(void) {
                                                           {0, 0, 0, true}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         moex_vk_testing_set_gu(vk, shapes[s].wg, shapes[s].ru, shapes[s].ch, shapes[s].off);
-        if (shapes[s].off) printf("  gate+up on experts_mv.comp (MOEX_VK_GU=0)\n");
+        if (shapes[s].off) printf("  gate+up on experts_mv.comp (--vk-tune gu=0)\n");
         else {
             const moex_vk_gu_shape g = moex_vk_testing_gu_shape(vk, 2048 / 32);
             printf("  experts_gu.comp, d 2048: %d rows, %d threads, %d row lanes, %d rows loaded together%s\n", g.ch, g.wg,
@@ -252,39 +252,40 @@ static void check_gu(void) {
     moex_vk_testing_set_gu(vk, 0, 0, 0, false);
 }
 
-/* MOEX_VK_EX_SHAPE, read when a device is created: six numbers set the
+/* --vk-tune ex_shape, read when a device is created: six numbers set the
  * one-token shapes, twelve the batches' too, eighteen the few-positions
  * shapes too; anything else (a shape the kernel cannot run, a wrong count,
  * trailing text) leaves the defaults. */
 static void check_shape_env(void) {
     /* n: how many shapes the setting gives (gate+up, down; then the batches'; then few positions), 0: refused */
     static const struct { const char *env; int n; moex_vk_ex_shape s[6]; } cs[] = {
-        {"64,4,2,96,8,4", 2, {{64, 4, 2}, {96, 8, 4}}},
-        {"32,8,4,192,2,2,128,8,2,64,4,4", 4, {{32, 8, 4}, {192, 2, 2}, {128, 8, 2}, {64, 4, 4}}},
-        {"32,8,4,192,2,2,128,8,2,64,4,4,64,16,2,32,4,2", 6,
+        {"64:4:2:96:8:4", 2, {{64, 4, 2}, {96, 8, 4}}},
+        {"32:8:4:192:2:2:128:8:2:64:4:4", 4, {{32, 8, 4}, {192, 2, 2}, {128, 8, 2}, {64, 4, 4}}},
+        {"32:8:4:192:2:2:128:8:2:64:4:4:64:16:2:32:4:2", 6,
          {{32, 8, 4}, {192, 2, 2}, {128, 8, 2}, {64, 4, 4}, {64, 16, 2}, {32, 4, 2}}},
-        {"64,8,3,192,4,2", 0, {{0}}},   /* 3 does not divide 8 */
-        {"64,8,2,192,4", 0, {{0}}},
-        {"64,8,2,192,4,2,64", 0, {{0}}},
-        {"64,8,2,192,4,2x", 0, {{0}}},
-        {"64,8,2,192,4,2,", 0, {{0}}},
-        {"64,8,2,192,4,2,64,2,2,96,2,2,1", 0, {{0}}},
-        {"64,8,2,192,4,2,64,2,2,96,2,2,32,8,2", 0, {{0}}},
+        {"64:8:3:192:4:2", 0, {{0}}},   /* 3 does not divide 8 */
+        {"64:8:2:192:4", 0, {{0}}},
+        {"64:8:2:192:4:2:64", 0, {{0}}},
+        {"64:8:2:192:4:2x", 0, {{0}}},
+        {"64:8:2:192:4:2:", 0, {{0}}},
+        {"64:8:2:192:4:2:64:2:2:96:2:2:1", 0, {{0}}},
+        {"64:8:2:192:4:2:64:2:2:96:2:2:32:8:2", 0, {{0}}},
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
-        setenv("MOEX_VK_EX_SHAPE", cs[i].env, 1);
-        moex_vk *d = test_vk(false);
+        moex_vk_options o = test_vk_options();
+        snprintf(o.tune.ex_shape, sizeof o.tune.ex_shape, "%s", cs[i].env);
+        moex_vk *d = moex_vk_create(&o, &g_err);
+        MUST(!d);
         for (int k = 0; k < 6; k++) {
             const int h = k % 2, b = k / 2;
             const moex_vk_ex_shape g = moex_vk_testing_ex_shape(d, h, b),
                                    w = k < cs[i].n ? cs[i].s[k] : moex_vk_testing_ex_default(h, b);
-            CHECK(g.wg == w.wg && g.rt == w.rt && g.ru == w.ru, "MOEX_VK_EX_SHAPE=%s: shape [%d][%d] %d.%d.%d",
+            CHECK(g.wg == w.wg && g.rt == w.rt && g.ru == w.ru, "ex_shape=%s: shape [%d][%d] %d.%d.%d",
                   cs[i].env, h, b, g.wg, g.rt, g.ru);
         }
         moex_vk_free(d);
     }
-    unsetenv("MOEX_VK_EX_SHAPE");
-    printf("  MOEX_VK_EX_SHAPE: %zu settings read as meant\n", sizeof cs / sizeof *cs);
+    printf("  ex_shape: %zu settings read as meant\n", sizeof cs / sizeof *cs);
 }
 
 int main(int argc, char **argv) {
@@ -312,7 +313,7 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
     if (moex_vk_testing_idot(vk)) {   /* the f32 path of the cases that took int8 activations */
-        printf("  f32 activations (MOEX_VK_IDOT=0)\n");
+        printf("  f32 activations (idot=0)\n");
         moex_vk_testing_set_idot(vk, 0);
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
             if (i == 0 || i == 1 || i >= 10) run_case(&cases[i]);   /* one token, a batch, Q4_K down, Q6_K gate/up, k 1 */
@@ -325,7 +326,7 @@ int main(int argc, char **argv) {
     CHECK(moex_vk_testing_ex_kind(vk, 1, false, 8 * 24) == 0 && moex_vk_testing_ex_kind(vk, 1, true, 24) == 1 &&
               moex_vk_testing_ex_kind(vk, 0, false, 64) == 0,
           "eight experts' down half, a batch or a token's gate+up took the few-positions shape");
-    /* the defaults fit this device; shapes the kernel cannot run are refused (MOEX_VK_EX_SHAPE's check) */
+    /* the defaults fit this device; shapes the kernel cannot run are refused (--vk-tune ex_shape's check) */
     for (int h = 0; h < 2; h++)
         for (int b = 0; b < 3; b++)
             CHECK(moex_vk_testing_ex_shape_ok(vk, h, moex_vk_testing_ex_default(h, b)), "default expert shape [%d][%d] refused",

@@ -191,7 +191,7 @@ static void prompt_attention_on(moex_vk *d, const moex_vk_attn_shape *sh, const 
 static float h16(float x) { return moex_f16_to_f32(moex_f32_to_f16(x)); }
 
 /* Prompt batches against float64: the tiled kernel and the split-K path
- * (MOEX_VK_ATTN_SIMPLE=1) on the f32 device; then attn_coop.comp on a device
+ * (--vk-tune attn_simple=1) on the f32 device; then attn_coop.comp on a device
  * with cooperative matrices (the matrix unit, or its shared-memory stand-in
  * under emulation on CPU drivers) where head_dim <= 128 and the prompt has
  * VK_ATTN_COOP_MIN tokens or more, the tiled kernel there otherwise. Several lengths (not multiples of 16 or 64), prompts
@@ -227,7 +227,7 @@ static void test_attention_prompt(void) {
         for (int64_t i = used; i < sh.n_ctx * kvd; i++) kc[i] = vc[i] = NAN;
         attention_ref64(q, kc, vc, ref, n, pos0, H, HK, hd, sh.scale);
         for (int simple = 0; simple < 2; simple++) {
-            moex_vk_testing_set_attn_simple(vk, simple);   /* the split-K path MOEX_VK_ATTN_SIMPLE=1 selects */
+            moex_vk_testing_set_attn_simple(vk, simple);   /* the split-K path --vk-tune attn_simple=1 selects */
             prompt_attention_on(vk, &sh, q, kc, vc, n, pos0, simple ? got : tiled);
             moex_vk_testing_set_attn_simple(vk, false);
             const double e = rel_l2(simple ? got : tiled, ref, n * qd);
@@ -543,7 +543,7 @@ static void staged_ref(const test_matrix *m, const float *x, const float *nw, fl
  * idot); 2048 columns and 11 tokens put a workgroup's third and fourth token
  * past one XMAX-wide row of an f32 stage (the stage must hold them all), and
  * make workgroups of 8 and 3 int8 tokens. batch_wg >= 0: the batch's
- * workgroups in all (MOEX_VK_MV_BATCH_WG; few: each loops over several row
+ * workgroups in all (--vk-tune mv_batch_wg; few: each loops over several row
  * blocks), else the device's. */
 static void test_batched_products(bool idot, int batch_wg) {
     const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F32};

@@ -48,4 +48,4 @@ moex_vk_test(test_vk_coop SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vk_coop.c LIBS 
 # columns two buffers need more shared memory than lavapipe's 32 KB).
 moex_vk_rerun(test_vk_coop_bk32 180 COMMAND test_vk_coop)
 set_tests_properties(test_vk_coop_bk32 PROPERTIES
-                     ENVIRONMENT "${MOEX_VK_TEST_ENV};MOEX_VK_COOP_BK=32;MOEX_VK_COOP_NBUF=2")
+                     ENVIRONMENT "${MOEX_VK_TEST_ENV};MOEX_VK_TEST_TUNE=coop_bk=32,coop_nbuf=2")

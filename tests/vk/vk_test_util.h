@@ -28,11 +28,26 @@ static inline void fill_gauss(rng *r, float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * rng_gauss(r);
 }
 
-/* The device for tests: MOEX_VK_DEVICE or the default pick; exit 77 (skip) without one.
+/* The options of a test's device: $MOEX_VK_DEVICE (else the default pick)
+ * and $MOEX_VK_TEST_TUNE, --vk-tune's KEY=VALUE,... for a test run with other
+ * kernel choices (tests/vk/tests.cmake, check_vkprof.py). Test settings, read
+ * here in the tests: the backend reads no environment. */
+static inline moex_vk_options test_vk_options(void) {
+    const char *dev = getenv("MOEX_VK_DEVICE"), *tune = getenv("MOEX_VK_TEST_TUNE");
+    moex_vk_options o = {.device = dev ? atoi(dev) : -1};
+    if (tune && moex_vk_options_tune(&o, tune, &g_err)) {
+        fprintf(stderr, "FATAL: MOEX_VK_TEST_TUNE: %s\n", g_err.msg);
+        exit(1);
+    }
+    return o;
+}
+
+/* The device for tests (test_vk_options); exit 77 (skip) without one.
  * coop: moex_vk_options.coop (MOEX_VK_COOP_*). */
 static inline moex_vk *test_vk_coop_mode(bool no_subgroup, int coop) {
-    const char *dev = getenv("MOEX_VK_DEVICE");
-    moex_vk_options o = {.device = dev ? atoi(dev) : -1, .no_subgroup = no_subgroup, .coop = coop};
+    moex_vk_options o = test_vk_options();
+    o.no_subgroup = no_subgroup;
+    if (coop != MOEX_VK_COOP_AUTO) o.coop = coop;
     moex_vk *vk = moex_vk_create(&o, &g_err);
     if (!vk) {
         printf("SKIP: no Vulkan device: %s\n", g_err.msg);

@@ -30,6 +30,7 @@ expect 2 "--inject-delay-prob" $H --model "$MODEL" --inject-delay-ms 5 --inject-
 expect 2 "--backend: 'webgpu'" $H --model "$MODEL" --backend webgpu
 expect 2 "tcp:// needs --model" --hub tcp://127.0.0.1:1 --token t
 expect 2 "--device is for --backend vulkan" $H --model "$MODEL" --device 0
+expect 2 "--vk-tune is for --backend vulkan\|without Vulkan" $H --model "$MODEL" --vk-tune spin_us=10
 expect 2 "--memory-budget" $H --model "$MODEL" --memory-budget 12Q
 expect 2 "not a ws://, wss:// or tcp:// URL" --hub ftp://x/ws --token t --model "$MODEL"
 expect 2 "--ca is for a hub that serves TLS" $H --model "$MODEL" --ca /nonexistent.pem

@@ -1,7 +1,7 @@
 /* The worker's Vulkan core (worker/core_vk.c) against its CPU core
  * (worker/core.c) on the same DISPATCH frames: wire dtypes f16, f32 and
  * int8, 1 and 17 tokens (every row on one token's kernels; with
- * MOEX_WORKER_EACH_ROWS=0, as the test_worker_vk_by_rows run sets, past 8
+ * --each-rows 0, as the test_worker_vk_by_rows run asks, past 8
  * rows on the prompt's tiled kernels),
  * several experts, single dispatches and batches (one submission, split into
  * several ops), slot growth, reuse after drops, refused dispatches, the
@@ -177,15 +177,18 @@ static void test_warm(const moex_model *m, moex_worker_core *core, moex_worker_v
     if (after == warmed) printf("  warm-up: %d pipelines, none more for batches of 1..300 rows on 1 or 3 experts\n", warmed);
 }
 
+/* moex_worker_vk_create's each_rows: --each-rows N (test_worker_vk_by_rows), else what the worker runs */
+static int g_each_rows = MOEX_WORKER_VK_EACH_ALWAYS;
+
 /* ---- batch invariance: a dispatch's values are the same bits alone and in any batch ---- */
 
 /* Three rows of an expert alone, then beside 200 rows of the same expert (a
  * prompt's) and 40 of another, before and after them: every value the same
  * bits (the API's greedy tokens alone and batched rest on it; the prompt's
- * tiled kernels, MOEX_WORKER_EACH_ROWS=4, change them). */
+ * tiled kernels, each_rows 4, change them). */
 static void test_invariance(const moex_model *m, moex_worker_vk *g) {
-    if (getenv("MOEX_WORKER_EACH_ROWS")) {
-        printf("  batch invariance: not promised with MOEX_WORKER_EACH_ROWS set (skipped)\n");
+    if (g_each_rows != MOEX_WORKER_VK_EACH_ALWAYS) {
+        printf("  batch invariance: not promised with --each-rows (skipped)\n");
         return;
     }
     dispatch a, big, other;
@@ -317,7 +320,7 @@ static int run_model(const char *path, moex_pool *pool) {
     for (int l = 0; l < hp->n_layer; l++)
         for (int e = 0; e < hp->n_expert; e++)
             if (moex_worker_core_hold(core, l, e, &m->layers[l].experts[e], &err)) abort();
-    moex_worker_vk *g = moex_worker_vk_create(m, NULL, &err);
+    moex_worker_vk *g = moex_worker_vk_create(m, NULL, g_each_rows, &err);
     if (!g) {
         fprintf(stderr, "%s: vulkan core: %s\n", path, err.msg);
         moex_worker_core_free(core);
@@ -346,8 +349,13 @@ static int run_model(const char *path, moex_pool *pool) {
 
 int main(int argc, char **argv) {
     g_rng = test_rng("test_worker_vk");
-    if (argc < 2) {
-        fprintf(stderr, "usage: test_worker_vk MODEL.gguf...\n");
+    int first = 1;
+    if (argc > 2 && !strcmp(argv[1], "--each-rows")) {
+        g_each_rows = atoi(argv[2]);
+        first = 3;
+    }
+    if (argc <= first) {
+        fprintf(stderr, "usage: test_worker_vk [--each-rows N] MODEL.gguf...\n");
         return 2;
     }
     char devices[1024];
@@ -357,7 +365,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     moex_pool *pool = moex_pool_create(2);
-    for (int i = 1; i < argc; i++)
+    for (int i = first; i < argc; i++)
         if (run_model(argv[i], pool)) g_failures++;
     moex_pool_destroy(pool);
     const tally *t = &g_tally;

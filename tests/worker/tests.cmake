@@ -56,8 +56,8 @@ if(MOEX_VULKAN)
     ARGS ${moex_worker_vk_models} TIMEOUT 120)
   set_tests_properties(test_worker_vk PROPERTIES FIXTURES_REQUIRED worker_vk_models SKIP_RETURN_CODE 77
     LABELS "worker;vulkan" ENVIRONMENT "${MOEX_VK_TEST_ENV}")
-  # the same with ops taking the kernels by row count (the prompt's tiles past 8 rows), as MOEX_WORKER_EACH_ROWS=0 asks
-  add_test(NAME test_worker_vk_by_rows COMMAND test_worker_vk ${moex_worker_vk_models})
+  # the same with ops taking the kernels by row count (the prompt's tiles past 8 rows): --each-rows 0
+  add_test(NAME test_worker_vk_by_rows COMMAND test_worker_vk --each-rows 0 ${moex_worker_vk_models})
   set_tests_properties(test_worker_vk_by_rows PROPERTIES FIXTURES_REQUIRED worker_vk_models SKIP_RETURN_CODE 77
-    TIMEOUT 120 LABELS "worker;vulkan" ENVIRONMENT "${MOEX_VK_TEST_ENV};MOEX_WORKER_EACH_ROWS=0")
+    TIMEOUT 120 LABELS "worker;vulkan" ENVIRONMENT "${MOEX_VK_TEST_ENV}")
 endif()
