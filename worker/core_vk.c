@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/vk/vk_testing.h"   /* moex_vk_testing_pipelines, for moex_worker_vk_pipelines */
 #include "worker/worker.h"
 
 #define SLOT_ALIGN 256
@@ -576,7 +575,7 @@ int moex_worker_vk_warm_up(moex_worker_vk *g, moex_error *err) {
     return rc || rc_end ? -1 : 0;
 }
 
-int moex_worker_vk_pipelines(const moex_worker_vk *g) { return moex_vk_testing_pipelines(g->vk); }
+int moex_worker_vk_pipelines(const moex_worker_vk *g) { return moex_vk_pipeline_count(g->vk); }
 
 int moex_worker_vk_run(moex_worker_vk *g, const moex_proto_msg *dispatch, float **values, moex_error *err) {
     moex_worker_vk_batch_begin(g);

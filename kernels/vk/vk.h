@@ -101,6 +101,10 @@ const moex_vk_info *moex_vk_get_info(const moex_vk *vk);
  * next asks for it. */
 void moex_vk_warm_begin(moex_vk *vk);
 int moex_vk_warm_end(moex_vk *vk, moex_error *err);
+/* Pipelines of vk that exist (created; those only noted between
+ * moex_vk_warm_begin and moex_vk_warm_end not counted): a warm-up's check
+ * that nothing compiles later. */
+int moex_vk_pipeline_count(const moex_vk *vk);
 /* The batch sizes whose recordings, together, use every pipeline that any
  * batch of 1 to n_batch tokens uses: the first size of each range of sizes
  * that picks other kernels, and n_batch. Writes at most 8; returns how many. */

@@ -248,6 +248,14 @@ void vk_pipelines_free(moex_vk *vk) {
 
 void moex_vk_warm_begin(moex_vk *vk) { vk->warming = true; }
 
+int moex_vk_pipeline_count(const moex_vk *vk) {
+    int n = 0;
+    for (int k = 0; k < VK_K_COUNT; k++)
+        for (int t = 0; t < VK_TYPE_SLOTS; t++)
+            for (int m = 0; m < VK_MODES; m++) n += vk->pipes[k][t][m] && vk->pipes[k][t][m]->handle;
+    return n;
+}
+
 typedef struct warm_work {
     moex_vk *vk;
     vk_pipe **todo;

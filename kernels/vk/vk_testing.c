@@ -2,14 +2,6 @@
  * set on a device, and the pipelines each change invalidates. */
 #include "kernels/vk/vk_internal.h"
 
-int moex_vk_testing_pipelines(const moex_vk *vk) {
-    int n = 0;
-    for (int k = 0; k < VK_K_COUNT; k++)
-        for (int t = 0; t < VK_TYPE_SLOTS; t++)
-            for (int m = 0; m < VK_MODES; m++) n += vk->pipes[k][t][m] && vk->pipes[k][t][m]->handle;
-    return n;
-}
-
 bool moex_vk_testing_idot(const moex_vk *vk) { return vk_idot(vk); }
 
 /* The int8 path is a mode bit of each kernel that has one: no pipeline changes. */

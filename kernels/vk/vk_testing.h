@@ -18,10 +18,6 @@
  * 20-token prompt: relative error 0.013 against 0.007 with the f32 tiles). */
 #define VK_ATTN_COOP_MIN 32
 
-/* Pipelines of vk that exist (created; those only noted between
- * moex_vk_warm_begin and moex_vk_warm_end not counted). */
-int moex_vk_testing_pipelines(const moex_vk *vk);
-
 /* The decode products' int8 activations (vk_internal.h vk_idot): whether they
  * are taken now, and their switch (--vk-tune idot): 1 wherever the device has
  * integer dot products, 0 never, -1 where it has them in hardware. */

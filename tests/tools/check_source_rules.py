@@ -25,6 +25,10 @@ files themselves (a rule no test reads is a rule nobody keeps):
                    cache paths); every choice else is a flag or an option
                    (--vk-tune, --simd, ...). Benchmarks (bench/) may read more.
 
+  no_test_hooks    the hooks for tests (kernels/kernels_testing.h,
+                   kernels/vk/vk_testing.h) are included by their own module
+                   and by tests and benchmarks only, not by programs.
+
 Usage: check_source_rules.py SOURCE_DIR. Exit 1 listing every breach."""
 import os
 import re
@@ -176,17 +180,33 @@ def no_hidden_knobs(root):
     return breaches
 
 
+TESTING_HEADER = re.compile(r'#include "kernels/(vk/)?\w*_?testing\.h"')
+
+
+def no_test_hooks(root):
+    breaches = []
+    for path in c_files(root):
+        rel = os.path.relpath(path, root)
+        if rel.startswith(("bench" + os.sep, "kernels" + os.sep)):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if TESTING_HEADER.search(line):
+                    breaches.append(f"{rel}:{n}: includes a testing header (its hooks are for tests)")
+    return breaches
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
         return 2
     root = sys.argv[1]
-    breaches = one_constructor(root) + arrows_down(root) + one_definition(root) + no_hidden_knobs(root)
+    breaches = one_constructor(root) + arrows_down(root) + one_definition(root) + no_hidden_knobs(root) + no_test_hooks(root)
     for b in breaches:
         print(b)
     if breaches:
         return 1
-    print("source rules: ok (one_constructor, arrows_down, one_definition, no_hidden_knobs)")
+    print("source rules: ok (one_constructor, arrows_down, one_definition, no_hidden_knobs, no_test_hooks)")
     return 0
 
 

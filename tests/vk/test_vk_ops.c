@@ -891,19 +891,19 @@ static void test_warm(bool no_subgroup) {
     MUST(moex_vk_upload(d, m.act, 4 << 20, mark, sizeof mark, &g_err));
     moex_vk_cmd *c = moex_vk_cmd_create(d, &g_err);
     MUST(!c);
-    const int before = moex_vk_testing_pipelines(d);
+    const int before = moex_vk_pipeline_count(d);
     moex_vk_warm_begin(d);
     for (int i = 0; i < ns; i++) record_ops(c, &m, sizes[i]);
-    CHECK(moex_vk_testing_pipelines(d) == before, "warm: pipelines created before moex_vk_warm_end");
+    CHECK(moex_vk_pipeline_count(d) == before, "warm: pipelines created before moex_vk_warm_end");
     MUST(moex_vk_cmd_run(c, &g_err));   /* the last warm recording: barriers only */
     MUST(moex_vk_warm_end(d, &g_err));
-    const int warmed = moex_vk_testing_pipelines(d);
+    const int warmed = moex_vk_pipeline_count(d);
     float *got = malloc(n_batch * tall * 4);
     MUST(moex_vk_download(d, m.act, 4 << 20, got, sizeof mark, &g_err));
     CHECK(!memcmp(got, mark, sizeof mark), "warm: a recording made while warming wrote y");
     for (int64_t n = 1; n <= n_batch; n++) record_ops(c, &m, n);
-    CHECK(moex_vk_testing_pipelines(d) == warmed, "warm: %d pipelines up front, %d after recording every batch size",
-          warmed, moex_vk_testing_pipelines(d));
+    CHECK(moex_vk_pipeline_count(d) == warmed, "warm: %d pipelines up front, %d after recording every batch size",
+          warmed, moex_vk_pipeline_count(d));
     printf("  warm: %d pipelines up front for batches of 1..%lld (%d sizes recorded)\n", warmed, (long long)n_batch, ns);
 
     /* the warmed pipelines compute: y = W x for 20 tokens on the tall product's 64-token coop tiles */
@@ -925,7 +925,7 @@ static void test_warm(bool no_subgroup) {
     MUST(moex_vk_download(d, m.act, 4 << 20, got, n * tall * 4, &g_err));
     const double e = rel_l2(got, ref, n * tall);
     CHECK(e < 3e-3, "warm: product after warming: rel err %.3g", e);   /* f16 inputs on the coop tiles */
-    CHECK(moex_vk_testing_pipelines(d) == warmed, "warm: the product created a pipeline");
+    CHECK(moex_vk_pipeline_count(d) == warmed, "warm: the product created a pipeline");
     moex_vk_cmd_free(c);
     moex_vk_buffer_free(m.w);
     moex_vk_buffer_free(m.act);
