@@ -17,5 +17,7 @@
 #include "common/chat.h"
 #include "common/text.h"
 #include "common/quantile.h"
+#include "common/wire_rows.h"
+#include "common/le.h"
 
 #endif

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "common/common.h"
+#include "common/wire_rows.h"   /* MOEX_WIRE_*, the expert boundary's rounding */
 #include "kernels/kernels.h"
 #include "kernels/vk/vk.h"
 #include "model/model.h"
@@ -64,15 +65,13 @@ void moex_moe_plan_combine_tokens(const moex_moe_plan *p, const moex_moe_request
                                   int64_t dim, int64_t t0, int64_t t1);
 void moex_moe_plan_free(moex_moe_plan *p);
 
-/* Expert boundary rounding. wire_dtype is a proto dtype (MOEX_DT_F16 = 1,
- * BF16 = 2, INT8 = 3, F32 = 5) or MOEX_WIRE_EXACT (no rounding at all). Rows
- * (expert inputs and results) round through the wire dtype; gates travel as
- * f16 whatever the dtype. tmp holds moex_wire_tmp_bytes(dim). */
-#define MOEX_WIRE_EXACT 0
-#define MOEX_WIRE_DEFAULT 1 /* f16, as in the paper */
-void moex_wire_round_rows(int wire_dtype, float *rows, int64_t n_rows, int64_t dim, uint8_t *tmp);
-void moex_wire_round_gates(int wire_dtype, float *gates, int64_t n);
-size_t moex_wire_tmp_bytes(int64_t dim);
+/* The expert boundary, on this side of the wire: jobs computed on x_wire
+ * (the inputs already rounded through wire_dtype, moex_wire_round_rows) and
+ * each job's results rounded as a worker's RESULT carries them. The one
+ * place the local executor and the hub's own experts (fallback,
+ * verification) compute experts. tmp holds moex_wire_tmp_bytes(hidden). */
+int moex_experts_run_wire(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, const float *x_wire, int64_t hidden,
+                          int wire_dtype, uint8_t *tmp, moex_error *err);
 
 /* The executor that computes experts from the model's own weights, rounding
  * at the expert boundary as the wire would (wire_dtype). */

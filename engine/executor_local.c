@@ -60,6 +60,13 @@ static int reserve(moex_local_executor *le, int64_t n_tokens, int64_t n_pairs) {
     return le->x_wire && le->results ? 0 : -1;
 }
 
+int moex_experts_run_wire(moex_pool *pool, const moex_expert_job *jobs, int n_jobs, const float *x_wire, int64_t hidden,
+                          int wire_dtype, uint8_t *tmp, moex_error *err) {
+    if (moex_experts_run(pool, jobs, n_jobs, x_wire, hidden, err)) return -1;
+    for (int j = 0; j < n_jobs; j++) moex_wire_round_rows(wire_dtype, jobs[j].out, jobs[j].n_tokens, hidden, tmp);
+    return 0;
+}
+
 static int local_run(void *ctx, const moex_moe_request *req, moex_error *err) {
     moex_local_executor *le = ctx;
     const int64_t d = le->m->hp.n_embd;
@@ -80,9 +87,8 @@ static int local_run(void *ctx, const moex_moe_request *req, moex_error *err) {
                                         .n_tokens = p->group_first[g + 1] - first, .rows = p->rows + first,
                                         .gates = p->gates + first, .out = le->results + (size_t)first * d};
     }
-    if (moex_experts_run(le->pool, le->jobs, p->n_groups, x, d, err))
+    if (moex_experts_run_wire(le->pool, le->jobs, p->n_groups, x, d, le->wire_dtype, le->tmp, err))
         return moex_error_prefix(err, "layer %d experts", req->layer);
-    moex_wire_round_rows(le->wire_dtype, le->results, p->n_pairs, d, le->tmp);
     moex_moe_plan_combine(p, req, le->results, d);
     return 0;
 }

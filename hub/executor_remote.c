@@ -783,9 +783,8 @@ static int compute_here(hub_executor *x, const hub_task *t, float *out, moex_err
     const int32_t first = p->group_first[t->group];
     moex_expert_job job = {.w = &x->m->layers[x->layer].experts[t->expert], .n_tokens = t->n_tokens,
                            .rows = p->rows + first, .gates = p->gates + first, .out = out};
-    if (moex_experts_run(x->pool, &job, 1, x->x_wire, x->d, err))
+    if (moex_experts_run_wire(x->pool, &job, 1, x->x_wire, x->d, x->cfg.wire_dtype, x->tmp, err))
         return moex_error_prefix(err, "layer %d expert %d, computed here", x->layer, t->expert);
-    moex_wire_round_rows(x->cfg.wire_dtype, out, t->n_tokens, x->d, x->tmp);
     return 0;
 }
 

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "common/wire_rows.h"
 
 #define MOEX_PROTO_MAGIC "MoEx"
 #define MOEX_PROTO_VERSION 1
@@ -62,14 +63,8 @@ typedef enum moex_proto_msg_type {
     MOEX_MSG_AUTH = 9,        /* worker -> hub, TCP transport only: the hub's token, the connection's first frame */
 } moex_proto_msg_type;
 
-/* Tensor element types on the wire (the header's dtype byte). */
-typedef enum moex_proto_dtype {
-    MOEX_DT_F16 = 1,
-    MOEX_DT_BF16 = 2,
-    MOEX_DT_INT8 = 3,  /* symmetric, one f32 scale per token: x = q * scale */
-    /* 4 is the paper's int4: reserved, rejected with MOEX_PROTO_E_DTYPE. */
-    MOEX_DT_F32 = 5,   /* extension: exact activations for testing and debugging */
-} moex_proto_dtype;
+/* Tensor element types on the wire (the header's dtype byte): MOEX_DT_* of
+ * common/wire_rows.h, which also converts rows to and from them. */
 
 /* ERROR frame codes (positive; a negative code is the moex_proto_status of a
  * frame the sender could not decode). The one definition both sides use;
@@ -224,13 +219,6 @@ typedef struct moex_proto_tensor_view {
 void moex_proto_tensor_row_f32(const moex_proto_tensor_view *v, uint32_t token, float *dst);
 /* The gate weight of one token (DISPATCH); 0 when the view has no gates. */
 float moex_proto_tensor_gate(const moex_proto_tensor_view *v, uint32_t token);
-
-/* Row conversions used by the encoder and the view, exposed for callers that
- * build or consume payloads themselves. scale is the row's f32 scale bytes
- * (int8 only; written by from_f32, read by to_f32). from_f32 fails only for
- * int8 rows with non-finite values. */
-int moex_proto_row_from_f32(int dtype, const float *x, uint32_t n, uint8_t *dst, uint8_t *scale);
-void moex_proto_row_to_f32(int dtype, const uint8_t *src, const uint8_t *scale, uint32_t n, float *dst);
 
 /* ---- Control payloads -------------------------------------------------------- */
 

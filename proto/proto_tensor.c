@@ -1,5 +1,5 @@
 /* DISPATCH and RESULT payloads: section layout, encoding and the zero-copy
- * view (row conversions are in proto_convert.c). */
+ * view (row conversions are in common/wire_rows.c). */
 #include "proto/wire.h"
 
 #include <math.h>
@@ -28,7 +28,7 @@ size_t moex_proto_tensor_frame_bytes(const moex_proto_tensor_msg *m) {
 void moex_proto_tensor_row_f32(const moex_proto_tensor_view *v, uint32_t token, float *dst) {
     size_t row = (size_t)v->hidden * moex_proto_dtype_size(v->dtype);
     const uint8_t *scale = v->scales ? v->scales + 4 * (size_t)token : NULL;
-    moex_proto_row_to_f32(v->dtype, v->values + token * row, scale, v->hidden, dst);
+    moex_row_to_f32(v->dtype, v->values + token * row, scale, v->hidden, dst);
 }
 
 float moex_proto_tensor_gate(const moex_proto_tensor_view *v, uint32_t token) {
@@ -68,9 +68,9 @@ int moex_proto_encode_tensor_f32(const moex_proto_tensor_msg *m, const float *x,
     uint8_t *p = out + MOEX_PROTO_HEADER_BYTES;
     size_t row = (size_t)m->hidden * moex_proto_dtype_size(m->dtype);
     for (uint32_t t = 0; t < m->n_tokens; t++) {
-        rc = moex_proto_row_from_f32(m->dtype, x + (size_t)t * m->hidden, m->hidden, p + lay.values_off + t * row,
-                                     p + lay.scales_off + 4 * (size_t)t);
-        if (rc) return moex_proto_fail(err, rc, "token %u has a non-finite value; int8 cannot carry it", t);
+        if (moex_row_from_f32(m->dtype, x + (size_t)t * m->hidden, m->hidden, p + lay.values_off + t * row,
+                              p + lay.scales_off + 4 * (size_t)t))
+            return moex_proto_fail(err, MOEX_PROTO_E_ARG, "token %u has a non-finite value; int8 cannot carry it", t);
     }
     if (gates)
         for (uint32_t t = 0; t < m->n_tokens; t++) moex_put_u16(p + lay.gates_off + 2 * (size_t)t, moex_f32_to_f16(gates[t]));

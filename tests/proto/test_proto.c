@@ -209,16 +209,16 @@ static void test_tensor_roundtrips(void) {
     /* an all-zero int8 row has scale 0 and decodes to zeros */
     float zero[8] = {0}, out[8];
     uint8_t q[8], s[4];
-    CHECK(moex_proto_row_from_f32(MOEX_DT_INT8, zero, 8, q, s) == 0, "zero row");
-    moex_proto_row_to_f32(MOEX_DT_INT8, q, s, 8, out);
+    CHECK(moex_row_from_f32(MOEX_DT_INT8, zero, 8, q, s) == 0, "zero row");
+    moex_row_to_f32(MOEX_DT_INT8, q, s, 8, out);
     for (int i = 0; i < 8; i++) CHECK(out[i] == 0.0f, "zero row decodes to %g", out[i]);
     /* f16 saturates to inf, keeps NaN; int8 refuses non-finite rows */
     float odd[3] = {1e6f, NAN, -INFINITY};
     uint8_t h[6];
-    CHECK(moex_proto_row_from_f32(MOEX_DT_F16, odd, 3, h, NULL) == 0, "f16 odd");
-    moex_proto_row_to_f32(MOEX_DT_F16, h, NULL, 3, out);
+    CHECK(moex_row_from_f32(MOEX_DT_F16, odd, 3, h, NULL) == 0, "f16 odd");
+    moex_row_to_f32(MOEX_DT_F16, h, NULL, 3, out);
     CHECK(isinf(out[0]) && out[0] > 0 && isnan(out[1]) && isinf(out[2]) && out[2] < 0, "f16 specials");
-    CHECK(moex_proto_row_from_f32(MOEX_DT_INT8, odd, 3, q, s) == MOEX_PROTO_E_ARG, "int8 NaN accepted");
+    CHECK(moex_row_from_f32(MOEX_DT_INT8, odd, 3, q, s) == -1, "int8 NaN accepted");
     x[3] = NAN;
     CHECK(moex_proto_encode_tensor_f32(&m, x, g, a, sizeof a, &na, NULL) == MOEX_PROTO_E_ARG, "int8 frame with NaN");
     x[3] = 0.0f, x[12] = INFINITY;
@@ -245,13 +245,13 @@ static void test_conversion_paths(void) {
             if (rep % 7 == 1 && i == 3) u = 0x7fc00001u;
             x[i] = float_of(u);
         }
-        moex_proto_row_from_f32(MOEX_DT_F16, x, N, w, NULL);
+        moex_row_from_f32(MOEX_DT_F16, x, N, w, NULL);
         for (int i = 0; i < N; i++) {
             uint16_t got = (uint16_t)(w[2 * i] | (w[2 * i + 1] << 8)), want = moex_f32_to_f16(x[i]);
             int both_nan = isnan(x[i]) && (got & 0x7c00) == 0x7c00 && (got & 0x3ff);
             bad_f16 += got != want && !both_nan;
         }
-        moex_proto_row_from_f32(MOEX_DT_BF16, x, N, w, NULL);
+        moex_row_from_f32(MOEX_DT_BF16, x, N, w, NULL);
         for (int i = 0; i < N; i++) bad_bf16 += (uint16_t)(w[2 * i] | (w[2 * i + 1] << 8)) != moex_f32_to_bf16(x[i]);
     }
     CHECK(bad_f16 == 0, "%d f32->f16 conversions differ from moex_f32_to_f16", bad_f16);
@@ -260,12 +260,12 @@ static void test_conversion_paths(void) {
     int bad_dec = 0;
     for (uint32_t h = 0; h < 65536; h += N) {
         for (int i = 0; i < N; i++) put16(w + 2 * i, (uint16_t)(h + i));
-        moex_proto_row_to_f32(MOEX_DT_F16, w, NULL, N, back);
+        moex_row_to_f32(MOEX_DT_F16, w, NULL, N, back);
         for (int i = 0; i < N && h + i < 65536; i++) {
             float want = moex_f16_to_f32((uint16_t)(h + i));
             bad_dec += bits_of(back[i]) != bits_of(want) && !(isnan(back[i]) && isnan(want));
         }
-        moex_proto_row_to_f32(MOEX_DT_BF16, w, NULL, N, back);
+        moex_row_to_f32(MOEX_DT_BF16, w, NULL, N, back);
         for (int i = 0; i < N && h + i < 65536; i++)
             bad_dec += bits_of(back[i]) != bits_of(moex_bf16_to_f32((uint16_t)(h + i)));
     }
@@ -275,7 +275,7 @@ static void test_conversion_paths(void) {
         float scale = ldexpf(1.0f, (int)(rng_u32() % 40) - 20);
         for (int i = 0; i < N; i++) x[i] = rng_normal() * scale;
         if (rep % 5 == 0) x[rep % N] = 0.5f * 127.0f / 127.0f;
-        moex_proto_row_from_f32(MOEX_DT_INT8, x, N, w, sc);
+        moex_row_from_f32(MOEX_DT_INT8, x, N, w, sc);
         float amax = 0;
         for (int i = 0; i < N; i++) amax = fmaxf(amax, fabsf(x[i]));
         for (int i = 0; i < N; i++) bad_i8 += (int8_t)w[i] != (int8_t)lrintf(x[i] * (127.0f / amax));

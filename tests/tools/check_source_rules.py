@@ -76,7 +76,7 @@ BELOW = {
     "proto": {"common"},
     "placement": {"common"},
     "model": {"kernels", "common"},
-    "engine": {"model", "kernels", "proto", "common"},
+    "engine": {"model", "kernels", "common"},
     "worker": {"model", "kernels", "proto", "common"},
     "hub": {"engine", "model", "kernels", "proto", "placement", "common"},
     "serve": {"hub", "engine", "model", "kernels", "proto", "placement", "common"},

@@ -1,8 +1,14 @@
-/* Rows of f32 to and from the wire dtypes. This is the hot part of encoding
- * and decoding, so the loops are written for the compiler to vectorise, and
- * f16 uses the F16C instructions when the CPU has them. Results are the same
- * on every path (round to nearest even). */
-#include "proto/wire.h"
+/* Rows of f32 to and from the wire dtypes (wire_rows.h). This is the hot
+ * part of encoding and decoding, so the loops are written for the compiler to
+ * vectorise, and f16 uses the F16C instructions when the CPU has them.
+ * Results are the same on every path (round to nearest even). Then the
+ * expert boundary's rounding through them: a distributed run sends expert
+ * inputs in the wire dtype, gates as f16, and gets results back in the wire
+ * dtype; the local executor rounds at the same places with the same
+ * conversions, so `--local` and hub + workers compute the same function. */
+#include "common/wire_rows.h"
+
+#include "common/le.h"
 
 #include <math.h>
 
@@ -115,13 +121,13 @@ static uint32_t abs_max_bits(const float *x, uint32_t n) {
 
 static int int8_from_f32(const float *x, uint32_t n, uint8_t *dst, uint8_t *scale_dst) {
     uint32_t mbits = abs_max_bits(x, n);
-    if (mbits >= 0x7f800000u) return MOEX_PROTO_E_ARG;
+    if (mbits >= 0x7f800000u) return -1;
     float amax;
     memcpy(&amax, &mbits, 4);
     if (amax < INT8_MIN_AMAX) {
         memset(dst, 0, n);
         moex_put_f32(scale_dst, 0.0f);
-        return MOEX_PROTO_OK;
+        return 0;
     }
     const float inv = 127.0f / amax;
     for (uint32_t i = 0; i < n; i++) {
@@ -131,7 +137,7 @@ static int int8_from_f32(const float *x, uint32_t n, uint8_t *dst, uint8_t *scal
         dst[i] = (uint8_t)(int8_t)((int32_t)f32_bits(v + 12582912.0f) - 0x4b400000);
     }
     moex_put_f32(scale_dst, amax / 127.0f);
-    return MOEX_PROTO_OK;
+    return 0;
 }
 
 static void int8_to_f32(const uint8_t *src, const uint8_t *scale, uint32_t n, float *dst) {
@@ -155,17 +161,17 @@ static void f32_to_f32(const uint8_t *src, uint32_t n, float *dst) {
 #endif
 }
 
-int moex_proto_row_from_f32(int dtype, const float *x, uint32_t n, uint8_t *dst, uint8_t *scale) {
+int moex_row_from_f32(int dtype, const float *x, uint32_t n, uint8_t *dst, uint8_t *scale) {
     switch (dtype) {
-    case MOEX_DT_F16: f16_from_f32(x, n, dst); return MOEX_PROTO_OK;
-    case MOEX_DT_BF16: bf16_from_f32(x, n, dst); return MOEX_PROTO_OK;
-    case MOEX_DT_F32: f32_from_f32(x, n, dst); return MOEX_PROTO_OK;
+    case MOEX_DT_F16: f16_from_f32(x, n, dst); return 0;
+    case MOEX_DT_BF16: bf16_from_f32(x, n, dst); return 0;
+    case MOEX_DT_F32: f32_from_f32(x, n, dst); return 0;
     case MOEX_DT_INT8: return int8_from_f32(x, n, dst, scale);
-    default: return MOEX_PROTO_E_DTYPE;
+    default: return -1;
     }
 }
 
-void moex_proto_row_to_f32(int dtype, const uint8_t *src, const uint8_t *scale, uint32_t n, float *dst) {
+void moex_row_to_f32(int dtype, const uint8_t *src, const uint8_t *scale, uint32_t n, float *dst) {
     switch (dtype) {
     case MOEX_DT_F16: f16_to_f32(src, n, dst); break;
     case MOEX_DT_BF16: bf16_to_f32(src, n, dst); break;
@@ -174,3 +180,20 @@ void moex_proto_row_to_f32(int dtype, const uint8_t *src, const uint8_t *scale, 
     default: memset(dst, 0, sizeof *dst * n);
     }
 }
+
+void moex_wire_round_rows(int wire_dtype, float *rows, int64_t n_rows, int64_t dim, uint8_t *tmp) {
+    if (wire_dtype == MOEX_WIRE_EXACT) return;
+    uint8_t scale[4];
+    for (int64_t r = 0; r < n_rows; r++) {
+        float *x = rows + r * dim;
+        if (moex_row_from_f32(wire_dtype, x, (uint32_t)dim, tmp, scale)) continue; /* int8 of inf/nan: leave */
+        moex_row_to_f32(wire_dtype, tmp, scale, (uint32_t)dim, x);
+    }
+}
+
+void moex_wire_round_gates(int wire_dtype, float *gates, int64_t n) {
+    if (wire_dtype == MOEX_WIRE_EXACT) return;
+    for (int64_t i = 0; i < n; i++) gates[i] = moex_f16_to_f32(moex_f32_to_f16(gates[i]));
+}
+
+size_t moex_wire_tmp_bytes(int64_t dim) { return (size_t)dim * 4 + 16; }
