@@ -48,3 +48,16 @@ step_llama() {
         { tail -20 "$work/llama-cmake.log" "$work/llama-build.log"; return 1; }
     echo "llama_build_s $(( $(date +%s) - t0 ))"
 }
+
+# The machine (date, GPUs and how they are linked, CPU), then each named step_* with its time in seconds.
+run_steps() {
+    echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu /' || true
+    [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -gt 1 ] && nvidia-smi topo -m 2>/dev/null | sed 's/^/topo /'
+    echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
+    for s in "$@"; do
+        t0=$(date +%s)
+        "step_$s"
+        echo "step_${s}_s $(( $(date +%s) - t0 ))"
+    done
+}

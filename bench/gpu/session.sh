@@ -202,11 +202,4 @@ step_apidist() {
     done
 }
 
-echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu /' || true
-echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
-for s in "$@"; do
-    t0=$(date +%s)
-    "step_$s"
-    echo "step_${s}_s $(( $(date +%s) - t0 ))"
-done
+run_steps "$@"

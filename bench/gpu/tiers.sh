@@ -100,7 +100,4 @@ step_spinab() {
     done
 }
 
-for s in "$@"; do
-    echo "== $s"
-    "step_$s"
-done
+run_steps "$@"
