@@ -18,8 +18,6 @@
 #include "engine/vk/engine_vk.h"
 #endif
 
-#define CPU_TIER_SPIN_US 1000   /* the CPU tier's fence wait polls this long first (open_vulkan) */
-
 /* cpu_moe: the model as the CPU executor sees it, every expert view pointing
  * into the Vulkan state's host copy (one copy of the experts in RAM, read by
  * the GPU for prompts and by the CPU for decode, not a second one through
@@ -166,11 +164,6 @@ static int open_vulkan(const moex_model *m, const moex_engine_options *o, int n_
     const bool remote = o->experts.run != NULL || o->cpu_moe;
     vo.round_activations = vo.round_activations || remote;
     vo.experts_in_ram = o->cpu_moe;
-    /* The CPU tier's GPU segments are ~100 us bursts between the experts: a
-     * wait that sleeps in the driver at once answers late and leaves the GPU
-     * at its idle clock; polling 1 ms first decoded 20 % faster after a short
-     * prompt and no slower after a long one (docs/PERF.md). */
-    if (o->cpu_moe && vo.tune.spin_us == 0) vo.tune.spin_us = CPU_TIER_SPIN_US;
     if (o->record_routes && (!remote || o->cpu_moe))
         return moex_fail(err, "recording routes on Vulkan needs the experts on workers (or the CPU backend): the GPU "
                               "computes some");

@@ -11,7 +11,8 @@
 #            over the TCP transport, and two workers a GPU (r = 2); tokens set against local's.
 #            MOEX_BENCH_RH="1:1": those r:h pairs only
 #   api      `serve` at 1 and 8 streams: --local on GPU 0, then hub + one worker on each other GPU (r = 1)
-#   spin     local, dist's r = 1 h = 1 (WebSocket and TCP) and api with --vk-tune spin_us=2000 (polling fences)
+#   block    local, dist's r = 1 h = 1 (WebSocket and TCP) and api with --vk-tune spin_us=0: every wait
+#            blocks in the driver at once (the default polls 5 ms first)
 # MOEX_BENCH_VK_TUNE: --vk-tune for every hub and worker of the other steps
 #   llama    llama.cpp's CUDA llama-bench from $LLAMA_SRC (common.sh)
 #   gen235   the Qwen3-235B-A22B-shaped Q4_K_M model ($MOEX_BENCH_BIG, default /dev/shm/q235.gguf, 142 GB)
@@ -94,14 +95,14 @@ api_rows() { awk -F'|' -v t="$1" '/^\| [0-9]+ \|/ { gsub(/ /, ""); print t "_s" 
 # $1: the tag (api)
 step_api() {
     tag=${1:-api}
-    serve="$bin/moex-hub serve -m $model --backend vulkan --device 0 --parallel 16 --ctx 512 --port {port} --vk-tune ${vk_tune:-spin_us=0}"
+    serve="$bin/moex-hub serve -m $model --backend vulkan --device 0 --parallel 16 --ctx 512 --port {port} ${vk_tune:+--vk-tune $vk_tune}"
     python3 "$repo/bench/bench_api.py" --streams 1,8 --tokens 128 --prompt 32 --hub "$serve --local" \
         --logs "$work/${tag}_local" > "$work/${tag}_local.md" 2> "$work/${tag}_local.err" || tail -5 "$work/${tag}_local.err"
     api_rows "${tag}_local" < "$work/${tag}_local.md"
     workers=""
     for g in $(seq 1 $((ngpu - 1))); do
         workers="$workers --worker"
-        workers="$workers '$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --device $g --threads 1 --vk-tune ${vk_tune:-spin_us=0} --name g$g'"
+        workers="$workers '$bin/moex-worker --hub ws://127.0.0.1:{port}/ws --token b --model $model --backend vulkan --device $g --threads 1 ${vk_tune:+--vk-tune $vk_tune} --name g$g'"
     done
     eval python3 "$repo/bench/bench_api.py" --streams 1,8 --tokens 128 --prompt 32 --logs "$work/${tag}_dist" \
         --hub "'$serve --token b --replicas 1 --min-workers $((ngpu - 1)) --wait-s 600'" $workers \
@@ -111,16 +112,16 @@ step_api() {
     [ -n "${OUT:-}" ] && cp -r "$work/${tag}_local" "$work/${tag}_dist" "$work/${tag}"_*.md "$OUT"/ 2>/dev/null || true
 }
 
-# local, dist's r = 1 h = 1 (WebSocket and TCP) and api with every Vulkan wait polling its fence first
-# (--vk-tune spin_us=2000) instead of sleeping in the driver at once
-step_spin() {
+# local, dist's r = 1 h = 1 (WebSocket and TCP) and api with every Vulkan wait blocking in the driver at
+# once (--vk-tune spin_us=0), as before the 5 ms poll became the default: the pair to the other steps
+step_block() {
     (
-        vk_tune=spin_us=2000
-        local_on0 spin_local "$model" "$prompt" 128
-        dist_gpus spin_r1_h1 "$model" "$prompt" 128 1 1 1
-        echo "spin_r1_h1 tokens_agree_with_local $(agree "$work/spin_local.out" "$work/spin_r1_h1.out")"
-        (MOEX_BENCH_TCP=1; export MOEX_BENCH_TCP; dist_gpus spin_tcp_r1_h1 "$model" "$prompt" 128 1 1 1)
-        step_api apispin
+        vk_tune=spin_us=0
+        local_on0 block_local "$model" "$prompt" 128
+        dist_gpus block_r1_h1 "$model" "$prompt" 128 1 1 1
+        echo "block_r1_h1 tokens_agree_with_local $(agree "$work/block_local.out" "$work/block_r1_h1.out")"
+        (MOEX_BENCH_TCP=1; export MOEX_BENCH_TCP; dist_gpus block_tcp_r1_h1 "$model" "$prompt" 128 1 1 1)
+        step_api apiblock
     )
 }
 

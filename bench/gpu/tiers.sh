@@ -12,6 +12,7 @@
 #   gpu     the whole model on the GPU: llama-bench -ngl 99 -fa 1 against the CLI and bench_vk
 #   clocks  the GPU's SM clock through --cpu-moe and distributed runs (cold, polling, warmed up)
 #   spinab  --cpu-moe blocking on the fence against polling it first, paired
+#   gpuspin the whole model on the GPU (CLI, bench_vk) blocking against polling, paired
 set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(cd "$1" && pwd)
@@ -51,7 +52,7 @@ step_gpu() {
 }
 
 # Whether the GPU's clocks explain a slow per-layer segment: the SM clock sampled every 100 ms (nvidia-smi)
-# through --cpu-moe runs after a 1-token prompt: as is, with --vk-tune spin_us=2000 (polling fences), right
+# through --cpu-moe runs after a 1-token prompt: blocking on fences (spin_us=0), polling 2 ms, right
 # after bench_vk's kernels in another process, and after a 512-token prompt; then hub + one Vulkan worker on
 # the same GPU, as is and polling. Prints each run's median SM clock while it ran.
 step_clocks() {
@@ -66,11 +67,11 @@ step_clocks() {
         sed -n "$((t0 + 1)),${t1}p" "$work/clocks.log" | cut -d, -f1 | sort -n |
             awk -v t="$tag" '{v[NR] = $1} END {if (NR) print t "_sm_mhz_median " v[int((NR + 1) / 2)] " min " v[1] " max " v[NR] " samples " NR}'
     }
-    during cold moex_cli clk_p1 1 --cpu-moe
+    during cold moex_cli clk_p1 1 --cpu-moe --vk-tune spin_us=0
     during spin moex_cli clk_p1_spin 1 --cpu-moe --vk-tune spin_us=2000
     "$bin/bench_vk" "$model" --only-kernels > /dev/null 2>&1 || true
-    during after_kernels moex_cli clk_p1_warm 1 --cpu-moe
-    during p512 moex_cli clk_p512 "$prompt" --cpu-moe
+    during after_kernels moex_cli clk_p1_warm 1 --cpu-moe --vk-tune spin_us=0
+    during p512 moex_cli clk_p512 "$prompt" --cpu-moe --vk-tune spin_us=0
     for spin in 0 2000; do
         hp=$(port)
         "$bin/moex-worker" --hub "ws://127.0.0.1:$hp/ws" --token b --model "$model" --backend vulkan --threads 1 \
@@ -88,15 +89,28 @@ step_clocks() {
 }
 
 # The fence's wait in the CPU tier, paired: --cpu-moe after a 512-token and a 1-token prompt, blocking at
-# once (the default) against polling 1000 us first (--vk-tune spin_us=1000), alternating, $reps times
+# once (--vk-tune spin_us=0) against polling 1000 us first (spin_us=1000), alternating, $reps times
 step_spinab() {
     for i in $(seq "$reps"); do
         for len in 512 1; do   # (moex_cli sets $p)
             tokens=$prompt
             [ "$len" = 1 ] && tokens=1
-            moex_cli "ab_p${len}_block_$i" "$tokens" --cpu-moe
+            moex_cli "ab_p${len}_block_$i" "$tokens" --cpu-moe --vk-tune spin_us=0
             moex_cli "ab_p${len}_spin_$i" "$tokens" --cpu-moe --vk-tune spin_us=1000
         done
+    done
+}
+
+# The whole model on the GPU, the fence's wait paired: the CLI (512-token prompt + 128) blocking at once
+# (spin_us=0) against polling 5 ms first (the default), alternating, $reps times; then bench_vk both ways
+step_gpuspin() {
+    for i in $(seq "$reps"); do
+        moex_cli "gs_block_$i" "$prompt" --vk-tune spin_us=0
+        moex_cli "gs_spin_$i" "$prompt" --vk-tune spin_us=5000
+    done
+    for t in spin_us=0 spin_us=5000; do
+        "$bin/bench_vk" "$model" -p 512 -n 128 -r 2 --no-kernels --vk-tune "$t" 2>/dev/null | grep -E '^(pp|tg)' |
+            sed "s/^/bench_vk_$t /"
     done
 }
 

@@ -22,7 +22,7 @@ typedef uint64_t moex_vk_ptr;   /* device address (0: none) */
  * keys and what each changes: docs/ARCHITECTURE.md "Settings"). */
 typedef struct moex_vk_tuning {
     int spin_us;         /* spin_us: a submit's wait polls its fence this long before it blocks; 0: the default
-                          * (at once, but the CPU tier polls 1 ms: engine/open.c), -1 at once (spin_us=0) */
+                          * (5 ms, at once on a CPU device: vk_create.c), -1 at once (spin_us=0) */
     int idot;            /* idot: the decode products' int8 activations: 0 where the device has integer dot
                           * products in hardware, 1 wherever it has them, 2 never (idot=0) */
     int ex_preq;         /* ex_preq: the expert down half's int8 input quantized once: 0 for batches of several

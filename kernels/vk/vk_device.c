@@ -427,7 +427,7 @@ moex_vk_ptr moex_vk_buffer_ptr(const moex_vk_buffer *b) { return b ? b->addr : 0
 size_t moex_vk_buffer_size(const moex_vk_buffer *b) { return b->size; }
 void *moex_vk_buffer_map(const moex_vk_buffer *b) { return b->map; }
 
-/* Waits for a submit: with --vk-tune spin_us set, polls its fence that long
+/* Waits for a submit: with vk->tune.spin_us (--vk-tune spin_us), polls its fence that long
  * first (answering as soon as it signals instead of after the driver's
  * wake-up, for one busy core), then blocks. */
 static int wait_fence(moex_vk *vk, VkFence fence, moex_error *err) {

@@ -76,7 +76,8 @@ typedef struct vk_tuning {
     int gu_ch;           /* experts_gu.comp's rows per workgroup (16 to 256, multiples of 16), 0: default */
     int idot;            /* the decode products' int8 activations (vk_idot): 0 off, 1 wherever the device has
                           * integer dot products, -1 where it has them in hardware */
-    int spin_us;         /* how long a submit's wait polls its fence before it blocks (0) */
+    int spin_us;         /* how long a submit's wait polls its fence before it blocks (0: at once); the
+                          * default VK_SPIN_US_DEFAULT, or 0 on a CPU device (vk_create.c) */
     int ex_preq;         /* the expert down half's int8 input quantized once (experts_xq.comp) for 0 never, 1
                           * every batch, -1 batches of several tokens of several experts; else in every
                           * workgroup of the down half */
@@ -84,6 +85,7 @@ typedef struct vk_tuning {
                           * VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
 } vk_tuning;
 void vk_tuning_resolve(const moex_vk_tuning *t, vk_tuning *out);
+#define VK_SPIN_US_DEFAULT 5000   /* covers a whole-model decode token's wait (~2.7 ms on the H200) */
 
 typedef struct moex_vk_buffer {
     moex_vk *vk;
