@@ -17,7 +17,7 @@
  * that does not fit is refused with a warning. */
 static void read_ex_shape(moex_vk *vk, const char *e) {
     if (!*e) return;
-    int v[18], n = 0;   /* six, twelve or eighteen comma-separated integers, nothing after them */
+    int v[18], n = 0;   /* six, twelve or eighteen colon-separated integers, nothing after them */
     const char *p = e;
     while (n < 18) {
         char *end;
