@@ -20,8 +20,7 @@
 #              workers, with the hub's and workers' timings for moex-sim
 #   api        `moex-hub serve --backend vulkan --parallel 16` through the OpenAI API (bench/bench_api.py): 1, 2,
 #              4, 8, 16 streams of 128 greedy tokens after 32-token prompts, --local (one stream against the
-#              Vulkan CLI's decode; again with --vk-tune each_staged=0: the decode tokens' dense products read
-#              their weights once per 8 tokens instead of staging x per token) and hub + 4 Vulkan workers
+#              Vulkan CLI's decode) and hub + 4 Vulkan workers
 # usage: bench/gpu/session.sh BIN_DIR STEP...
 set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -179,7 +178,6 @@ step_api() {
     serve="$bin/moex-hub serve -m $model --backend vulkan --parallel 16 --ctx 512 --port {port}"
     cli="$bin/moex-hub --local --backend vulkan -m $model --prompt-tokens {prompt} -n {n} --temp 0 --ignore-eos"
     api_run api_local --hub "$serve --local" --cli "$cli"
-    api_run api_local_unstaged --hub "$serve --local --vk-tune each_staged=0" --cli "$cli"
     step_apidistonly
 }
 

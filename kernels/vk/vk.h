@@ -25,11 +25,8 @@ typedef struct moex_vk_tuning {
                           * (5 ms, at once on a CPU device: vk_create.c), -1 at once (spin_us=0) */
     int idot;            /* idot: the decode products' int8 activations: 0 where the device has integer dot
                           * products in hardware, 1 wherever it has them, 2 never (idot=0) */
-    int ex_preq;         /* ex_preq: the expert down half's int8 input quantized once: 0 for batches of several
-                          * tokens of several experts, 1 every batch, 2 never (ex_preq=0; in every workgroup) */
-    bool each_unstaged;  /* each_staged=0: a batch's one-token products read their weights once per 8 tokens */
-    bool attn_simple;    /* attn_simple=1: prompt attention on the split-K path */
-    bool attn_no_coop;   /* attn_no_coop=1: prompt attention on f32 tiles */
+    bool each_unstaged;  /* a test hook, no key: a batch's one-token products read their weights once per 8
+                          * tokens instead of staging x per token (slower at every batch size: docs/PERF.md) */
     bool coop_wide;      /* coop_narrow=0: dense cooperative products keep 64-token tiles */
     int coop_bm;         /* coop_bm=128: mm_coop.comp's tile rows (0: 64) */
     int coop_bk;         /* coop_bk=32: its columns per step (0: 64) */
@@ -39,7 +36,6 @@ typedef struct moex_vk_tuning {
     int mv_tokens;       /* mv_tokens=1..8: tokens a workgroup of the batched head takes at most (0: 8) */
     int mv_batch_wg;     /* mv_batch_wg=N: workgroups of a batch's staged product in all (0: 1024; -1 each
                           * token's own: mv_batch_wg=0) */
-    bool gu_off;         /* gu=0: one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
     int gu_wg, gu_ru;    /* gu_wg=64..1024, gu_ru=1..16: experts_gu.comp's shape (0: default) */
     int gu_ch;           /* gu_ch=16..256 (multiples of 16): its rows per workgroup (0: default) */
     char ex_shape[128];  /* ex_shape=GWG:GRT:GRU:DWG:DRT:DRU[:...]: the expert FFN's workgroups (vk_testing.h) */
@@ -269,7 +265,7 @@ int moex_vk_op_experts(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, 
  * kernels by what kind of token it is, never by how many share the dispatch:
  *   MOEX_VK_EACH   every token gets exactly the kernels and the arithmetic it
  *                  gets alone (n = 1: the decode kernels, those that stage x
- *                  run once per token, the grid's y; --vk-tune each_staged=0:
+ *                  run once per token, the grid's y; moex_vk_tuning.each_unstaged:
  *                  the products and routers never stage x, so their weights
  *                  are read once per 8 tokens, for comparison);
  *   MOEX_VK_TILED  the prompt-batch kernels for any n (a token's sums do not

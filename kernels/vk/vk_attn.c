@@ -75,7 +75,7 @@ size_t moex_vk_attention_scratch(const moex_vk_attn_shape *sh, int64_t n) {
 /* The tiled prompt-batch attention (attn.comp modes 2..5 by head_dim class
  * HDMAX = 64 << (mode - 2), R = 4096 / HDMAX query rows and BK keys a tile;
  * modes 6..9 the same with half the rows, for 32 KiB of shared memory).
- * Returns 0 where it does not apply: one token, --vk-tune attn_simple=1 (the
+ * Returns 0 where it does not apply: one token, vk->tune.attn_simple (the
  * split-K path, kept for comparison), or too little shared memory. */
 static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int64_t n, uint32_t *rows) {
     if (n <= 1 || vk->tune.attn_simple) return 0;
@@ -94,12 +94,12 @@ static int attn_tiled_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, int6
 /* The prompt attention on cooperative matrices: its mode (the head_dim
  * class, 0: <= 64, 1: <= 128) and rows per workgroup, or -1 where it does not
  * apply: no cooperative matrices of 16 x 16 x 16, head_dim over 128, a V cache
- * not 16-byte aligned, --vk-tune attn_no_coop=1 (the f32 tiles, for comparison). */
+ * not 16-byte aligned. */
 static int attn_coop_mode(const moex_vk *vk, const moex_vk_attn_shape *sh, moex_vk_ptr v_cache, uint32_t *rows) {
     const moex_vk_info *in = &vk->info;
     uint32_t warps, bc;
     if (!in->coop || in->coop_m != 16 || in->coop_n != 16 || in->coop_k != 16 || sh->head_dim > 128 ||
-        v_cache % 16 || vk->tune.attn_no_coop)
+        v_cache % 16)
         return -1;
     const int mode = sh->head_dim > 64;
     if (vk_attn_coop_config(vk, mode, &warps, &bc)) return -1;

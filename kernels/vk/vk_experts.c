@@ -96,7 +96,7 @@ static int dispatch_gu(moex_vk_cmd *c, const moex_vk_experts *e, moex_vk_ptr x, 
  * of Q4_K or Q6_K: for batches of tokens with several experts each, whose
  * d / RT workgroups a token would each quantize its k n_ff inputs again; one
  * token's down half is faster without the extra dispatch (docs/PERF.md), and
- * a worker's rows (k = 1) quantize little each. ex_preq=0 never, 1
+ * a worker's rows (k = 1) quantize little each. ex_preq 0 never, 1
  * always. */
 static bool xq_applies(const moex_vk *vk, const moex_vk_matrix *d, bool dgen, int64_t n, int k) {
     const int want = vk->tune.ex_preq;

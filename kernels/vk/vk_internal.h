@@ -60,8 +60,7 @@ typedef enum vk_kernel {
 /* The tuning as the kernels read it: moex_vk_tuning (vk.h, --vk-tune) with
  * each default filled in (vk_tune.c vk_tuning_resolve). */
 typedef struct vk_tuning {
-    bool attn_simple;    /* prompt attention on the split-K path */
-    bool attn_no_coop;   /* prompt attention on f32 tiles */
+    bool attn_simple;    /* prompt attention on the split-K path (tests: moex_vk_testing_set_attn_simple) */
     bool coop_wide;      /* dense coop products keep 64-token tiles */
     int coop_bm;         /* mm_coop.comp tile rows, VK_COOP_BM or 128 */
     int coop_bk;         /* mm_coop.comp columns per step, VK_COOP_BK or 32 */
@@ -71,7 +70,8 @@ typedef struct vk_tuning {
     int mv_tokens;       /* tokens a workgroup of the batched head takes at most (1: one) */
     int mv_batch_wg;     /* workgroups of a batch's staged product in all, at most (VK_MV_BATCH_WG; 0: each
                           * token's own, up to VK_MV_PERSIST) */
-    bool gu_off;         /* one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp */
+    bool gu_off;         /* one token's Q4_K gate+up on experts_mv.comp instead of experts_gu.comp (tests:
+                          * moex_vk_testing_set_gu) */
     int gu_wg, gu_ru;    /* experts_gu.comp's shape (64-1024 threads, 1-16 rows loaded together), 0: default */
     int gu_ch;           /* experts_gu.comp's rows per workgroup (16 to 256, multiples of 16), 0: default */
     int idot;            /* the decode products' int8 activations (vk_idot): 0 off, 1 wherever the device has
@@ -80,7 +80,7 @@ typedef struct vk_tuning {
                           * default VK_SPIN_US_DEFAULT, or 0 on a CPU device (vk_create.c) */
     int ex_preq;         /* the expert down half's int8 input quantized once (experts_xq.comp) for 0 never, 1
                           * every batch, -1 batches of several tokens of several experts; else in every
-                          * workgroup of the down half */
+                          * workgroup of the down half (tests: moex_vk_testing_set_ex_preq) */
     bool each_unstaged;  /* a batch's one-token products and routers on mode 0 (the weights read once per
                           * VK_MV_NMAX tokens, norms apart) instead of staging x once per token */
 } vk_tuning;

@@ -25,13 +25,13 @@ bool moex_vk_testing_idot(const moex_vk *vk);
 void moex_vk_testing_set_idot(moex_vk *vk, int idot);
 /* The expert down half's int8 input: quantized once by experts_xq.comp (1
  * always, -1 the default: batches of several tokens of several experts) or
- * in every workgroup (0; --vk-tune ex_preq's values); returns the setting it
+ * in every workgroup (0); returns the setting it
  * replaces. */
 int moex_vk_testing_set_ex_preq(moex_vk *vk, int preq);
 /* The workgroups of a batch's staged products in all (--vk-tune mv_batch_wg; 0:
  * each token's own); returns the setting it replaces. */
 int moex_vk_testing_set_mv_batch_wg(moex_vk *vk, int wg);
-/* Prompt attention on the split-K path instead of the tiles (--vk-tune attn_simple=1). */
+/* Prompt attention on the split-K path instead of the tiles (the tests). */
 void moex_vk_testing_set_attn_simple(moex_vk *vk, bool on);
 
 /* experts_mv.comp's workgroup for one half: wg threads, rt output rows, ru
@@ -62,7 +62,7 @@ moex_vk_gu_shape moex_vk_testing_gu_shape(const moex_vk *vk, int npos);
 /* Whether experts_gu.comp takes e's gate+up for n tokens (one token of 16-byte aligned Q4_K). */
 bool moex_vk_testing_gu_applies(const moex_vk *vk, const moex_vk_experts *e, int64_t n);
 /* Its tuning (--vk-tune gu_wg, gu_ru, gu_ch; 0: the default) and
- * off (--vk-tune gu=0: the gate+up on experts_mv.comp). */
+ * off (the gate+up on experts_mv.comp). */
 void moex_vk_testing_set_gu(moex_vk *vk, int wg, int ru, int ch, bool off);
 
 /* The decode path of moex_vk_op_experts (n <= VK_MV_NMAX) with only some of

@@ -9,9 +9,8 @@
 #include "kernels/vk/vk_internal.h"
 
 typedef enum {
-    K_SPIN_US, K_IDOT, K_EX_PREQ, K_EACH_STAGED, K_ATTN_SIMPLE, K_ATTN_NO_COOP, K_COOP_NARROW, K_COOP_BM, K_COOP_BK,
-    K_COOP_NBUF, K_MV_RPT, K_MV_GROUPS, K_MV_TOKENS, K_MV_BATCH_WG, K_GU, K_GU_WG, K_GU_RU, K_GU_CH, K_EX_SHAPE,
-    K_PROFILE, K_COOP, N_KEYS
+    K_SPIN_US, K_IDOT, K_COOP_NARROW, K_COOP_BM, K_COOP_BK, K_COOP_NBUF, K_MV_RPT, K_MV_GROUPS, K_MV_TOKENS,
+    K_MV_BATCH_WG, K_GU_WG, K_GU_RU, K_GU_CH, K_EX_SHAPE, K_PROFILE, K_COOP, N_KEYS
 } tune_key;
 
 typedef struct tune_spec {
@@ -23,10 +22,6 @@ typedef struct tune_spec {
 static const tune_spec specs[N_KEYS] = {
     [K_SPIN_US] = {"spin_us", 0, 1000000, "a submit's wait polls its fence this many us before it blocks (0: never)"},
     [K_IDOT] = {"idot", 0, 1, "int8 decode activations: 1 wherever integer dot products exist, 0 never"},
-    [K_EX_PREQ] = {"ex_preq", 0, 1, "expert down input quantized once: 1 every batch, 0 in every workgroup"},
-    [K_EACH_STAGED] = {"each_staged", 0, 1, "0: a batch's one-token products read weights once per 8 tokens"},
-    [K_ATTN_SIMPLE] = {"attn_simple", 0, 1, "1: prompt attention on the split-K path"},
-    [K_ATTN_NO_COOP] = {"attn_no_coop", 0, 1, "1: prompt attention on f32 tiles"},
     [K_COOP_NARROW] = {"coop_narrow", 0, 1, "0: dense cooperative products keep 64-token tiles"},
     [K_COOP_BM] = {"coop_bm", 64, 128, "mm_coop.comp tile rows: 64 or 128"},
     [K_COOP_BK] = {"coop_bk", 32, 64, "mm_coop.comp columns per step: 32 or 64"},
@@ -35,7 +30,6 @@ static const tune_spec specs[N_KEYS] = {
     [K_MV_GROUPS] = {"mv_groups", 1, 32, "row groups per workgroup of those products"},
     [K_MV_TOKENS] = {"mv_tokens", 1, VK_MV_TPW_I8, "tokens a workgroup of the batched head takes at most"},
     [K_MV_BATCH_WG] = {"mv_batch_wg", 0, 1 << 20, "workgroups of a batch's staged product (0: each token's own)"},
-    [K_GU] = {"gu", 0, 1, "0: one token's Q4_K gate+up on experts_mv.comp"},
     [K_GU_WG] = {"gu_wg", 64, 1024, "experts_gu.comp's threads per workgroup"},
     [K_GU_RU] = {"gu_ru", 1, 16, "experts_gu.comp's rows loaded together"},
     [K_GU_CH] = {"gu_ch", 16, 256, "experts_gu.comp's rows per workgroup (a multiple of 16)"},
@@ -75,10 +69,6 @@ static void set_number(moex_vk_tuning *t, tune_key k, int v) {
     switch (k) {
     case K_SPIN_US: t->spin_us = v ? v : -1; break;   /* 0 asked for: block at once, whatever the default */
     case K_IDOT: t->idot = v ? 1 : 2; break;
-    case K_EX_PREQ: t->ex_preq = v ? 1 : 2; break;
-    case K_EACH_STAGED: t->each_unstaged = !v; break;
-    case K_ATTN_SIMPLE: t->attn_simple = v; break;
-    case K_ATTN_NO_COOP: t->attn_no_coop = v; break;
     case K_COOP_NARROW: t->coop_wide = !v; break;
     case K_COOP_BM: t->coop_bm = v; break;
     case K_COOP_BK: t->coop_bk = v; break;
@@ -87,7 +77,6 @@ static void set_number(moex_vk_tuning *t, tune_key k, int v) {
     case K_MV_GROUPS: t->mv_groups = v; break;
     case K_MV_TOKENS: t->mv_tokens = v; break;
     case K_MV_BATCH_WG: t->mv_batch_wg = v ? v : -1; break;
-    case K_GU: t->gu_off = !v; break;
     case K_GU_WG: t->gu_wg = v; break;
     case K_GU_RU: t->gu_ru = v; break;
     case K_GU_CH: t->gu_ch = v; break;
@@ -139,8 +128,6 @@ int moex_vk_options_tune(moex_vk_options *o, const char *spec, moex_error *err) 
 /* What the kernels read: each zero of moex_vk_tuning as its default. */
 void vk_tuning_resolve(const moex_vk_tuning *t, vk_tuning *out) {
     *out = (vk_tuning){
-        .attn_simple = t->attn_simple,
-        .attn_no_coop = t->attn_no_coop,
         .coop_wide = t->coop_wide,
         .coop_bm = t->coop_bm == 128 ? 128 : VK_COOP_BM,
         .coop_bk = t->coop_bk == 32 ? 32 : VK_COOP_BK,
@@ -149,13 +136,12 @@ void vk_tuning_resolve(const moex_vk_tuning *t, vk_tuning *out) {
         .mv_groups = t->mv_groups,
         .mv_tokens = t->mv_tokens >= 1 && t->mv_tokens <= VK_MV_TPW_I8 ? t->mv_tokens : VK_MV_TPW_I8,
         .mv_batch_wg = t->mv_batch_wg < 0 ? 0 : t->mv_batch_wg ? t->mv_batch_wg : VK_MV_BATCH_WG,
-        .gu_off = t->gu_off,
         .gu_wg = t->gu_wg,
         .gu_ru = t->gu_ru,
         .gu_ch = t->gu_ch,
         .idot = t->idot == 1 ? 1 : t->idot == 2 ? 0 : -1,
         .spin_us = t->spin_us,
-        .ex_preq = t->ex_preq == 1 ? 1 : t->ex_preq == 2 ? 0 : -1,
+        .ex_preq = -1,
         .each_unstaged = t->each_unstaged,
     };
 }

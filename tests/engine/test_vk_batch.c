@@ -14,7 +14,7 @@
  * that wants every row of a prompt; refused batches (bad slot, position order,
  * token id, size) changing nothing. Configurations: f32 activations with a
  * long context (the decode attention's indirect splits, each token its own
- * count), the same with each_staged=0 (the one-token products on
+ * count), the same with tune.each_unstaged (the one-token products on
  * mode 0, norms apart), activations rounded as the distributed hub does (the
  * unfused one-token path), and the distributed path with the experts on a
  * CPU executor (exact wire), all on f32 kernels (no matrix units, no int8
@@ -269,7 +269,7 @@ static void run_config(const char *name, const moex_model *m, moex_vk_state *s, 
 /* device_kernels false: f32 tiles for prompts (no cooperative matrices) and
  * f32 decode activations (idot=0), so that the two paths differ by float
  * rounding alone; true: what the device runs by default (f16 matrix units,
- * int8 decode activations where it has them). unstaged: each_staged=0. */
+ * int8 decode activations where it has them). unstaged: tune.each_unstaged (a test hook). */
 static moex_vk_state *make_state(const moex_model *m, int64_t n_ctx, bool round, bool device_kernels, bool unstaged,
                                  moex_expert_executor exec) {
     moex_vk_options o = test_vk_options();
@@ -304,7 +304,7 @@ int main(int argc, char **argv) {
     moex_vk_state_free(s);
 
     s = make_state(m, 160, false, false, true, (moex_expert_executor){0});
-    run_config("f32 activations, the one-token products unstaged (each_staged=0)", m, s, &r, 1e-3, 12);
+    run_config("f32 activations, the one-token products unstaged (tune.each_unstaged)", m, s, &r, 1e-3, 12);
     moex_vk_state_free(s);
 
     s = make_state(m, 160, true, false, false, (moex_expert_executor){0});

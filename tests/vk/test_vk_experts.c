@@ -6,7 +6,7 @@
  * the same with other workgroup shapes (threads not a power of two or larger,
  * more rows) than the defaults. One token's Q4_K gate+up runs on
  * experts_gu.comp where it applies: it is checked to apply, and its cases run
- * in other shapes and with it switched off (experts_mv.comp, --vk-tune gu=0).
+ * in other shapes and with it switched off (experts_mv.comp, moex_vk_testing_set_gu).
  * One expert a token (a worker's rows) runs the down half on the shape for
  * few positions. Where the device has integer dot products Q4_K and Q6_K positions take
  * int8 activations: each half is then checked against float64 on
@@ -196,7 +196,7 @@ static void run_case(const ex_case *t) {
     float *again = malloc(n * d * 4);
     gpu_read(vk, rb, again, n * d * 4);
     for (int preq = 0; xq && preq < 2; preq++)
-        CHECK(!memcmp(got, other[preq], n * d * 4), "experts %s: ex_preq=%d (the down half's input quantized "
+        CHECK(!memcmp(got, other[preq], n * d * 4), "experts %s: ex_preq %d (the down half's input quantized "
               "%s) gives other bits", what, preq, preq ? "once" : "in every workgroup");
     CHECK(e1 <= 1e-5, "experts %s: rel err %.3g (each half on the GPU's input)", what, e1);
     CHECK(e0 <= (idot ? 1.5e-1 : 1e-5), "experts %s: rel err %.3g against the unrounded FFN", what, e0);
@@ -230,7 +230,7 @@ static void check_gu(void) {
                                                           {0, 0, 0, true}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         moex_vk_testing_set_gu(vk, shapes[s].wg, shapes[s].ru, shapes[s].ch, shapes[s].off);
-        if (shapes[s].off) printf("  gate+up on experts_mv.comp (--vk-tune gu=0)\n");
+        if (shapes[s].off) printf("  gate+up on experts_mv.comp (moex_vk_testing_set_gu)\n");
         else {
             const moex_vk_gu_shape g = moex_vk_testing_gu_shape(vk, 2048 / 32);
             printf("  experts_gu.comp, d 2048: %d rows, %d threads, %d row lanes, %d rows loaded together%s\n", g.ch, g.wg,

@@ -191,7 +191,7 @@ static void prompt_attention_on(moex_vk *d, const moex_vk_attn_shape *sh, const 
 static float h16(float x) { return moex_f16_to_f32(moex_f32_to_f16(x)); }
 
 /* Prompt batches against float64: the tiled kernel and the split-K path
- * (--vk-tune attn_simple=1) on the f32 device; then attn_coop.comp on a device
+ * (moex_vk_testing_set_attn_simple) on the f32 device; then attn_coop.comp on a device
  * with cooperative matrices (the matrix unit, or its shared-memory stand-in
  * under emulation on CPU drivers) where head_dim <= 128 and the prompt has
  * VK_ATTN_COOP_MIN tokens or more, the tiled kernel there otherwise. Several lengths (not multiples of 16 or 64), prompts
@@ -227,7 +227,7 @@ static void test_attention_prompt(void) {
         for (int64_t i = used; i < sh.n_ctx * kvd; i++) kc[i] = vc[i] = NAN;
         attention_ref64(q, kc, vc, ref, n, pos0, H, HK, hd, sh.scale);
         for (int simple = 0; simple < 2; simple++) {
-            moex_vk_testing_set_attn_simple(vk, simple);   /* the split-K path --vk-tune attn_simple=1 selects */
+            moex_vk_testing_set_attn_simple(vk, simple);   /* the split-K path */
             prompt_attention_on(vk, &sh, q, kc, vc, n, pos0, simple ? got : tiled);
             moex_vk_testing_set_attn_simple(vk, false);
             const double e = rel_l2(simple ? got : tiled, ref, n * qd);
