@@ -59,6 +59,15 @@ else echo "FAIL: --vk-tune profile=1 printed no vkprof table"; fails=1; fi
 if [ $? = 2 ] && grep -q "idot=7: it takes 0..1" "$dir.err"; then echo "ok: --vk-tune idot=7 is refused (exit 2)"
 else echo "FAIL: --vk-tune idot=7: $(cat "$dir.err")"; fails=1; fi
 rm -f "$dir.err"
+# --device picks the GPU (a multi-GPU machine runs the hub on one, workers on the others): the first device runs,
+# one past the last is refused at start with the count
+n_dev=$("$hub" --list-devices 2>/dev/null | grep -c .)
+"$hub" --local --backend vulkan --device 0 -m "$model" --prompt-tokens 1,15 -n 2 --temp 0 >/dev/null 2>&1
+if [ $? = 0 ]; then echo "ok: --device 0 runs"; else echo "FAIL: --device 0 did not run"; fails=1; fi
+"$hub" --local --backend vulkan --device "$n_dev" -m "$model" --prompt-tokens 1,15 -n 2 --temp 0 >/dev/null 2>"$dir.err"
+if [ $? = 1 ] && grep -q -- "--device $n_dev: only $n_dev device" "$dir.err"; then echo "ok: --device $n_dev is refused"
+else echo "FAIL: --device $n_dev: $(cat "$dir.err")"; fails=1; fi
+rm -f "$dir.err"
 "$hub" -m "$model" --cpu-moe --token t -p hi >/dev/null 2>&1
 if [ $? = 2 ]; then echo "ok: --cpu-moe without --local is refused (exit 2)"
 else echo "FAIL: --cpu-moe without --local was not refused"; fails=1; fi
