@@ -57,8 +57,6 @@ typedef struct moex_vk_options {
 /* Parses --vk-tune's "KEY=VALUE,KEY=VALUE" into o->tune (and o->coop: the
  * key coop=auto|off|emulate); what it does not name keeps its value. */
 int moex_vk_options_tune(moex_vk_options *o, const char *spec, moex_error *err);
-/* The keys, one line each, for --help. */
-const char *moex_vk_tune_keys(void);
 /* MOEX_VK_COOP_AUTO: where the device has them; OFF: the f32 tiles;
  * EMULATE: the coop kernel with a shared-memory stand-in for the matrix unit
  * where the device has none (tests the kernel on CPU drivers). */

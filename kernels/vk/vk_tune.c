@@ -38,16 +38,6 @@ static const tune_spec specs[N_KEYS] = {
     [K_COOP] = {"coop", 0, 0, "auto|off|emulate: prompt products on cooperative matrices"},
 };
 
-const char *moex_vk_tune_keys(void) {
-    static char text[2048];
-    if (!text[0]) {
-        size_t n = 0;
-        for (int k = 0; k < N_KEYS && n < sizeof text; k++)
-            n += (size_t)snprintf(text + n, sizeof text - n, "  %-13s %s\n", specs[k].name, specs[k].help);
-    }
-    return text;
-}
-
 static int set_text(moex_vk_options *o, tune_key k, const char *v, size_t len, moex_error *err) {
     if (k == K_EX_SHAPE) {
         if (len >= sizeof o->tune.ex_shape) return moex_fail(err, "--vk-tune ex_shape: too long");

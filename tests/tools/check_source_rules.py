@@ -23,7 +23,8 @@ files themselves (a rule no test reads is a rule nobody keeps):
   no_hidden_knobs  the programs read only the environment variables that
                    docs/ARCHITECTURE.md's "Settings" table lists (the log level,
                    cache paths); every choice else is a flag or an option
-                   (--vk-tune, --simd, ...). Benchmarks (bench/) may read more.
+                   (--vk-tune, --simd, ...), and every --vk-tune key is in that
+                   table too. Benchmarks (bench/) may read more.
 
   no_test_hooks    the hooks for tests (kernels/kernels_testing.h,
                    kernels/vk/vk_testing.h) are included by their own module
@@ -177,6 +178,10 @@ def no_hidden_knobs(root):
         for name in GETENV.findall(code):
             if f"`{name}`" not in table:
                 breaches.append(f"{rel}: reads ${name}, which docs/ARCHITECTURE.md's Settings table does not list")
+    with open(os.path.join(root, "kernels", "vk", "vk_tune.c"), encoding="utf-8") as fh:
+        for key in re.findall(r'\] = \{"(\w+)", ', fh.read()):
+            if f"`{key}`" not in table:
+                breaches.append(f"kernels/vk/vk_tune.c: --vk-tune {key} is missing from the Settings table")
     return breaches
 
 
