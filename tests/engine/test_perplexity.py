@@ -21,21 +21,15 @@ estimate ends at the final one.
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import check, failures, free_port  # noqa: E402
 import time
 
 SKIP = 77
 TOL = 0.01          # relative PPL difference allowed between engines
 TOP1_MIN = 0.98     # teacher-forced top-1 agreement
-failures = []
-
-
-def check(name, cond, detail=""):
-    print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
-    if not cond:
-        failures.append(name)
 
 
 def run(cmd, timeout=600):
@@ -83,14 +77,6 @@ def compare(a, name, base, other):
     agree, same_len = agreement(t0, t1)
     check(f"{name}: top-1 agreement >= {TOP1_MIN:.0%}", same_len and agree >= TOP1_MIN,
           f"({agree:.4f} over {len(t0)} positions)")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def distributed(a, model, n_workers=2):

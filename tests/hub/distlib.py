@@ -16,24 +16,18 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import check, failures, finish, free_port  # noqa: E402,F401 (scripts import them from here)
+
 TOKEN = "test-token"
 PROMPT = "1,15,27,300,4000,5,6,77,8,900"
 BIN = VOCAB = WORK = None
 _only = set()
-failures = []
 
 
 def setup(bin_dir, vocab_dir, work_dir, only=()):
     global BIN, VOCAB, WORK, _only
     BIN, VOCAB, WORK, _only = bin_dir, vocab_dir, work_dir, set(only)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def gen_model(arch, typ, seed, vocab="ggml-vocab-llama-spm.gguf"):
@@ -64,12 +58,6 @@ def stops_within(proc, seconds):
     return proc.poll() is not None
 
 
-def check(name, cond, detail=""):
-    print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
-    if not cond:
-        failures.append(name)
-
-
 def metric(err, key):
     """Reads 'key N' from the hub's metrics line."""
     m = re.search(r"hub metrics:.*?\b" + re.escape(key) + r" (\d+)", err)
@@ -86,8 +74,7 @@ def scenario(fn):
 
 
 def finish_script():
-    print(f"{len(failures)} failed" if failures else "all scenarios passed")
-    sys.exit(1 if failures else 0)
+    finish("scenarios")
 
 
 def wait_hub(hub, readers, err, workers, timeout):

@@ -19,14 +19,9 @@
 import os
 import subprocess
 import sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import check, failures  # noqa: E402
 
-failures = []
-
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
 
 
 def sim(*args):
@@ -54,35 +49,35 @@ def main():
     base = ["--route-trace", hot, "--workers", "4", "--replicas", "1", "--tokens", "100", "--timeout-ms", "5",
             "--format", "csv"]
     p = sim(*base, "--place-by-load", "--fail", "3@0")
-    check(p.returncode == 0, f"replay + place-by-load runs ({p.stderr.strip()})")
+    check(f"replay + place-by-load runs ({p.stderr.strip()})", p.returncode == 0)
     if p.returncode == 0:
         r = csv_row(p)
-        check(int(r["timeouts"]) == 0 and int(r["lost"]) == 0, f"a worker with only cold experts dies unnoticed "
-                                                               f"(timeouts {r['timeouts']}, lost {r['lost']})")
+        check(f"a worker with only cold experts dies unnoticed "
+                                                               f"(timeouts {r['timeouts']}, lost {r['lost']})", int(r["timeouts"]) == 0 and int(r["lost"]) == 0)
     p = sim(*base, "--place-by-load", "--fail", "0@0")
     if p.returncode == 0:
         r = csv_row(p)
-        check(int(r["timeouts"]) > 0 and int(r["reassigned"]) >= 50,
-              f"the hot experts' worker dying costs timeouts, then every token re-assigns "
-              f"(timeouts {r['timeouts']}, reassigned {r['reassigned']})")
+        check(f"the hot experts' worker dying costs timeouts, then every token re-assigns "
+              f"(timeouts {r['timeouts']}, reassigned {r['reassigned']})",
+              int(r["timeouts"]) > 0 and int(r["reassigned"]) >= 50)
     else:
-        check(False, f"failing worker 0: {p.stderr.strip()}")
+        check(f"failing worker 0: {p.stderr.strip()}", False)
     p = sim("--layers", "2", "--experts", "8", "--k", "2", "--workers", "4", "--replicas", "1", "--tokens", "100",
             "--timeout-ms", "5", "--format", "csv", "--fail", "3@0")
     if p.returncode == 0:
         r = csv_row(p)
-        check(int(r["timeouts"]) > 0, f"with uniform draws worker 3's death does cost timeouts ({r['timeouts']})")
+        check(f"with uniform draws worker 3's death does cost timeouts ({r['timeouts']})", int(r["timeouts"]) > 0)
     p = sim("--route-trace", hot, "--tokens", "10")
-    check(p.returncode == 0 and "L=2 E=8 k=2" in p.stdout and "routing from trace" in p.stdout,
-          "the trace sets layers, experts and k")
+    check("the trace sets layers, experts and k",
+          p.returncode == 0 and "L=2 E=8 k=2" in p.stdout and "routing from trace" in p.stdout)
     one = sim("--route-trace", hot, "--workers", "1", "--replicas", "1", "--tokens", "100", "--format", "csv")
     two = sim("--route-trace", hot, "--workers", "2", "--replicas", "1", "--tokens", "100", "--format", "csv",
               "--place-by-load")
     if one.returncode == 0 and two.returncode == 0:
         w1, w2 = float(csv_row(one)["queue_wait_ms"]), float(csv_row(two)["queue_wait_ms"])
-        check(w1 > 0 and w2 == 0, f"hot experts queue on one worker ({w1:.3f} ms), not when placed apart ({w2:.3f} ms)")
+        check(f"hot experts queue on one worker ({w1:.3f} ms), not when placed apart ({w2:.3f} ms)", w1 > 0 and w2 == 0)
     else:
-        check(False, f"queueing runs failed: {one.stderr.strip()} {two.stderr.strip()}")
+        check(f"queueing runs failed: {one.stderr.strip()} {two.stderr.strip()}", False)
     bad = os.path.join(WORK, "bad.trace")
     cases = [("a broken header", "layers two experts 8\n0 1\n"),
              ("an id outside the experts", "layers 1 experts 4 k 1 tokens 2\n0\n4\n"),
@@ -91,11 +86,11 @@ def main():
         with open(bad, "w") as f:
             f.write(text)
         p = sim("--route-trace", bad)
-        check(p.returncode == 2 and "--route-trace" in p.stderr, f"refuses {what} (exit {p.returncode})")
+        check(f"refuses {what} (exit {p.returncode})", p.returncode == 2 and "--route-trace" in p.stderr)
     p = sim("--place-by-load")
-    check(p.returncode == 2 and "--route-trace" in p.stderr, "--place-by-load without a trace is refused")
+    check("--place-by-load without a trace is refused", p.returncode == 2 and "--route-trace" in p.stderr)
     p = sim("--route-trace", os.path.join(WORK, "absent.trace"))
-    check(p.returncode == 2 and "cannot open" in p.stderr, "a missing trace file is refused")
+    check("a missing trace file is refused", p.returncode == 2 and "cannot open" in p.stderr)
     print(f"{len(failures)} failed" if failures else "all checks passed")
     return 1 if failures else 0
 

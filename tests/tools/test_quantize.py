@@ -26,19 +26,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "ref"))
 import moex_ref  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import check, failures  # noqa: E402
 
 T = {"f32": 0, "f16": 1, "q4_0": 2, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14}
 NAME = {v: k for k, v in T.items()}
 BLOCK = {0: 1, 1: 1, 2: 32, 6: 32, 7: 32, 8: 32, 12: 256, 13: 256, 14: 256}
 # Relative RMS error of a tensor of roughly normal values (measured well below).
 REL_RMS = {1: 1e-3, 2: 0.12, 6: 0.06, 7: 0.05, 12: 0.08, 13: 0.04, 14: 0.02}
-FAILURES = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL", what)
 
 
 def run(cmd, expect=0):
@@ -91,33 +86,33 @@ def check_model(gguf, src_path, out_path, mode, n_layer, n_expert, tied):
     run([gguf, "quantize", src_path, out_path, "--type", mode, "--quiet"])
     src, out = moex_ref.GGUF(src_path), moex_ref.GGUF(out_path)
     label = f"{os.path.basename(src_path)} -> {mode}"
-    check(list(src.tensors) == list(out.tensors), f"{label}: tensor names/order differ")
+    check(f"{label}: tensor names/order differ", list(src.tensors) == list(out.tensors))
     types = {}
     for name, ts in src.tensors.items():
         to = out.tensors.get(name)
         if to is None:
             continue
-        check(to.ne == ts.ne, f"{label}: {name} shape {to.ne} != {ts.ne}")
+        check(f"{label}: {name} shape {to.ne} != {ts.ne}", to.ne == ts.ne)
         want = expected_type(name, ts.ne, len(ts.ne), ts.type_id, mode, n_layer, n_expert, tied)
-        check(to.type_id == want, f"{label}: {name} is {NAME.get(to.type_id)}, expected {NAME.get(want)}")
+        check(f"{label}: {name} is {NAME.get(to.type_id)}, expected {NAME.get(want)}", to.type_id == want)
         types[to.type_id] = types.get(to.type_id, 0) + 1
         a, b = src.load(name).ravel(), out.load(name).ravel()
         if to.type_id == ts.type_id:
-            check(np.array_equal(a, b), f"{label}: {name} kept its type but changed values")
+            check(f"{label}: {name} kept its type but changed values", np.array_equal(a, b))
         elif to.type_id == T["q8_0"]:
             err = np.abs(a - b) - q8_0_bound(a)
-            check(err.max() <= 1e-7, f"{label}: {name} q8_0 error exceeds half a step by {err.max():.3g}")
+            check(f"{label}: {name} q8_0 error exceeds half a step by {err.max():.3g}", err.max() <= 1e-7)
         else:
             rel = np.sqrt(np.mean((a - b) ** 2) / np.mean(a ** 2))
-            check(rel < REL_RMS[to.type_id], f"{label}: {name} {NAME[to.type_id]} relative RMS {rel:.3g} "
-                                             f">= {REL_RMS[to.type_id]}")
+            check(f"{label}: {name} {NAME[to.type_id]} relative RMS {rel:.3g} "
+                                             f">= {REL_RMS[to.type_id]}", rel < REL_RMS[to.type_id])
     for k, v in src.kv.items():
         if k != "general.file_type":
-            check(k in out.kv and (out.kv[k] == v if not isinstance(v, np.ndarray) else np.array_equal(out.kv[k], v)),
-                  f"{label}: metadata {k} not copied")
-    check(set(out.kv) - set(src.kv) <= {"general.file_type"}, f"{label}: extra metadata keys")
+            check(f"{label}: metadata {k} not copied",
+                  k in out.kv and (out.kv[k] == v if not isinstance(v, np.ndarray) else np.array_equal(out.kv[k], v)))
+    check(f"{label}: extra metadata keys", set(out.kv) - set(src.kv) <= {"general.file_type"})
     ftype = {"q8_0": 7, "q4_K_M": 15, "f16": 1, "q4_0": 2, "q5_K": 16, "q6_K": 18}[mode]
-    check(out.kv.get("general.file_type") == ftype, f"{label}: general.file_type {out.kv.get('general.file_type')}")
+    check(f"{label}: general.file_type {out.kv.get('general.file_type')}", out.kv.get("general.file_type") == ftype)
     print(f"ok   {label}: " + ", ".join(f"{NAME[t]} x{n}" for t, n in sorted(types.items())))
 
 
@@ -129,9 +124,9 @@ def check_usage(gguf, src_path, work):
                             ([os.path.join(work, "absent.gguf"), out, "--type", "q8_0"], 1, "missing input"),
                             ([src_path, src_path, "--type", "q8_0"], 1, "OUT = IN")):
         p = run([gguf, "quantize"] + args, expect=code)
-        check(p.stderr.strip() != "", f"usage ({why}): no message")
-        check(not os.path.exists(out) and not os.path.exists(out + ".partial"), f"usage ({why}): left a file")
-    check(open(src_path, "rb").read() == before, "usage: the input changed")
+        check(f"usage ({why}): no message", p.stderr.strip() != "")
+        check(f"usage ({why}): left a file", not os.path.exists(out) and not os.path.exists(out + ".partial"))
+    check("usage: the input changed", open(src_path, "rb").read() == before)
     print("ok   bad usage: clear errors, no output, input untouched")
 
 
@@ -152,13 +147,13 @@ def main(argv):
     # Q8_0 -> q8_0 copies the blocks: the same bytes.
     q8, again = os.path.join(work, "moe8-q8_0.gguf"), os.path.join(work, "moe8-q8_0-again.gguf")
     run([gguf, "quantize", q8, again, "--type", "q8_0", "--quiet"])
-    check(open(q8, "rb").read() == open(again, "rb").read(), "q8_0 -> q8_0 changed the file")
+    check("q8_0 -> q8_0 changed the file", open(q8, "rb").read() == open(again, "rb").read())
     print("ok   q8_0 -> q8_0 is byte for byte the same file")
     check_usage(gguf, os.path.join(work, "moe8-f32.gguf"), work)
     for f in os.listdir(work):
         os.remove(os.path.join(work, f))
-    print(f"{'FAILED' if FAILURES else 'passed'}: {len(FAILURES)} failures")
-    return 1 if FAILURES else 0
+    print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -6,16 +6,11 @@ usage: test_tokenizer_cli.py MOEX_GGUF FIXTURES_VOCAB_DIR"""
 import os
 import subprocess
 import sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import check, failures  # noqa: E402
 
 TOOL, VOCAB_DIR = sys.argv[1], sys.argv[2]
 SEP = b"\n__ggml_vocab_test__\n"
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 def load(name):
@@ -35,8 +30,8 @@ def run(args, stdin=b""):
 def expect_ids(vocab, case, want, label, args=None, stdin=None):
     rc, out, err = run(["tokenize", vocab] + (args or []), stdin if stdin is not None else case)
     got = out.decode().rstrip("\n").split()
-    check(rc == 0 and got == want and out.endswith(b"\n") and out.count(b"\n") == 1,
-          "%s: rc=%d want %s got %s %s" % (label, rc, want, got, err.decode()[:200]))
+    check("%s: rc=%d want %s got %s %s" % (label, rc, want, got, err.decode()[:200]),
+          rc == 0 and got == want and out.endswith(b"\n") and out.count(b"\n") == 1)
 
 
 qwen = os.path.join(VOCAB_DIR, "ggml-vocab-qwen2.gguf")
@@ -55,22 +50,22 @@ for name in ("ggml-vocab-llama-bpe.gguf", "ggml-vocab-llama-spm.gguf"):
 # detokenize: comma- and space-separated ids from stdin give the exact bytes back.
 long_case, long_ids = cases[-1], outs[-1]
 rc, out, err = run(["detokenize", qwen], ",".join(long_ids[:10]).encode() + b" " + " ".join(long_ids[10:]).encode())
-check(rc == 0 and out == long_case, "detokenize round trip: rc=%d %r" % (rc, err[:200]))
+check("detokenize round trip: rc=%d %r" % (rc, err[:200]), rc == 0 and out == long_case)
 rc, out, err = run(["detokenize", qwen, "9707,1879"])
-check(rc == 0 and out == b"Hello world", "detokenize ids as argument: %r" % out)
+check("detokenize ids as argument: %r" % out, rc == 0 and out == b"Hello world")
 
 # Special tokens.
 rc, out, _ = run(["tokenize", qwen, "<|im_end|>", "--special"])
-check(rc == 0 and out == b"151645\n", "--special parses <|im_end|>: %r" % out)
+check("--special parses <|im_end|>: %r" % out, rc == 0 and out == b"151645\n")
 rc, out, _ = run(["tokenize", qwen, "<|im_end|>"])
-check(rc == 0 and b"151645" not in out.split(), "without --special <|im_end|> is text: %r" % out)
+check("without --special <|im_end|> is text: %r" % out, rc == 0 and b"151645" not in out.split())
 rc, out, _ = run(["detokenize", qwen, "151645", "--special"])
-check(rc == 0 and out == b"<|im_end|>", "detokenize --special renders control tokens: %r" % out)
+check("detokenize --special renders control tokens: %r" % out, rc == 0 and out == b"<|im_end|>")
 rc, out, _ = run(["detokenize", qwen, "151645"])
-check(rc == 0 and out == b"", "detokenize hides control tokens by default: %r" % out)
+check("detokenize hides control tokens by default: %r" % out, rc == 0 and out == b"")
 spm = os.path.join(VOCAB_DIR, "ggml-vocab-llama-spm.gguf")
 rc, out, _ = run(["tokenize", spm, "Hello", "--add-bos"])
-check(rc == 0 and out.split()[0] == b"1", "--add-bos on SPM: %r" % out)
+check("--add-bos on SPM: %r" % out, rc == 0 and out.split()[0] == b"1")
 
 # Bad input: exit 1 with a message; bad usage: exit 2.
 for args, stdin, want_rc, label in [
@@ -82,7 +77,7 @@ for args, stdin, want_rc, label in [
         (["tokenize", qwen, "a", "b"], b"", 2, "extra argument"),
         (["detokenize", qwen, "--bogus"], b"", 2, "unknown option")]:
     rc, out, err = run(args, stdin)
-    check(rc == want_rc and err.strip() != b"", "%s: rc=%d (want %d), stderr %r" % (label, rc, want_rc, err[:200]))
+    check("%s: rc=%d (want %d), stderr %r" % (label, rc, want_rc, err[:200]), rc == want_rc and err.strip() != b"")
 
 if failures:
     print("%d CLI check(s) failed" % len(failures), file=sys.stderr)

@@ -33,6 +33,8 @@ import signal
 import struct
 import subprocess
 import sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import check, failures, free_port  # noqa: E402
 import time
 
 import numpy as np
@@ -46,16 +48,7 @@ DISPATCH, RESULT, CANCEL, HEARTBEAT, WEIGHT_SYNC, JOIN, ASSIGN, ERROR = range(1,
 F16, BF16, INT8, F32 = 1, 2, 3, 5
 READY = 2
 E_TYPE, E_LENGTH = -4, -9
-failures = []
 rng = np.random.default_rng()
-
-
-def check(name, cond, detail=""):
-    """Prints the outcome; detail (a log's tail, say) when it failed or is short."""
-    detail = detail if not cond or len(detail) < 100 else ""
-    print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
-    if not cond:
-        failures.append(name)
 
 
 # ---- frames ----
@@ -414,15 +407,6 @@ async def wrong_token_403():
           rc == 1 and "refused the token (HTTP 403): check --token" in w.log(), f"rc={rc} {w.log()[-300:]}")
     await w.stop()
     await hub.stop()
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start_hub(model, port):
