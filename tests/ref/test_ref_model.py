@@ -16,15 +16,11 @@ import compare_logits as C  # noqa: E402
 import moex_ref as R  # noqa: E402
 from tiny_gguf import write_gguf  # noqa: E402
 
-FAILS = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import check, failures  # noqa: E402
+
 TMP = tempfile.mkdtemp(prefix="moex_ref_test_")
 D, NH, NKV, HD, FF, V, L = 64, 4, 2, 16, 96, 120, 2
-
-
-def check(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + (f"  ({detail})" if detail else ""))
-    if not cond:
-        FAILS.append(name)
 
 
 def rel(a, b):
@@ -269,8 +265,8 @@ def main():
     test_bad_input(rng)
     test_compare_logits(rng)
     shutil.rmtree(TMP, ignore_errors=True)
-    print(f"{len(FAILS)} failures")
-    return 1 if FAILS else 0
+    print(f"{len(failures)} failures")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
