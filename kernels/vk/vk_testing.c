@@ -4,6 +4,8 @@
 
 bool moex_vk_testing_idot(const moex_vk *vk) { return vk_idot(vk); }
 
+int moex_vk_testing_spin_us(const moex_vk *vk) { return vk->tune.spin_us; }
+
 /* The int8 path is a mode bit of each kernel that has one: no pipeline changes. */
 void moex_vk_testing_set_idot(moex_vk *vk, int idot) { vk->tune.idot = idot; }
 

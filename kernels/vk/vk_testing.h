@@ -22,6 +22,8 @@
  * are taken now, and their switch (--vk-tune idot): 1 wherever the device has
  * integer dot products, 0 never, -1 where it has them in hardware. */
 bool moex_vk_testing_idot(const moex_vk *vk);
+/* How long a submit's wait polls its fence (us) as the options resolved on this device. */
+int moex_vk_testing_spin_us(const moex_vk *vk);
 void moex_vk_testing_set_idot(moex_vk *vk, int idot);
 /* The expert down half's int8 input: quantized once by experts_xq.comp (1
  * always, -1 the default: batches of several tokens of several experts) or

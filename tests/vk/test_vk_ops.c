@@ -856,6 +856,30 @@ static void record_ops(moex_vk_cmd *c, const warm_model *m, int64_t n) {
  * up to n_batch tokens then records (none is created later), and the
  * products then run right; the recordings in between hold no dispatches. On
  * the cooperative-matrix paths too (emulated where the device has none). */
+/* The fence wait's default (docs/ARCHITECTURE.md "Settings"): 5 ms of polling
+ * on a GPU, none on a CPU device, whose cores run the submit itself; spin_us
+ * set wins, spin_us=0 blocks at once. */
+static void test_spin_default(void) {
+    const int want = strcmp(moex_vk_get_info(vk)->type, "cpu") ? 5000 : 0;
+    CHECK(moex_vk_testing_spin_us(vk) == want, "default fence poll %d us on a %s device, want %d",
+          moex_vk_testing_spin_us(vk), moex_vk_get_info(vk)->type, want);
+    const int settings[][2] = {{300, 300}, {-1, 0}};   /* moex_vk_tuning.spin_us -> the wait's */
+    for (int i = 0; i < 2; i++) {
+        moex_vk_options o = test_vk_options();
+        o.tune.spin_us = settings[i][0];
+        moex_vk *d = moex_vk_create(&o, &g_err);
+        MUST(!d);
+        CHECK(moex_vk_testing_spin_us(d) == settings[i][1], "spin_us %d: the wait polls %d us, want %d",
+              settings[i][0], moex_vk_testing_spin_us(d), settings[i][1]);
+        moex_vk_free(d);
+    }
+    moex_error e;
+    moex_vk_options o = {0};
+    CHECK(moex_vk_options_tune(&o, "spin_us=0", &e) == 0 && o.tune.spin_us == -1, "--vk-tune spin_us=0 is not 'never'");
+    CHECK(moex_vk_options_tune(&o, "spin_us=-3", &e) == -1, "--vk-tune spin_us=-3 accepted");
+    printf("  fence poll: %d us by default on this %s device\n", want, moex_vk_get_info(vk)->type);
+}
+
 static void test_warm(bool no_subgroup) {
     moex_vk *d = test_vk_coop_mode(no_subgroup, MOEX_VK_COOP_EMULATE);
     const int64_t n_batch = 300, dim = 256, ff = 64, tall = 4096;
@@ -952,7 +976,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "fused"))   /* the device's grid; 5 workgroups: one a token, looping over its row blocks */
         test_fused_norm(), test_batched_products(false, -1), test_batched_products(true, -1), test_batched_products(true, 5);
     else if (!strcmp(argv[1], "decode")) test_attention_decode(), test_head_argmax();
-    else if (!strcmp(argv[1], "warm")) test_warm(argc > 2 && !strcmp(argv[2], "--no-subgroup"));
+    else if (!strcmp(argv[1], "warm"))
+        test_warm(argc > 2 && !strcmp(argv[2], "--no-subgroup")), test_spin_default();
     else {
         fprintf(stderr, "unknown subtest %s\n", argv[1]);
         return 2;
