@@ -583,11 +583,16 @@ static bool read_rows(const moex_proto_tensor_view *v, float *dst, int64_t d, co
     return hub_rows_sane(dst, v->n_tokens, d, limits);
 }
 
+/* Where this layer's expert keeps its norms (x->norms, x->norms_state). */
+static size_t norms_slot(const hub_executor *x, int expert) {
+    return (size_t)x->layer * (size_t)x->m->hp.n_expert + (size_t)expert;
+}
+
 /* The largest honest |value| of each pair's result, from the expert's
  * weights (their norms, learn_norms) and the token's input: x's wire
  * rounding and the result's add at most 1 % each. -1: no bound for it. */
 static int expert_limits(hub_executor *x, const hub_task *t) {
-    const size_t e = (size_t)x->layer * (size_t)x->m->hp.n_expert + (size_t)t->expert;
+    const size_t e = norms_slot(x, t->expert);
     if (x->norms_state[e] != NORMS_KNOWN) return -1;
     const moex_moe_plan *p = &x->plan;
     for (int32_t i = p->group_first[t->group]; i < p->group_first[t->group + 1]; i++)
@@ -988,35 +993,26 @@ static void record_times(hub_executor *x, int layer, double t0, double t1, doubl
 
 /* The norms of this layer's experts not seen before, on the pool while the
  * workers compute: each expert's matrices are read whole once (a prompt's
- * first layers touch every expert, which one thread took seconds for). */
-typedef struct norms_job {
-    hub_executor *x;
-    int *todo; /* indices into x->tasks */
-    int n;
-} norms_job;
-
+ * first layers touch every expert, which one thread took seconds for). A
+ * layer has one task per expert, so threads taking tasks ith, ith + nth, ...
+ * never write the same slot; the pool wakes only when two or more are new. */
 static void learn_norms_part(void *ctx, int ith, int nth) {
-    const norms_job *j = ctx;
-    hub_executor *x = j->x;
-    for (int i = ith; i < j->n; i += nth) {
-        const int expert = x->tasks[j->todo[i]].expert;
-        const size_t e = (size_t)x->layer * (size_t)x->m->hp.n_expert + (size_t)expert;
+    hub_executor *x = ctx;
+    for (int i = ith; i < x->n_tasks; i += nth) {
+        const int expert = x->tasks[i].expert;
+        const size_t e = norms_slot(x, expert);
+        if (x->norms_state[e] != NORMS_UNKNOWN) continue;
         x->norms_state[e] = moex_expert_norms_of(&x->m->layers[x->layer].experts[expert], &x->norms[e], NULL)
                                 ? NORMS_FAILED : NORMS_KNOWN;
     }
 }
 
 static void learn_norms(hub_executor *x) {
-    int todo_one[64], *todo = x->n_tasks <= 64 ? todo_one : malloc((size_t)x->n_tasks * sizeof *todo);
-    if (!todo) return; /* the results of these experts go unbounded this layer */
-    norms_job job = {.x = x, .todo = todo};
-    for (int i = 0; i < x->n_tasks; i++) {
-        const size_t e = (size_t)x->layer * (size_t)x->m->hp.n_expert + (size_t)x->tasks[i].expert;
-        if (x->norms_state[e] == NORMS_UNKNOWN) todo[job.n++] = i;
-    }
-    if (job.n > 1) moex_pool_run(x->pool, learn_norms_part, &job);
-    else if (job.n == 1) learn_norms_part(&job, 0, 1);
-    if (todo != todo_one) free(todo);
+    int unknown = 0;
+    for (int i = 0; i < x->n_tasks && unknown < 2; i++)
+        unknown += x->norms_state[norms_slot(x, x->tasks[i].expert)] == NORMS_UNKNOWN;
+    if (unknown > 1) moex_pool_run(x->pool, learn_norms_part, x);
+    else if (unknown == 1) learn_norms_part(x, 0, 1);
 }
 
 static int remote_run(void *ctx, const moex_moe_request *req, moex_error *err) {
