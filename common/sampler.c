@@ -245,3 +245,38 @@ int32_t moex_sampler_sample(moex_sampler *s, const float *logits) {
     n = apply_min_p(c, n, s->p.min_p, max_logit);
     return draw(c, n, temp, max_logit, s->rng);
 }
+
+void moex_sampler_dist(moex_sampler *s, const float *logits, float *probs) {
+    for (int32_t i = 0; i < s->n_vocab; i++) probs[i] = 0.0f;
+    const int32_t greedy = argmax(logits, s->n_vocab);
+    const float max_logit = logits[greedy], temp = s->p.temp;
+    if (greedy_temp(temp) || !isfinite(max_logit)) {
+        probs[greedy] = 1.0f;
+        return;
+    }
+    candidate *c = s->cand;
+    const bool use_top_k = s->p.top_k > 0 && s->p.top_k < s->n_vocab;
+    int64_t n = use_top_k ? gather_top_k(c, logits, s->n_vocab, s->p.top_k) : gather_all(c, logits, s->n_vocab);
+    n = apply_top_p(c, n, s->p.top_p, max_logit);
+    n = apply_min_p(c, n, s->p.min_p, max_logit);
+    const double z = set_weights(c, n, max_logit, temp);
+    for (int64_t i = 0; i < n; i++) probs[c[i].id] = (float)(c[i].e / z);
+}
+
+double moex_sampler_uniform(moex_sampler *s) { return uniform01(s->rng); }
+
+int32_t moex_sampler_draw(moex_sampler *s, const float *weights) {
+    double z = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        if (weights[i] > 0.0f) z += weights[i], last = i;
+    if (last < 0) return -1;
+    const double u = uniform01(s->rng) * z;
+    double cum = 0.0;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        if (!(weights[i] > 0.0f)) continue;
+        cum += weights[i];
+        if (u < cum) return i;
+    }
+    return last;   /* u landed in the rounding slack at the very end */
+}

@@ -24,4 +24,14 @@ int32_t moex_sampler_sample(moex_sampler *s, const float *logits);
  * the logits: an engine may then pick on its device instead. */
 bool moex_sampler_is_greedy(const moex_sampler *s);
 
+/* For speculative decoding's acceptance rule (engine/speculate.c): */
+/* The distribution moex_sampler_sample draws from for these logits, as n_vocab
+ * probabilities (0 outside the filters' candidates; greedy: 1 at the argmax). */
+void moex_sampler_dist(moex_sampler *s, const float *logits, float *probs);
+/* A uniform number in [0, 1) from the sampler's generator. */
+double moex_sampler_uniform(moex_sampler *s);
+/* Draws an id in proportion to n_vocab non-negative weights (any total);
+ * -1 when every weight is 0. */
+int32_t moex_sampler_draw(moex_sampler *s, const float *weights);
+
 #endif

@@ -130,10 +130,61 @@ int moex_forward_batch(const moex_model *m, moex_state *s, const moex_batch *b, 
 
 /* ---- generation ---- */
 
+/* ---- speculative decoding (engine/speculate.c) ---- */
+
+/* Proposes tokens that may follow a sequence; the engine then checks them all
+ * in one forward and keeps the prefix its own sampling agrees with. */
+typedef struct moex_drafter moex_drafter;
+typedef struct moex_engine moex_engine;
+
+/* Prompt lookup: the tokens that followed the latest earlier occurrence of the
+ * sequence's last n-gram (ngram_max tokens, down to ngram_min). No model. */
+moex_drafter *moex_drafter_lookup(int ngram_min, int ngram_max);
+/* A draft model (the same vocabulary) on its own engine deng (one slot, the
+ * main engine's context or more): greedy drafts when sp is greedy, else drafts
+ * drawn from its distribution under sp's filters and temperature. */
+moex_drafter *moex_drafter_model(const moex_model *dm, const moex_engine *deng, const moex_sampler_params *sp);
+/* first's drafts, or second's where first has none; owns both (frees them on failure too). */
+moex_drafter *moex_drafter_chain(moex_drafter *first, moex_drafter *second);
+void moex_drafter_free(moex_drafter *d);
+/* Up to max tokens that may follow seq[0..n) into out; returns their count
+ * (0: nothing to propose) or -1 (err). *sampled: the drafts were drawn from a
+ * distribution, written to q (n_vocab floats a draft; q may be NULL only for
+ * a drafter that never samples). */
+int moex_drafter_propose(moex_drafter *d, const int32_t *seq, int64_t n, int max, int32_t *out, float *q,
+                         bool *sampled, moex_error *err);
+
+#define MOEX_SPEC_MAX_DRAFT 15
+
+typedef struct moex_spec_params {
+    moex_drafter *drafter;
+    int draft_max;        /* tokens drafted per verify at most: 1 .. MOEX_SPEC_MAX_DRAFT (and the batch - 1);
+                             the length adapts below it to what is accepted */
+} moex_spec_params;
+
+typedef struct moex_spec_stats {
+    int64_t verifies;     /* forwards that checked drafts */
+    int64_t drafted, accepted;
+    int64_t hist[MOEX_SPEC_MAX_DRAFT + 1];   /* verifies by how many drafts they accepted */
+    int64_t plain;        /* one-token forwards: nothing drafted, or speculation paused */
+    int64_t paused;       /* times speculation cost more per token than a one-token step and paused */
+} moex_spec_stats;
+
+/* The acceptance rule on a verify's rows: row i holds the logits after the
+ * sequence + draft[0..i) (n_draft + 1 rows). Greedy with logits NULL compares
+ * argmax[i] (the engine's); else smp's distribution p of each row against the
+ * drafter's q (q NULL: a deterministic drafter, q a point mass): draft[i]
+ * stays with probability min(1, p/q), else the token is drawn from
+ * max(p - q, 0) and the rest is dropped. Returns how many drafts stay and
+ * sets *next to the token after them. scratch: n_vocab floats. */
+int moex_spec_accept(moex_sampler *smp, int32_t n_vocab, const float *logits, const int32_t *argmax,
+                     const int32_t *draft, int n_draft, const float *q, float *scratch, int32_t *next);
+
 typedef struct moex_gen_stats {
     double prompt_s, decode_s;    /* time in prompt evaluation / in the decode loop */
     int64_t n_prompt, n_generated;
-    int64_t n_decode_evals;       /* single-token forward passes in decode_s */
+    int64_t n_decode_evals;       /* forward passes in decode_s (one token each, or a verify's rows) */
+    moex_spec_stats spec;         /* with gen params' spec */
 } moex_gen_stats;
 
 typedef struct moex_gen_params {
@@ -145,6 +196,10 @@ typedef struct moex_gen_params {
      * rows are n_vocab floats. Makes the prompt evaluate all positions' logits. */
     int (*on_logits)(void *ctx, const float *logits, int64_t n_rows);
     void *cb_ctx;
+    /* Speculative decoding when set (and its drafter): needs the engine's
+     * forward_batch; not with on_logits. The tokens are those without it
+     * (greedy: the same ids; sampling: the same distribution). */
+    const moex_spec_params *spec;
 } moex_gen_params;
 
 /* What generation runs on: a forward function with the moex_forward contract
@@ -215,6 +270,10 @@ const char *moex_engine_backend_name(const moex_engine *eng);
 
 int moex_generate(const moex_model *m, const moex_engine *eng, moex_sampler *smp, const int32_t *prompt,
                   int64_t n_prompt, const moex_gen_params *gp, moex_gen_stats *stats, moex_error *err);
+/* moex_generate's decode loop with gp->spec, after the prompt (its last logits row given). */
+int moex_generate_speculative(const moex_model *m, const moex_engine *eng, moex_sampler *smp, const int32_t *prompt,
+                              int64_t n_prompt, const float *last_logits, const moex_gen_params *gp,
+                              moex_gen_stats *stats, moex_error *err);
 
 /* ---- perplexity (engine/perplexity.c): llama.cpp's definition ---- */
 

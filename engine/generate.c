@@ -40,6 +40,10 @@ int moex_generate(const moex_model *m, const moex_engine *eng, moex_sampler *smp
     stats->n_prompt = n_prompt;
     stats->prompt_s = moex_time_s() - t0;
 
+    if (gp->spec && gp->spec->drafter && gp->n_predict > 0) {
+        rc = moex_generate_speculative(m, eng, smp, prompt, n_prompt, last, gp, stats, err);
+        goto done;
+    }
     /* Greedy without a logits consumer: the engine's own argmax, the logits left where they are. */
     const bool on_device = eng->last_argmax && !gp->on_logits && moex_sampler_is_greedy(smp);
     t0 = moex_time_s();

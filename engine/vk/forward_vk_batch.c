@@ -80,10 +80,26 @@ static int check_batch(const moex_model *m, const moex_vk_state *s, const moex_b
     return 0;
 }
 
-/* Appends the batch's tokens of one group (0 each, 1 wanted tiled, 2 other tiled) to the run order. */
-static int64_t add_group(vk_batch *b, const moex_batch *bt, int group, int64_t i) {
+/* Whether every wanted token can run on the one-token kernels (within
+ * vk_each_cap), rather than only each slot's last; *same_seq: some slot then
+ * has several. */
+static bool all_wanted_each(const moex_vk_state *s, const moex_batch *bt, bool *same_seq) {
+    const vk_batch *b = s->batch;
+    int64_t wanted = 0, extra = 0;
     for (int64_t t = 0; t < bt->n; t++) {
-        const bool want = bt->want_logits[t], each = want && b->last[bt->seq[t]] == t;
+        if (!bt->want_logits[t]) continue;
+        wanted++;
+        if (b->last[bt->seq[t]] != t) extra++;
+    }
+    *same_seq = extra > 0;
+    return wanted <= vk_each_cap(s);
+}
+
+/* Appends the batch's tokens of one group (0 each, 1 wanted tiled, 2 other
+ * tiled) to the run order; every_want: every wanted token is an each token. */
+static int64_t add_group(vk_batch *b, const moex_batch *bt, int group, bool every_want, int64_t i) {
+    for (int64_t t = 0; t < bt->n; t++) {
+        const bool want = bt->want_logits[t], each = want && (every_want || b->last[bt->seq[t]] == t);
         if ((each ? 0 : want ? 1 : 2) == group) b->order[i++] = (int32_t)t;
     }
     return i;
@@ -115,10 +131,13 @@ int vk_batch_prepare(const moex_model *m, moex_vk_state *s, const moex_batch *bt
                      moex_error *err) {
     if (batch_alloc(s, err) || check_batch(m, s, bt, err)) return -1;
     vk_batch *b = s->batch;
-    const int64_t each = add_group(b, bt, 0, 0), rows = add_group(b, bt, 1, each);
-    add_group(b, bt, 2, rows);
+    bool same_seq;
+    const bool every = all_wanted_each(s, bt, &same_seq);
+    const int64_t each = add_group(b, bt, 0, every, 0), rows = add_group(b, bt, 1, every, each);
+    add_group(b, bt, 2, every, rows);
     for (int64_t i = 0; i < bt->n; i++) b->row_of[b->order[i]] = i < rows ? (int32_t)i : -1;
-    *k = (rec_key){.n = bt->n, .batch = true, .each = each, .rows = rows, .copy_logits = want_rows && rows > 0};
+    *k = (rec_key){.n = bt->n, .batch = true, .each = each, .rows = rows, .copy_logits = want_rows && rows > 0,
+                   .each_same_seq = every && same_seq};
     write_io(m, s, bt, k);
     return 0;
 }

@@ -34,7 +34,10 @@
  * (MOEX_VK_EACH, the "each" tokens); every other token (prompt tokens) on
  * the tiled prompt kernels (MOEX_VK_TILED), in runs of one sequence's
  * consecutive positions. The batch runs reordered: each tokens first, then
- * the tiled tokens whose logits are wanted, then the rest. */
+ * the tiled tokens whose logits are wanted, then the rest. A sequence may
+ * want several rows at once (a speculative verify: every row wanted): those
+ * run on the one-token kernels too while the batch's each tokens stay within
+ * vk_each_cap, so a verify's rows are the bits of one token at a time. */
 #ifndef MOEX_FORWARD_VK_INTERNAL_H
 #define MOEX_FORWARD_VK_INTERNAL_H
 
@@ -64,6 +67,7 @@ typedef struct rec_key {
     bool all_logits, copy_logits;
     bool batch;
     int64_t each, rows;
+    bool each_same_seq;    /* some slot has several each tokens (a speculative verify) */
 } rec_key;
 typedef struct rec_lru {
     rec_key key[N_RECORDINGS];
@@ -72,7 +76,7 @@ typedef struct rec_lru {
 } rec_lru;
 
 /* Offsets (bytes) into the activation buffer. each_scratch, each_sync: the
- * decode attention of a batch's each tokens (at most n_seq of them). */
+ * decode attention of a batch's each tokens (at most vk_each_cap of them). */
 typedef struct act_plan {
     size_t x, xn, q, k, v, att, attn_scratch, router_logits, counter, ids, gw, ex_scratch, ff_g, ff_u, argmax;
     size_t each_scratch, each_sync;
@@ -169,6 +173,11 @@ int vk_warm(const moex_model *m, moex_vk_state *s, bool batches, vk_record_fn re
  * the recording's shape in *k (k->copy_logits: logits wanted and not NULL). */
 int vk_batch_prepare(const moex_model *m, moex_vk_state *s, const moex_batch *b, bool want_rows, rec_key *k,
                      moex_error *err);
+/* The most each tokens a batch runs: one per slot, plus a verify's rows. */
+static inline int64_t vk_each_cap(const moex_vk_state *s) {
+    const int64_t cap = (int64_t)s->n_seq + MOEX_SPEC_MAX_DRAFT;
+    return cap < s->n_batch ? cap : s->n_batch;
+}
 /* Whether batch token t's row is wanted for its argmax alone (not read back). */
 static inline bool vk_argmax_only(const moex_batch *b, int64_t t) {
     return b->argmax && b->argmax_only && b->argmax_only[t];

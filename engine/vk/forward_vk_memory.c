@@ -287,8 +287,8 @@ static void plan_activations(const moex_model *m, moex_vk_state *s) {
     a->attn_scratch = take(&t, (as > as1 ? as : as1) * f);
     a->argmax = take(&t, 4);
     a->sync = take(&t, SYNC_BYTES);
-    /* a batch's each tokens: one per slot at most */
-    const int64_t each = s->n_seq < s->n_batch ? s->n_seq : s->n_batch;
+    /* a batch's each tokens: one per slot, plus a verify's rows */
+    const int64_t each = vk_each_cap(s);
     a->each_scratch = take(&t, moex_vk_attention_decode_scratch(&s->sh, each) * f);
     a->each_sync = take(&t, (size_t)each * (size_t)hp->n_head * 4);
     if (moex_hparams_is_moe(hp)) {
@@ -419,7 +419,7 @@ void vk_take_outputs(const moex_model *m, moex_vk_state *s, const int32_t *io, i
 
 static bool same_shape(const rec_key *a, const rec_key *b) {
     return a->n == b->n && a->all_logits == b->all_logits && a->copy_logits == b->copy_logits && a->batch == b->batch &&
-           a->each == b->each && a->rows == b->rows;
+           a->each == b->each && a->rows == b->rows && a->each_same_seq == b->each_same_seq;
 }
 
 int vk_rec_find(rec_lru *l, rec_key k, bool *hit) {
@@ -461,6 +461,8 @@ static int warm_shapes(const moex_vk_state *s, bool batches, rec_key keys[16]) {
         keys[nk++] = (rec_key){.n = sizes[i], .batch = true, .each = 1, .rows = sizes[i] > 1 ? 2 : 1};
     const int64_t each = s->n_seq < s->n_batch ? s->n_seq : s->n_batch;
     keys[nk++] = (rec_key){.n = each, .batch = true, .each = each, .rows = each};
+    if (s->n_batch > 1 && nk < 16)   /* a verify: one slot's rows, every one on the one-token kernels */
+        keys[nk++] = (rec_key){.n = 2, .batch = true, .each = 2, .rows = 2, .each_same_seq = true};
     return nk;
 }
 

@@ -123,7 +123,8 @@ static int record_attention_batch(const moex_model *m, moex_vk_state *s, moex_vk
         moex_vk_barrier(c);
     }
     if (ne && moex_vk_op_attention_decode_tokens(c, &s->sh, ACT(q), ACT(k), ACT(v), kc, vc, L->q_norm, L->k_norm,
-                                                 ACT(each_scratch), ACT(each_sync), tokpos, ne, s->grid, GRID_EACH, err))
+                                                 ACT(each_scratch), ACT(each_sync), tokpos, ne, k->each_same_seq, s->grid,
+                                                 GRID_EACH, err))
         return -1;
     if (nt && moex_vk_op_attention_runs(c, &s->sh, row_at(ACT(q), ne, qd), kc, vc, row_at(ACT(att), ne, qd),
                                         ACT(attn_scratch), tokpos + (size_t)ne * 8, IO(s->io_blocks), s->grid, GRID_RUNS,

@@ -303,14 +303,17 @@ int moex_vk_op_qk_rope_tokens(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex
 /* moex_vk_op_attention_decode for n tokens (MOEX_VK_EACH): q, k, v rows of
  * n tokens, scratch of moex_vk_attention_decode_scratch(sh, n) floats, n x
  * n_head zeroed counters; grid (when not NULL) holds
- * moex_vk_attention_decode_grid_tokens(sh, the largest position, n). */
+ * moex_vk_attention_decode_grid_tokens(sh, the largest position, n).
+ * same_seq: some of the tokens share a sequence (a speculative verify): the
+ * new keys and values are appended by a dispatch of their own first, so that
+ * each token reads the earlier ones' (the same bits as one at a time). */
 size_t moex_vk_attention_decode_scratch(const moex_vk_attn_shape *sh, int64_t n);
 void moex_vk_attention_decode_grid_tokens(const moex_vk_attn_shape *sh, int64_t max_pos, int64_t n, uint32_t grid[3]);
 int moex_vk_op_attention_decode_tokens(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
                                        moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
                                        moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters,
-                                       moex_vk_ptr tokpos, int64_t n, moex_vk_buffer *grid, size_t grid_off,
-                                       moex_error *err);
+                                       moex_vk_ptr tokpos, int64_t n, bool same_seq, moex_vk_buffer *grid,
+                                       size_t grid_off, moex_error *err);
 /* Causal attention of n prompt tokens (MOEX_VK_TILED) in runs: a run is
  * consecutive tokens of one sequence at consecutive positions, each attending
  * over its sequence's keys up to its position (written before, as

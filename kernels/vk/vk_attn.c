@@ -257,7 +257,7 @@ size_t moex_vk_attention_decode_scratch(const moex_vk_attn_shape *sh, int64_t n)
 
 static int attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k, moex_vk_ptr v,
                             moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm, moex_vk_ptr k_norm,
-                            moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params, int64_t n, bool tokens,
+                            moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params, int64_t n, uint32_t tokens,
                             moex_vk_buffer *grid, size_t grid_off, moex_error *err) {
     const int64_t ns = attn_splits(sh, 1), chunk = (sh->n_ctx + ns - 1) / ns;
     if (check_attn_shape(sh, err) || vk_check_grid(sh->n_head, n, ns, err)) return -1;
@@ -277,7 +277,7 @@ static int attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_v
                       (uint32_t)sh->head_dim | (uint32_t)sh->rope_dim << 16, (uint32_t)ns, (uint32_t)chunk,
                       vk_fbits(sh->scale), vk_fbits(sh->rope_base), vk_fbits(sh->rms_eps),
                       (sh->qk_norm ? 1u : 0u) | (sh->neox ? 2u : 0u) | (indirect ? 4u : 0u) |
-                          (tokens ? VK_ATTN_TOKENS : 0u),
+                          tokens,
                       (uint32_t)q_norm, (uint32_t)(q_norm >> 32), (uint32_t)k_norm, (uint32_t)(k_norm >> 32)}};
     if (indirect) vk_dispatch_indirect(c, p, &pc, grid, grid_off);
     else vk_dispatch(c, p, &pc, (uint32_t)sh->n_head, (uint32_t)n, (uint32_t)ns);
@@ -288,15 +288,22 @@ int moex_vk_op_attention_decode(moex_vk_cmd *c, const moex_vk_attn_shape *sh, mo
                                 moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
                                 moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters, moex_vk_ptr params,
                                 moex_vk_buffer *grid, size_t grid_off, moex_error *err) {
-    return attention_decode(c, sh, q, k, v, k_cache, v_cache, q_norm, k_norm, scratch, counters, params, 1, false, grid,
+    return attention_decode(c, sh, q, k, v, k_cache, v_cache, q_norm, k_norm, scratch, counters, params, 1, 0u, grid,
                             grid_off, err);
 }
 
 int moex_vk_op_attention_decode_tokens(moex_vk_cmd *c, const moex_vk_attn_shape *sh, moex_vk_ptr q, moex_vk_ptr k,
                                        moex_vk_ptr v, moex_vk_ptr k_cache, moex_vk_ptr v_cache, moex_vk_ptr q_norm,
                                        moex_vk_ptr k_norm, moex_vk_ptr scratch, moex_vk_ptr counters,
-                                       moex_vk_ptr tokpos, int64_t n, moex_vk_buffer *grid, size_t grid_off,
-                                       moex_error *err) {
-    return attention_decode(c, sh, q, k, v, k_cache, v_cache, q_norm, k_norm, scratch, counters, tokpos, n, true, grid,
-                            grid_off, err);
+                                       moex_vk_ptr tokpos, int64_t n, bool same_seq, moex_vk_buffer *grid,
+                                       size_t grid_off, moex_error *err) {
+    if (!same_seq)
+        return attention_decode(c, sh, q, k, v, k_cache, v_cache, q_norm, k_norm, scratch, counters, tokpos, n,
+                                VK_ATTN_TOKENS, grid, grid_off, err);
+    if (attention_decode(c, sh, q, k, v, k_cache, v_cache, q_norm, k_norm, scratch, counters, tokpos, n,
+                         VK_ATTN_TOKENS | VK_ATTN_APPEND_ONLY, grid, grid_off, err))
+        return -1;
+    moex_vk_barrier(c);
+    return attention_decode(c, sh, q, k, v, k_cache, v_cache, q_norm, k_norm, scratch, counters, tokpos, n,
+                            VK_ATTN_TOKENS | VK_ATTN_NO_APPEND, grid, grid_off, err);
 }

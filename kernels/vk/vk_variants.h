@@ -20,6 +20,14 @@
  * pairs, base the token's sequence's first cache row, instead of params[0] + t
  * in one sequence's rows 0.. (several sequences in one batch). */
 #define VK_ATTN_TOKENS 8
+/* attn_dec.comp with VK_ATTN_TOKENS, when several tokens of one sequence
+ * decode in one dispatch (a speculative verify): a first dispatch with
+ * APPEND_ONLY writes every token's new key and value to the caches and
+ * nothing else, a second with NO_APPEND attends (each token reading the
+ * earlier ones' rows from the caches: the values its own fused step would
+ * have appended, so the same bits as one token at a time). */
+#define VK_ATTN_APPEND_ONLY 16
+#define VK_ATTN_NO_APPEND 32
 
 /* mv.comp: mode & 3 is MODE (0 products, 1 one token staged, 2 up to three
  * matrices staged, 3 the router), with these flags: */

@@ -244,6 +244,36 @@ static void check_all_rows(world *w, double tol) {
     free(ref);
 }
 
+/* A speculative verify: one slot's decode tokens again, all in one batch with
+ * every row wanted, beside another slot's decode token: each row is the bits
+ * its one-token step gave (rows on the one-token kernels, the new keys and
+ * values appended by a dispatch of their own so each row reads the earlier
+ * ones'), and the other slot's row too. */
+static void check_verify(world *w) {
+    const int i = 0, other = 1, L = prompt_len[i], nv = N_GEN - 1;
+    const int64_t V = w->V;
+    seq_out again = {.rows = malloc((size_t)N_GEN * V * 4)}, again2 = {.rows = malloc((size_t)N_GEN * V * 4)};
+    run_alone(w, i, 1, &again);
+    run_alone(w, other, 6, &again2);
+    int32_t tok[N_GEN], seq[N_GEN], pos[N_GEN];
+    bool want[N_GEN];
+    for (int g = 0; g < nv; g++) tok[g] = w->alone[i].tok[g], seq[g] = 1, pos[g] = L + g, want[g] = true;
+    tok[nv] = w->alone[other].tok[N_GEN - 2], seq[nv] = 6, pos[nv] = prompt_len[other] + N_GEN - 2, want[nv] = true;
+    const moex_batch b = {.n = N_GEN, .tokens = tok, .seq = seq, .pos = pos, .want_logits = want};
+    float *got = malloc((size_t)N_GEN * V * 4);
+    MUST(moex_vk_forward_batch(w->m, w->s, &b, got, &g_err));
+    int differ = 0;
+    for (int g = 0; g < nv; g++) differ += memcmp(got + (size_t)g * V, w->alone[i].rows + (size_t)(g + 1) * V, (size_t)V * 4) != 0;
+    CHECK(differ == 0, "a verify of %d rows: %d rows differ from the one-token steps'", nv, differ);
+    CHECK(!memcmp(got + (size_t)nv * V, w->alone[other].rows + (size_t)(N_GEN - 1) * V, (size_t)V * 4),
+          "a verify: the other slot's decode row differs");
+    printf("  a speculative verify (%d rows of one slot beside another's decode): %s\n", nv,
+           differ ? "rows differ" : "the one-token steps' bits");
+    free(got);
+    free(again.rows);
+    free(again2.rows);
+}
+
 /* levels: the slot counts to batch with (a bit each of 1, 2, 3, 8). */
 static void run_config(const char *name, const moex_model *m, moex_vk_state *s, rng *r, double tol, int levels) {
     const double t0 = moex_time_s();
@@ -261,6 +291,7 @@ static void run_config(const char *name, const moex_model *m, moex_vk_state *s, 
     for (int k = 0; k < 4; k++)
         if (levels & (1 << k)) run_together(&w, slots[k], k == 2);
     check_all_rows(&w, tol);
+    check_verify(&w);
     printf("  (%.1f s)\n", moex_time_s() - t0);
     for (int i = 0; i < N_SEQ; i++) free(w.prompt[i]), free(w.alone[i].rows);
     free(w.logits);

@@ -165,3 +165,14 @@ foreach(case peer:q8_0 peer:q4_K_M vulkan:q8_0 dist:q8_0)
     set_tests_properties(ppl_${mode}_${wtype} PROPERTIES LABELS "ppl;vulkan" ENVIRONMENT "${MOEX_VK_TEST_ENV}")
   endif()
 endforeach()
+
+# Speculative decoding: the acceptance rule (chi-square against the exact law, a wrong rule caught) and prompt
+# lookup; then the CLI: greedy tokens with --lookup / --draft-model equal the plain run's (CPU, and Vulkan).
+moex_c_test(test_speculate SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_speculate.c LIBS moex_engine TIMEOUT 60 LABELS engine)
+set(moex_spec_vk "")
+if(MOEX_VULKAN)
+  set(moex_spec_vk "--vulkan")
+endif()
+add_test(NAME speculative_cli COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_speculative.py ${CMAKE_BINARY_DIR}/bin
+         ${moex_vocab} ${CMAKE_CURRENT_BINARY_DIR}/speculative ${moex_default_model} ${moex_spec_vk})
+set_tests_properties(speculative_cli PROPERTIES TIMEOUT 300 LABELS "engine;vulkan" ENVIRONMENT "${MOEX_VK_TEST_ENV}")

@@ -318,4 +318,21 @@ def printed_worker_command():
     check("SIGTERM while the hub waits for workers: stopped within 5 s", stopped, f"{time.time() - t0:.1f} s")
 
 
+@scenario
+def speculative():
+    # --draft-model (the same random model as q4_0: drafts partly right, so verifies both accept and roll back)
+    # through 3 workers; w1 exits abruptly on its 10th dispatch, in the middle of some forward's layers
+    twin = gen_model("qwen3moe", "q4_0", 11)
+    slow = ["--inject-delay-ms", "20", "--inject-delay-prob", "1"]
+    c = Cluster(MOE, 3, N_TIMED, hub_args=["--replicas", "2", "--draft-model", twin, "--draft-max", "4"],
+                worker_args=[slow, ["--inject-exit-after", "10"] + slow, slow])
+    rc, toks, err = c.finish()
+    check("speculative (draft model), a worker gone mid-run: greedy tokens equal --local",
+          rc == 0 and toks == REF_TIMED, f"rc={rc} got={toks[:6]} want={REF_TIMED[:6]}" + ("" if rc == 0 else err[-1500:]))
+    m = re.search(r"speculative: (\d+) verifies, (\d+) drafted, (\d+) accepted", err)
+    check("  verifies went through the workers, accepting some drafts and not all",
+          m and int(m.group(1)) > 0 and 0 < int(m.group(3)) < int(m.group(2)), m.group(0) if m else err[-500:])
+    check("  the departed worker's tasks went to its replicas", (metric(err, "re-dispatches") or 0) >= 1 and
+          c.workers[1].returncode not in (0, None), f"re-dispatches={metric(err, 're-dispatches')}")
+
 finish_script()

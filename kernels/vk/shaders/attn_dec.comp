@@ -13,6 +13,8 @@
 // cache row from params[2t], params[2t + 1]; each token's splits are those
 // its own position needs, so its arithmetic is the same whatever shares the
 // dispatch (an indirect grid covers the batch's longest context).
+// VK_ATTN_APPEND_ONLY / VK_ATTN_NO_APPEND split the append from the attention
+// when several of the tokens belong to one sequence (vk_variants.h).
 //
 // Decode attention is latency-bound (a few hundred KB per layer), so the
 // loop over keys is built for loads in flight, not for bytes: per block of KB
@@ -175,7 +177,12 @@ void main() {
     const uint qb = tok * n_head * hd, kb = tok * (kvd4 * 4u), cb = tok * n_head;
     const uint pb = tok * ((n_head * pc.n_split * (hd + 2u) + 3u) & ~3u);
     const bool has_new = sp == used - 1u;   // the new key is the context's last
-    rotate_q_and_new_key(h, kvh, qpos, qb, kb, base, has_new, has_new && h % group == 0u);
+    const bool appends = has_new && h % group == 0u;
+    if ((pc.flags & VK_ATTN_APPEND_ONLY) != 0u) {
+        if (appends) rotate_q_and_new_key(h, kvh, qpos, qb, kb, base, true, true);
+        return;
+    }
+    rotate_q_and_new_key(h, kvh, qpos, qb, kb, base, has_new, appends && (pc.flags & VK_ATTN_NO_APPEND) == 0u);
 
     const float scale = uintBitsToFloat(pc.scale_bits);
     const uint slice = tid % TPK, col = tid % H4M, kg = tid / H4M, kvo = kvh * hd4;
