@@ -231,6 +231,8 @@ int moex_spec_accept(moex_sampler *smp, int32_t n_vocab, const float *logits, co
 
 /* ---- the decode loop ---- */
 
+#define PLAIN_KEPT 4
+
 typedef struct spec_run {
     const moex_model *m;
     const moex_engine *eng;
@@ -245,10 +247,11 @@ typedef struct spec_run {
     int32_t *rows, *argmax, *pos, *slot;
     bool *want, *only;
     int k_cur;                  /* the adaptive draft length */
-    /* auto-off: seconds a token costs speculating (drafting + verifying) and
-     * in a one-token step, as moving averages; steps left while paused */
-    double t_plain, spec_s, spec_tokens;
-    int pause, pause_len;
+    /* auto-off: the last one-token steps' seconds; a speculated token's
+     * seconds (drafting + verifying) as a moving average; steps left while
+     * paused; spec steps since the last one-token step */
+    double plain_s[PLAIN_KEPT], spec_s, spec_tokens;
+    int n_plain, pause, pause_len, since_plain;
 } spec_run;
 
 /* One forward of rows[0..m) at positions n-1 .. n-1+m-1 of slot 0, every row wanted. */
@@ -275,15 +278,39 @@ static int emit(spec_run *r, int32_t id, moex_error *err) {
     return r->stats->n_generated == r->gp->n_predict;
 }
 
-/* Speculation pays when a token costs less than a one-token step (3 % margin);
- * when it does not, it pauses for a while (doubling up to 64 steps) and tries again. */
+/* Auto-off. Speculation pays when a token costs less than a one-token step
+ * (a verify of k rows costs about one step where the round trips dominate,
+ * the distributed hub's case, and up to k steps where the arithmetic does, a
+ * small model on a CPU). The first two decode steps and one in every
+ * PLAIN_EVERY run plain to know a step's cost, the least of the last
+ * PLAIN_KEPT (a step's time is noisy upwards: the first is cold, the machine
+ * busy); when a speculated token costs more (3 % margin) speculation pauses,
+ * for 16 steps, then twice as long each time it still does not pay (up to
+ * 1024), so that where it never pays the probes cost a few per cent. */
+#define PLAIN_EVERY 32
+#define PAUSE_MAX 1024
+
+static bool plain_due(const spec_run *r) { return r->pause > 0 || r->n_plain < 2 || r->since_plain >= PLAIN_EVERY; }
+
+static void note_plain(spec_run *r, double dt) {
+    r->plain_s[r->n_plain++ % PLAIN_KEPT] = dt;
+    r->since_plain = 0;
+}
+
+static double t_plain(const spec_run *r) {
+    const int n = r->n_plain < PLAIN_KEPT ? r->n_plain : PLAIN_KEPT;
+    double t = r->plain_s[0];
+    for (int i = 1; i < n; i++) t = r->plain_s[i] < t ? r->plain_s[i] : t;
+    return t;
+}
+
 static void judge(spec_run *r) {
-    if (r->t_plain <= 0.0 || r->spec_tokens < 8.0) return;
-    if (r->spec_s / r->spec_tokens <= r->t_plain * 1.03) {
+    if (r->spec_tokens < 6.0) return;
+    if (r->spec_s / r->spec_tokens <= t_plain(r) * 1.03) {
         r->pause_len = 0;
         return;
     }
-    r->pause_len = r->pause_len ? (r->pause_len < 64 ? 2 * r->pause_len : 64) : 8;
+    r->pause_len = r->pause_len ? (r->pause_len < PAUSE_MAX ? 2 * r->pause_len : PAUSE_MAX) : 16;
     r->pause = r->pause_len;
     r->spec_s = r->spec_tokens = 0.0;
     r->stats->spec.paused++;
@@ -304,7 +331,7 @@ static int spec_step(spec_run *r, int32_t *next, moex_error *err) {
     const double t0 = moex_time_s();
     bool sampled = false;
     int nd = 0;
-    if (kmax > 0 && r->pause == 0) {
+    if (kmax > 0 && !plain_due(r)) {
         nd = moex_drafter_propose(r->sp->drafter, r->seq, r->n, kmax, r->rows + 1, r->q, &sampled, err);
         if (nd < 0) return -1;
     }
@@ -318,8 +345,9 @@ static int spec_step(spec_run *r, int32_t *next, moex_error *err) {
     moex_spec_stats *st = &r->stats->spec;
     if (nd == 0) {
         st->plain++;
-        r->t_plain = r->t_plain > 0.0 ? 0.8 * r->t_plain + 0.2 * dt : dt;
+        note_plain(r, dt);
     } else {
+        r->since_plain++;
         st->verifies++;
         st->drafted += nd;
         st->accepted += a;

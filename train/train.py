@@ -4,6 +4,8 @@ Brown Corpus prepared by train/prepare.sh, from scratch.
 
     train.py --preset full --out train/runs/full      (CUDA, a few minutes on an H100)
     train.py --preset tiny --out train/runs/tiny      (CPU, minutes on 2 cores)
+    train.py --preset draft --out train/runs/draft    (CUDA: the draft model for speculative decoding,
+                                                      distilled from the shipped model, --teacher)
 
 Every run is a pure function of its flags and seed, up to the time budget:
 training stops at --max-steps or when --time-budget seconds have passed,
@@ -55,7 +57,16 @@ PRESETS = {
                  train=dict(batch=16, lr=3e-3, warmup=50, dropout=0.0, weight_decay=0.1, aux_coef=0.01,
                             time_budget=240, max_steps=100000, eval_every=100, eval_windows=16,
                             dense_experts=False)),
+    # The draft model for speculative decoding (moex-hub --draft-model): one layer, the same tokenizer,
+    # distilled from the shipped model (loss: kd x KL(teacher || draft) + (1 - kd) x cross-entropy), its
+    # embedding (most of its parameters) started from the teacher's, so that its guesses are the teacher's.
+    "draft": dict(model=dict(n_layer=1, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=8,
+                             n_expert_used=2, n_ff_exp=128, n_ctx=512),
+                  train=dict(batch=32, lr=2e-3, warmup=100, dropout=0.0, weight_decay=0.1, aux_coef=0.01,
+                             time_budget=150, max_steps=3000, eval_every=200, eval_windows=64,
+                             dense_experts=True, kd=0.9)),
 }
+DEFAULT_TEACHER = os.path.join(HERE, "model", "brown-moe-q8_0.gguf")
 
 
 OPENBLAS_DIR = "/usr/lib/x86_64-linux-gnu/openblas-pthread"
@@ -121,6 +132,21 @@ def score(model, wins, device, batch, second_half):
     return nll / count
 
 
+def top1_agreement(model, teacher, wins, device, batch):
+    """The share of positions where the model's argmax is the teacher's (teacher forced)."""
+    model.eval()
+    same, count = 0, 0
+    with torch.no_grad():
+        for i in range(0, len(wins), batch):
+            x = wins[i:i + batch].to(device)
+            with autocast(device):
+                a, b = model(x)[0].argmax(-1), teacher(x)[0].argmax(-1)
+            same += (a == b).sum().item()
+            count += a.numel()
+    model.train()
+    return same / count
+
+
 def autocast(device):
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -163,9 +189,11 @@ def parse_args(argv):
     ap.add_argument("--device", default="auto", help="auto (cuda when present), cuda or cpu")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: 1 on CPU, torch's default on CUDA)")
-    for k in PRESETS["full"]["train"]:
+    for k in PRESETS["draft"]["train"]:
         if k != "dense_experts":
-            ap.add_argument("--" + k.replace("_", "-"), type=type(PRESETS["full"]["train"][k]), default=None)
+            ap.add_argument("--" + k.replace("_", "-"), type=type(PRESETS["draft"]["train"][k]), default=None)
+    ap.add_argument("--teacher", default=None,
+                    help=f"GGUF to distill from when kd > 0 (default {os.path.relpath(DEFAULT_TEACHER)})")
     ap.add_argument("--final-windows", type=int, default=0, help="held-out windows scored at the end (0: all)")
     return ap.parse_args(argv)
 
@@ -174,6 +202,7 @@ def main(argv):
     a = parse_args(argv)
     preset = PRESETS[a.preset]
     t = dict(preset["train"])
+    t.setdefault("kd", 0.0)
     for k in t:
         v = getattr(a, k, None)
         if v is not None:
@@ -202,6 +231,16 @@ def main(argv):
 
     model = Model(cfg).to(device)
     model.set_dense_experts(t["dense_experts"] and device.type == "cuda")
+    teacher = None
+    if t["kd"] > 0:
+        from teacher import load_teacher
+        teacher, tcfg = load_teacher(a.teacher or DEFAULT_TEACHER, device)
+        teacher.set_dense_experts(device.type == "cuda")
+        if tcfg.n_vocab != cfg.n_vocab or tcfg.n_embd != cfg.n_embd:
+            sys.exit("train.py: the teacher's vocabulary and width must be the draft's")
+        with torch.no_grad():
+            model.tok_embd.weight.copy_(teacher.tok_embd.weight)
+        log(f"train.py: distilling from {a.teacher or DEFAULT_TEACHER} ({tcfg.n_layer} layers), kd {t['kd']}")
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -237,6 +276,12 @@ def main(argv):
             ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, cfg.n_vocab), y.reshape(-1))
             aux = load_balancing_loss(routers, chosen, cfg.n_expert)
             loss = ce + t["aux_coef"] * aux
+            if teacher is not None:
+                with torch.no_grad():
+                    t_logp = torch.log_softmax(teacher(x)[0].float(), -1)
+                s_logp = torch.log_softmax(logits.float(), -1)
+                kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1).mean()
+                loss = (1 - t["kd"]) * ce + t["kd"] * kl + t["aux_coef"] * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -268,6 +313,9 @@ def main(argv):
     log(f"train.py: {step} steps, {tokens_seen / 1e6:.1f} M tokens in {train_s:.0f} s; best validation loss "
         f"{best[0]:.4f} at step {best[2]}; held-out PPL (llama.cpp style, ctx {seq}, {len(held_w)} windows) "
         f"{math.exp(held):.3f}")
+    agree = top1_agreement(model, teacher, held_w, device, t["batch"]) if teacher is not None else None
+    if agree is not None:
+        log(f"train.py: held-out top-1 equal to the teacher's at {100 * agree:.1f} % of positions")
 
     shards = save_shards(model.state_dict(), a.out)
     with open(os.path.join(a.out, "log.csv"), "w", newline="") as f:
@@ -281,6 +329,7 @@ def main(argv):
     run = dict(preset=a.preset, model=cfg.dict(), train=t, seed=a.seed, device=str(device),
                torch=torch.__version__, n_params=n_params, steps=step, tokens=tokens_seen, train_seconds=train_s,
                best_step=best[2], best_val_loss=best[0], heldout_ppl=math.exp(held), heldout_windows=len(held_w),
+               teacher_top1_agreement=agree,
                heldout_ctx=seq, validation=f"every {VAL_EVERY}th block of {VAL_BLOCK} training tokens",
                corpus=json.load(open(split)) if os.path.exists(split) else None, shards=shards)
     with open(os.path.join(a.out, "run.json"), "w") as f:
