@@ -140,10 +140,13 @@ typedef struct moex_engine moex_engine;
 /* Prompt lookup: the tokens that followed the latest earlier occurrence of the
  * sequence's last n-gram (ngram_max tokens, down to ngram_min). No model. */
 moex_drafter *moex_drafter_lookup(int ngram_min, int ngram_max);
-/* A draft model (the same vocabulary) on its own engine deng (one slot, the
- * main engine's context or more): greedy drafts when sp is greedy, else drafts
- * drawn from its distribution under sp's filters and temperature. */
-moex_drafter *moex_drafter_model(const moex_model *dm, const moex_engine *deng, const moex_sampler_params *sp);
+/* A draft model (the same vocabulary) on its own engine deng (the main
+ * engine's context or more), in KV slot `slot` of it (a scheduler gives each
+ * sequence its own drafter and slot; slot > 0 needs deng's forward_batch):
+ * greedy drafts when sp is greedy, else drafts drawn from its distribution
+ * under sp's filters and temperature. */
+moex_drafter *moex_drafter_model(const moex_model *dm, const moex_engine *deng, int slot,
+                                 const moex_sampler_params *sp);
 /* first's drafts, or second's where first has none; owns both (frees them on failure too). */
 moex_drafter *moex_drafter_chain(moex_drafter *first, moex_drafter *second);
 void moex_drafter_free(moex_drafter *d);
@@ -179,6 +182,9 @@ typedef struct moex_spec_stats {
  * sets *next to the token after them. scratch: n_vocab floats. */
 int moex_spec_accept(moex_sampler *smp, int32_t n_vocab, const float *logits, const int32_t *argmax,
                      const int32_t *draft, int n_draft, const float *q, float *scratch, int32_t *next);
+/* The next draft length (1 .. kmax) after a verify of `drafted` that kept
+ * `accepted`: longer when all were kept, shorter when not. */
+int moex_spec_next_length(int k_cur, int drafted, int accepted, int kmax);
 
 typedef struct moex_gen_stats {
     double prompt_s, decode_s;    /* time in prompt evaluation / in the decode loop */

@@ -93,11 +93,27 @@ typedef struct model_drafter {
     moex_drafter base;
     const moex_model *m;
     const moex_engine *eng;
+    int slot;
     moex_sampler *smp;       /* its own generator: the main sampler's draws stay the main sampler's */
     int32_t *kv_tok;         /* the tokens whose KV entries the draft engine holds, in position order */
     int64_t kv_n;
     float *logits;           /* n_vocab: the last row */
 } model_drafter;
+
+/* n tokens at pos.. of the drafter's slot; logits of the last. */
+static int draft_forward(model_drafter *md, const int32_t *tokens, int64_t n, int64_t pos, moex_error *err) {
+    if (!md->eng->forward_batch || md->eng->n_seq <= 1)
+        return md->eng->forward(md->eng->ctx, tokens, n, pos, false, md->logits, err);
+    int32_t seq[64], p[64];
+    bool want[64];
+    for (int64_t done = 0; done < n; done += 64) {
+        const int64_t c = n - done < 64 ? n - done : 64;
+        for (int64_t i = 0; i < c; i++) seq[i] = md->slot, p[i] = (int32_t)(pos + done + i), want[i] = done + i == n - 1;
+        moex_batch b = {.n = c, .tokens = tokens + done, .seq = seq, .pos = p, .want_logits = want};
+        if (md->eng->forward_batch(md->eng->ctx, &b, md->logits, err)) return -1;
+    }
+    return 0;
+}
 
 /* Brings the draft engine's KV to seq[0..n) (re-using the common prefix) and
  * leaves the logits after seq[n-1]. */
@@ -107,8 +123,7 @@ static int draft_catch_up(model_drafter *md, const int32_t *seq, int64_t n, moex
     if (from == n) from = n - 1;   /* its logits are wanted again */
     for (int64_t pos = from; pos < n; pos += md->eng->n_batch) {
         const int64_t c = n - pos < md->eng->n_batch ? n - pos : md->eng->n_batch;
-        if (md->eng->forward(md->eng->ctx, seq + pos, c, pos, false, md->logits, err))
-            return moex_error_prefix(err, "draft model");
+        if (draft_forward(md, seq + pos, c, pos, err)) return moex_error_prefix(err, "draft model");
     }
     memcpy(md->kv_tok + from, seq + from, (size_t)(n - from) * sizeof *seq);
     md->kv_n = n;
@@ -132,8 +147,7 @@ static int model_draft(moex_drafter *d, const int32_t *seq, int64_t n, int max, 
         }
         if (out[j] < 0) return j;   /* no finite logit: propose what there is */
         if (j + 1 == max) break;    /* the last draft needs no forward */
-        if (md->eng->forward(md->eng->ctx, &out[j], 1, n + j, false, md->logits, err))
-            return moex_error_prefix(err, "draft model");
+        if (draft_forward(md, &out[j], 1, n + j, err)) return moex_error_prefix(err, "draft model");
         md->kv_tok[n + j] = out[j];
         md->kv_n = n + j + 1;
     }
@@ -148,12 +162,15 @@ static void model_free(moex_drafter *d) {
     free(md);
 }
 
-moex_drafter *moex_drafter_model(const moex_model *dm, const moex_engine *deng, const moex_sampler_params *sp) {
+moex_drafter *moex_drafter_model(const moex_model *dm, const moex_engine *deng, int slot,
+                                 const moex_sampler_params *sp) {
+    if (slot < 0 || slot >= (deng->n_seq > 0 ? deng->n_seq : 1) || (slot > 0 && !deng->forward_batch)) return NULL;
     model_drafter *md = calloc(1, sizeof *md);
     if (!md) return NULL;
     md->base = (moex_drafter){model_draft, model_free};
     md->m = dm;
     md->eng = deng;
+    md->slot = slot;
     moex_sampler_params p = *sp;
     p.seed = sp->seed ^ 0x9e3779b97f4a7c15ull;   /* a stream apart from the main sampler's */
     md->smp = moex_sampler_create(&p, dm->hp.n_vocab);
@@ -316,10 +333,9 @@ static void judge(spec_run *r) {
     r->stats->spec.paused++;
 }
 
-static void adapt_length(spec_run *r, int drafted, int accepted) {
-    const int kmax = r->sp->draft_max;
-    if (accepted == drafted) r->k_cur = r->k_cur + 2 < kmax ? r->k_cur + 2 : kmax;
-    else if (r->k_cur > 1) r->k_cur--;
+int moex_spec_next_length(int k_cur, int drafted, int accepted, int kmax) {
+    if (accepted == drafted) return k_cur + 2 < kmax ? k_cur + 2 : kmax;
+    return k_cur > 1 ? k_cur - 1 : 1;
 }
 
 /* One step: draft, verify, keep. Returns 1 when generation ended, 0 to go on, -1 on error. */
@@ -354,7 +370,7 @@ static int spec_step(spec_run *r, int32_t *next, moex_error *err) {
         st->hist[a]++;
         r->spec_s = 0.8 * r->spec_s + dt;
         r->spec_tokens = 0.8 * r->spec_tokens + (a + 1);
-        adapt_length(r, nd, a);
+        r->k_cur = moex_spec_next_length(r->k_cur, nd, a, r->sp->draft_max);
         judge(r);
     }
     for (int i = 0; i < a; i++) {

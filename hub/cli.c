@@ -16,7 +16,8 @@
 hub_cli_engine hub_cli_engine_default(void) {
     return (hub_cli_engine){.vk = {.device = -1}, .wire_dtype = MOEX_WIRE_DEFAULT,
                             .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
-                                   .seed = (uint64_t)time(NULL)}};
+                                   .seed = (uint64_t)time(NULL)},
+                            .draft_max = 8};
 }
 
 moex_engine_options hub_cli_engine_options(const hub_cli_engine *e, moex_pool *pool, moex_hub *hub, int64_t n_ctx,
@@ -136,6 +137,12 @@ static int parse_engine_value(hub_cli *c, const char *a, const char *v) {
     } else if (!strcmp(a, "--seed")) {
         if (hub_cli_i64(c->prog, a, v, 0, INT64_MAX, &n)) return -1;
         e->sp.seed = (uint64_t)n;
+    } else if (!strcmp(a, "--draft-model")) {
+        if (nonempty(c, a, v)) return -1;
+        e->draft_model = v;
+    } else if (!strcmp(a, "--draft-max")) {
+        if (hub_cli_i64(c->prog, a, v, 1, MOEX_SPEC_MAX_DRAFT, &n)) return -1;
+        e->draft_max = (int)n;
     } else {
         return 1;
     }
@@ -200,7 +207,7 @@ static const char *const value_flags[] = {
     "--host", "--token", "--port", "--tcp-port", "--replicas", "--hedge", "--timeout-ms", "--split-bytes", "--verify",
     "--min-workers", "--wait-s", "--web-dir", "--tls-cert", "--tls-key", "--tls-dir",
     "--backend", "--device", "--vk-tune", "--simd", "-t", "--threads", "--wire-dtype", "--temp", "--top-k", "--top-p",
-    "--min-p", "--seed",
+    "--min-p", "--seed", "--draft-model", "--draft-max",
 };
 
 static bool takes_value(const char *a) {
@@ -225,6 +232,10 @@ int hub_cli_parse(hub_cli *c, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--cpu-moe")) {
         c->eng.cpu_moe = true;
+        return 1;
+    }
+    if (!strcmp(a, "--lookup")) {
+        c->eng.lookup = true;
         return 1;
     }
     if (!takes_value(a)) return 0;
@@ -328,8 +339,12 @@ void hub_cli_engine_usage(FILE *f, const hub_cli *c) {
             "  --temp T                temperature, 0 = greedy (default %g)\n"
             "  --top-k K               (default %d, 0 = off)   --top-p P  (default %g, 1 = off)\n"
             "  --min-p P               (default %g, 0 = off)\n"
-            "  --seed S                sampling seed (default: from the clock, printed)\n",
-            sp->temp, sp->top_k, sp->top_p, sp->min_p);
+            "  --seed S                sampling seed (default: from the clock, printed)\n"
+            "speculative decoding (greedy: the same tokens; sampling: the same distribution; docs/ARCHITECTURE.md):\n"
+            "  --lookup                draft the tokens that followed the last 1-3 tokens' latest earlier occurrence\n"
+            "  --draft-model FILE      draft with a small GGUF of the same vocabulary (after --lookup's, with both)\n"
+            "  --draft-max N           tokens drafted a step at most, 1-%d (default %d; adapts below it)\n",
+            sp->temp, sp->top_k, sp->top_p, sp->min_p, MOEX_SPEC_MAX_DRAFT, c->eng.draft_max);
 }
 
 void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help) {

@@ -14,6 +14,7 @@
 
 #include "common/sampler.h"
 #include "kernels/vk/vk.h"
+#include "engine/engine.h"
 #include "hub/hub.h"
 
 /* Where and how the model runs: the same flags in both commands. */
@@ -25,10 +26,15 @@ typedef struct hub_cli_engine {
     int threads;                 /* -t N; 0: every core */
     int wire_dtype;              /* --wire-dtype: a MOEX_DT_* or MOEX_WIRE_EXACT */
     moex_sampler_params sp;      /* --temp, --top-k, --top-p, --min-p, --seed */
+    /* speculative decoding */
+    bool lookup;                 /* --lookup: prompt-lookup drafts */
+    const char *draft_model;     /* --draft-model FILE */
+    int draft_max;               /* --draft-max N */
 } hub_cli_engine;
 
 /* The defaults: CPU, every core, f16 on the wire, temperature 0.8, top-k 40,
- * top-p 0.95, min-p 0.05, a seed from the clock. */
+ * top-p 0.95, min-p 0.05, a seed from the clock; no speculation, 8 drafts
+ * at most when asked for. */
 hub_cli_engine hub_cli_engine_default(void);
 
 /* The engine these flags ask for (moex_engine_open's options): experts on the
@@ -70,6 +76,24 @@ int hub_cli_finish(hub_cli *c);
  * the workers' and network's. */
 void hub_cli_engine_usage(FILE *f, const hub_cli *c);
 void hub_cli_usage(FILE *f, const hub_cli *c, const hub_cli_help *help);
+
+/* ---- speculative decoding's drafters (hub/cli_spec.c): --lookup, --draft-model ---- */
+
+typedef struct hub_cli_drafts {
+    const hub_cli_engine *e;
+    moex_model *dm;              /* --draft-model's model, or NULL */
+    moex_engine deng;            /* its engine: this process's backend, every expert here, n_seq slots */
+} hub_cli_drafts;
+
+/* Loads and opens the draft model (its vocabulary checked against m) when
+ * e->draft_model is set; n_seq: the sequences drafting at once. 0, or -1
+ * after printing why (prog first). */
+int hub_cli_drafts_open(hub_cli_drafts *d, const hub_cli_engine *e, const char *prog, const moex_model *m,
+                        moex_pool *pool, int64_t n_ctx, int n_seq);
+/* A drafter for the sequence in slot (--lookup's, the draft model's, or the
+ * lookup's with the model behind it); NULL when out of memory. */
+moex_drafter *hub_cli_drafter(hub_cli_drafts *d, int slot, const moex_sampler_params *sp);
+void hub_cli_drafts_close(hub_cli_drafts *d);
 
 /* The context to allocate: want, at most the model's trained context
  * (n_ctx_train; <= 0: unknown), saying so when it cuts a --ctx given. */

@@ -22,9 +22,6 @@ typedef struct options {
     int64_t ppl_chunks;
     int64_t n_predict, n_ctx, n_batch;
     bool print_tokens, ignore_eos, parse_special;
-    bool lookup;                 /* --lookup: speculative decoding with prompt-lookup drafts */
-    const char *draft_model;     /* --draft-model FILE: speculative decoding with a draft model */
-    int64_t draft_max;           /* --draft-max N */
     moex_hub_config hub;
     hub_cli cli;                 /* the flags shared with moex-hub serve (hub/cli.h): cli.eng, the engine's */
 } options;
@@ -53,12 +50,7 @@ static void usage(FILE *f, const options *o) {
             "  --ppl-chunks N          score only the first N windows   --ppl-top1 FILE  write each window's\n"
             "                          top-1 ids at the scored positions (one line per window)\n"
             "  --routing-trace FILE    write the experts chosen for every evaluated token and layer (CPU backend)\n"
-            "  --list-devices          list the Vulkan devices and exit\n"
-            "speculative decoding (the same tokens, greedy; the same distribution, sampling):\n"
-            "  --lookup                draft the tokens that followed the last 1-3 tokens' latest earlier occurrence\n"
-            "  --draft-model FILE      draft with a small GGUF of the same vocabulary (after --lookup's, if both)\n"
-            "  --draft-max N           tokens drafted per step at most, 1-15 (default %lld; adapts below it)\n",
-            (long long)o->draft_max);
+            "  --list-devices          list the Vulkan devices and exit\n");
     hub_cli_engine_usage(f, &o->cli);
     fprintf(f, "distributed (without --local): serve workers, and generate once --min-workers are ready\n");
     hub_cli_usage(f, &o->cli, &(hub_cli_help){.min_workers = "with a prompt: wait for N ready workers, generate, exit",
@@ -71,7 +63,7 @@ static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, in
 
 /* Returns 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, options *o) {
-    *o = (options){.n_predict = 128, .n_batch = 512, .parse_special = true, .draft_max = 8};
+    *o = (options){.n_predict = 128, .n_batch = 512, .parse_special = true};
     moex_hub_config_default(&o->hub);
     o->cli = (hub_cli){.prog = "moex-hub", .eng = hub_cli_engine_default(), .hub = &o->hub, .min_workers = 1,
                        .min_workers_lo = 1, .wait_s = 120};
@@ -106,14 +98,6 @@ static int parse_args(int argc, char **argv, options *o) {
             fprintf(stderr, "moex-hub: %s\n", NO_VULKAN);
             return -1;
 #endif
-        } else if (!strcmp(a, "--lookup")) {
-            o->lookup = true;
-        } else if (!strcmp(a, "--draft-model")) {
-            NEED_VALUE();
-            o->draft_model = v;
-        } else if (!strcmp(a, "--draft-max")) {
-            NEED_VALUE();
-            if (parse_i64(a, v, 1, MOEX_SPEC_MAX_DRAFT, &o->draft_max)) return -1;
         } else if (!strcmp(a, "--print-tokens")) {
             o->print_tokens = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -180,14 +164,15 @@ static int parse_args(int argc, char **argv, options *o) {
         fprintf(stderr, "moex-hub: --local needs a prompt: -p TEXT or --prompt-tokens A,B,C (or --perplexity FILE)\n");
         return -1;
     }
-    if ((o->lookup || o->draft_model) && (o->perplexity || o->dump_logits)) {
+    const hub_cli_engine *e = &o->cli.eng;
+    if ((e->lookup || e->draft_model) && (o->perplexity || o->dump_logits)) {
         fprintf(stderr, "moex-hub: speculative decoding (--lookup, --draft-model) generates; drop it with %s\n",
                 o->perplexity ? "--perplexity" : "--dump-logits");
         return -1;
     }
-    if ((o->lookup || o->draft_model) && o->n_batch <= o->draft_max) {
-        fprintf(stderr, "moex-hub: --draft-max %lld needs --batch of at least %lld (a verify is one forward)\n",
-                (long long)o->draft_max, (long long)o->draft_max + 1);
+    if ((e->lookup || e->draft_model) && o->n_batch <= e->draft_max) {
+        fprintf(stderr, "moex-hub: --draft-max %d needs --batch of at least %d (a verify is one forward)\n",
+                e->draft_max, e->draft_max + 1);
         return -1;
     }
     o->hub.max_batch = o->n_batch;
@@ -292,69 +277,6 @@ static int on_logits(void *ctx, const float *logits, int64_t n_rows) {
     return fwrite(logits, sizeof(float), n, oc->logits) == n ? 0 : -1;
 }
 
-/* --lookup / --draft-model: the drafter, and the draft model's engine (on
- * this process's backend, every expert here). */
-typedef struct speculation {
-    moex_model *dm;
-    moex_engine deng;
-    moex_drafter *drafter;
-    moex_spec_params params;
-} speculation;
-
-/* Whether two tokenizers give the same pieces (a draft model must propose ids that mean what the model reads). */
-static bool same_vocab(const moex_model *a, const moex_model *b) {
-    if (a->hp.n_vocab != b->hp.n_vocab || !a->tok != !b->tok) return false;
-    if (!a->tok) return true;
-    for (int32_t id = 0; id < a->hp.n_vocab; id += 1 + a->hp.n_vocab / 997) {
-        char pa[64], pb[64];
-        const int na = moex_token_to_piece(a->tok, id, true, pa, sizeof pa),
-                  nb = moex_token_to_piece(b->tok, id, true, pb, sizeof pb);
-        if (na != nb || (na > 0 && na <= (int)sizeof pa && memcmp(pa, pb, (size_t)na))) return false;
-    }
-    return true;
-}
-
-static int speculation_open(const options *o, const moex_model *m, moex_pool *pool, int64_t n_ctx, speculation *sp) {
-    moex_error err = {0};
-    moex_drafter *model_d = NULL;
-    if (o->draft_model) {
-        if (!(sp->dm = moex_model_load(o->draft_model, &err))) {
-            fprintf(stderr, "moex-hub: cannot load the draft model %s: %s\n", o->draft_model, err.msg);
-            return -1;
-        }
-        if (!same_vocab(m, sp->dm)) {
-            fprintf(stderr, "moex-hub: the draft model %s has another vocabulary (%d tokens, the model %d): a draft "
-                            "model must share the model's tokenizer\n", o->draft_model, sp->dm->hp.n_vocab,
-                    m->hp.n_vocab);
-            return -1;
-        }
-        moex_engine_options eo = hub_cli_engine_options(&o->cli.eng, pool, NULL, n_ctx, 64);
-        if (moex_engine_open(sp->dm, &eo, &sp->deng, &err)) {
-            fprintf(stderr, "moex-hub: the draft model: %s\n", err.msg);
-            return -1;
-        }
-        if (!(model_d = moex_drafter_model(sp->dm, &sp->deng, &o->cli.eng.sp))) goto oom;
-    }
-    moex_drafter *lookup_d = o->lookup ? moex_drafter_lookup(1, 3) : NULL;
-    if (o->lookup && !lookup_d) {
-        moex_drafter_free(model_d);
-        goto oom;
-    }
-    sp->drafter = lookup_d && model_d ? moex_drafter_chain(lookup_d, model_d) : lookup_d ? lookup_d : model_d;
-    if (!sp->drafter) goto oom;
-    sp->params = (moex_spec_params){.drafter = sp->drafter, .draft_max = (int)o->draft_max};
-    return 0;
-oom:
-    fprintf(stderr, "moex-hub: out of memory for speculative decoding\n");
-    return -1;
-}
-
-static void speculation_close(speculation *sp) {
-    moex_drafter_free(sp->drafter);
-    moex_engine_close(&sp->deng);
-    moex_model_free(sp->dm);
-}
-
 static void print_spec_stats(const moex_spec_stats *s) {
     fprintf(stderr, "moex-hub: speculative: %lld verifies, %lld drafted, %lld accepted (%.1f %%), %.2f tokens a verify "
                     "| accepted per verify:", (long long)s->verifies, (long long)s->drafted, (long long)s->accepted,
@@ -398,7 +320,8 @@ static int run(const options *o) {
     moex_hub *hub = NULL;
     moex_engine eng = {0};
     moex_sampler *smp = NULL;
-    speculation spec = {0};
+    hub_cli_drafts drafts = {0};
+    moex_drafter *drafter = NULL;
     output_ctx oc = {.m = m, .print_tokens = o->print_tokens};
     if (!(pool = moex_pool_create(o->cli.eng.threads))) {
         fprintf(stderr, "moex-hub: cannot start %d threads\n", o->cli.eng.threads);
@@ -436,8 +359,13 @@ static int run(const options *o) {
             goto done;
         }
     }
-    const bool speculate = o->lookup || o->draft_model;
-    if (speculate && speculation_open(o, m, pool, n_ctx, &spec)) goto done;
+    const bool speculate = o->cli.eng.lookup || o->cli.eng.draft_model;
+    if (speculate && hub_cli_drafts_open(&drafts, &o->cli.eng, "moex-hub", m, pool, n_ctx, 1)) goto done;
+    if (speculate && !(drafter = hub_cli_drafter(&drafts, 0, &o->cli.eng.sp))) {
+        fprintf(stderr, "moex-hub: out of memory for speculative decoding\n");
+        goto done;
+    }
+    const moex_spec_params spec = {.drafter = drafter, .draft_max = o->cli.eng.draft_max};
     moex_engine_options eo = hub_cli_engine_options(&o->cli.eng, pool, hub, n_ctx, o->n_batch);
     eo.record_routes = o->routing_trace != NULL;
     eo.batched = eo.batched || speculate;   /* a verify is a batch of one slot, every row on the one-token kernels */
@@ -457,7 +385,7 @@ static int run(const options *o) {
     if (o->cli.eng.sp.temp > 0) moex_log(MOEX_LOG_INFO, "sampling seed %llu", (unsigned long long)o->cli.eng.sp.seed);
     moex_gen_params gp = {.n_predict = o->n_predict, .ignore_eos = o->ignore_eos, .on_token = on_token,
                           .on_logits = o->dump_logits ? on_logits : NULL, .cb_ctx = &oc,
-                          .spec = speculate ? &spec.params : NULL};
+                          .spec = speculate ? &spec : NULL};
     moex_gen_stats st;
     if (moex_generate(m, &eng, smp, prompt, n_prompt, &gp, &st, &err)) {
         fprintf(stderr, "\nmoex-hub: generation failed: %s\n", err.msg);
@@ -495,7 +423,8 @@ done:
     moex_hub_stop(hub);
     moex_sampler_free(smp);
     moex_engine_close(&eng);
-    speculation_close(&spec);
+    moex_drafter_free(drafter);
+    hub_cli_drafts_close(&drafts);
     moex_pool_destroy(pool);
     free(prompt);
     moex_model_free(m);

@@ -21,7 +21,7 @@
 
 typedef struct serve_options {
     const char *model, *api_key, *chat_template, *alias;
-    int parallel, max_queue;
+    int parallel, max_queue, spec_slots;
     int64_t n_ctx, n_batch, prompt_chunk, max_body;
     double client_timeout_s;
     moex_hub_config hub;
@@ -50,6 +50,8 @@ static void usage(FILE *f, const serve_options *o) {
             "  --max-queue N           requests waiting for a slot at most; more get 503 (default 64)\n"
             "  --max-body BYTES        request bodies at most; more get 413 (default 1048576)\n"
             "  --client-timeout S      drop a client that reads nothing this long (default 30)\n"
+            "  --spec-slots N          with --lookup or --draft-model: speculate while at most N requests decode\n"
+            "                          (default 4; a larger step amortises the round trips speculation saves)\n"
             "the engine; the sampling flags are the defaults of requests that leave them out, and a request\n"
             "without a seed gets --seed S + its number\n");
     hub_cli_engine_usage(f, &o->cli);
@@ -88,6 +90,9 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
         o->max_queue = (int)n;
     } else if (!strcmp(a, "--max-body")) {
         if (parse_i64(a, v, 1024, (int64_t)1 << 30, &o->max_body)) return -1;
+    } else if (!strcmp(a, "--spec-slots")) {
+        if (parse_i64(a, v, 1, 256, &n)) return -1;
+        o->spec_slots = (int)n;
     } else if (!strcmp(a, "--client-timeout")) {
         if (parse_f64(a, v, 0.1, 86400, &o->client_timeout_s)) return -1;
     } else {
@@ -98,8 +103,8 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
 
 /* 0 to run, 1 when help was printed, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, serve_options *o) {
-    *o = (serve_options){.parallel = 4, .max_queue = 64, .n_batch = 512, .prompt_chunk = 512, .max_body = 1 << 20,
-                         .client_timeout_s = 30};
+    *o = (serve_options){.parallel = 4, .max_queue = 64, .spec_slots = 4, .n_batch = 512, .prompt_chunk = 512,
+                         .max_body = 1 << 20, .client_timeout_s = 30};
     moex_hub_config_default(&o->hub);
     o->hub.port = 8080;
     o->cli = (hub_cli){.prog = "moex-hub serve", .eng = hub_cli_engine_default(), .hub = &o->hub, .min_workers = 0,
@@ -163,9 +168,15 @@ typedef struct serving {
     serve_api *api;
     moex_hub *hub;
     moex_engine eng;     /* --parallel KV slots, experts here (--local) or on the workers */
+    hub_cli_drafts drafts;   /* --lookup, --draft-model: a drafter a slot */
     serve_sched *sched;
     char model_id[256], backend[64];
 } serving;
+
+/* The scheduler's drafter for a slot (serve_sched_config.make_drafter). */
+static moex_drafter *make_drafter(void *ctx, int slot, const moex_sampler_params *sp) {
+    return hub_cli_drafter(ctx, slot, sp);
+}
 
 static int start_engine(const serve_options *o, serving *sv, int64_t n_ctx, moex_error *err) {
     moex_engine_options eo = hub_cli_engine_options(&o->cli.eng, sv->pool, o->cli.eng.local ? NULL : sv->hub, n_ctx,
@@ -232,9 +243,15 @@ static int start(const serve_options *o, serving *sv) {
         return -1;
     }
     const int parallel = o->parallel;   /* both engines decode --parallel sequences in one forward */
+    const bool speculate = o->cli.eng.lookup || o->cli.eng.draft_model;
+    if (speculate && hub_cli_drafts_open(&sv->drafts, &o->cli.eng, "moex-hub serve", sv->m, sv->pool, sv->eng.n_ctx,
+                                         parallel))
+        return -1;
     sv->status.sched_cfg = (serve_sched_config){.n_slots = parallel, .n_ctx = sv->eng.n_ctx, .n_batch = sv->eng.n_batch,
                                               .prompt_chunk = o->prompt_chunk, .max_queue = o->max_queue,
-                                              .pool = sv->pool};
+                                              .pool = sv->pool, .make_drafter = speculate ? make_drafter : NULL,
+                                              .drafter_ctx = &sv->drafts, .drafts_sample = o->cli.eng.draft_model,
+                                              .draft_max = o->cli.eng.draft_max, .spec_max_slots = o->spec_slots};
     if (!(sv->sched = serve_sched_start(sv->m, &sv->eng, &sv->status.sched_cfg, &sv->stats, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
@@ -254,6 +271,7 @@ static void stop(serving *sv) {
     serve_sched_free(sv->sched);
     serve_api_free(sv->api);
     moex_engine_close(&sv->eng);
+    hub_cli_drafts_close(&sv->drafts);
     moex_pool_destroy(sv->pool);
     moex_model_free(sv->m);
 }

@@ -30,12 +30,17 @@ struct serve_job {
     void *user;                  /* network thread only */
     serve_job *next;               /* the scheduler's queue */
     /* scheduler thread only */
-    int32_t *prompt;
+    int32_t *prompt;             /* the prompt, then the completion's tokens (n_ctx + 1): the sequence so far */
     int64_t n_prompt, n_fed;     /* prompt tokens, how many are in the KV slot */
     int64_t n_past;              /* positions filled */
     int64_t n_gen;               /* tokens sampled */
     int32_t last;                /* the token to feed next (decoding) */
     moex_sampler *smp;
+    moex_drafter *drafter;       /* speculative decoding (its slot's), or NULL */
+    float *q;                    /* MOEX_SPEC_MAX_DRAFT x n_vocab: a sampling drafter's distributions, or NULL */
+    int32_t draft[MOEX_SPEC_MAX_DRAFT];
+    int n_draft, k_cur;          /* drafts in this step's batch (after the job's decode row); the adaptive length */
+    bool draft_sampled;
     serve_text_out text;         /* text not yet released: may start a stop sequence or end mid-UTF-8 */
     double t_submit, t_last;
     /* shared, under mu */
@@ -83,6 +88,8 @@ void serve_job_unref(serve_job *j) {
     for (int i = 0; i < j->p.n_stop; i++) free(j->p.stop[i]);
     free(j->prompt);
     moex_sampler_free(j->smp);
+    moex_drafter_free(j->drafter);
+    free(j->q);
     serve_text_out_free(&j->text);
     free(j->out);
     pthread_mutex_destroy(&j->mu);
@@ -129,10 +136,13 @@ struct serve_sched {
     int32_t *b_tok, *b_seq, *b_pos;
     bool *b_want;
     bool *b_greedy;              /* [n_batch] wanted rows whose argmax is the token (engines with batch_argmax) */
-    float *logits;               /* [n_slots x n_vocab] */
-    int32_t *row_argmax;         /* [n_slots] each logits row's argmax, from the engine (batch_argmax) */
-    int32_t *row_id;             /* [n_slots] the token sampled from each logits row */
-    int64_t *row_tok;            /* [n_slots] each logits row's token in the batch */
+    bool *b_spec;                /* [n_batch] rows of a speculating sequence: its job's acceptance rule takes them */
+    int64_t max_rows;            /* wanted rows a step at most: a row a slot, plus the drafts */
+    float *logits;               /* [max_rows x n_vocab] */
+    int32_t *row_argmax;         /* [max_rows] each logits row's argmax, from the engine (batch_argmax) */
+    int32_t *row_id;             /* [max_rows] the token sampled from each logits row */
+    int64_t *row_tok;            /* [max_rows] each logits row's token in the batch */
+    float *spec_scratch;         /* n_vocab: the acceptance rule's */
     double t_around;             /* seconds building batches and taking their tokens (the forwards: stats->step_s) */
 };
 
@@ -206,6 +216,8 @@ static void fail_job(serve_sched *s, serve_job *j, int status, const char *code,
 static void free_slot(serve_sched *s, int slot) {
     serve_job *j = s->slot[slot];
     s->slot[slot] = NULL;
+    moex_drafter_free(j->drafter);   /* bound to the slot (a draft model's KV slot) */
+    j->drafter = NULL;
     atomic_fetch_sub(&s->stats->active, 1);
     serve_job_unref(j);
 }
@@ -294,6 +306,12 @@ static bool prepare(serve_sched *s, serve_job *j) {
         fail_job(s, j, 400, "context_length_exceeded", msg);
         return false;
     }
+    int32_t *seq = realloc(j->prompt, (size_t)(s->cfg.n_ctx + 1) * sizeof *seq);   /* room for the completion */
+    if (!seq) {
+        fail_job(s, j, 500, "server_error", "out of memory for the sequence");
+        return false;
+    }
+    j->prompt = seq;
     if (!(j->smp = moex_sampler_create(&j->p.sp, s->m->hp.n_vocab))) {
         fail_job(s, j, 500, "server_error", "out of memory for a sampler");
         return false;
@@ -362,6 +380,18 @@ static void drop_cancelled(serve_sched *s) {
     }
 }
 
+/* A drafter for the job in slot i, when the server speculates (none: the job decodes one token a step). */
+static void start_drafting(serve_sched *s, serve_job *j, int i) {
+    if (!s->cfg.make_drafter) return;
+    j->drafter = s->cfg.make_drafter(s->cfg.drafter_ctx, i, &j->p.sp);
+    j->k_cur = s->cfg.draft_max;
+    if (j->drafter && s->cfg.drafts_sample && !moex_sampler_is_greedy(j->smp) &&
+        !(j->q = malloc((size_t)MOEX_SPEC_MAX_DRAFT * (size_t)s->m->hp.n_vocab * sizeof *j->q))) {
+        moex_drafter_free(j->drafter);
+        j->drafter = NULL;
+    }
+}
+
 static void admit(serve_sched *s) {
     int taken = 0;
     for (int i = 0; i < s->cfg.n_slots && taken < s->n_waiting; i++) {
@@ -369,6 +399,7 @@ static void admit(serve_sched *s) {
         serve_job *j = s->waiting[taken++];
         j->n_fed = j->n_past = j->n_gen = 0;
         s->slot[i] = j;
+        start_drafting(s, j, i);
         atomic_fetch_add(&s->stats->active, 1);
         atomic_fetch_add(&s->stats->admitted, 1);
     }
@@ -389,17 +420,48 @@ static void add_token(serve_sched *s, int64_t *n, int32_t tok, int seq, int64_t 
     s->b_pos[*n] = (int32_t)pos;
     s->b_want[*n] = want;
     s->b_greedy[*n] = want && s->eng.batch_argmax && moex_sampler_is_greedy(s->slot[seq]->smp);
+    s->b_spec[*n] = false;
     (*n)++;
 }
 
-/* Decoding sequences first (one token each), then prompt chunks in slot order. */
+/* A decoding job's drafts (up to *budget, fewer where its completion or the
+ * context ends), as rows after its decode row at n - 1, all wanted. */
+static void add_drafts(serve_sched *s, serve_job *j, int slot, int64_t *n, int *budget) {
+    int k = j->k_cur < *budget ? j->k_cur : *budget;
+    if (j->p.max_tokens > 0 && k > j->p.max_tokens - j->n_gen - 1) k = (int)(j->p.max_tokens - j->n_gen - 1);
+    if (k > s->cfg.n_ctx - 1 - j->n_past) k = (int)(s->cfg.n_ctx - 1 - j->n_past);
+    if (k > s->cfg.n_batch - *n) k = (int)(s->cfg.n_batch - *n);
+    moex_error err = {0};
+    const int nd = k > 0 ? moex_drafter_propose(j->drafter, j->prompt, j->n_prompt + j->n_gen, k, j->draft, j->q,
+                                                &j->draft_sampled, &err)
+                         : 0;
+    if (nd < 0) moex_log(MOEX_LOG_WARN, "api: drafting failed (the step goes on without): %s", err.msg);
+    j->n_draft = nd > 0 ? nd : 0;
+    if (!j->n_draft) return;
+    s->b_spec[*n - 1] = true;
+    for (int d = 0; d < j->n_draft; d++) {
+        add_token(s, n, j->draft[d], slot, j->n_past + 1 + d, true);
+        s->b_spec[*n - 1] = true;
+    }
+    *budget -= j->n_draft;
+}
+
+/* Decoding sequences first (one token each, and their drafts while few
+ * decode), then prompt chunks in slot order. */
 static int64_t build_batch(serve_sched *s) {
     int64_t n = 0, n_decoding = 0;
     for (int i = 0; i < s->cfg.n_slots; i++) {
         serve_job *j = s->slot[i];
+        if (j) j->n_draft = 0;
+        n_decoding += j && j->n_fed == j->n_prompt;
+    }
+    const bool speculate = s->cfg.make_drafter && s->eng.forward_batch && n_decoding <= s->cfg.spec_max_slots;
+    int drafts_left = MOEX_SPEC_MAX_DRAFT;
+    for (int i = 0; i < s->cfg.n_slots; i++) {
+        serve_job *j = s->slot[i];
         if (j && j->n_fed == j->n_prompt) {
             add_token(s, &n, j->last, i, j->n_past, true);
-            n_decoding++;
+            if (speculate && j->drafter && drafts_left > 0) add_drafts(s, j, i, &n, &drafts_left);
         }
     }
     int64_t budget = s->cfg.n_batch - n;
@@ -430,12 +492,6 @@ static int run_forward(serve_sched *s, int64_t n, moex_error *err) {
     return s->eng.forward(s->eng.ctx, s->b_tok, n, s->b_pos[0], false, s->logits, err);
 }
 
-static int slot_of(const serve_sched *s, const serve_job *j) {
-    for (int i = 0; i < s->cfg.n_slots; i++)
-        if (s->slot[i] == j) return i;
-    return -1;
-}
-
 /* Rows ith, ith + nth, ...: each row's job samples it with its own sampler
  * (a slot has one wanted row a step), so rows are independent. */
 typedef struct sample_job {
@@ -448,6 +504,7 @@ static void sample_rows(void *ctx, int ith, int nth) {
     serve_sched *s = sj->s;
     for (int64_t r = ith; r < sj->n_rows; r += nth) {
         const int64_t t = s->row_tok[r];
+        if (s->b_spec[t]) continue;   /* the acceptance rule's (after_forward) */
         s->row_id[r] = s->b_greedy[t] ? s->row_argmax[r]
                                       : moex_sampler_sample(s->slot[s->b_seq[t]]->smp, s->logits + r * s->m->hp.n_vocab);
     }
@@ -460,12 +517,60 @@ static void sample_wanted(serve_sched *s, int64_t n) {
     int64_t rows = 0, on_host = 0;
     for (int64_t t = 0; t < n; t++) {
         if (!s->b_want[t] || !s->slot[s->b_seq[t]]) continue;
-        on_host += !s->b_greedy[t];
+        on_host += !s->b_greedy[t] && !s->b_spec[t];
         s->row_tok[rows++] = t;
     }
     sample_job sj = {.s = s, .n_rows = rows};
     if (on_host > 1 && s->cfg.pool) moex_pool_run(s->cfg.pool, sample_rows, &sj);
     else sample_rows(&sj, 0, 1);
+}
+
+/* A generated token of the job in slot: counted, timed, into the sequence,
+ * its text out. true when the job ended with it (its slot is then free and
+ * j may be gone). */
+static bool take_token(serve_sched *s, serve_job *j, int slot, int32_t id, double now, int64_t *n_gen) {
+    if (id < 0 || id >= s->m->hp.n_vocab) { /* the engine's argmax found no finite logit */
+        moex_log(MOEX_LOG_WARN, "api: a sequence's logits have no finite maximum (a broken model?)");
+        fail_job(s, j, 500, "server_error", "generation failed: the logits have no finite maximum (a broken model?)");
+        free_slot(s, slot);
+        return true;
+    }
+    const int64_t n_completion = ++j->n_gen;
+    (*n_gen)++;
+    j->prompt[j->n_prompt + n_completion - 1] = id;
+    if (n_completion == 1) serve_hist_observe(&s->stats->ttft, now - j->t_submit);
+    else serve_hist_observe(&s->stats->per_token, now - j->t_last);
+    j->t_last = now;
+    j->last = id;
+    const serve_finish f = on_token(s, j, id, n_completion);
+    if (!f) return false;
+    if (f == SERVE_FINISH_STOP) atomic_fetch_add(&s->stats->finished_stop, 1);
+    else if (f == SERVE_FINISH_LENGTH) atomic_fetch_add(&s->stats->finished_length, 1);
+    free_slot(s, slot);
+    return true;
+}
+
+/* A speculating job's rows (its decode row at logits row `row`, then its
+ * drafts'): the acceptance rule keeps a prefix of the drafts, whose KV rows
+ * stay, and picks the token after them; the rows past it are written over
+ * by the next step. */
+static void take_verify(serve_sched *s, serve_job *j, int slot, int64_t t, int64_t row, double now, int64_t *n_gen) {
+    const int nd = j->n_draft;
+    const bool on_device = s->b_greedy[t];
+    int32_t next;
+    const int a = moex_spec_accept(j->smp, s->m->hp.n_vocab, on_device ? NULL : s->logits + row * s->m->hp.n_vocab,
+                                   s->row_argmax + row, j->draft, nd, j->draft_sampled ? j->q : NULL,
+                                   s->spec_scratch, &next);
+    atomic_fetch_add(&s->stats->spec_verifies, 1);
+    atomic_fetch_add(&s->stats->spec_drafted, (uint_fast64_t)nd);
+    atomic_fetch_add(&s->stats->spec_accepted, (uint_fast64_t)a);
+    atomic_fetch_add(&s->stats->spec_hist[a], 1);
+    j->k_cur = moex_spec_next_length(j->k_cur, nd, a, s->cfg.draft_max);
+    const int64_t fed = j->n_past;   /* the decode row's position */
+    for (int i = 0; i <= a; i++) {
+        j->n_past = fed + 1 + i;     /* filled: through the decode row and the drafts before this token */
+        if (take_token(s, j, slot, i < a ? j->draft[i] : next, now, n_gen)) return;
+    }
 }
 
 /* After the forward: positions advance; wanted rows are sampled. */
@@ -474,30 +579,20 @@ static void after_forward(serve_sched *s, int64_t n) {
     const double now = moex_time_s();
     int64_t row = 0, n_prompt = 0, n_gen = 0;
     for (int64_t t = 0; t < n; t++) {
-        serve_job *j = s->slot[s->b_seq[t]];
-        if (!j) continue; /* cannot happen: a slot's wanted row is its last token here */
+        const int slot = s->b_seq[t];
+        serve_job *j = s->slot[slot];
+        if (!j) continue; /* cannot happen: a slot's wanted rows are its last tokens here */
+        if (s->b_spec[t]) {   /* its decode row, then its drafts' */
+            const int nd = j->n_draft;
+            take_verify(s, j, slot, t, row, now, &n_gen);
+            row += 1 + nd;
+            t += nd;
+            continue;
+        }
         j->n_past++;
         if (j->n_fed < j->n_prompt) j->n_fed++, n_prompt++;
         if (!s->b_want[t]) continue;
-        const int32_t id = s->row_id[row++];
-        if (id < 0 || id >= s->m->hp.n_vocab) { /* the engine's argmax found no finite logit */
-            moex_log(MOEX_LOG_WARN, "api: a sequence's logits have no finite maximum (a broken model?)");
-            fail_job(s, j, 500, "server_error", "generation failed: the logits have no finite maximum (a broken model?)");
-            free_slot(s, s->b_seq[t]);
-            continue;
-        }
-        const int64_t n_completion = ++j->n_gen;
-        n_gen++;
-        if (n_completion == 1) serve_hist_observe(&s->stats->ttft, now - j->t_submit);
-        else serve_hist_observe(&s->stats->per_token, now - j->t_last);
-        j->t_last = now;
-        j->last = id;
-        const serve_finish f = on_token(s, j, id, n_completion);
-        if (f) {
-            if (f == SERVE_FINISH_STOP) atomic_fetch_add(&s->stats->finished_stop, 1);
-            else if (f == SERVE_FINISH_LENGTH) atomic_fetch_add(&s->stats->finished_length, 1);
-            free_slot(s, slot_of(s, j));
-        }
+        take_token(s, j, slot, s->row_id[row++], now, &n_gen);
     }
     atomic_fetch_add(&s->stats->prompt_tokens, (uint_fast64_t)n_prompt);
     atomic_fetch_add(&s->stats->generated_tokens, (uint_fast64_t)n_gen);
@@ -598,6 +693,8 @@ void serve_sched_free(serve_sched *s) {
     free(s->b_pos);
     free(s->b_want);
     free(s->b_greedy);
+    free(s->b_spec);
+    free(s->spec_scratch);
     free(s->row_argmax);
     free(s->row_id);
     free(s->row_tok);
@@ -627,6 +724,7 @@ serve_sched *serve_sched_start(const moex_model *m, const moex_engine *eng, cons
     s->eng = *eng;
     s->cfg = *cfg;
     if (s->cfg.prompt_chunk < 1) s->cfg.prompt_chunk = 1;
+    if (s->cfg.draft_max < 1 || s->cfg.draft_max > MOEX_SPEC_MAX_DRAFT) s->cfg.draft_max = MOEX_SPEC_MAX_DRAFT;
     s->stats = stats;
     stats->ttft.bounds = ttft_bounds;
     stats->per_token.bounds = token_bounds;
@@ -640,13 +738,17 @@ serve_sched *serve_sched_start(const moex_model *m, const moex_engine *eng, cons
     s->b_pos = malloc(nb * sizeof *s->b_pos);
     s->b_want = malloc(nb * sizeof *s->b_want);
     s->b_greedy = malloc(nb * sizeof *s->b_greedy);
-    s->logits = malloc((size_t)cfg->n_slots * (size_t)m->hp.n_vocab * sizeof *s->logits);
-    const size_t ns = (size_t)cfg->n_slots;
+    s->b_spec = malloc(nb * sizeof *s->b_spec);
+    s->max_rows = cfg->n_slots + (cfg->make_drafter ? MOEX_SPEC_MAX_DRAFT : 0);
+    if (s->max_rows > cfg->n_batch) s->max_rows = cfg->n_batch;
+    const size_t ns = (size_t)s->max_rows;
+    s->logits = malloc(ns * (size_t)m->hp.n_vocab * sizeof *s->logits);
     s->row_argmax = malloc(ns * sizeof *s->row_argmax);
     s->row_id = malloc(ns * sizeof *s->row_id);
     s->row_tok = malloc(ns * sizeof *s->row_tok);
-    if (!s->slot || !s->b_tok || !s->b_seq || !s->b_pos || !s->b_want || !s->b_greedy || !s->logits ||
-        !s->row_argmax || !s->row_id || !s->row_tok) {
+    s->spec_scratch = cfg->make_drafter ? malloc((size_t)m->hp.n_vocab * sizeof *s->spec_scratch) : NULL;
+    if (!s->slot || !s->b_tok || !s->b_seq || !s->b_pos || !s->b_want || !s->b_greedy || !s->b_spec || !s->logits ||
+        !s->row_argmax || !s->row_id || !s->row_tok || (cfg->make_drafter && !s->spec_scratch)) {
         moex_fail(err, "out of memory for %d slots", cfg->n_slots);
         serve_sched_free(s);
         return NULL;

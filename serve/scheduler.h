@@ -7,7 +7,15 @@
  * decoding, plus a chunk of each new prompt (bounded, so that the running
  * streams keep their pace). A finished, failed or cancelled job frees its
  * slot at once. Whoever submitted a job is told (notify) when it has new
- * text or is done, and takes the text from the job. */
+ * text or is done, and takes the text from the job.
+ *
+ * With a drafter (config.make_drafter), a decoding sequence may also carry
+ * drafted tokens into the step (speculative decoding, engine/speculate.c):
+ * all its rows are wanted, the acceptance rule keeps a prefix, and the
+ * sequence advances by several tokens. Only while few sequences decode
+ * (config.spec_max_slots): a large step's forward already amortises the
+ * round trips speculation saves. At most MOEX_SPEC_MAX_DRAFT drafts a step in
+ * all, so that every wanted row runs on the one-token kernels. */
 #ifndef MOEX_SERVE_SCHEDULER_H
 #define MOEX_SERVE_SCHEDULER_H
 
@@ -36,6 +44,9 @@ typedef struct serve_sched_stats {
         finished_length, cancelled, failed, rejected;
     atomic_int active, queued;                  /* gauges */
     serve_hist ttft, per_token, step_s;           /* time to first token, between tokens, one forward */
+    /* speculative decoding: verifies (a sequence's rows with drafts), drafts, those accepted, and
+     * verifies by how many drafts they accepted */
+    atomic_uint_fast64_t spec_verifies, spec_drafted, spec_accepted, spec_hist[MOEX_SPEC_MAX_DRAFT + 1];
 } serve_sched_stats;
 
 /* ---- jobs ---- */
@@ -96,6 +107,13 @@ typedef struct serve_sched_config {
     int max_queue;               /* jobs waiting for a slot at most; more are refused */
     moex_pool *pool;             /* samples the step's rows in parallel (each its own sampler); NULL: one by one.
                                     Used between forwards only, so it may be the engine's */
+    /* Speculative decoding, when set: a drafter for the sequence in `slot` with these sampling settings
+     * (freed with moex_drafter_free when the slot is), or NULL (that sequence does not speculate) */
+    moex_drafter *(*make_drafter)(void *ctx, int slot, const moex_sampler_params *sp);
+    void *drafter_ctx;
+    bool drafts_sample;          /* the drafter may sample (a draft model): sampling sequences get room for q */
+    int draft_max;               /* drafts a sequence a step at most, 1 .. MOEX_SPEC_MAX_DRAFT */
+    int spec_max_slots;          /* speculate only while at most this many sequences decode */
 } serve_sched_config;
 
 typedef struct serve_sched serve_sched;

@@ -76,6 +76,14 @@ static void serving_metrics(moex_text *t, serve_status_src *s) {
     histogram(t, "moex_time_to_first_token_seconds", "From a request's arrival to its first token.", &st->ttft);
     histogram(t, "moex_time_per_output_token_seconds", "Between one sequence's consecutive tokens.", &st->per_token);
     histogram(t, "moex_forward_seconds", "One forward pass of the batch.", &st->step_s);
+    moex_prom_counter(t, "moex_spec_drafted_total", "Speculative decoding: tokens drafted (--lookup, --draft-model).",
+                      GET(st->spec_drafted));
+    moex_prom_counter(t, "moex_spec_accepted_total", "Speculative decoding: drafted tokens accepted.",
+                      GET(st->spec_accepted));
+    moex_prom_family(t, "moex_spec_verifies_total", "counter",
+                     "Speculative decoding: a sequence's drafts checked in a forward, by how many were accepted.");
+    for (int a = 0; a <= MOEX_SPEC_MAX_DRAFT; a++)
+        moex_text_printf(t, "moex_spec_verifies_total{accepted=\"%d\"} %llu\n", a, GET(st->spec_hist[a]));
 }
 
 char *serve_status_metrics(serve_status_src *s, size_t *len) {

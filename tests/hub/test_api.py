@@ -292,6 +292,36 @@ def distributed():
     check("the distributed server stops cleanly", rc == 0, f"rc={rc} {srv.text()[-1500:] if rc else ''}")
 
 
+@scenario
+def speculative():
+    """--draft-model (the test model in q4_0: drafts partly right) through 2 workers: concurrent greedy requests
+    equal their CLI runs without speculation. --draft-max 12 against the step's 15 drafts: the first slots to
+    decode take the drafts and the rest decode one token, so speculating and plain slots share forwards."""
+    twin = gen_model("qwen3moe", "q4_0", 11, vocab="ggml-vocab-qwen2.gguf")
+    port = free_port()
+    srv = Serve(distlib.BIN, distlib.WORK, MODEL, port, ["--token", distlib.TOKEN, "--min-workers", "2", "--parallel",
+                                                         "4", "--ctx", str(CTX), "--draft-model", twin,
+                                                         "--draft-max", "12"], key=KEY, wait_health=False)
+    workers = []
+    try:
+        time.sleep(0.3)
+        workers = start_workers(port, ["w0", "w1"], ["--threads", "1"])
+        srv.wait_health(120)
+        client_checks(srv, "speculative", only=["matchesCli", "concurrent"])
+        fams = srv.metrics()
+        drafted, accepted = sample(fams, "moex_spec_drafted_total"), sample(fams, "moex_spec_accepted_total")
+        partial = sum(sample(fams, "moex_spec_verifies_total", accepted=str(a)) or 0 for a in range(1, 12))
+        check("drafts were verified, some accepted and some not", drafted and 0 < accepted < drafted and partial > 0,
+              f"drafted {drafted} accepted {accepted} partial {partial}")
+        st, _, body = request(port, "POST", "/v1/completions", key=KEY, body={
+            "model": MODEL_ID, "prompt": [5, 6, 7], "max_tokens": 16, "temperature": 0.8, "seed": 3})
+        usage = json.loads(body).get("usage", {}) if st == 200 else {}
+        check("a sampling request speculates too: 16 tokens", usage.get("completion_tokens") == 16, f"{st} {body[:300]}")
+    finally:
+        rc = stop_all(srv, workers)
+    check("the speculating server stops cleanly", rc == 0, f"rc={rc} {srv.text()[-1500:] if rc else ''}")
+
+
 def has_vulkan():
     p = subprocess.run([f"{distlib.BIN}/moex-hub", "--list-devices"], capture_output=True, text=True)
     return p.returncode == 0 and p.stdout.strip() != ""

@@ -18,6 +18,7 @@ Exit 77 (skipped) when there is no Vulkan device.
 usage: test_dist_vk.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,20 @@ def matches_local():
               "".join(l for l in err.splitlines() if l.startswith("moex-hub: load"))[:300])
         d, fb = metric(err, "dispatches"), metric(err, "fallbacks")
         check("  the workers ran every expert", (d or 0) > 0 and fb == 0, f"dispatches={d} fallbacks={fb}")
+
+
+@scenario
+def speculative():
+    # the hub's verify rows on the GPU's one-token kernels, the experts on the workers: --draft-model (the same
+    # random model as q4_0, drafts partly right) prints --local's tokens
+    twin = gen_model("qwen3moe", "q4_0", 11)
+    c = Cluster(MOE, 3, N_LONG, hub_args=["--draft-model", twin, "--draft-max", "4"])
+    rc, toks, err = c.finish()
+    check("vulkan hub + 3 cpu workers, speculative (draft model): --local's tokens", rc == 0 and toks == REF_LONG,
+          f"rc={rc} got={toks[:8]} want={REF_LONG[:8]}" + ("" if rc == 0 else err[-2000:]))
+    m = re.search(r"speculative: (\d+) verifies, (\d+) drafted, (\d+) accepted", err)
+    check("  verifies accepted some drafts and not all", m and int(m.group(1)) > 0 and
+          0 < int(m.group(3)) < int(m.group(2)), m.group(0) if m else err[-400:])
 
 
 @scenario
