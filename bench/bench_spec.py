@@ -88,7 +88,16 @@ def accept():
 
 
 def cluster_run(args, prompt, tag, temp="0"):
-    """hub + 3 workers, each behind a relay at RTT; returns (tokens, decode tok/s, stats)."""
+    """hub + 3 workers, each behind a relay at RTT; returns (tokens, decode tok/s, stats). A second try when the
+    first fails (a port chosen free can be taken before the relay binds it)."""
+    try:
+        return cluster_once(args, prompt, tag, temp)
+    except SystemExit as e:
+        print(f"bench_spec: retrying once: {str(e)[-200:]}", flush=True)
+        return cluster_once(args, prompt, tag, temp)
+
+
+def cluster_once(args, prompt, tag, temp):
     hp = port()
     procs = []
     for i in range(3):
@@ -100,7 +109,8 @@ def cluster_run(args, prompt, tag, temp="0"):
                                        "--model", MODEL, "--threads", THREADS, "--name", f"{tag}{i}"],
                                       stderr=subprocess.DEVNULL))
     try:
-        toks, err = hub(["--port", str(hp), "--token", "bench", "--min-workers", "3", "--replicas", "1", "-t", "2",
+        toks, err = hub(["--port", str(hp), "--token", "bench", "--min-workers", "3", "--wait-s", "20", "--replicas", "1",
+                         "-t", "2",
                          *args], prompt, temp=temp)
     finally:
         for p in procs:

@@ -162,15 +162,17 @@ int moex_drafter_propose(moex_drafter *d, const int32_t *seq, int64_t n, int max
 typedef struct moex_spec_params {
     moex_drafter *drafter;
     int draft_max;        /* tokens drafted per verify at most: 1 .. MOEX_SPEC_MAX_DRAFT (and the batch - 1);
-                             the length adapts below it to what is accepted */
+                             the length adapts below it to what a step costs and what is accepted */
+    int draft_min;        /* 0: draft only where it pays (the auto-off); N: ask for N at least every step, where
+                             the user knows it pays (hub + workers) or wants to see drafts checked */
 } moex_spec_params;
 
 typedef struct moex_spec_stats {
     int64_t verifies;     /* forwards that checked drafts */
     int64_t drafted, accepted;
     int64_t hist[MOEX_SPEC_MAX_DRAFT + 1];   /* verifies by how many drafts they accepted */
-    int64_t plain;        /* one-token forwards: nothing drafted, or speculation paused */
-    int64_t paused;       /* times speculation cost more per token than a one-token step and paused */
+    int64_t plain;        /* one-token forwards: nothing drafted (none found, or drafting does not pay here) */
+    int64_t probes;       /* verifies with 2 drafts while drafting did not pay, to see whether it does again */
 } moex_spec_stats;
 
 /* The acceptance rule on a verify's rows: row i holds the logits after the

@@ -95,6 +95,7 @@ typedef struct model_drafter {
     const moex_engine *eng;
     int slot;
     moex_sampler *smp;       /* its own generator: the main sampler's draws stay the main sampler's */
+    int64_t first;           /* the sequence's index at the draft's position 0 (a window, after a long gap) */
     int32_t *kv_tok;         /* the tokens whose KV entries the draft engine holds, in position order */
     int64_t kv_n;
     float *logits;           /* n_vocab: the last row */
@@ -115,18 +116,30 @@ static int draft_forward(model_drafter *md, const int32_t *tokens, int64_t n, in
     return 0;
 }
 
-/* Brings the draft engine's KV to seq[0..n) (re-using the common prefix) and
- * leaves the logits after seq[n-1]. */
+/* Tokens the draft model takes in at most to catch up: after a longer gap
+ * (no drafts while drafting did not pay) it starts afresh on the sequence's last
+ * CATCH_UP tokens, so that a draft never costs a prompt's worth of forwards
+ * (drafts lean on the recent context). The first draft takes in the whole
+ * prompt, once. */
+#define CATCH_UP 64
+
+/* Brings the draft engine's KV to seq[base..n) (re-using the common prefix)
+ * and leaves the logits after seq[n-1]. */
 static int draft_catch_up(model_drafter *md, const int32_t *seq, int64_t n, moex_error *err) {
     int64_t from = 0;
-    while (from < md->kv_n && from < n && md->kv_tok[from] == seq[from]) from++;
-    if (from == n) from = n - 1;   /* its logits are wanted again */
-    for (int64_t pos = from; pos < n; pos += md->eng->n_batch) {
-        const int64_t c = n - pos < md->eng->n_batch ? n - pos : md->eng->n_batch;
-        if (draft_forward(md, seq + pos, c, pos, err)) return moex_error_prefix(err, "draft model");
+    while (from < md->kv_n && md->first + from < n && md->kv_tok[from] == seq[md->first + from]) from++;
+    if (md->kv_n > 0 && n - md->first - from > CATCH_UP) {   /* a window of the last CATCH_UP tokens at positions 0.. */
+        md->first = n - CATCH_UP;
+        md->kv_n = from = 0;
     }
-    memcpy(md->kv_tok + from, seq + from, (size_t)(n - from) * sizeof *seq);
-    md->kv_n = n;
+    const int64_t len = n - md->first;      /* the draft's positions 0 .. len-1 */
+    if (from == len) from = len - 1;       /* its logits are wanted again */
+    for (int64_t pos = from; pos < len; pos += md->eng->n_batch) {
+        const int64_t c = len - pos < md->eng->n_batch ? len - pos : md->eng->n_batch;
+        if (draft_forward(md, seq + md->first + pos, c, pos, err)) return moex_error_prefix(err, "draft model");
+    }
+    memcpy(md->kv_tok + from, seq + md->first + from, (size_t)(len - from) * sizeof *seq);
+    md->kv_n = len;
     return 0;
 }
 
@@ -135,9 +148,10 @@ static int model_draft(moex_drafter *d, const int32_t *seq, int64_t n, int max, 
     model_drafter *md = (model_drafter *)d;
     const int32_t V = md->m->hp.n_vocab;
     *sampled = !moex_sampler_is_greedy(md->smp);
-    if (n + max > md->eng->n_ctx) max = (int)(md->eng->n_ctx - n);
-    if (max <= 0) return 0;
     if (draft_catch_up(md, seq, n, err)) return -1;
+    const int64_t len = n - md->first;   /* the draft's position of the first draft */
+    if (len + max > md->eng->n_ctx) max = (int)(md->eng->n_ctx - len);
+    if (max <= 0) return 0;
     for (int j = 0; j < max; j++) {
         if (*sampled) {
             moex_sampler_dist(md->smp, md->logits, q + (size_t)j * (size_t)V);
@@ -147,9 +161,9 @@ static int model_draft(moex_drafter *d, const int32_t *seq, int64_t n, int max, 
         }
         if (out[j] < 0) return j;   /* no finite logit: propose what there is */
         if (j + 1 == max) break;    /* the last draft needs no forward */
-        if (draft_forward(md, &out[j], 1, n + j, err)) return moex_error_prefix(err, "draft model");
-        md->kv_tok[n + j] = out[j];
-        md->kv_n = n + j + 1;
+        if (draft_forward(md, &out[j], 1, len + j, err)) return moex_error_prefix(err, "draft model");
+        md->kv_tok[len + j] = out[j];
+        md->kv_n = len + j + 1;
     }
     return max;
 }
@@ -248,7 +262,7 @@ int moex_spec_accept(moex_sampler *smp, int32_t n_vocab, const float *logits, co
 
 /* ---- the decode loop ---- */
 
-#define PLAIN_KEPT 4
+#define PLAIN_KEPT 5
 
 typedef struct spec_run {
     const moex_model *m;
@@ -263,16 +277,25 @@ typedef struct spec_run {
     float *logits, *q, *p;      /* (K+1) x V, K x V, V */
     int32_t *rows, *argmax, *pos, *slot;
     bool *want, *only;
-    int k_cur;                  /* the adaptive draft length */
-    /* auto-off: the last one-token steps' seconds; a speculated token's
-     * seconds (drafting + verifying) as a moving average; steps left while
-     * paused; spec steps since the last one-token step */
-    double plain_s[PLAIN_KEPT], spec_s, spec_tokens;
-    int n_plain, pause, pause_len, since_plain;
+    /* what a step costs (the auto-off, below): the last one-token steps'
+     * seconds; drafting, seconds a drafted token; verifying, seconds a row
+     * beyond a one-token step; drafts accepted and rejected (decaying) */
+    double plain_s[PLAIN_KEPT], draft_s[PLAIN_KEPT], row_s[PLAIN_KEPT], hits, misses;
+    int n_plain, n_verify, since_plain, probe_in, probe_gap;
 } spec_run;
 
-/* One forward of rows[0..m) at positions n-1 .. n-1+m-1 of slot 0, every row wanted. */
+/* One forward of rows[0..m) at positions n-1 .. n-1+m-1 of slot 0, every row
+ * wanted. A single row (nothing drafted) takes the engine's one-token path, as
+ * generation without speculation does (the batched path's per-step host work
+ * costs a fast GPU a tenth of a step): the same one-token kernels, so the same
+ * bits. */
 static int verify_forward(spec_run *r, int m, moex_error *err) {
+    if (m == 1 && (!r->greedy_on_device || r->eng->last_argmax)) {
+        if (r->eng->forward(r->eng->ctx, r->rows, 1, r->n - 1, false, r->greedy_on_device ? NULL : r->logits, err))
+            return -1;
+        if (r->greedy_on_device) r->argmax[0] = r->eng->last_argmax(r->eng->ctx);
+        return 0;
+    }
     for (int i = 0; i < m; i++) {
         r->pos[i] = (int32_t)(r->n - 1 + i);
         r->slot[i] = 0;
@@ -295,42 +318,101 @@ static int emit(spec_run *r, int32_t id, moex_error *err) {
     return r->stats->n_generated == r->gp->n_predict;
 }
 
-/* Auto-off. Speculation pays when a token costs less than a one-token step
- * (a verify of k rows costs about one step where the round trips dominate,
- * the distributed hub's case, and up to k steps where the arithmetic does, a
- * small model on a CPU). The first two decode steps and one in every
- * PLAIN_EVERY run plain to know a step's cost, the least of the last
- * PLAIN_KEPT (a step's time is noisy upwards: the first is cold, the machine
- * busy); when a speculated token costs more (3 % margin) speculation pauses,
- * for 16 steps, then twice as long each time it still does not pay (up to
- * 1024), so that where it never pays the probes cost a few per cent. */
+/* Auto-off, from what a step costs here. A verify of k drafts yields
+ * (1 - a^(k+1)) / (1 - a) tokens when each draft is accepted with probability
+ * a, and costs a one-token step plus k x (a drafted token + a verify row
+ * beyond the first). Where round trips dominate (hub + workers) a row costs
+ * next to nothing and speculation pays with any acceptance; where the
+ * arithmetic does (a small model on this CPU or GPU) a row costs a good part
+ * of a step, and a draft model's token as much as the model's own. Each step
+ * drafts the k that yields the most tokens a second, or none when no k beats
+ * a one-token step by 3 %; then a probe (2 drafts) now and then keeps the
+ * figures current, at gaps doubling from 32 steps to 1024, or 1024 at once
+ * when not even drafts that are always right would pay (a draft model's
+ * token costing as much as the model's). The first verify asks for one draft
+ * (it costs the least where nothing pays). The first two steps and one in
+ * every PLAIN_EVERY run plain to know a step's cost. Each cost is the median
+ * of its last PLAIN_KEPT samples, the lower one of an even count (the first
+ * step is cold, a new batch shape is recorded on first use, a busy machine
+ * has outliers). k is a power of two, so that a GPU engine records few
+ * verify shapes. */
 #define PLAIN_EVERY 32
-#define PAUSE_MAX 1024
-
-static bool plain_due(const spec_run *r) { return r->pause > 0 || r->n_plain < 2 || r->since_plain >= PLAIN_EVERY; }
+#define PROBE_GAP_MIN 32
+#define PROBE_GAP_MAX 1024
+#define PROBE_DRAFTS 2
 
 static void note_plain(spec_run *r, double dt) {
     r->plain_s[r->n_plain++ % PLAIN_KEPT] = dt;
     r->since_plain = 0;
 }
 
-static double t_plain(const spec_run *r) {
-    const int n = r->n_plain < PLAIN_KEPT ? r->n_plain : PLAIN_KEPT;
-    double t = r->plain_s[0];
-    for (int i = 1; i < n; i++) t = r->plain_s[i] < t ? r->plain_s[i] : t;
-    return t;
+/* The lower median of the last min(count, PLAIN_KEPT) samples of a ring. */
+static double median_of(const double *ring, int count) {
+    const int n = count < PLAIN_KEPT ? count : PLAIN_KEPT;
+    double t[PLAIN_KEPT] = {0};
+    for (int i = 0; i < n; i++) {   /* insertion sort of at most PLAIN_KEPT */
+        int j = i;
+        for (; j > 0 && t[j - 1] > ring[i]; j--) t[j] = t[j - 1];
+        t[j] = ring[i];
+    }
+    return n ? t[(n - 1) / 2] : 0.0;
 }
 
-static void judge(spec_run *r) {
-    if (r->spec_tokens < 6.0) return;
-    if (r->spec_s / r->spec_tokens <= t_plain(r) * 1.03) {
-        r->pause_len = 0;
-        return;
+static double t_plain(const spec_run *r) { return median_of(r->plain_s, r->n_plain); }
+
+/* The number of drafts worth asking for (up to kmax), 0 for none; -1 before
+ * any verify (nothing known yet). The acceptance starts from one accepted and
+ * one rejected draft pretended, so that one unlucky verify does not decide. */
+static int best_length(const spec_run *r, int kmax, bool *never) {
+    if (r->n_verify == 0) return -1;
+    double a = (r->hits + 1.0) / (r->hits + r->misses + 2.0);
+    if (a > 0.99) a = 0.99;
+    const double t1 = t_plain(r);
+    const double per_draft = median_of(r->draft_s, r->n_verify) + median_of(r->row_s, r->n_verify);
+    int best = 0;
+    double best_rate = 1.03 / t1;   /* a one-token step's, with the margin */
+    *never = true;
+    for (int k = 1; k <= kmax; k *= 2) {
+        const double rate = (1.0 - pow(a, k + 1)) / (1.0 - a) / (t1 + k * per_draft);
+        if (rate > best_rate) best_rate = rate, best = k;
+        if ((k + 1) / (t1 + k * per_draft) > 1.03 / t1) *never = false;
     }
-    r->pause_len = r->pause_len ? (r->pause_len < PAUSE_MAX ? 2 * r->pause_len : PAUSE_MAX) : 16;
-    r->pause = r->pause_len;
-    r->spec_s = r->spec_tokens = 0.0;
-    r->stats->spec.paused++;
+    return best;
+}
+
+/* How many drafts this step asks for: 0 for a one-token step. */
+static int drafts_wanted(spec_run *r, int kmax) {
+    if (kmax <= 0) return 0;
+    const int floor = r->sp->draft_min < kmax ? r->sp->draft_min : kmax;
+    if (r->n_plain < 2 || r->since_plain >= PLAIN_EVERY) return floor;
+    bool never = false;
+    const int k = best_length(r, kmax, &never);
+    if (floor > 0) return k > floor ? k : floor;
+    if (k < 0) return 1;   /* the first verify: one draft, the cheapest way to learn what a draft and a row cost */
+    if (k > 0) {
+        r->probe_gap = 0;
+        return k;
+    }
+    if (r->probe_in > 0) {
+        r->probe_in--;
+        return 0;
+    }
+    r->probe_gap = never ? PROBE_GAP_MAX
+                 : r->probe_gap ? (r->probe_gap < PROBE_GAP_MAX ? 2 * r->probe_gap : PROBE_GAP_MAX)
+                                : PROBE_GAP_MIN;
+    r->probe_in = r->probe_gap;
+    r->stats->spec.probes++;
+    return kmax < PROBE_DRAFTS ? kmax : PROBE_DRAFTS;
+}
+
+/* A verify's costs and outcome into the figures (moving averages). */
+static void note_verify(spec_run *r, int nd, int a, double draft_dt, double verify_dt) {
+    const double row = (verify_dt - t_plain(r)) / nd;
+    r->draft_s[r->n_verify % PLAIN_KEPT] = draft_dt / nd;
+    r->row_s[r->n_verify % PLAIN_KEPT] = row > 0 ? row : 0;
+    r->n_verify++;
+    r->hits = 0.9 * r->hits + a;
+    r->misses = 0.9 * r->misses + (a < nd);
 }
 
 int moex_spec_next_length(int k_cur, int drafted, int accepted, int kmax) {
@@ -341,37 +423,35 @@ int moex_spec_next_length(int k_cur, int drafted, int accepted, int kmax) {
 /* One step: draft, verify, keep. Returns 1 when generation ended, 0 to go on, -1 on error. */
 static int spec_step(spec_run *r, int32_t *next, moex_error *err) {
     const int64_t left = r->gp->n_predict - r->stats->n_generated;   /* tokens still to produce after *next */
-    int kmax = r->k_cur;
+    int kmax = r->sp->draft_max;
     if (kmax > left) kmax = (int)left;
     if (kmax > r->eng->n_ctx - r->n) kmax = (int)(r->eng->n_ctx - r->n);
     const double t0 = moex_time_s();
     bool sampled = false;
     int nd = 0;
-    if (kmax > 0 && !plain_due(r)) {
-        nd = moex_drafter_propose(r->sp->drafter, r->seq, r->n, kmax, r->rows + 1, r->q, &sampled, err);
+    const int want = drafts_wanted(r, kmax);
+    if (want > 0) {
+        nd = moex_drafter_propose(r->sp->drafter, r->seq, r->n, want, r->rows + 1, r->q, &sampled, err);
         if (nd < 0) return -1;
     }
-    if (r->pause > 0) r->pause--;
+    const double t1 = moex_time_s();
     r->rows[0] = r->seq[r->n - 1];
     if (verify_forward(r, nd + 1, err)) return -1;
     r->stats->n_decode_evals++;
+    const double t2 = moex_time_s();
     const int a = moex_spec_accept(r->smp, r->m->hp.n_vocab, r->greedy_on_device ? NULL : r->logits, r->argmax,
                                    r->rows + 1, nd, sampled ? r->q : NULL, r->p, next);
-    const double dt = moex_time_s() - t0;
     moex_spec_stats *st = &r->stats->spec;
     if (nd == 0) {
         st->plain++;
-        note_plain(r, dt);
+        note_plain(r, moex_time_s() - t1);
     } else {
         r->since_plain++;
         st->verifies++;
         st->drafted += nd;
         st->accepted += a;
         st->hist[a]++;
-        r->spec_s = 0.8 * r->spec_s + dt;
-        r->spec_tokens = 0.8 * r->spec_tokens + (a + 1);
-        r->k_cur = moex_spec_next_length(r->k_cur, nd, a, r->sp->draft_max);
-        judge(r);
+        note_verify(r, nd, a, t1 - t0, t2 - t1);
     }
     for (int i = 0; i < a; i++) {
         const int rc = emit(r, r->rows[1 + i], err);
@@ -422,7 +502,7 @@ int moex_generate_speculative(const moex_model *m, const moex_engine *eng, moex_
     if (K > MOEX_SPEC_MAX_DRAFT) K = MOEX_SPEC_MAX_DRAFT;
     if (K > eng->n_batch - 1) K = (int)eng->n_batch - 1;
     if (K < 1) return moex_fail(err, "speculative decoding needs room for a draft (--draft-max >= 1, --batch >= 2)");
-    spec_run r = {.m = m, .eng = eng, .smp = smp, .gp = gp, .sp = sp, .stats = stats, .n = n_prompt, .k_cur = K,
+    spec_run r = {.m = m, .eng = eng, .smp = smp, .gp = gp, .sp = sp, .stats = stats, .n = n_prompt,
                   .greedy_on_device = eng->batch_argmax && moex_sampler_is_greedy(smp)};
     moex_spec_params clamped = *sp;
     clamped.draft_max = K;

@@ -143,6 +143,9 @@ static int parse_engine_value(hub_cli *c, const char *a, const char *v) {
     } else if (!strcmp(a, "--draft-max")) {
         if (hub_cli_i64(c->prog, a, v, 1, MOEX_SPEC_MAX_DRAFT, &n)) return -1;
         e->draft_max = (int)n;
+    } else if (!strcmp(a, "--draft-min")) {
+        if (hub_cli_i64(c->prog, a, v, 0, MOEX_SPEC_MAX_DRAFT, &n)) return -1;
+        e->draft_min = (int)n;
     } else {
         return 1;
     }
@@ -207,7 +210,7 @@ static const char *const value_flags[] = {
     "--host", "--token", "--port", "--tcp-port", "--replicas", "--hedge", "--timeout-ms", "--split-bytes", "--verify",
     "--min-workers", "--wait-s", "--web-dir", "--tls-cert", "--tls-key", "--tls-dir",
     "--backend", "--device", "--vk-tune", "--simd", "-t", "--threads", "--wire-dtype", "--temp", "--top-k", "--top-p",
-    "--min-p", "--seed", "--draft-model", "--draft-max",
+    "--min-p", "--seed", "--draft-model", "--draft-max", "--draft-min",
 };
 
 static bool takes_value(const char *a) {
@@ -343,7 +346,9 @@ void hub_cli_engine_usage(FILE *f, const hub_cli *c) {
             "speculative decoding (greedy: the same tokens; sampling: the same distribution; docs/ARCHITECTURE.md):\n"
             "  --lookup                draft the tokens that followed the last 1-3 tokens' latest earlier occurrence\n"
             "  --draft-model FILE      draft with a small GGUF of the same vocabulary (after --lookup's, with both)\n"
-            "  --draft-max N           tokens drafted a step at most, 1-%d (default %d; adapts below it)\n",
+            "  --draft-max N           tokens drafted a step at most, 1-%d (default %d; adapts below it)\n"
+            "  --draft-min N           draft N at least every step (default 0: only where a token costs less so,\n"
+            "                          measured as it runs; the CLI only)\n",
             sp->temp, sp->top_k, sp->top_p, sp->min_p, MOEX_SPEC_MAX_DRAFT, c->eng.draft_max);
 }
 

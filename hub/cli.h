@@ -30,6 +30,7 @@ typedef struct hub_cli_engine {
     bool lookup;                 /* --lookup: prompt-lookup drafts */
     const char *draft_model;     /* --draft-model FILE */
     int draft_max;               /* --draft-max N */
+    int draft_min;               /* --draft-min N (0: the auto-off decides) */
 } hub_cli_engine;
 
 /* The defaults: CPU, every core, f16 on the wire, temperature 0.8, top-k 40,

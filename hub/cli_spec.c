@@ -46,7 +46,8 @@ int hub_cli_drafts_open(hub_cli_drafts *d, const hub_cli_engine *e, const char *
 }
 
 moex_drafter *hub_cli_drafter(hub_cli_drafts *d, int slot, const moex_sampler_params *sp) {
-    moex_drafter *lookup = d->e->lookup ? moex_drafter_lookup(1, 3) : NULL;
+    /* before a draft model, a lookup of 2 or 3 tokens only: one token's next occurrence guesses worse than it */
+    moex_drafter *lookup = d->e->lookup ? moex_drafter_lookup(d->dm ? 2 : 1, 3) : NULL;
     if (d->e->lookup && !lookup) return NULL;
     if (!d->dm) return lookup;
     moex_drafter *model = moex_drafter_model(d->dm, &d->deng, slot, sp);

@@ -284,7 +284,7 @@ static void print_spec_stats(const moex_spec_stats *s) {
             s->verifies ? (double)(s->accepted + s->verifies) / (double)s->verifies : 0.0);
     for (int i = 0; i <= MOEX_SPEC_MAX_DRAFT; i++)
         if (s->hist[i]) fprintf(stderr, " %d:%lld", i, (long long)s->hist[i]);
-    fprintf(stderr, " | one-token steps %lld, paused %lld times\n", (long long)s->plain, (long long)s->paused);
+    fprintf(stderr, " | one-token steps %lld, probes %lld\n", (long long)s->plain, (long long)s->probes);
 }
 
 /* --perplexity FILE: scores the file on the engine (engine/perplexity.c), then writes the routing trace. */
@@ -365,7 +365,8 @@ static int run(const options *o) {
         fprintf(stderr, "moex-hub: out of memory for speculative decoding\n");
         goto done;
     }
-    const moex_spec_params spec = {.drafter = drafter, .draft_max = o->cli.eng.draft_max};
+    const moex_spec_params spec = {.drafter = drafter, .draft_max = o->cli.eng.draft_max,
+                                   .draft_min = o->cli.eng.draft_min};
     moex_engine_options eo = hub_cli_engine_options(&o->cli.eng, pool, hub, n_ctx, o->n_batch);
     eo.record_routes = o->routing_trace != NULL;
     eo.batched = eo.batched || speculate;   /* a verify is a batch of one slot, every row on the one-token kernels */

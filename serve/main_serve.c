@@ -132,6 +132,11 @@ static int parse_args(int argc, char **argv, serve_options *o) {
         return -1;
     }
     if (hub_cli_finish(&o->cli)) return -1;
+    if (o->cli.eng.draft_min) {
+        fprintf(stderr, "moex-hub serve: --draft-min is the CLI's: serve drafts for every decoding request while at "
+                        "most --spec-slots decode\n");
+        return -1;
+    }
     if (o->n_batch < o->parallel) {
         fprintf(stderr, "moex-hub serve: --batch %lld is below --parallel %d (each step feeds one token per slot)\n",
                 (long long)o->n_batch, o->parallel);

@@ -56,7 +56,7 @@ backends = ["cpu"] + (["vulkan"] if VULKAN else [])
 for be in backends:
     rc, ref, err = run(target, [], be)
     check(f"{be}: the plain run", rc == 0 and len(ref) == 48, err[-800:])
-    rc, toks, err = run(target, ["--draft-model", twin, "--draft-max", "4"], be)
+    rc, toks, err = run(target, ["--draft-model", twin, "--draft-max", "4", "--draft-min", "2"], be)
     st = spec_stats(err)
     check(f"{be}: --draft-model (the q4_0 twin): 48 greedy tokens equal the plain run's", rc == 0 and toks == ref,
           f"rc={rc} got={toks[:8]} want={ref[:8]} {err[-800:]}")
@@ -70,7 +70,7 @@ for be in backends:
     text = ("The committee said the city would build a new school next year. "
             "The committee said the city would build")
     rc, ref, err = run(SHIPPED, [], be, prompt=("-p", text), n=64)
-    rc2, toks, err2 = run(SHIPPED, ["--lookup"], be, prompt=("-p", text), n=64)
+    rc2, toks, err2 = run(SHIPPED, ["--lookup", "--draft-min", "4"], be, prompt=("-p", text), n=64)
     st = spec_stats(err2)
     check(f"{be}: shipped model, --lookup: 64 greedy tokens equal the plain run's", rc == 0 and rc2 == 0 and
           toks == ref, f"got={toks[:8]} want={ref[:8]} {err2[-600:]}")

@@ -324,7 +324,8 @@ def speculative():
     # through 3 workers; w1 exits abruptly on its 10th dispatch, in the middle of some forward's layers
     twin = gen_model("qwen3moe", "q4_0", 11)
     slow = ["--inject-delay-ms", "20", "--inject-delay-prob", "1"]
-    c = Cluster(MOE, 3, N_TIMED, hub_args=["--replicas", "2", "--draft-model", twin, "--draft-max", "4"],
+    c = Cluster(MOE, 3, N_TIMED, hub_args=["--replicas", "2", "--draft-model", twin, "--draft-max", "4",
+                                           "--draft-min", "2"],
                 worker_args=[slow, ["--inject-exit-after", "10"] + slow, slow])
     rc, toks, err = c.finish()
     check("speculative (draft model), a worker gone mid-run: greedy tokens equal --local",

@@ -82,7 +82,7 @@ def speculative():
     # the hub's verify rows on the GPU's one-token kernels, the experts on the workers: --draft-model (the same
     # random model as q4_0, drafts partly right) prints --local's tokens
     twin = gen_model("qwen3moe", "q4_0", 11)
-    c = Cluster(MOE, 3, N_LONG, hub_args=["--draft-model", twin, "--draft-max", "4"])
+    c = Cluster(MOE, 3, N_LONG, hub_args=["--draft-model", twin, "--draft-max", "4", "--draft-min", "2"])
     rc, toks, err = c.finish()
     check("vulkan hub + 3 cpu workers, speculative (draft model): --local's tokens", rc == 0 and toks == REF_LONG,
           f"rc={rc} got={toks[:8]} want={REF_LONG[:8]}" + ("" if rc == 0 else err[-2000:]))
