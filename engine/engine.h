@@ -150,6 +150,9 @@ moex_drafter *moex_drafter_model(const moex_model *dm, const moex_engine *deng, 
 /* first's drafts, or second's where first has none; owns both (frees them on failure too). */
 moex_drafter *moex_drafter_chain(moex_drafter *first, moex_drafter *second);
 void moex_drafter_free(moex_drafter *d);
+/* Lets the drafter take in seq[0..n) now (a draft model's prompt, evaluated
+ * with the model's), so that its first draft costs a draft; 0 or -1 (err). */
+int moex_drafter_prime(moex_drafter *d, const int32_t *seq, int64_t n, moex_error *err);
 /* Up to max tokens that may follow seq[0..n) into out; returns their count
  * (0: nothing to propose) or -1 (err). *sampled: the drafts were drawn from a
  * distribution, written to q (n_vocab floats a draft; q may be NULL only for
@@ -172,7 +175,7 @@ typedef struct moex_spec_stats {
     int64_t drafted, accepted;
     int64_t hist[MOEX_SPEC_MAX_DRAFT + 1];   /* verifies by how many drafts they accepted */
     int64_t plain;        /* one-token forwards: nothing drafted (none found, or drafting does not pay here) */
-    int64_t probes;       /* verifies with 2 drafts while drafting did not pay, to see whether it does again */
+    int64_t probes;       /* verifies of one draft while drafting did not pay, to see whether it does again */
 } moex_spec_stats;
 
 /* The acceptance rule on a verify's rows: row i holds the logits after the

@@ -37,6 +37,7 @@ int moex_generate(const moex_model *m, const moex_engine *eng, moex_sampler *smp
     const float *last = logits;
     double t0 = moex_time_s();
     if (eval_prompt(m, eng, prompt, n_prompt, gp, logits, &last, err)) goto done;
+    if (gp->spec && gp->spec->drafter && moex_drafter_prime(gp->spec->drafter, prompt, n_prompt, err)) goto done;
     stats->n_prompt = n_prompt;
     stats->prompt_s = moex_time_s() - t0;
 

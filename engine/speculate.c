@@ -30,10 +30,16 @@ struct moex_drafter {
     int (*draft)(moex_drafter *d, const int32_t *seq, int64_t n, int max, int32_t *out, float *q, bool *sampled,
                  moex_error *err);
     void (*free)(moex_drafter *d);
+    /* Optional: takes in seq[0..n) ahead of the first draft (a draft model's prompt) */
+    int (*prime)(moex_drafter *d, const int32_t *seq, int64_t n, moex_error *err);
 };
 
 void moex_drafter_free(moex_drafter *d) {
     if (d) d->free(d);
+}
+
+int moex_drafter_prime(moex_drafter *d, const int32_t *seq, int64_t n, moex_error *err) {
+    return d->prime && n > 0 ? d->prime(d, seq, n, err) : 0;
 }
 
 int moex_drafter_propose(moex_drafter *d, const int32_t *seq, int64_t n, int max, int32_t *out, float *q,
@@ -83,7 +89,7 @@ moex_drafter *moex_drafter_lookup(int ngram_min, int ngram_max) {
     if (ngram_min < 1 || ngram_max < ngram_min) return NULL;
     lookup_drafter *ld = calloc(1, sizeof *ld);
     if (!ld) return NULL;
-    *ld = (lookup_drafter){{lookup_draft, lookup_free}, ngram_min, ngram_max};
+    *ld = (lookup_drafter){{lookup_draft, lookup_free, NULL}, ngram_min, ngram_max};
     return &ld->base;
 }
 
@@ -168,6 +174,10 @@ static int model_draft(moex_drafter *d, const int32_t *seq, int64_t n, int max, 
     return max;
 }
 
+static int model_prime(moex_drafter *d, const int32_t *seq, int64_t n, moex_error *err) {
+    return draft_catch_up((model_drafter *)d, seq, n, err);
+}
+
 static void model_free(moex_drafter *d) {
     model_drafter *md = (model_drafter *)d;
     moex_sampler_free(md->smp);
@@ -181,7 +191,7 @@ moex_drafter *moex_drafter_model(const moex_model *dm, const moex_engine *deng, 
     if (slot < 0 || slot >= (deng->n_seq > 0 ? deng->n_seq : 1) || (slot > 0 && !deng->forward_batch)) return NULL;
     model_drafter *md = calloc(1, sizeof *md);
     if (!md) return NULL;
-    md->base = (moex_drafter){model_draft, model_free};
+    md->base = (moex_drafter){model_draft, model_free, model_prime};
     md->m = dm;
     md->eng = deng;
     md->slot = slot;
@@ -204,6 +214,11 @@ typedef struct chain_drafter {
     moex_drafter *first, *second;
 } chain_drafter;
 
+static int chain_prime(moex_drafter *d, const int32_t *seq, int64_t n, moex_error *err) {
+    chain_drafter *cd = (chain_drafter *)d;
+    return moex_drafter_prime(cd->first, seq, n, err) ? -1 : moex_drafter_prime(cd->second, seq, n, err);
+}
+
 static int chain_draft(moex_drafter *d, const int32_t *seq, int64_t n, int max, int32_t *out, float *q, bool *sampled,
                        moex_error *err) {
     chain_drafter *cd = (chain_drafter *)d;
@@ -225,7 +240,7 @@ moex_drafter *moex_drafter_chain(moex_drafter *first, moex_drafter *second) {
         moex_drafter_free(second);
         return NULL;
     }
-    *cd = (chain_drafter){{chain_draft, chain_free}, first, second};
+    *cd = (chain_drafter){{chain_draft, chain_free, chain_prime}, first, second};
     return &cd->base;
 }
 
@@ -326,7 +341,7 @@ static int emit(spec_run *r, int32_t id, moex_error *err) {
  * arithmetic does (a small model on this CPU or GPU) a row costs a good part
  * of a step, and a draft model's token as much as the model's own. Each step
  * drafts the k that yields the most tokens a second, or none when no k beats
- * a one-token step by 3 %; then a probe (2 drafts) now and then keeps the
+ * a one-token step by 3 %; then a probe (1 draft) now and then keeps the
  * figures current, at gaps doubling from 32 steps to 1024, or 1024 at once
  * when not even drafts that are always right would pay (a draft model's
  * token costing as much as the model's). The first verify asks for one draft
@@ -339,7 +354,7 @@ static int emit(spec_run *r, int32_t id, moex_error *err) {
 #define PLAIN_EVERY 32
 #define PROBE_GAP_MIN 32
 #define PROBE_GAP_MAX 1024
-#define PROBE_DRAFTS 2
+#define PROBE_DRAFTS 1   /* the first verify's length too: one verify shape while off */
 
 static void note_plain(spec_run *r, double dt) {
     r->plain_s[r->n_plain++ % PLAIN_KEPT] = dt;
@@ -388,7 +403,7 @@ static int drafts_wanted(spec_run *r, int kmax) {
     bool never = false;
     const int k = best_length(r, kmax, &never);
     if (floor > 0) return k > floor ? k : floor;
-    if (k < 0) return 1;   /* the first verify: one draft, the cheapest way to learn what a draft and a row cost */
+    if (k < 0) return PROBE_DRAFTS;   /* the first verify: the cheapest way to learn what a draft and a row cost */
     if (k > 0) {
         r->probe_gap = 0;
         return k;

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Speculative decoding in the CLI users run (moex-hub --local): greedy tokens
 with --lookup and with --draft-model equal the tokens without, on the CPU
-backend and (where a Vulkan device is) the Vulkan one, including on the
+backend and (where a Vulkan device is) the Vulkan one and its CPU tier (--cpu-moe), including on the
 random-weight model whose logits sit close to ties (any difference in a
 verify row's bits shows there). The draft model is the same random model in
 another weight type, so its drafts are partly right: verifies accept some of
@@ -76,6 +76,14 @@ for be in backends:
           toks == ref, f"got={toks[:8]} want={ref[:8]} {err2[-600:]}")
     check(f"{be}:   prompt lookup accepted drafts (more than one a verify on average)",
           st is not None and st[0] > 0 and st[2] > st[0], f"{st}")
+
+# the CPU tier (--cpu-moe: the experts on this CPU beside the GPU): verifies of few rows compute their experts here
+if VULKAN:
+    rc, ref, err = run(target, ["--cpu-moe"], "vulkan")
+    rc2, toks, err2 = run(target, ["--cpu-moe", "--draft-model", twin, "--draft-max", "4", "--draft-min", "2"], "vulkan")
+    st = spec_stats(err2)
+    check("vulkan --cpu-moe with --draft-model: the tokens without it", rc == 0 and rc2 == 0 and toks == ref and
+          st is not None and st[0] > 0, f"{st} got={toks[:8]} want={ref[:8]} {err2[-400:]}")
 
 # sampling: a sampling draft model; the rule itself is test_speculate's (chi-square)
 p = subprocess.run([HUB, "--local", "-m", target, "--prompt-tokens", "1,5", "-n", "32", "--temp", "0.8", "--seed", "3",
