@@ -187,7 +187,7 @@ static int stream_progress(api_req *r, const char *text, const serve_job_state *
     } else {
         if (sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, NULL, false, st->finish))) return -1;
         if (r->include_usage &&
-            sse_event(r, serve_openai_usage_chunk_json(r->chat, r->id, r->created, model, st->n_prompt, st->n_completion)))
+            sse_event(r, serve_openai_usage_chunk_json(r->chat, r->id, r->created, model, st)))
             return -1;
     }
     r->final = true;
@@ -199,8 +199,7 @@ static int whole_progress(api_req *r, const char *text, size_t n, const serve_jo
     if (!st->done) return 0;
     r->ended = true;
     return respond_json(r, 200, serve_openai_completion_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id,
-                                                          r->text ? r->text : "", st->finish, st->n_prompt,
-                                                          st->n_completion));
+                                                          r->text ? r->text : "", st));
 }
 
 /* Takes the job's new text into the response. */

@@ -62,14 +62,14 @@ char *serve_openai_error_json(const serve_api_error *e);
 const char *serve_openai_finish_name(serve_finish f);
 /* A whole (non-streamed) completion. */
 char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                                 serve_finish finish, int64_t n_prompt, int64_t n_completion);
+                                 const serve_job_state *st);
 /* One SSE chunk's JSON: text (may be NULL) and, at the end, the finish
  * reason; chat's first chunk carries the assistant role. */
 char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
                             bool role, serve_finish finish);
 /* The last chunk when stream_options.include_usage: no choices, the usage. */
-char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model, int64_t n_prompt,
-                                  int64_t n_completion);
+char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model,
+                                  const serve_job_state *st);
 char *serve_openai_models_json(const char *model, long long created, bool one);
 
 /* ---- the HTTP side (api.c) ---- */

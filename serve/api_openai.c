@@ -358,15 +358,18 @@ static cJSON *envelope(bool chat, bool chunk, const char *id, long long created,
     return root;
 }
 
-static void add_usage(cJSON *root, int64_t n_prompt, int64_t n_completion) {
+/* OpenAI's usage, with prompt_tokens_details.cached_tokens: the prompt tokens the prompt cache served. */
+static void add_usage(cJSON *root, const serve_job_state *st) {
     cJSON *u = cJSON_AddObjectToObject(root, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)n_completion);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(n_prompt + n_completion));
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)st->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)st->n_completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(st->n_prompt + st->n_completion));
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", (double)st->n_cached);
 }
 
 char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                                 serve_finish finish, int64_t n_prompt, int64_t n_completion) {
+                                 const serve_job_state *st) {
+    const serve_finish finish = st->finish;
     cJSON *root = envelope(chat, false, id, created, model);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", 0);
@@ -380,7 +383,7 @@ char *serve_openai_completion_json(bool chat, const char *id, long long created,
     cJSON_AddNullToObject(choice, "logprobs");
     add_string_or_null(choice, "finish_reason", serve_openai_finish_name(finish));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
-    add_usage(root, n_prompt, n_completion);
+    add_usage(root, st);
     return print_and_free(root);
 }
 
@@ -402,11 +405,11 @@ char *serve_openai_chunk_json(bool chat, const char *id, long long created, cons
     return print_and_free(root);
 }
 
-char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model, int64_t n_prompt,
-                                  int64_t n_completion) {
+char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model,
+                                  const serve_job_state *st) {
     cJSON *root = envelope(chat, true, id, created, model);
     cJSON_AddArrayToObject(root, "choices");
-    add_usage(root, n_prompt, n_completion);
+    add_usage(root, st);
     return print_and_free(root);
 }
 

@@ -22,6 +22,7 @@
 typedef struct serve_options {
     const char *model, *api_key, *chat_template, *alias;
     int parallel, max_queue, spec_slots;
+    bool no_prompt_cache;
     int64_t n_ctx, n_batch, prompt_chunk, max_body;
     double client_timeout_s;
     moex_hub_config hub;
@@ -50,6 +51,8 @@ static void usage(FILE *f, const serve_options *o) {
             "  --max-queue N           requests waiting for a slot at most; more get 503 (default 64)\n"
             "  --max-body BYTES        request bodies at most; more get 413 (default 1048576)\n"
             "  --client-timeout S      drop a client that reads nothing this long (default 30)\n"
+            "  --no-prompt-cache       evaluate every prompt whole (default: a request goes to the free slot whose\n"
+            "                          last prompt shares the longest prefix with its own, and evaluates the rest)\n"
             "  --spec-slots N          with --lookup or --draft-model: speculate while at most N requests decode\n"
             "                          (default 4; a larger step amortises the round trips speculation saves)\n"
             "the engine; the sampling flags are the defaults of requests that leave them out, and a request\n"
@@ -114,6 +117,10 @@ static int parse_args(int argc, char **argv, serve_options *o) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout, o);
             return 1;
+        }
+        if (!strcmp(a, "--no-prompt-cache")) {
+            o->no_prompt_cache = true;
+            continue;
         }
         const int shared = hub_cli_parse(&o->cli, argc, argv, &i);
         if (shared < 0) return -1;
@@ -256,7 +263,8 @@ static int start(const serve_options *o, serving *sv) {
                                               .prompt_chunk = o->prompt_chunk, .max_queue = o->max_queue,
                                               .pool = sv->pool, .make_drafter = speculate ? make_drafter : NULL,
                                               .drafter_ctx = &sv->drafts, .drafts_sample = o->cli.eng.draft_model,
-                                              .draft_max = o->cli.eng.draft_max, .spec_max_slots = o->spec_slots};
+                                              .draft_max = o->cli.eng.draft_max, .spec_max_slots = o->spec_slots,
+                                              .no_prompt_cache = o->no_prompt_cache};
     if (!(sv->sched = serve_sched_start(sv->m, &sv->eng, &sv->status.sched_cfg, &sv->stats, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;

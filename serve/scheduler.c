@@ -143,6 +143,8 @@ struct serve_sched {
     int32_t *row_id;             /* [max_rows] the token sampled from each logits row */
     int64_t *row_tok;            /* [max_rows] each logits row's token in the batch */
     float *spec_scratch;         /* n_vocab: the acceptance rule's */
+    int32_t *kept;               /* [n_slots x n_ctx] the prompt cache: the tokens whose KV rows each slot holds */
+    int64_t *n_kept;             /* [n_slots] */
     double t_around;             /* seconds building batches and taking their tokens (the forwards: stats->step_s) */
 };
 
@@ -213,9 +215,20 @@ static void fail_job(serve_sched *s, serve_job *j, int status, const char *code,
     job_update(j, NULL, 0, set_failed, &f);
 }
 
+/* The prompt cache: what slot's KV rows hold that a later prompt may reuse,
+ * the job's prompt rows fed as prompt rows (its last prompt token wanted
+ * logits, so it ran on other kernels on a GPU). */
+static void keep_prompt_rows(serve_sched *s, int slot, const serve_job *j) {
+    int64_t k = j->n_fed < j->n_prompt ? j->n_fed : j->n_prompt - 1;
+    if (k < 0) k = 0;
+    memcpy(s->kept + (size_t)slot * (size_t)s->cfg.n_ctx, j->prompt, (size_t)k * sizeof *j->prompt);
+    s->n_kept[slot] = k;
+}
+
 static void free_slot(serve_sched *s, int slot) {
     serve_job *j = s->slot[slot];
     s->slot[slot] = NULL;
+    keep_prompt_rows(s, slot, j);
     moex_drafter_free(j->drafter);   /* bound to the slot (a draft model's KV slot) */
     j->drafter = NULL;
     atomic_fetch_sub(&s->stats->active, 1);
@@ -392,12 +405,47 @@ static void start_drafting(serve_sched *s, serve_job *j, int i) {
     }
 }
 
+static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t n = 0;
+    while (n < na && n < nb && a[n] == b[n]) n++;
+    return n;
+}
+
+/* The free slot for j: the longest prefix of its prompt in a slot's kept
+ * rows, else the slot keeping the fewest (so that the others' stay); -1 when
+ * none is free. *reuse: the rows j may take from it (its last prompt token
+ * is always evaluated: its logits are wanted). */
+static int pick_slot(const serve_sched *s, const serve_job *j, int64_t *reuse) {
+    int best = -1;
+    int64_t best_common = -1;
+    for (int i = 0; i < s->cfg.n_slots; i++) {
+        if (s->slot[i]) continue;
+        const int64_t c = s->cfg.no_prompt_cache ? 0 : common_prefix(s->kept + (size_t)i * (size_t)s->cfg.n_ctx,
+                                                                     s->n_kept[i], j->prompt, j->n_prompt);
+        if (best < 0 || c > best_common || (c == best_common && c == 0 && s->n_kept[i] < s->n_kept[best]))
+            best = i, best_common = c;
+    }
+    *reuse = best_common < j->n_prompt ? best_common : j->n_prompt - 1;
+    return best;
+}
+
+static void set_cached(serve_job_state *st, void *arg) { st->n_cached = *(const int64_t *)arg; }
+
 static void admit(serve_sched *s) {
     int taken = 0;
-    for (int i = 0; i < s->cfg.n_slots && taken < s->n_waiting; i++) {
-        if (s->slot[i]) continue;
-        serve_job *j = s->waiting[taken++];
-        j->n_fed = j->n_past = j->n_gen = 0;
+    while (taken < s->n_waiting) {
+        serve_job *j = s->waiting[taken];
+        int64_t reuse = 0;
+        const int i = pick_slot(s, j, &reuse);
+        if (i < 0) break;
+        taken++;
+        j->n_gen = 0;
+        j->n_fed = j->n_past = reuse;   /* the slot's rows below reuse are this prompt's already */
+        s->n_kept[i] = 0;               /* overwritten from reuse on */
+        if (reuse > 0) {
+            atomic_fetch_add(&s->stats->prompt_cached, (uint_fast64_t)reuse);
+            job_update(j, NULL, 0, set_cached, &reuse);
+        }
         s->slot[i] = j;
         start_drafting(s, j, i);
         atomic_fetch_add(&s->stats->active, 1);
@@ -695,6 +743,8 @@ void serve_sched_free(serve_sched *s) {
     free(s->b_greedy);
     free(s->b_spec);
     free(s->spec_scratch);
+    free(s->kept);
+    free(s->n_kept);
     free(s->row_argmax);
     free(s->row_id);
     free(s->row_tok);
@@ -747,8 +797,11 @@ serve_sched *serve_sched_start(const moex_model *m, const moex_engine *eng, cons
     s->row_id = malloc(ns * sizeof *s->row_id);
     s->row_tok = malloc(ns * sizeof *s->row_tok);
     s->spec_scratch = cfg->make_drafter ? malloc((size_t)m->hp.n_vocab * sizeof *s->spec_scratch) : NULL;
+    s->kept = malloc((size_t)cfg->n_slots * (size_t)cfg->n_ctx * sizeof *s->kept);
+    s->n_kept = calloc((size_t)cfg->n_slots, sizeof *s->n_kept);
     if (!s->slot || !s->b_tok || !s->b_seq || !s->b_pos || !s->b_want || !s->b_greedy || !s->b_spec || !s->logits ||
-        !s->row_argmax || !s->row_id || !s->row_tok || (cfg->make_drafter && !s->spec_scratch)) {
+        !s->row_argmax || !s->row_id || !s->row_tok || (cfg->make_drafter && !s->spec_scratch) || !s->kept ||
+        !s->n_kept) {
         moex_fail(err, "out of memory for %d slots", cfg->n_slots);
         serve_sched_free(s);
         return NULL;

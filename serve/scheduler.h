@@ -15,7 +15,15 @@
  * sequence advances by several tokens. Only while few sequences decode
  * (config.spec_max_slots): a large step's forward already amortises the
  * round trips speculation saves. At most MOEX_SPEC_MAX_DRAFT drafts a step in
- * all, so that every wanted row runs on the one-token kernels. */
+ * all, so that every wanted row runs on the one-token kernels.
+ *
+ * The prompt cache: a freed slot keeps its KV rows, and a new job goes to the
+ * free slot whose last job's prompt shares the longest prefix with its own
+ * (a chat's next turn, an agent's next call), and evaluates only the rest.
+ * Only rows computed as prompt rows are reused (not the prompt's last token,
+ * whose logits were wanted, nor generated tokens): those are the bits the new
+ * prompt would compute there, whatever the backend, so the tokens are those
+ * without the cache. */
 #ifndef MOEX_SERVE_SCHEDULER_H
 #define MOEX_SERVE_SCHEDULER_H
 
@@ -47,6 +55,7 @@ typedef struct serve_sched_stats {
     /* speculative decoding: verifies (a sequence's rows with drafts), drafts, those accepted, and
      * verifies by how many drafts they accepted */
     atomic_uint_fast64_t spec_verifies, spec_drafted, spec_accepted, spec_hist[MOEX_SPEC_MAX_DRAFT + 1];
+    atomic_uint_fast64_t prompt_cached;         /* prompt tokens the prompt cache served (not evaluated) */
 } serve_sched_stats;
 
 /* ---- jobs ---- */
@@ -79,6 +88,7 @@ typedef struct serve_job_state {
     const char *error_code;      /* FINISH_ERROR: OpenAI's code, e.g. "context_length_exceeded" */
     char error[768];
     int64_t n_prompt, n_completion;
+    int64_t n_cached;            /* prompt tokens whose KV the slot held already (the prompt cache) */
 } serve_job_state;
 
 typedef struct serve_job serve_job;
@@ -114,6 +124,7 @@ typedef struct serve_sched_config {
     bool drafts_sample;          /* the drafter may sample (a draft model): sampling sequences get room for q */
     int draft_max;               /* drafts a sequence a step at most, 1 .. MOEX_SPEC_MAX_DRAFT */
     int spec_max_slots;          /* speculate only while at most this many sequences decode */
+    bool no_prompt_cache;        /* every prompt evaluated whole (--no-prompt-cache) */
 } serve_sched_config;
 
 typedef struct serve_sched serve_sched;

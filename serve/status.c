@@ -68,6 +68,9 @@ static void serving_metrics(moex_text *t, serve_status_src *s) {
     moex_text_printf(t, "moex_completions_total{reason=\"rejected\"} %llu\n", GET(st->rejected));
     moex_prom_counter(t, "moex_prompt_tokens_total", "Prompt tokens evaluated.", GET(st->prompt_tokens));
     moex_prom_counter(t, "moex_generated_tokens_total", "Tokens generated.", GET(st->generated_tokens));
+    moex_prom_counter(t, "moex_prompt_cached_tokens_total",
+                      "Prompt tokens whose KV a slot held from its previous request (the prompt cache).",
+                      GET(st->prompt_cached));
     moex_prom_gauge(t, "moex_slots", "KV slots (--parallel): sequences that decode together.", s->sched_cfg.n_slots);
     moex_prom_gauge(t, "moex_slots_active", "Slots holding a request now.", atomic_load(&st->active));
     moex_prom_gauge(t, "moex_queue_length", "Requests waiting for a slot.", atomic_load(&st->queued));

@@ -38,6 +38,7 @@ typedef struct fake_engine {
     int calls, bad_order, fail_next, delay_ms;
     int64_t max_prompt_tokens_beside_decode;
     bool decoding[MAX_SLOTS];    /* the slot's prompt has ended: its tokens are decode tokens */
+    int rewinds[MAX_SLOTS];      /* a job starting past position 0 over an earlier job's rows (the prompt cache) */
     /* batch_argmax: the engine gives each row's argmax and leaves argmax_only rows NaN */
     bool batch_argmax;
     int32_t broken_first;        /* a sequence starting with it has no finite maximum (argmax -1) */
@@ -71,7 +72,8 @@ static int fake_forward_batch(void *ctx, const moex_batch *b, float *logits, moe
     for (int64_t t = 0; t < b->n; t++) {
         const int s = b->seq[t];
         if (b->pos[t] == 0) fk.first[s] = b->tokens[t], fk.zero_pos_writes[s]++, fk.decoding[s] = false;
-        else if (b->pos[t] != fk.last_pos[s] + 1) fk.bad_order++;
+        else if (b->pos[t] > fk.last_pos[s] + 1) fk.bad_order++;
+        else if (b->pos[t] <= fk.last_pos[s]) fk.decoding[s] = false, fk.rewinds[s]++;   /* a prompt-cache restart */
         fk.last_pos[s] = b->pos[t];
         if (fk.decoding[s]) any_decoding = true;
         else prompt_tokens++;
@@ -296,11 +298,23 @@ static void check_cancel_and_reuse(serve_sched *s, serve_sched_stats *st) {
     serve_job_unref(j);
     set_delay(0);
     pthread_mutex_lock(&fk.mu);
-    const int zero0 = fk.zero_pos_writes[0];
+    const int zero0 = fk.zero_pos_writes[0], rewind0 = fk.rewinds[0];
     pthread_mutex_unlock(&fk.mu);
+    /* the same prompt again: the prompt cache gives it the slot's first two rows (the third, the prompt's last,
+     * is evaluated: its logits are wanted) */
     result r = run_one(s, prompt, 3, 3, NULL);
     pthread_mutex_lock(&fk.mu);
-    CHECK(fk.zero_pos_writes[0] == zero0 + 1 && r.st.n_completion == 3, "the next job starts its slot at position 0");
+    CHECK(fk.zero_pos_writes[0] == zero0 && fk.rewinds[0] == rewind0 + 1 && r.st.n_completion == 3 &&
+              r.st.n_cached == 2,
+          "the same prompt reuses the slot's prompt rows (cached %lld)", (long long)r.st.n_cached);
+    pthread_mutex_unlock(&fk.mu);
+    /* a prompt sharing nothing starts from position 0 */
+    const int32_t other[3] = {4001, 1, 2};
+    const int32_t next[4] = {300, 301, 302, 303};
+    add_script(4001, 3, next, 4);
+    r = run_one(s, other, 3, 3, NULL);
+    pthread_mutex_lock(&fk.mu);
+    CHECK(fk.zero_pos_writes[0] == zero0 + 1 && r.st.n_cached == 0, "a new prompt starts its slot at position 0");
     pthread_mutex_unlock(&fk.mu);
 }
 

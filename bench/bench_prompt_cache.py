@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""Benchmark (not a test): the prompt cache of `moex-hub serve` on multi-turn
+requests. CHATS conversations, each a held-out Brown passage (~400 tokens,
+train/brown-heldout.txt) and a question, then a second turn that repeats the
+history (passage, question, the first answer) and asks another: what a chat
+client or an agent sends. Through /v1/completions (the shipped model has no
+chat template), greedy, 16 tokens a turn, streamed: time to first token of
+each turn, on a server with the prompt cache (the default) and one with
+--no-prompt-cache, and whether both servers' answers are the same.
+
+usage: bench/bench_prompt_cache.py BUILD_DIR [SERVE_ARGS...]   (default --local -t 2)
+env: MOEX_BENCH_CHATS (10)
+"""
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(os.path.abspath(sys.argv[1]), "bin")
+ARGS = sys.argv[2:] or ["--local", "-t", "2"]
+MODEL = os.path.join(REPO, "train", "model", "brown-moe-q8_0.gguf")
+CHATS = int(os.environ.get("MOEX_BENCH_CHATS", "10"))
+
+
+def port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def passages(k):
+    paras = [p for p in open(os.path.join(REPO, "train", "brown-heldout.txt")).read().split("\n")
+             if len(p.split()) >= 120]
+    step = max(1, len(paras) // k)
+    return [" ".join(p.split()[:300]) for p in paras[::step][:k]]
+
+
+def stream(p, prompt):
+    """(text, seconds to the first text chunk, usage) of a streamed greedy completion."""
+    c = http.client.HTTPConnection("127.0.0.1", p, timeout=120)
+    body = json.dumps({"prompt": prompt, "max_tokens": 16, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    t0 = time.time()
+    c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text, ttft, usage = "", None, {}
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        d = json.loads(line[6:])
+        if d.get("choices") and d["choices"][0].get("text"):
+            if ttft is None:
+                ttft = time.time() - t0
+            text += d["choices"][0]["text"]
+        if d.get("usage"):
+            usage = d["usage"]
+    c.close()
+    return text, ttft or (time.time() - t0), usage
+
+
+def run(extra):
+    p = port()
+    log = open(os.path.join("/tmp", f"bench-prompt-cache-{p}.log"), "w")
+    srv = subprocess.Popen([f"{BIN}/moex-hub", "serve", "-m", MODEL, "--port", str(p), "--parallel", "2", "--ctx",
+                            "1024", *ARGS, *extra], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", p, timeout=2)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        out = []
+        for doc in passages(CHATS):
+            turn1 = f"{doc}\n\nQuestion: what is this passage about?\nAnswer:"
+            a1, t1, u1 = stream(p, turn1)
+            turn2 = f"{turn1}{a1}\n\nQuestion: who is named in it?\nAnswer:"
+            a2, t2, u2 = stream(p, turn2)
+            out.append((a1, a2, t1, t2, u1.get("prompt_tokens"), u2.get("prompt_tokens"),
+                        u2.get("prompt_tokens_details", {}).get("cached_tokens")))
+        return out
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+cached, plain = run([]), run(["--no-prompt-cache"])
+print(f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, serve {' '.join(ARGS)}")
+same = sum((c[0], c[1]) == (p[0], p[1]) for c, p in zip(cached, plain))
+for i, (c, p) in enumerate(zip(cached, plain)):
+    print(f"chat {i}: prompts {c[4]} / {c[5]} tokens, cached {c[6]}; ttft turn 1 {c[2] * 1e3:.1f} ms, turn 2 "
+          f"{c[3] * 1e3:.1f} ms ({c[3] / c[2]:.2f} of turn 1); without the cache {p[2] * 1e3:.1f} / {p[3] * 1e3:.1f} ms")
+r = sorted(c[3] / c[2] for c in cached)
+rp = sorted(p[3] / p[2] for p in plain)
+print(f"second turn's ttft / first turn's: median {r[len(r) // 2]:.3f}, worst {r[-1]:.3f} with the cache; median "
+      f"{rp[len(rp) // 2]:.3f} without; answers equal in {same}/{len(cached)} chats")
