@@ -337,36 +337,39 @@ def two_turns(port):
     return out
 
 
-@scenario
-def prompt_cache():
-    """A chat's second turn reuses the first turn's prompt rows (the slot's KV), and answers what a server without
-    the prompt cache answers."""
-    answers = {}
-    for name, extra in (("cache", []), ("no cache", ["--no-prompt-cache"])):
-        port = free_port()
-        srv = Serve(distlib.BIN, distlib.WORK, MODEL, port, ["--local", "--parallel", "2", "--ctx", "1024", *extra],
-                    key=KEY)
-        try:
-            answers[name] = two_turns(port)
-            fams = srv.metrics()
-            answers[name].append(sample(fams, "moex_prompt_cached_tokens_total"))
-        finally:
-            srv.stop()
-    (a1, u1), (a2, u2), cached_metric = answers["cache"]
-    (b1, v1), (b2, v2), none_metric = answers["no cache"]
-    p1 = u1.get("prompt_tokens", 0)
-    got = u2.get("prompt_tokens_details", {}).get("cached_tokens", -1)
-    check("the second turn took the first turn's prompt rows from the slot", p1 > 200 and p1 - 8 <= got < p1,
-          f"first prompt {p1} tokens, cached {got}")
-    check("  the answers equal a server's without the prompt cache", a1 and a2 and (a1, a2) == (b1, b2),
-          f"{a1!r} {a2!r} / {b1!r} {b2!r}")
-    check("  without it nothing is cached; /metrics counts what was", v2.get("prompt_tokens_details", {}).get(
-        "cached_tokens") == 0 and none_metric == 0 and cached_metric == got, f"{v2} {none_metric} {cached_metric}")
-
-
 def has_vulkan():
     p = subprocess.run([f"{distlib.BIN}/moex-hub", "--list-devices"], capture_output=True, text=True)
     return p.returncode == 0 and p.stdout.strip() != ""
+
+
+@scenario
+def prompt_cache():
+    """A chat's second turn reuses the first turn's prompt rows (the slot's KV), and answers what a server without
+    the prompt cache answers: on the CPU, and on Vulkan where a device is (prompt rows there run on the tiled
+    kernels both times)."""
+    backends = [["--local"]] + ([["--local", "--backend", "vulkan"]] if has_vulkan() else [])
+    for backend in backends:
+        answers = {}
+        for name, extra in (("cache", []), ("no cache", ["--no-prompt-cache"])):
+            port = free_port()
+            srv = Serve(distlib.BIN, distlib.WORK, MODEL, port, [*backend, "--parallel", "2", "--ctx", "1024", *extra],
+                        key=KEY, timeout=300)
+            try:
+                answers[name] = two_turns(port)
+                answers[name].append(sample(srv.metrics(), "moex_prompt_cached_tokens_total"))
+            finally:
+                srv.stop()
+        (a1, u1), (a2, u2), cached_metric = answers["cache"]
+        (b1, v1), (b2, v2), none_metric = answers["no cache"]
+        p1 = u1.get("prompt_tokens", 0)
+        got = u2.get("prompt_tokens_details", {}).get("cached_tokens", -1)
+        be = backend[-1]
+        check(f"[{be}] the second turn took the first turn's prompt rows from the slot", p1 > 200 and p1 - 8 <= got < p1,
+              f"first prompt {p1} tokens, cached {got}")
+        check(f"[{be}]   the answers equal a server's without the prompt cache", a1 and a2 and (a1, a2) == (b1, b2),
+              f"{a1!r} {a2!r} / {b1!r} {b2!r}")
+        check(f"[{be}]   without it nothing is cached; /metrics counts what was", v2.get("prompt_tokens_details", {}).get(
+            "cached_tokens") == 0 and none_metric == 0 and cached_metric == got, f"{v2} {none_metric} {cached_metric}")
 
 
 @scenario
