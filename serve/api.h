@@ -30,6 +30,7 @@ typedef struct serve_api_error {
     const char *code;            /* NULL: null */
     const char *param;           /* the offending field; NULL: null */
     char message[640];
+    char param_buf[64];          /* param when it names a field of the request (the body is freed before the answer) */
 } serve_api_error;
 
 /* What requests are checked against and filled in from. */

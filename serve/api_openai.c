@@ -1,8 +1,11 @@
 /* OpenAI's request and response JSON (api.h), through cJSON. A request's
  * fields become a job: the prompt (chat messages rendered with the model's
  * chat template, or a completion prompt as text or token ids), sampling,
- * stop sequences and the token limit. Fields this server does not know are
- * ignored (clients send many); known ones are checked for type and range. */
+ * stop sequences and the token limit. Every field of the body must be one this
+ * server implements (checked for type and range), one that changes nothing
+ * in the answer (user, metadata, ...), or one it does not implement at a
+ * value that asks for nothing (presence_penalty 0, tools []); anything else is
+ * a 400 naming it, never ignored (docs/API.md has the table). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -218,6 +221,61 @@ static int stops(const cJSON *root, serve_job_params *job, serve_api_error *e) {
     return 0;
 }
 
+/* ---- fields: which the server knows (docs/API.md, "Request fields") ---- */
+
+/* Fields that shape the answer and are implemented, per endpoint. */
+static const char *const common_fields[] = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p",
+                                            "top_k", "min_p", "seed", "stop", "n", "logprobs", "ignore_eos", NULL};
+static const char *const chat_fields[] = {"messages", "max_completion_tokens", NULL};
+static const char *const completion_fields[] = {"prompt", "echo", "best_of", NULL};
+/* Fields that change nothing in the answer: identifiers and bookkeeping. */
+static const char *const inert_fields[] = {"user", "metadata", "store", "service_tier", NULL};
+
+static bool in_list(const char *const *list, const char *name) {
+    for (; *list; list++)
+        if (!strcmp(*list, name)) return true;
+    return false;
+}
+
+/* An unimplemented field at a value that asks for nothing: a zero penalty, an
+ * empty bias or tool list, plain text, no tool call. */
+static bool asks_nothing(const cJSON *f) {
+    const char *n = f->string;
+    if (cJSON_IsNull(f)) return true;
+    if (!strcmp(n, "presence_penalty") || !strcmp(n, "frequency_penalty"))
+        return cJSON_IsNumber(f) && f->valuedouble == 0;
+    if (!strcmp(n, "repeat_penalty")) return cJSON_IsNumber(f) && f->valuedouble == 1;
+    if (!strcmp(n, "logit_bias")) return cJSON_IsObject(f) && !f->child;
+    if (!strcmp(n, "tools") || !strcmp(n, "functions")) return cJSON_IsArray(f) && !f->child;
+    if (!strcmp(n, "tool_choice") || !strcmp(n, "function_call"))
+        return cJSON_IsString(f) && (!strcmp(f->valuestring, "none") || !strcmp(f->valuestring, "auto"));
+    if (!strcmp(n, "parallel_tool_calls")) return cJSON_IsBool(f);
+    if (!strcmp(n, "response_format")) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
+        return cJSON_IsObject(f) && cJSON_IsString(t) && !strcmp(t->valuestring, "text");
+    }
+    if (!strcmp(n, "top_logprobs")) return is_integer(f) && f->valuedouble == 0;
+    if (!strcmp(n, "suffix")) return cJSON_IsString(f) && !*f->valuestring;
+    return false;
+}
+
+/* Every field of the body known; else a 400 naming the first that is not. */
+static int known_fields(const cJSON *root, bool chat, serve_api_error *e) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, root) {
+        const char *n = f->string;
+        if (in_list(common_fields, n) || in_list(chat ? chat_fields : completion_fields, n) ||
+            in_list(inert_fields, n) || asks_nothing(f))
+            continue;
+        BAD(e, NULL, "'%.100s' is not supported by this server (docs/API.md lists the fields it implements); "
+            "leave it out", n);
+        snprintf(e->param_buf, sizeof e->param_buf, "%s", n);
+        e->param = e->param_buf;
+        return -1;
+    }
+    return 0;
+}
+
 /* What is asked for that this server does not do: refused rather than ignored. */
 static int unsupported(const cJSON *root, bool chat, serve_api_error *e) {
     int64_t n = 1;
@@ -240,12 +298,8 @@ static int sampling(const serve_openai_ctx *ctx, const cJSON *root, uint64_t req
     *sp = ctx->defaults;
     sp->seed = ctx->seed + request_no;
     int64_t top_k = sp->top_k, seed;
-    float penalty = 0;
     if (get_number(root, "temperature", 0, 2, &sp->temp, e) || get_number(root, "top_p", 0, 1, &sp->top_p, e) ||
-        get_number(root, "min_p", 0, 1, &sp->min_p, e) || get_integer(root, "top_k", 0, 1 << 24, &top_k, e) ||
-        /* accepted, not applied (docs/API.md) */
-        get_number(root, "presence_penalty", -2, 2, &penalty, e) ||
-        get_number(root, "frequency_penalty", -2, 2, &penalty, e))
+        get_number(root, "min_p", 0, 1, &sp->min_p, e) || get_integer(root, "top_k", 0, 1 << 24, &top_k, e))
         return -1;
     sp->top_k = (int)top_k;
     const cJSON *s = field(root, "seed");
@@ -271,7 +325,7 @@ static int check_model(const serve_openai_ctx *ctx, const cJSON *root, serve_api
 static int parse_root(const serve_openai_ctx *ctx, bool chat, const cJSON *root, uint64_t request_no,
                       serve_api_request *out, serve_api_error *e) {
     if (!cJSON_IsObject(root)) return BAD(e, NULL, "the request body must be a JSON object");
-    if (check_model(ctx, root, e) || unsupported(root, chat, e)) return -1;
+    if (known_fields(root, chat, e) || check_model(ctx, root, e) || unsupported(root, chat, e)) return -1;
     if (get_bool(root, "stream", &out->stream, e)) return -1;
     const cJSON *so = field(root, "stream_options");
     if (so) {

@@ -114,6 +114,24 @@ def raw_bad_input(srv):
                           key=KEY)
     e = error_of(body)
     check("a wrong type: 400 naming the field", st == 400 and e and e["param"] == "stream", f"{st} {body[:200]}")
+    # no silent ignores: a field the server does not implement is a 400 naming it, unless its value asks for nothing
+    for field, value in (("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+                         ("response_format", {"type": "json_object"}), ("presence_penalty", 0.5),
+                         ("logit_bias", {"5": 10}), ("grammar", "root ::= \"a\""), ("mirostat", 2)):
+        st, _, body = request(srv.port, "POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}, key=KEY)
+        e = error_of(body)
+        check(f"'{field}' (not implemented): 400 naming it", st == 400 and e and e["param"] == field,
+              f"{st} {body[:200]}")
+    st, _, body = request(srv.port, "POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "presence_penalty": 0, "tools": [],
+        "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {}, "user": "u1", "metadata": {}},
+        key=KEY)
+    check("the same fields at values that ask for nothing, and user/metadata: 200", st == 200, f"{st} {body[:200]}")
+    st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "suffix": "x"},
+                          key=KEY)
+    e = error_of(body)
+    check("'suffix' on /v1/completions: 400 naming it", st == 400 and e and e["param"] == "suffix", f"{st} {body[:200]}")
     # keep-alive: two requests on one connection, the second after a whole response
     import http.client
     c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
