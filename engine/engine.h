@@ -268,6 +268,9 @@ typedef struct moex_engine_options {
                                    * request then pays no first-use costs (command buffers recorded, caches
                                    * filled); slot 0's position 0 is rewritten by the first real forward. Not
                                    * with .experts: the workers may not be there yet */
+    int warm_verify;              /* with warm_up: speculative decoding's verifies of 1, 2, 4 ... up to warm_verify
+                                   * drafts run through too (slot 0 from position 0, rewritten later), so that a
+                                   * GPU engine records their batch shapes before the first one is timed */
 } moex_engine_options;
 
 /* Opens an engine over m (which outlives it). On failure err says why and

@@ -213,6 +213,28 @@ static int warm_up(const moex_model *m, moex_engine *eng, moex_error *err) {
     return rc ? moex_error_prefix(err, "warming up") : 0;
 }
 
+/* Verifies of k = 1, 2, 4, ... <= max_drafts drafts (k + 1 rows of slot 0 at
+ * positions 0.., every row wanted), as speculative decoding runs them: their
+ * argmax only where the engine takes it (greedy), then their logits. */
+static int warm_verifies(const moex_model *m, moex_engine *eng, int max_drafts, moex_error *err) {
+    enum { MAX_ROWS = MOEX_SPEC_MAX_DRAFT + 1 };
+    const int32_t tok = m->tok && moex_tokenizer_bos(m->tok) >= 0 ? moex_tokenizer_bos(m->tok) : 0;
+    int32_t toks[MAX_ROWS], seq[MAX_ROWS], pos[MAX_ROWS], argmax[MAX_ROWS];
+    bool want[MAX_ROWS], only[MAX_ROWS];
+    for (int i = 0; i < MAX_ROWS; i++) toks[i] = tok, seq[i] = 0, pos[i] = i, want[i] = only[i] = true;
+    float *logits = malloc((size_t)MAX_ROWS * (size_t)m->hp.n_vocab * sizeof *logits);
+    if (!logits) return moex_fail(err, "out of memory");
+    int rc = 0;
+    for (int k = 1; k <= max_drafts && k + 1 <= eng->n_batch && k + 1 <= eng->n_ctx && !rc; k *= 2)
+        for (int greedy = eng->batch_argmax ? 1 : 0; greedy >= 0 && !rc; greedy--) {
+            const moex_batch b = {.n = k + 1, .tokens = toks, .seq = seq, .pos = pos, .want_logits = want,
+                                  .argmax = greedy ? argmax : NULL, .argmax_only = greedy ? only : NULL};
+            rc = eng->forward_batch(eng->ctx, &b, greedy ? NULL : logits, err);
+        }
+    free(logits);
+    return rc ? moex_error_prefix(err, "warming up the verifies") : 0;
+}
+
 int moex_engine_open(const moex_model *m, const moex_engine_options *o, moex_engine *eng, moex_error *err) {
     *eng = (moex_engine){0};
     const int n_seq = o->n_seq > 0 ? o->n_seq : 1;
@@ -236,7 +258,9 @@ int moex_engine_open(const moex_model *m, const moex_engine_options *o, moex_eng
     }
     eng->parts = p;
     /* not through an executor elsewhere: workers may not be there yet */
-    if (o->warm_up && !o->experts.run && warm_up(m, eng, err)) {
+    if (o->warm_up && !o->experts.run &&
+        (warm_up(m, eng, err) ||
+         (o->warm_verify > 0 && eng->forward_batch && warm_verifies(m, eng, o->warm_verify, err)))) {
         moex_engine_close(eng);
         return -1;
     }

@@ -370,6 +370,7 @@ static int run(const options *o) {
     moex_engine_options eo = hub_cli_engine_options(&o->cli.eng, pool, hub, n_ctx, o->n_batch);
     eo.record_routes = o->routing_trace != NULL;
     eo.batched = eo.batched || speculate;   /* a verify is a batch of one slot, every row on the one-token kernels */
+    eo.warm_verify = speculate ? o->cli.eng.draft_max : 0;
     if (moex_engine_open(m, &eo, &eng, &err)) {
         fprintf(stderr, "moex-hub: %s%s\n", o->cli.eng.vulkan ? "Vulkan: " : "", err.msg);
         goto done;
