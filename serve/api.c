@@ -21,7 +21,9 @@
 #include "serve/api.h"
 
 typedef enum route {
-    R_PAGE, R_HEALTH, R_METRICS, R_STATUS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_COUNT
+    R_PAGE, R_HEALTH, R_METRICS, R_STATUS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
+    R_V1_OTHER, /* any other path under /v1/: a JSON 404 (last: the routes before it match first) */
+    R_COUNT
 } route;
 
 static const struct {
@@ -38,6 +40,9 @@ static const struct {
     [R_MODEL] = {"/v1/models/", LWSHUMETH_GET, true, SERVE_EP_MODELS}, /* a prefix: /v1/models/<id> */
     [R_CHAT] = {"/v1/chat/completions", LWSHUMETH_POST, true, SERVE_EP_CHAT},
     [R_COMPLETIONS] = {"/v1/completions", LWSHUMETH_POST, true, SERVE_EP_COMPLETIONS},
+    [R_TOKENIZE] = {"/tokenize", LWSHUMETH_POST, true, SERVE_EP_OTHER},
+    [R_DETOKENIZE] = {"/detokenize", LWSHUMETH_POST, true, SERVE_EP_OTHER},
+    [R_V1_OTHER] = {"/v1/", -1, true, SERVE_EP_OTHER}, /* a prefix; any method */
 };
 
 struct serve_api {
@@ -340,8 +345,18 @@ static int refuse(api_req *r) {
     return respond_json(r, 401, serve_openai_error_json(&e));
 }
 
+/* POST /tokenize and /detokenize: answered on this thread from the model's tokenizer. */
+static int respond_tokens(api_req *r) {
+    serve_api_error e;
+    const moex_model *m = r->a->status->m;
+    char *json = r->route == R_TOKENIZE ? serve_tokenize_json(m, r->body ? r->body : "", r->body_len, &e)
+                                        : serve_detokenize_json(m, r->body ? r->body : "", r->body_len, &e);
+    return json ? respond_json(r, 200, json) : respond_error(r, &e);
+}
+
 static int start_generation(api_req *r) {
     serve_api *a = r->a;
+    if (r->route == R_TOKENIZE || r->route == R_DETOKENIZE) return respond_tokens(r);
     if (r->job) return 0; /* one job a request */
     const bool chat = r->route == R_CHAT;
     serve_api_request req;
@@ -437,12 +452,26 @@ static int method_and_path(struct lws *wsi, char *path, size_t cap) {
     return m;
 }
 
+/* The hub's own paths under /v1/ (expert weights for workers, hub/http_weights.c): never the API's. */
+static bool hub_path(const char *path) { return !strcmp(path, "/v1/model") || !strncmp(path, "/v1/expert/", 11); }
+
 static int route_of(const char *path) {
+    if (hub_path(path)) return -1;
     for (int i = 0; i < R_COUNT; i++)
-        if (i == R_MODEL ? !strncmp(path, routes[i].path, strlen(routes[i].path)) && path[strlen(routes[i].path)]
-                         : !strcmp(path, routes[i].path))
+        if (i == R_MODEL || i == R_V1_OTHER
+                ? !strncmp(path, routes[i].path, strlen(routes[i].path)) && path[strlen(routes[i].path)]
+                : !strcmp(path, routes[i].path))
             return i;
     return -1;
+}
+
+/* A path under /v1/ this server does not serve (/v1/embeddings, ...): OpenAI's error JSON, 404. */
+static int unknown_v1(api_req *r, const char *path) {
+    serve_api_error e;
+    serve_api_fail(&e, 404, "invalid_request_error", "unknown_url", NULL,
+                   "%.200s is not served here: this server has /v1/chat/completions, /v1/completions and /v1/models "
+                   "(docs/API.md)", path);
+    return respond_error(r, &e);
 }
 
 static bool claims(void *ctx, struct lws *wsi) {
@@ -489,6 +518,10 @@ static int on_request(serve_api *a, struct lws *wsi, api_req *r) {
     if (routes[r->route].auth && !hub_auth_ok(wsi, a->cfg.api_key)) {
         r->close_after = body; /* its body stays unread */
         return refuse(r);
+    }
+    if (r->route == R_V1_OTHER) {
+        r->close_after = body; /* its body stays unread */
+        return unknown_v1(r, path);
     }
     if (method != routes[r->route].method) {
         r->close_after = body;

@@ -72,6 +72,11 @@ char *serve_openai_chunk_json(bool chat, const char *id, long long created, cons
 char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model,
                                   const serve_job_state *st);
 char *serve_openai_models_json(const char *model, long long created, bool one);
+/* llama-server's POST /tokenize ({"content": TEXT, "add_special": bool, "parse_special": bool} -> {"tokens": [ids]})
+ * and POST /detokenize ({"tokens": [ids]} -> {"content": TEXT}) with the model's tokenizer: the JSON answer, or
+ * NULL with e filled (a 400 naming the field). */
+char *serve_tokenize_json(const moex_model *m, const char *body, size_t len, serve_api_error *e);
+char *serve_detokenize_json(const moex_model *m, const char *body, size_t len, serve_api_error *e);
 
 /* ---- the HTTP side (api.c) ---- */
 

@@ -16,6 +16,7 @@
 
 #include "common/unicode.h"
 #include "serve/api.h"
+#include "serve/text_out.h"
 
 #define MAX_MESSAGES 4096
 #define MAX_PROMPT_TOKENS (1 << 22)
@@ -478,4 +479,130 @@ char *serve_openai_models_json(const char *model, long long created, bool one) {
     cJSON_AddStringToObject(root, "object", "list");
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
     return print_and_free(root);
+}
+
+/* ---- /tokenize, /detokenize ---- */
+
+static cJSON *parse_object(const char *body, size_t len, serve_api_error *e) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        BAD(e, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* Only these fields; anything else a 400 naming it (as the completions' fields). */
+static int only_fields(const cJSON *root, const char *const *names, serve_api_error *e) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, root) {
+        if (in_list(names, f->string)) continue;
+        BAD(e, NULL, "'%.100s' is not a field of this endpoint", f->string);
+        snprintf(e->param_buf, sizeof e->param_buf, "%s", f->string);
+        e->param = e->param_buf;
+        return -1;
+    }
+    return 0;
+}
+
+char *serve_tokenize_json(const moex_model *m, const char *body, size_t len, serve_api_error *e) {
+    static const char *const names[] = {"content", "add_special", "parse_special", NULL};
+    cJSON *root = parse_object(body, len, e);
+    if (!root) return NULL;
+    char *out = NULL;
+    int32_t *ids = NULL;
+    const cJSON *c = field(root, "content");
+    bool add_special = false, parse_special = true;
+    if (only_fields(root, names, e) || get_bool(root, "add_special", &add_special, e) ||
+        get_bool(root, "parse_special", &parse_special, e))
+        goto done;
+    if (!cJSON_IsString(c)) {
+        BAD(e, "content", "'content' must be a string");
+        goto done;
+    }
+    if (!m->tok) {
+        serve_api_fail(e, 400, "invalid_request_error", NULL, NULL, "this model has no tokenizer");
+        goto done;
+    }
+    const size_t n = strlen(c->valuestring);
+    moex_error err = {0};
+    int64_t cap = (int64_t)n + 8, got = -1;
+    if ((ids = malloc((size_t)cap * sizeof *ids)))
+        got = moex_tokenize(m->tok, c->valuestring, n, add_special, parse_special, ids, cap, &err);
+    if (got < 0 || got > cap) {
+        serve_api_fail(e, got < 0 && ids ? 400 : 500, "invalid_request_error", NULL, "content", "cannot tokenize: %s",
+                       err.msg[0] ? err.msg : "out of memory");
+        goto done;
+    }
+    cJSON *res = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(res, "tokens");
+    for (int64_t i = 0; i < got; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    out = print_and_free(res);
+done:
+    free(ids);
+    cJSON_Delete(root);
+    return out;
+}
+
+char *serve_detokenize_json(const moex_model *m, const char *body, size_t len, serve_api_error *e) {
+    static const char *const names[] = {"tokens", NULL};
+    cJSON *root = parse_object(body, len, e);
+    if (!root) return NULL;
+    char *out = NULL, *text = NULL;
+    int32_t *ids = NULL;
+    const cJSON *t = field(root, "tokens");
+    if (only_fields(root, names, e)) goto done;
+    if (!cJSON_IsArray(t)) {
+        BAD(e, "tokens", "'tokens' must be an array of token ids");
+        goto done;
+    }
+    const int n = cJSON_GetArraySize(t);
+    if (!(ids = malloc((size_t)(n ? n : 1) * sizeof *ids))) goto oom;
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, t) {
+        if (!is_integer(x) || x->valuedouble < 0 || x->valuedouble >= m->hp.n_vocab) {
+            BAD(e, "tokens", "tokens[%d] is not a token id (0..%d)", i, m->hp.n_vocab - 1);
+            goto done;
+        }
+        ids[i++] = (int32_t)x->valuedouble;
+    }
+    if (!m->tok) {
+        serve_api_fail(e, 400, "invalid_request_error", NULL, NULL, "this model has no tokenizer");
+        goto done;
+    }
+    moex_error err = {0};
+    int64_t cap = 16 * (int64_t)n + 16;
+    if (!(text = malloc((size_t)cap))) goto oom;
+    int64_t got = moex_detokenize(m->tok, ids, n, false, text, cap, &err);
+    if (got > cap) {
+        char *grown = realloc(text, (size_t)got);
+        if (!grown) goto oom;
+        text = grown;
+        cap = got;
+        got = moex_detokenize(m->tok, ids, n, false, text, cap, &err);
+    }
+    if (got < 0 || got > cap) {
+        serve_api_fail(e, 400, "invalid_request_error", NULL, "tokens", "cannot detokenize: %s", err.msg);
+        goto done;
+    }
+    /* the model can emit any bytes: invalid UTF-8 becomes U+FFFD, as in completions */
+    char *clean = malloc(3 * (size_t)got + 1);
+    if (!clean) goto oom;
+    const size_t nc = serve_text_out_sanitize(text, (size_t)got, clean);
+    clean[nc] = '\0';
+    cJSON *res = cJSON_CreateObject();
+    cJSON_AddStringToObject(res, "content", clean);
+    free(clean);
+    out = print_and_free(res);
+    goto done;
+oom:
+    serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+done:
+    free(ids);
+    free(text);
+    cJSON_Delete(root);
+    return out;
 }

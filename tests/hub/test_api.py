@@ -132,6 +132,21 @@ def raw_bad_input(srv):
                           key=KEY)
     e = error_of(body)
     check("'suffix' on /v1/completions: 400 naming it", st == 400 and e and e["param"] == "suffix", f"{st} {body[:200]}")
+    # the tokenizer over HTTP (llama-server's endpoints), and paths the API does not serve
+    st, _, body = request(srv.port, "POST", "/tokenize", {"content": "Hello world", "add_special": False}, key=KEY)
+    toks = json.loads(body).get("tokens") if st == 200 else None
+    st2, _, body2 = request(srv.port, "POST", "/detokenize", {"tokens": toks or []}, key=KEY)
+    check("/tokenize then /detokenize: the text back", st == 200 and toks and st2 == 200 and
+          json.loads(body2).get("content") == "Hello world", f"{st} {body[:200]} {st2} {body2[:200]}")
+    st, _, body = request(srv.port, "POST", "/detokenize", {"tokens": [1, 10 ** 9]}, key=KEY)
+    e = error_of(body)
+    check("/detokenize of an id outside the vocabulary: 400 naming tokens", st == 400 and e and e["param"] == "tokens",
+          f"{st} {body[:200]}")
+    for method, path in (("POST", "/v1/embeddings"), ("GET", "/v1/nothing")):
+        st, h, body = request(srv.port, method, path, {"input": "x"} if method == "POST" else None, key=KEY)
+        e = error_of(body)
+        check(f"{method} {path}: a JSON 404", st == 404 and e and e["code"] == "unknown_url" and
+              h.get("content-type", "").startswith("application/json"), f"{st} {body[:200]}")
     # keep-alive: two requests on one connection, the second after a whole response
     import http.client
     c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
