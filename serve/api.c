@@ -84,6 +84,10 @@ typedef struct api_req {
     long long created;
     char *text;                  /* a whole response's text so far */
     size_t text_len, text_cap;
+    bool logprobs;               /* the request asked for log probabilities */
+    serve_logprob *lp;           /* a whole response's so far */
+    size_t n_lp, cap_lp;
+    size_t text_offset;          /* the completions' legacy text_offset of the next token */
 } api_req;
 
 /* ---- writing ---- */
@@ -174,14 +178,26 @@ static int sse_event(api_req *r, char *json) {
     return rc;
 }
 
-static int stream_progress(api_req *r, const char *text, const serve_job_state *st) {
+/* The log probabilities to send with some text (NULL when the request asked for none). */
+static const serve_logprobs_out *logprobs_out(api_req *r, const serve_logprob *lp, size_t n, serve_logprobs_out *o) {
+    if (!r->logprobs) return NULL;
+    *o = (serve_logprobs_out){.m = r->a->status->m, .lp = lp, .n = n, .text_offset = &r->text_offset};
+    return o;
+}
+
+static int stream_progress(api_req *r, const char *text, const serve_logprob *lp, size_t n_lp,
+                           const serve_job_state *st) {
     serve_api *a = r->a;
     const char *model = a->cfg.openai.model_id;
+    serve_logprobs_out o;
     if (r->chat && !r->role_sent) {
         r->role_sent = true;
-        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, NULL, true, SERVE_FINISH_NONE))) return -1;
+        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, NULL, true, SERVE_FINISH_NONE,
+                                                 logprobs_out(r, NULL, 0, &o))))
+            return -1;
     }
-    if (text && sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, text, false, SERVE_FINISH_NONE)))
+    if ((text || n_lp) && sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, text ? text : "",
+                                                               false, SERVE_FINISH_NONE, logprobs_out(r, lp, n_lp, &o))))
         return -1;
     if (!st->done) return 0;
     r->ended = true;
@@ -190,7 +206,9 @@ static int stream_progress(api_req *r, const char *text, const serve_job_state *
         serve_api_fail(&e, st->http_status, "server_error", st->error_code, NULL, "%s", st->error);
         if (sse_event(r, serve_openai_error_json(&e))) return -1;
     } else {
-        if (sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, NULL, false, st->finish))) return -1;
+        if (sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, NULL, false, st->finish,
+                                                 logprobs_out(r, NULL, 0, &o))))
+            return -1;
         if (r->include_usage &&
             sse_event(r, serve_openai_usage_chunk_json(r->chat, r->id, r->created, model, st)))
             return -1;
@@ -199,18 +217,35 @@ static int stream_progress(api_req *r, const char *text, const serve_job_state *
     return out_add(r, "data: [DONE]\n\n", 14);
 }
 
-static int whole_progress(api_req *r, const char *text, size_t n, const serve_job_state *st) {
+static int whole_progress(api_req *r, const char *text, size_t n, const serve_logprob *lp, size_t n_lp,
+                          const serve_job_state *st) {
     if (n && append((uint8_t **)&r->text, &r->text_len, &r->text_cap, 0, text, n)) return -1;
+    if (n_lp) {
+        if (r->n_lp + n_lp > r->cap_lp) {
+            size_t cap = r->cap_lp ? r->cap_lp : 64;
+            while (cap < r->n_lp + n_lp) cap *= 2;
+            serve_logprob *grown = realloc(r->lp, cap * sizeof *grown);
+            if (!grown) return -1;
+            r->lp = grown, r->cap_lp = cap;
+        }
+        memcpy(r->lp + r->n_lp, lp, n_lp * sizeof *lp);
+        r->n_lp += n_lp;
+    }
     if (!st->done) return 0;
     r->ended = true;
+    serve_logprobs_out o;
     return respond_json(r, 200, serve_openai_completion_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id,
-                                                          r->text ? r->text : "", st));
+                                                          r->text ? r->text : "", st,
+                                                          logprobs_out(r, r->lp, r->n_lp, &o)));
 }
 
 /* Takes the job's new text into the response. */
 static int pull_job(api_req *r) {
     char *text;
     serve_job_state st;
+    serve_logprob *lp = NULL;
+    /* the log probabilities first: a token's entry is there before its text is */
+    const size_t n_lp = serve_job_take_logprobs(r->job, &lp);
     const size_t n = serve_job_take(r->job, &text, &st);
     int rc = 0;
     if (!r->status && st.done && st.finish == SERVE_FINISH_ERROR) { /* before any byte went out: a plain error */
@@ -220,7 +255,7 @@ static int pull_job(api_req *r) {
         r->ended = true;
         rc = respond_error(r, &e);
     } else if (!r->stream) {
-        rc = whole_progress(r, text, n, &st);
+        rc = whole_progress(r, text, n, lp, n_lp, &st);
     } else if (r->status || st.accepted) {
         if (!r->status) {
             r->status = 200;
@@ -228,9 +263,10 @@ static int pull_job(api_req *r) {
             r->length = -1;
             serve_api_count(&r->a->status->api, routes[r->route].endpoint, 200);
         }
-        rc = stream_progress(r, text, &st);
+        rc = stream_progress(r, text, lp, n_lp, &st);
     }
     free(text);
+    free(lp);
     return rc;
 }
 
@@ -248,6 +284,7 @@ static void req_free(api_req *r) {
         serve_job_unref(r->job);
     }
     free(r->body);
+    free(r->lp);
     free(r->out);
     free(r->text);
     free(r);
@@ -367,6 +404,7 @@ static int start_generation(api_req *r) {
     r->chat = chat;
     r->stream = req.stream;
     r->include_usage = req.include_usage;
+    r->logprobs = req.job.logprobs;
     r->created = (long long)time(NULL);
     snprintf(r->id, sizeof r->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", r->created, (unsigned long long)no);
     serve_job *job = serve_job_create(&req.job, notify, a);

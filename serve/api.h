@@ -61,13 +61,24 @@ int serve_api_fail(serve_api_error *e, unsigned status, const char *type, const 
 /* Response bodies (malloc'd, NULL when out of memory). */
 char *serve_openai_error_json(const serve_api_error *e);
 const char *serve_openai_finish_name(serve_finish f);
+/* Log probabilities to put in a choice (NULL: "logprobs": null): the
+ * tokens' entries, their text through the model's tokenizer, and (the
+ * completions' legacy format) the byte offset of the first one's text in
+ * the completion, advanced past them. */
+typedef struct serve_logprobs_out {
+    const moex_model *m;
+    const serve_logprob *lp;
+    size_t n;
+    size_t *text_offset;
+} serve_logprobs_out;
+
 /* A whole (non-streamed) completion. */
 char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                                 const serve_job_state *st);
+                                 const serve_job_state *st, const serve_logprobs_out *lp);
 /* One SSE chunk's JSON: text (may be NULL) and, at the end, the finish
  * reason; chat's first chunk carries the assistant role. */
 char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                            bool role, serve_finish finish);
+                            bool role, serve_finish finish, const serve_logprobs_out *lp);
 /* The last chunk when stream_options.include_usage: no choices, the usage. */
 char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model,
                                   const serve_job_state *st);

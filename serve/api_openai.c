@@ -227,7 +227,7 @@ static int stops(const cJSON *root, serve_job_params *job, serve_api_error *e) {
 /* Fields that shape the answer and are implemented, per endpoint. */
 static const char *const common_fields[] = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p",
                                             "top_k", "min_p", "seed", "stop", "n", "logprobs", "ignore_eos", NULL};
-static const char *const chat_fields[] = {"messages", "max_completion_tokens", NULL};
+static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
 static const char *const completion_fields[] = {"prompt", "echo", "best_of", NULL};
 /* Fields that change nothing in the answer: identifiers and bookkeeping. */
 static const char *const inert_fields[] = {"user", "metadata", "store", "service_tier", NULL};
@@ -255,7 +255,6 @@ static bool asks_nothing(const cJSON *f) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
         return cJSON_IsObject(f) && cJSON_IsString(t) && !strcmp(t->valuestring, "text");
     }
-    if (!strcmp(n, "top_logprobs")) return is_integer(f) && f->valuedouble == 0;
     if (!strcmp(n, "suffix")) return cJSON_IsString(f) && !*f->valuestring;
     return false;
 }
@@ -278,19 +277,33 @@ static int known_fields(const cJSON *root, bool chat, serve_api_error *e) {
 }
 
 /* What is asked for that this server does not do: refused rather than ignored. */
-static int unsupported(const cJSON *root, bool chat, serve_api_error *e) {
+static int unsupported(const cJSON *root, serve_api_error *e) {
     int64_t n = 1;
     if (get_integer(root, "n", 1, 128, &n, e)) return -1;
     if (n != 1) return BAD(e, "n", "'n' is %lld: this server returns one choice per request", (long long)n);
-    const cJSON *lp = field(root, "logprobs");
-    if (lp && !(cJSON_IsFalse(lp) || (!chat && is_integer(lp) && lp->valuedouble == 0)))
-        return BAD(e, "logprobs", "log probabilities are not supported");
     bool echo = false;
     if (get_bool(root, "echo", &echo, e)) return -1;
     if (echo) return BAD(e, "echo", "'echo' is not supported");
     int64_t best_of = 1;
     if (get_integer(root, "best_of", 1, 128, &best_of, e)) return -1;
     if (best_of != 1) return BAD(e, "best_of", "'best_of' is not supported");
+    return 0;
+}
+
+/* Chat: logprobs (bool) and top_logprobs (0..20); completions: logprobs (0..5 alternatives). */
+static int log_probabilities(const cJSON *root, bool chat, serve_job_params *job, serve_api_error *e) {
+    int64_t top = 0;
+    if (chat) {
+        if (get_bool(root, "logprobs", &job->logprobs, e) ||
+            get_integer(root, "top_logprobs", 0, SERVE_MAX_TOP_LOGPROBS, &top, e))
+            return -1;
+        if (field(root, "top_logprobs") && !job->logprobs)
+            return BAD(e, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+    } else if (field(root, "logprobs")) {
+        if (get_integer(root, "logprobs", 0, 5, &top, e)) return -1;
+        job->logprobs = true;
+    }
+    job->top_logprobs = (int)top;
     return 0;
 }
 
@@ -326,7 +339,7 @@ static int check_model(const serve_openai_ctx *ctx, const cJSON *root, serve_api
 static int parse_root(const serve_openai_ctx *ctx, bool chat, const cJSON *root, uint64_t request_no,
                       serve_api_request *out, serve_api_error *e) {
     if (!cJSON_IsObject(root)) return BAD(e, NULL, "the request body must be a JSON object");
-    if (known_fields(root, chat, e) || check_model(ctx, root, e) || unsupported(root, chat, e)) return -1;
+    if (known_fields(root, chat, e) || check_model(ctx, root, e) || unsupported(root, e)) return -1;
     if (get_bool(root, "stream", &out->stream, e)) return -1;
     const cJSON *so = field(root, "stream_options");
     if (so) {
@@ -339,7 +352,9 @@ static int parse_root(const serve_openai_ctx *ctx, bool chat, const cJSON *root,
         return -1;
     out->job.max_tokens = max_tokens;
     if (get_bool(root, "ignore_eos", &out->job.ignore_eos, e)) return -1; /* llama-server's extension */
-    if (sampling(ctx, root, request_no, &out->job.sp, e) || stops(root, &out->job, e)) return -1;
+    if (sampling(ctx, root, request_no, &out->job.sp, e) || stops(root, &out->job, e) ||
+        log_probabilities(root, chat, &out->job, e))
+        return -1;
     if (chat) {
         const cJSON *msgs = field(root, "messages");
         if (!msgs) return BAD(e, "messages", "'messages' is required");
@@ -422,8 +437,75 @@ static void add_usage(cJSON *root, const serve_job_state *st) {
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", (double)st->n_cached);
 }
 
+/* A token's text (its bytes as decoded; invalid UTF-8 shown as U+FFFD in "token", kept in "bytes"). */
+static void add_token_text(cJSON *o, const moex_model *m, int32_t id, bool with_bytes, const char *key) {
+    char buf[256], clean[3 * sizeof buf + 1];
+    int n = m->tok ? moex_token_to_piece(m->tok, id, false, buf, sizeof buf) : 0;
+    if (n < 0 || n > (int)sizeof buf) n = 0;   /* a longer piece: shown empty (none in real vocabularies) */
+    const size_t nc = serve_text_out_sanitize(buf, (size_t)n, clean);
+    clean[nc] = '\0';
+    cJSON_AddStringToObject(o, key, clean);
+    if (!with_bytes) return;
+    cJSON *b = cJSON_AddArrayToObject(o, "bytes");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
+}
+
+static int token_bytes(const moex_model *m, int32_t id) {
+    char buf[256];
+    const int n = m->tok ? moex_token_to_piece(m->tok, id, false, buf, sizeof buf) : 0;
+    return n > 0 ? n : 0;
+}
+
+/* The choice's "logprobs": chat's {"content": [{token, logprob, bytes, top_logprobs}]}, or the completions'
+ * legacy {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}. */
+static void add_logprobs(cJSON *choice, bool chat, const serve_logprobs_out *lp) {
+    if (!lp) {
+        cJSON_AddNullToObject(choice, "logprobs");
+        return;
+    }
+    cJSON *o = cJSON_AddObjectToObject(choice, "logprobs");
+    if (chat) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (size_t i = 0; i < lp->n; i++) {
+            const serve_logprob *e = &lp->lp[i];
+            cJSON *t = cJSON_CreateObject();
+            add_token_text(t, lp->m, e->id, true, "token");
+            cJSON_AddNumberToObject(t, "logprob", e->logprob);
+            cJSON *top = cJSON_AddArrayToObject(t, "top_logprobs");
+            for (int k = 0; k < e->n_top; k++) {
+                cJSON *a = cJSON_CreateObject();
+                add_token_text(a, lp->m, e->top_id[k], true, "token");
+                cJSON_AddNumberToObject(a, "logprob", e->top_logprob[k]);
+                cJSON_AddItemToArray(top, a);
+            }
+            cJSON_AddItemToArray(content, t);
+        }
+        return;
+    }
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    for (size_t i = 0; i < lp->n; i++) {
+        const serve_logprob *e = &lp->lp[i];
+        cJSON *holder = cJSON_CreateObject();
+        add_token_text(holder, lp->m, e->id, false, "t");
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(cJSON_GetObjectItem(holder, "t")->valuestring));
+        cJSON_Delete(holder);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(e->logprob));
+        cJSON *top = cJSON_CreateObject();
+        for (int k = 0; k < e->n_top; k++) {
+            cJSON *h = cJSON_CreateObject();
+            add_token_text(h, lp->m, e->top_id[k], false, "t");
+            cJSON_AddNumberToObject(top, cJSON_GetObjectItem(h, "t")->valuestring, e->top_logprob[k]);
+            cJSON_Delete(h);
+        }
+        cJSON_AddItemToArray(tops, top);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*lp->text_offset));
+        *lp->text_offset += (size_t)token_bytes(lp->m, e->id);
+    }
+}
+
 char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                                 const serve_job_state *st) {
+                                 const serve_job_state *st, const serve_logprobs_out *lp) {
     const serve_finish finish = st->finish;
     cJSON *root = envelope(chat, false, id, created, model);
     cJSON *choice = cJSON_CreateObject();
@@ -435,7 +517,7 @@ char *serve_openai_completion_json(bool chat, const char *id, long long created,
     } else {
         cJSON_AddStringToObject(choice, "text", text);
     }
-    cJSON_AddNullToObject(choice, "logprobs");
+    add_logprobs(choice, chat, lp);
     add_string_or_null(choice, "finish_reason", serve_openai_finish_name(finish));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     add_usage(root, st);
@@ -443,7 +525,7 @@ char *serve_openai_completion_json(bool chat, const char *id, long long created,
 }
 
 char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                            bool role, serve_finish finish) {
+                            bool role, serve_finish finish, const serve_logprobs_out *lp) {
     cJSON *root = envelope(chat, true, id, created, model);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", 0);
@@ -454,7 +536,7 @@ char *serve_openai_chunk_json(bool chat, const char *id, long long created, cons
     } else {
         cJSON_AddStringToObject(choice, "text", text ? text : "");
     }
-    cJSON_AddNullToObject(choice, "logprobs");
+    add_logprobs(choice, chat, lp);
     add_string_or_null(choice, "finish_reason", serve_openai_finish_name(finish));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     return print_and_free(root);

@@ -10,6 +10,7 @@
  *
  * Jobs are shared with their submitter: the scheduler writes their output
  * under the job's lock and calls notify; the submitter takes it. */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,8 @@ struct serve_job {
     /* shared, under mu */
     char *out;
     size_t out_len, out_cap;
+    serve_logprob *lp;           /* log probabilities not yet taken (top_logprobs >= 0) */
+    size_t n_lp, cap_lp;
     serve_job_state st;
 };
 
@@ -92,6 +95,7 @@ void serve_job_unref(serve_job *j) {
     free(j->q);
     serve_text_out_free(&j->text);
     free(j->out);
+    free(j->lp);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -108,6 +112,15 @@ size_t serve_job_take(serve_job *j, char **text, serve_job_state *st) {
         j->out_len = j->out_cap = 0;
     }
     *st = j->st;
+    pthread_mutex_unlock(&j->mu);
+    return n;
+}
+
+size_t serve_job_take_logprobs(serve_job *j, serve_logprob **out) {
+    pthread_mutex_lock(&j->mu);
+    const size_t n = j->n_lp;
+    *out = n ? j->lp : NULL;
+    if (n) j->lp = NULL, j->n_lp = j->cap_lp = 0;
     pthread_mutex_unlock(&j->mu);
     return n;
 }
@@ -395,7 +408,7 @@ static void drop_cancelled(serve_sched *s) {
 
 /* A drafter for the job in slot i, when the server speculates (none: the job decodes one token a step). */
 static void start_drafting(serve_sched *s, serve_job *j, int i) {
-    if (!s->cfg.make_drafter) return;
+    if (!s->cfg.make_drafter || j->p.logprobs) return;   /* log probabilities: one row a token */
     j->drafter = s->cfg.make_drafter(s->cfg.drafter_ctx, i, &j->p.sp);
     j->k_cur = s->cfg.draft_max;
     if (j->drafter && s->cfg.drafts_sample && !moex_sampler_is_greedy(j->smp) &&
@@ -467,7 +480,8 @@ static void add_token(serve_sched *s, int64_t *n, int32_t tok, int seq, int64_t 
     s->b_seq[*n] = seq;
     s->b_pos[*n] = (int32_t)pos;
     s->b_want[*n] = want;
-    s->b_greedy[*n] = want && s->eng.batch_argmax && moex_sampler_is_greedy(s->slot[seq]->smp);
+    s->b_greedy[*n] = want && s->eng.batch_argmax && moex_sampler_is_greedy(s->slot[seq]->smp) &&
+                      !s->slot[seq]->p.logprobs;   /* log probabilities need the row */
     s->b_spec[*n] = false;
     (*n)++;
 }
@@ -573,10 +587,47 @@ static void sample_wanted(serve_sched *s, int64_t n) {
     else sample_rows(&sj, 0, 1);
 }
 
+/* Token id's log probability in a logits row and the row's k best (log-softmax, in double). */
+static void logprob_of(const float *row, int32_t n_vocab, int32_t id, int k, serve_logprob *out) {
+    float max = row[0];
+    for (int32_t i = 1; i < n_vocab; i++) max = row[i] > max ? row[i] : max;
+    double z = 0.0;
+    for (int32_t i = 0; i < n_vocab; i++) z += exp((double)row[i] - max);
+    const double lse = max + log(z);
+    out->id = id;
+    out->logprob = (float)(row[id] - lse);
+    out->n_top = 0;
+    for (int32_t i = 0; i < n_vocab && k > 0; i++) {   /* insertion into the k best so far (ties: the lower id) */
+        if (out->n_top == k && !(row[i] > row[out->top_id[k - 1]])) continue;
+        int at = out->n_top < k ? out->n_top++ : k - 1;
+        while (at > 0 && row[i] > row[out->top_id[at - 1]]) {
+            out->top_id[at] = out->top_id[at - 1];
+            at--;
+        }
+        out->top_id[at] = i;
+    }
+    for (int t = 0; t < out->n_top; t++) out->top_logprob[t] = (float)(row[out->top_id[t]] - lse);
+}
+
+/* The token's log probabilities for its client (under the job's lock, before its text goes out). */
+static void note_logprob(serve_sched *s, serve_job *j, int32_t id, const float *row) {
+    serve_logprob e;
+    logprob_of(row, s->m->hp.n_vocab, id, j->p.top_logprobs, &e);
+    pthread_mutex_lock(&j->mu);
+    if (j->n_lp == j->cap_lp) {
+        const size_t cap = j->cap_lp ? 2 * j->cap_lp : 16;
+        serve_logprob *grown = realloc(j->lp, cap * sizeof *grown);
+        if (grown) j->lp = grown, j->cap_lp = cap;
+    }
+    if (j->n_lp < j->cap_lp) j->lp[j->n_lp++] = e;
+    pthread_mutex_unlock(&j->mu);
+}
+
 /* A generated token of the job in slot: counted, timed, into the sequence,
  * its text out. true when the job ended with it (its slot is then free and
  * j may be gone). */
-static bool take_token(serve_sched *s, serve_job *j, int slot, int32_t id, double now, int64_t *n_gen) {
+static bool take_token(serve_sched *s, serve_job *j, int slot, int32_t id, const float *row, double now,
+                       int64_t *n_gen) {
     if (id < 0 || id >= s->m->hp.n_vocab) { /* the engine's argmax found no finite logit */
         moex_log(MOEX_LOG_WARN, "api: a sequence's logits have no finite maximum (a broken model?)");
         fail_job(s, j, 500, "server_error", "generation failed: the logits have no finite maximum (a broken model?)");
@@ -586,6 +637,7 @@ static bool take_token(serve_sched *s, serve_job *j, int slot, int32_t id, doubl
     const int64_t n_completion = ++j->n_gen;
     (*n_gen)++;
     j->prompt[j->n_prompt + n_completion - 1] = id;
+    if (j->p.logprobs && row) note_logprob(s, j, id, row);
     if (n_completion == 1) serve_hist_observe(&s->stats->ttft, now - j->t_submit);
     else serve_hist_observe(&s->stats->per_token, now - j->t_last);
     j->t_last = now;
@@ -617,7 +669,7 @@ static void take_verify(serve_sched *s, serve_job *j, int slot, int64_t t, int64
     const int64_t fed = j->n_past;   /* the decode row's position */
     for (int i = 0; i <= a; i++) {
         j->n_past = fed + 1 + i;     /* filled: through the decode row and the drafts before this token */
-        if (take_token(s, j, slot, i < a ? j->draft[i] : next, now, n_gen)) return;
+        if (take_token(s, j, slot, i < a ? j->draft[i] : next, NULL, now, n_gen)) return;
     }
 }
 
@@ -640,7 +692,8 @@ static void after_forward(serve_sched *s, int64_t n) {
         j->n_past++;
         if (j->n_fed < j->n_prompt) j->n_fed++, n_prompt++;
         if (!s->b_want[t]) continue;
-        take_token(s, j, slot, s->row_id[row++], now, &n_gen);
+        const int64_t r = row++;
+        take_token(s, j, slot, s->row_id[r], s->b_greedy[t] ? NULL : s->logits + r * s->m->hp.n_vocab, now, &n_gen);
     }
     atomic_fetch_add(&s->stats->prompt_tokens, (uint_fast64_t)n_prompt);
     atomic_fetch_add(&s->stats->generated_tokens, (uint_fast64_t)n_gen);

@@ -60,6 +60,17 @@ typedef struct serve_sched_stats {
 
 /* ---- jobs ---- */
 
+/* A generated token's log probability under the model (log-softmax of its
+ * logits row, whatever the sampling settings) and the best alternatives. */
+#define SERVE_MAX_TOP_LOGPROBS 20
+typedef struct serve_logprob {
+    int32_t id;
+    float logprob;
+    int n_top;                   /* best first */
+    int32_t top_id[SERVE_MAX_TOP_LOGPROBS];
+    float top_logprob[SERVE_MAX_TOP_LOGPROBS];
+} serve_logprob;
+
 typedef struct serve_job_params {
     char *prompt_text;           /* tokenized by the scheduler (special tokens parsed, BOS as the vocab asks) */
     size_t prompt_len;
@@ -70,6 +81,8 @@ typedef struct serve_job_params {
     char *stop[SERVE_MAX_STOPS];   /* the text ends before the first occurrence of any */
     int n_stop;
     bool ignore_eos;
+    bool logprobs;               /* each token's log probability ... */
+    int top_logprobs;            /* ... and this many alternatives' (0 .. SERVE_MAX_TOP_LOGPROBS) */
 } serve_job_params;
 
 typedef enum serve_finish {
@@ -103,6 +116,9 @@ void serve_job_cancel(serve_job *j);
 /* Moves the text produced since the last call into *text (malloc'd, NUL-
  * terminated; NULL when none) and fills st. Any thread. */
 size_t serve_job_take(serve_job *j, char **text, serve_job_state *st);
+/* Moves the log probabilities of the tokens produced since the last call into
+ * *out (malloc'd; NULL when none). Any thread. */
+size_t serve_job_take_logprobs(serve_job *j, serve_logprob **out);
 /* A pointer for the submitter (its request), network thread only. */
 void serve_job_set_user(serve_job *j, void *user);
 void *serve_job_user(const serve_job *j);

@@ -218,6 +218,61 @@ def metrics_text(srv, distributed):
     return fams
 
 
+def log_probabilities(srv):
+    """logprobs against the CLI's own logits (--dump-logits, log-softmax in float64 here): the completions' legacy
+    format, chat's (whole and streamed), and the fields' bounds."""
+    import numpy as np
+    prompt, n = PROMPTS[0], 6
+    dump = os.path.join(distlib.WORK, "logprobs.f32")
+    out = subprocess.run([f"{distlib.BIN}/moex-hub", "--local", "-m", MODEL, "--prompt-tokens", ",".join(map(str, prompt)),
+                          "-n", str(n), "--temp", "0", "--ignore-eos", "--threads", "1", "--print-tokens",
+                          "--dump-logits", dump], capture_output=True, text=True, timeout=120)
+    ids = [int(x) for x in out.stdout.split()]
+    flat = np.fromfile(dump, dtype=np.float32).astype(np.float64)
+    rows = flat.reshape(len(prompt) + n - 1, -1)   # every prompt position, then each decode step's
+    ref = []
+    for i, tok in enumerate(ids):
+        row = rows[len(prompt) - 1 + i]
+        lse = row.max() + np.log(np.exp(row - row.max()).sum())
+        ref.append(row[tok] - lse)
+    st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0,
+                                                              "ignore_eos": True, "logprobs": 3}, key=KEY)
+    lp = json.loads(body)["choices"][0]["logprobs"] if st == 200 else {}
+    got = lp.get("token_logprobs", [])
+    check("completions logprobs: each token's log probability is the log-softmax of the CLI's logits row",
+          len(got) == n and all(abs(a - b) < 1e-4 for a, b in zip(got, ref)), f"{got} / {ref}")
+    check("  3 alternatives a token, the chosen one first (greedy); text offsets grow",
+          all(len(t) == 3 and abs(max(t.values()) - g) < 1e-6 for t, g in zip(lp.get("top_logprobs", []), got))
+          and lp.get("text_offset") == sorted(lp.get("text_offset", [])),
+          json.dumps(lp)[:300])
+    msgs = [{"role": "user", "content": "Count to three."}]
+    st, _, body = request(srv.port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, "temperature": 0,
+                                                                   "logprobs": True, "top_logprobs": 2}, key=KEY)
+    d = json.loads(body) if st == 200 else {}
+    content = d.get("choices", [{}])[0].get("logprobs", {}).get("content", [])
+    check("chat logprobs: an entry a token, its top 2, the chosen token first with its bytes",
+          st == 200 and len(content) == d["usage"]["completion_tokens"] and all(
+              len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"] and c["logprob"] <= 0
+              and isinstance(c["bytes"], list) for c in content), f"{st} {body[:300]}")
+    st, _, body = request(srv.port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, "temperature": 0,
+                                                                   "logprobs": True, "stream": True}, key=KEY)
+    entries = []
+    for line in body.decode().splitlines():
+        if line.startswith("data: {"):
+            ch = json.loads(line[6:]).get("choices") or [{}]
+            entries += (ch[0].get("logprobs") or {}).get("content", [])
+    check("  streamed: the same entries", [e["logprob"] for e in entries] == [c["logprob"] for c in content],
+          f"{len(entries)} entries")
+    for body_, param in (({"messages": msgs, "top_logprobs": 2}, "top_logprobs"),
+                         ({"messages": msgs, "logprobs": True, "top_logprobs": 21}, "top_logprobs")):
+        st, _, b = request(srv.port, "POST", "/v1/chat/completions", body_, key=KEY)
+        e = error_of(b)
+        check(f"  {json.dumps(body_)[30:]}: 400 naming {param}", st == 400 and e and e["param"] == param, f"{st} {b[:200]}")
+    st, _, b = request(srv.port, "POST", "/v1/completions", {"prompt": "x", "logprobs": 6}, key=KEY)
+    e = error_of(b)
+    check("  completions logprobs 6 (OpenAI's limit is 5): 400", st == 400 and e and e["param"] == "logprobs", f"{st}")
+
+
 @scenario
 def local():
     srv = Serve(distlib.BIN, distlib.WORK, MODEL, free_port(), ["--local", "--parallel", "8", "--ctx", str(CTX),
@@ -225,6 +280,7 @@ def local():
     try:
         client_checks(srv, "local")
         raw_bad_input(srv)
+        log_probabilities(srv)
         killed_mid_stream(srv)
         metrics_text(srv, False)
     finally:
