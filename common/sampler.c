@@ -280,3 +280,30 @@ int32_t moex_sampler_draw(moex_sampler *s, const float *weights) {
     }
     return last;   /* u landed in the rounding slack at the very end */
 }
+
+void moex_logits_apply(float *logits, int32_t n_vocab, const moex_logit_rules *r, const int32_t *seen, int64_t n_seen,
+                       const int32_t *recent, int64_t n_recent, int32_t *counts) {
+    /* llama.cpp's order: the repeat penalty, then presence and frequency, then the biases */
+    if (r->repeat != 1.0f && r->repeat > 0.0f) {
+        for (int64_t i = 0; i < n_recent; i++) {
+            const int32_t t = recent[i];
+            if (t < 0 || t >= n_vocab || counts[t]) continue;   /* each recent token once */
+            counts[t] = 1;
+            logits[t] = logits[t] > 0.0f ? logits[t] / r->repeat : logits[t] * r->repeat;
+        }
+        for (int64_t i = 0; i < n_recent; i++)
+            if (recent[i] >= 0 && recent[i] < n_vocab) counts[recent[i]] = 0;
+    }
+    if (r->presence != 0.0f || r->frequency != 0.0f) {
+        for (int64_t i = 0; i < n_seen; i++)
+            if (seen[i] >= 0 && seen[i] < n_vocab) counts[seen[i]]++;
+        for (int64_t i = 0; i < n_seen; i++) {
+            const int32_t t = seen[i];
+            if (t < 0 || t >= n_vocab || !counts[t]) continue;   /* each seen token once */
+            logits[t] -= r->presence + (float)counts[t] * r->frequency;
+            counts[t] = 0;
+        }
+    }
+    for (int i = 0; i < r->n_bias; i++)
+        if (r->bias_id[i] >= 0 && r->bias_id[i] < n_vocab) logits[r->bias_id[i]] += r->bias[i];
+}

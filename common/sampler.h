@@ -24,6 +24,25 @@ int32_t moex_sampler_sample(moex_sampler *s, const float *logits);
  * the logits: an engine may then pick on its device instead. */
 bool moex_sampler_is_greedy(const moex_sampler *s);
 
+/* What a request may change in the logits before sampling, in llama.cpp's
+ * order: its repeat penalty over the last tokens (a recent token's positive
+ * logit divided by it, a negative one multiplied), OpenAI's presence and
+ * frequency penalties over the tokens generated so far (a token seen c
+ * times: logit - presence - c x frequency), and a bias per token id (added). */
+typedef struct moex_logit_rules {
+    float presence, frequency;   /* 0: off */
+    float repeat;                /* 1: off */
+    const int32_t *bias_id;      /* n_bias ids and their biases */
+    const float *bias;
+    int n_bias;
+} moex_logit_rules;
+
+/* Applies rules to logits[0..n_vocab) in place. seen: the generated tokens
+ * (for presence and frequency), recent: the last tokens (for repeat; may
+ * overlap seen). counts: n_vocab ints of scratch, zero on entry and on return. */
+void moex_logits_apply(float *logits, int32_t n_vocab, const moex_logit_rules *r, const int32_t *seen, int64_t n_seen,
+                       const int32_t *recent, int64_t n_recent, int32_t *counts);
+
 /* For speculative decoding's acceptance rule (engine/speculate.c): */
 /* The distribution moex_sampler_sample draws from for these logits, as n_vocab
  * probabilities (0 outside the filters' candidates; greedy: 1 at the argmax). */

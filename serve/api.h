@@ -39,6 +39,7 @@ typedef struct serve_openai_ctx {
     moex_chat_template chat;     /* how chat messages become a prompt */
     moex_sampler_params defaults;/* sampling fields a request leaves out (the seed: drawn per request) */
     uint64_t seed;               /* a request without a seed gets seed + its number */
+    int32_t n_vocab;             /* logit_bias's ids are checked against it */
 } serve_openai_ctx;
 
 typedef struct serve_api_request {

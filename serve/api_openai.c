@@ -39,6 +39,8 @@ int serve_api_fail(serve_api_error *e, unsigned status, const char *type, const 
 void serve_api_request_free(serve_api_request *r) {
     free(r->job.prompt_text);
     free(r->job.prompt_tokens);
+    free((void *)r->job.rules.bias_id);
+    free((void *)r->job.rules.bias);
     for (int i = 0; i < r->job.n_stop; i++) free(r->job.stop[i]);
     memset(&r->job, 0, sizeof r->job);
 }
@@ -226,7 +228,9 @@ static int stops(const cJSON *root, serve_job_params *job, serve_api_error *e) {
 
 /* Fields that shape the answer and are implemented, per endpoint. */
 static const char *const common_fields[] = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p",
-                                            "top_k", "min_p", "seed", "stop", "n", "logprobs", "ignore_eos", NULL};
+                                            "top_k", "min_p", "seed", "stop", "n", "logprobs", "ignore_eos",
+                                            "presence_penalty", "frequency_penalty", "logit_bias", "repeat_penalty",
+                                            "repeat_last_n", NULL};
 static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
 static const char *const completion_fields[] = {"prompt", "echo", "best_of", NULL};
 /* Fields that change nothing in the answer: identifiers and bookkeeping. */
@@ -243,10 +247,6 @@ static bool in_list(const char *const *list, const char *name) {
 static bool asks_nothing(const cJSON *f) {
     const char *n = f->string;
     if (cJSON_IsNull(f)) return true;
-    if (!strcmp(n, "presence_penalty") || !strcmp(n, "frequency_penalty"))
-        return cJSON_IsNumber(f) && f->valuedouble == 0;
-    if (!strcmp(n, "repeat_penalty")) return cJSON_IsNumber(f) && f->valuedouble == 1;
-    if (!strcmp(n, "logit_bias")) return cJSON_IsObject(f) && !f->child;
     if (!strcmp(n, "tools") || !strcmp(n, "functions")) return cJSON_IsArray(f) && !f->child;
     if (!strcmp(n, "tool_choice") || !strcmp(n, "function_call"))
         return cJSON_IsString(f) && (!strcmp(f->valuestring, "none") || !strcmp(f->valuestring, "auto"));
@@ -287,6 +287,43 @@ static int unsupported(const cJSON *root, serve_api_error *e) {
     int64_t best_of = 1;
     if (get_integer(root, "best_of", 1, 128, &best_of, e)) return -1;
     if (best_of != 1) return BAD(e, "best_of", "'best_of' is not supported");
+    return 0;
+}
+
+#define MAX_LOGIT_BIAS 1024
+
+/* Penalties (OpenAI's presence and frequency, llama.cpp's repeat over the last repeat_last_n tokens) and
+ * logit_bias ({"token id": bias}): moex_logit_rules, the bias arrays owned by the job. */
+static int logit_rules(const serve_openai_ctx *ctx, const cJSON *root, serve_job_params *job, serve_api_error *e) {
+    moex_logit_rules *r = &job->rules;
+    r->repeat = 1.0f;
+    int64_t last_n = 64;
+    if (get_number(root, "presence_penalty", -2, 2, &r->presence, e) ||
+        get_number(root, "frequency_penalty", -2, 2, &r->frequency, e) ||
+        get_number(root, "repeat_penalty", 0.01, 10, &r->repeat, e) ||
+        get_integer(root, "repeat_last_n", 0, 1 << 20, &last_n, e))
+        return -1;
+    job->repeat_last_n = (int)last_n;
+    const cJSON *b = field(root, "logit_bias");
+    if (!b) return 0;
+    if (!cJSON_IsObject(b)) return BAD(e, "logit_bias", "'logit_bias' must be an object {\"token id\": bias}");
+    const int n = cJSON_GetArraySize(b);
+    if (n > MAX_LOGIT_BIAS) return BAD(e, "logit_bias", "%d biases; at most %d", n, MAX_LOGIT_BIAS);
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    float *bias = malloc((size_t)(n ? n : 1) * sizeof *bias);
+    r->bias_id = ids, r->bias = bias;   /* the job owns them from here, whatever happens */
+    if (!ids || !bias) return serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, b) {
+        char *end;
+        const long id = strtol(x->string, &end, 10);
+        if (!*x->string || *end || id < 0 || id >= ctx->n_vocab)
+            return BAD(e, "logit_bias", "logit_bias key '%.40s' is not a token id (0..%d)", x->string, ctx->n_vocab - 1);
+        if (!cJSON_IsNumber(x) || !(x->valuedouble >= -100 && x->valuedouble <= 100))
+            return BAD(e, "logit_bias", "logit_bias['%.40s'] must be a number between -100 and 100", x->string);
+        ids[r->n_bias] = (int32_t)id;
+        bias[r->n_bias++] = (float)x->valuedouble;
+    }
     return 0;
 }
 
@@ -353,7 +390,7 @@ static int parse_root(const serve_openai_ctx *ctx, bool chat, const cJSON *root,
     out->job.max_tokens = max_tokens;
     if (get_bool(root, "ignore_eos", &out->job.ignore_eos, e)) return -1; /* llama-server's extension */
     if (sampling(ctx, root, request_no, &out->job.sp, e) || stops(root, &out->job, e) ||
-        log_probabilities(root, chat, &out->job, e))
+        log_probabilities(root, chat, &out->job, e) || logit_rules(ctx, root, &out->job, e))
         return -1;
     if (chat) {
         const cJSON *msgs = field(root, "messages");

@@ -226,7 +226,8 @@ static int start(const serve_options *o, serving *sv) {
                                   .sched = &sv->stats, .t_start = moex_time_s()};
     serve_api_config ac = {.api_key = o->api_key, .max_body = (size_t)o->max_body,
                          .client_timeout_s = o->client_timeout_s,
-                         .openai = {.model_id = sv->model_id, .chat = chat, .defaults = o->cli.eng.sp, .seed = o->cli.eng.sp.seed}};
+                         .openai = {.model_id = sv->model_id, .chat = chat, .defaults = o->cli.eng.sp,
+                                    .seed = o->cli.eng.sp.seed, .n_vocab = sv->m->hp.n_vocab}};
     if (!(sv->api = serve_api_create(&ac, &sv->status, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;

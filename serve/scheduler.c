@@ -69,6 +69,8 @@ serve_job *serve_job_create(serve_job_params *p, serve_job_notify_fn notify, voi
         free(p->prompt_text);
         free(p->prompt_tokens);
         for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+        free((void *)p->rules.bias_id);
+        free((void *)p->rules.bias);
         return NULL;
     }
     pthread_mutex_init(&j->mu, NULL);
@@ -89,6 +91,8 @@ void serve_job_unref(serve_job *j) {
     free(j->p.prompt_text);
     free(j->p.prompt_tokens);
     for (int i = 0; i < j->p.n_stop; i++) free(j->p.stop[i]);
+    free((void *)j->p.rules.bias_id);
+    free((void *)j->p.rules.bias);
     free(j->prompt);
     moex_sampler_free(j->smp);
     moex_drafter_free(j->drafter);
@@ -156,6 +160,7 @@ struct serve_sched {
     int32_t *row_id;             /* [max_rows] the token sampled from each logits row */
     int64_t *row_tok;            /* [max_rows] each logits row's token in the batch */
     float *spec_scratch;         /* n_vocab: the acceptance rule's */
+    int32_t *counts;             /* [pool threads x n_vocab] zeroed scratch of the logit rules (penalties) */
     int32_t *kept;               /* [n_slots x n_ctx] the prompt cache: the tokens whose KV rows each slot holds */
     int64_t *n_kept;             /* [n_slots] */
     double t_around;             /* seconds building batches and taking their tokens (the forwards: stats->step_s) */
@@ -406,9 +411,15 @@ static void drop_cancelled(serve_sched *s) {
     }
 }
 
+/* Whether the job changes its logits before sampling (penalties, biases). */
+static bool has_rules(const serve_job *j) {
+    const moex_logit_rules *r = &j->p.rules;
+    return r->presence != 0.0f || r->frequency != 0.0f || (r->repeat != 1.0f && r->repeat > 0.0f) || r->n_bias > 0;
+}
+
 /* A drafter for the job in slot i, when the server speculates (none: the job decodes one token a step). */
 static void start_drafting(serve_sched *s, serve_job *j, int i) {
-    if (!s->cfg.make_drafter || j->p.logprobs) return;   /* log probabilities: one row a token */
+    if (!s->cfg.make_drafter || j->p.logprobs || has_rules(j)) return;   /* one row a token: its own rules, logprobs */
     j->drafter = s->cfg.make_drafter(s->cfg.drafter_ctx, i, &j->p.sp);
     j->k_cur = s->cfg.draft_max;
     if (j->drafter && s->cfg.drafts_sample && !moex_sampler_is_greedy(j->smp) &&
@@ -481,7 +492,7 @@ static void add_token(serve_sched *s, int64_t *n, int32_t tok, int seq, int64_t 
     s->b_pos[*n] = (int32_t)pos;
     s->b_want[*n] = want;
     s->b_greedy[*n] = want && s->eng.batch_argmax && moex_sampler_is_greedy(s->slot[seq]->smp) &&
-                      !s->slot[seq]->p.logprobs;   /* log probabilities need the row */
+                      !s->slot[seq]->p.logprobs && !has_rules(s->slot[seq]);   /* these need the row on the host */
     s->b_spec[*n] = false;
     (*n)++;
 }
@@ -567,6 +578,12 @@ static void sample_rows(void *ctx, int ith, int nth) {
     for (int64_t r = ith; r < sj->n_rows; r += nth) {
         const int64_t t = s->row_tok[r];
         if (s->b_spec[t]) continue;   /* the acceptance rule's (after_forward) */
+        const serve_job *j = s->slot[s->b_seq[t]];
+        if (!s->b_greedy[t] && has_rules(j)) {   /* the generated tokens so far; the repeat window over the sequence */
+            const int64_t n_seq = j->n_prompt + j->n_gen, last = j->p.repeat_last_n < n_seq ? j->p.repeat_last_n : n_seq;
+            moex_logits_apply(s->logits + r * s->m->hp.n_vocab, s->m->hp.n_vocab, &j->p.rules, j->prompt + j->n_prompt,
+                              j->n_gen, j->prompt + n_seq - last, last, s->counts + (size_t)ith * s->m->hp.n_vocab);
+        }
         s->row_id[r] = s->b_greedy[t] ? s->row_argmax[r]
                                       : moex_sampler_sample(s->slot[s->b_seq[t]]->smp, s->logits + r * s->m->hp.n_vocab);
     }
@@ -796,6 +813,7 @@ void serve_sched_free(serve_sched *s) {
     free(s->b_greedy);
     free(s->b_spec);
     free(s->spec_scratch);
+    free(s->counts);
     free(s->kept);
     free(s->n_kept);
     free(s->row_argmax);
@@ -851,10 +869,11 @@ serve_sched *serve_sched_start(const moex_model *m, const moex_engine *eng, cons
     s->row_tok = malloc(ns * sizeof *s->row_tok);
     s->spec_scratch = cfg->make_drafter ? malloc((size_t)m->hp.n_vocab * sizeof *s->spec_scratch) : NULL;
     s->kept = malloc((size_t)cfg->n_slots * (size_t)cfg->n_ctx * sizeof *s->kept);
+    s->counts = calloc((size_t)(cfg->pool ? moex_pool_size(cfg->pool) : 1) * (size_t)m->hp.n_vocab, sizeof *s->counts);
     s->n_kept = calloc((size_t)cfg->n_slots, sizeof *s->n_kept);
     if (!s->slot || !s->b_tok || !s->b_seq || !s->b_pos || !s->b_want || !s->b_greedy || !s->b_spec || !s->logits ||
         !s->row_argmax || !s->row_id || !s->row_tok || (cfg->make_drafter && !s->spec_scratch) || !s->kept ||
-        !s->n_kept) {
+        !s->n_kept || !s->counts) {
         moex_fail(err, "out of memory for %d slots", cfg->n_slots);
         serve_sched_free(s);
         return NULL;

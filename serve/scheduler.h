@@ -81,6 +81,8 @@ typedef struct serve_job_params {
     char *stop[SERVE_MAX_STOPS];   /* the text ends before the first occurrence of any */
     int n_stop;
     bool ignore_eos;
+    moex_logit_rules rules;      /* penalties and biases (common/sampler.h); its bias arrays are the job's */
+    int repeat_last_n;           /* the repeat penalty's window: the sequence's last tokens */
     bool logprobs;               /* each token's log probability ... */
     int top_logprobs;            /* ... and this many alternatives' (0 .. SERVE_MAX_TOP_LOGPROBS) */
 } serve_job_params;

@@ -334,8 +334,42 @@ static void report_speed(void) {
     free(l);
 }
 
+/* moex_logits_apply against a direct float64 transcription of each rule, on fresh random tokens. */
+static void test_logit_rules(void) {
+    const int32_t n = 300;
+    for (int trial = 0; trial < 20; trial++) {
+        float *l = rand_logits(n, -6.0f, 6.0f), *got = malloc(n * sizeof *got);
+        int32_t seen[64], recent[32], ids[5], *counts = calloc((size_t)n, sizeof *counts);
+        float bias[5];
+        for (int i = 0; i < 64; i++) seen[i] = (int32_t)(rng_next(&g_rng) % 40);   /* repeats */
+        for (int i = 0; i < 32; i++) recent[i] = (int32_t)(rng_next(&g_rng) % 60);
+        for (int i = 0; i < 5; i++) ids[i] = (int32_t)(rng_next(&g_rng) % (uint64_t)n), bias[i] = rand_uniform(-5, 5);
+        const moex_logit_rules r = {.presence = rand_uniform(-2, 2), .frequency = rand_uniform(-2, 2),
+                                    .repeat = rand_uniform(0.5f, 2.0f), .bias_id = ids, .bias = bias, .n_bias = 5};
+        memcpy(got, l, n * sizeof *got);
+        moex_logits_apply(got, n, &r, seen, 64, recent, 32, counts);
+        int worst_ok = 1, clean = 1;
+        for (int32_t t = 0; t < n; t++) {
+            double want = l[t];
+            int c = 0, in_recent = 0;
+            for (int i = 0; i < 64; i++) c += seen[i] == t;
+            for (int i = 0; i < 32; i++) in_recent |= recent[i] == t;
+            if (in_recent) want = want > 0 ? want / r.repeat : want * r.repeat;
+            if (c) want -= r.presence + c * (double)r.frequency;
+            for (int i = 0; i < 5; i++)
+                if (ids[i] == t) want += bias[i];
+            worst_ok &= fabs(got[t] - want) <= 1e-5 * (1 + fabs(want));
+            clean &= counts[t] == 0;
+        }
+        CHECK(worst_ok, "logit rules: presence, frequency, repeat and bias as defined (trial %d)", trial);
+        CHECK(clean, "logit rules: the counts scratch is zero again");
+        free(l), free(got), free(counts);
+    }
+}
+
 int main(void) {
     g_rng = test_rng("test_sampler");
+    test_logit_rules();
     test_greedy();
     test_determinism();
     test_distribution();

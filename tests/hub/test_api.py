@@ -116,8 +116,8 @@ def raw_bad_input(srv):
     check("a wrong type: 400 naming the field", st == 400 and e and e["param"] == "stream", f"{st} {body[:200]}")
     # no silent ignores: a field the server does not implement is a 400 naming it, unless its value asks for nothing
     for field, value in (("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-                         ("response_format", {"type": "json_object"}), ("presence_penalty", 0.5),
-                         ("logit_bias", {"5": 10}), ("grammar", "root ::= \"a\""), ("mirostat", 2)):
+                         ("response_format", {"type": "json_object"}), ("grammar", "root ::= \"a\""),
+                         ("mirostat", 2), ("audio", {"voice": "x"})):
         st, _, body = request(srv.port, "POST", "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}, key=KEY)
         e = error_of(body)
@@ -218,6 +218,34 @@ def metrics_text(srv, distributed):
     return fams
 
 
+def logit_rules(srv):
+    """logit_bias and the penalties change the tokens as they say (the arithmetic: test_sampler)."""
+    prompt = PROMPTS[1]
+    def tokens(**kw):
+        st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                                  "ignore_eos": True, "logprobs": 0, **kw}, key=KEY)
+        return json.loads(body)["choices"][0]["logprobs"]["tokens"] if st == 200 else None, st, body
+    plain, _, _ = tokens()
+    st, _, body = request(srv.port, "POST", "/tokenize", {"content": "zebra"}, key=KEY)
+    z = json.loads(body)["tokens"][0]
+    forced, _, _ = tokens(logit_bias={str(z): 100})
+    check("logit_bias +100 on one id: every greedy token is it", forced and len(set(forced)) == 1 and forced != plain,
+          f"{forced} / {plain}")
+    first = subprocess.run([f"{distlib.BIN}/moex-hub", "--local", "-m", MODEL, "--prompt-tokens",
+                            ",".join(map(str, prompt)), "-n", "1", "--temp", "0", "--threads", "1", "--print-tokens"],
+                           capture_output=True, text=True, timeout=120).stdout.split()
+    banned, _, _ = tokens(logit_bias={first[0]: -100})
+    check("logit_bias -100 on the greedy first token: another first token", banned and banned[0] != plain[0],
+          f"{banned} / {plain}")
+    rep = [t for i, t in enumerate(plain or []) if t in (plain or [])[:i]]
+    pen, _, _ = tokens(presence_penalty=2, frequency_penalty=2)
+    check("presence and frequency penalties 2: tokens change where the plain run repeats one",
+          pen and (pen != plain if rep else True), f"{pen} / {plain} (repeats {rep})")
+    _, st, body = tokens(logit_bias={"99999999": 1})
+    e = error_of(body)
+    check("logit_bias outside the vocabulary: 400", st == 400 and e and e["param"] == "logit_bias", f"{st} {body[:200]}")
+
+
 def log_probabilities(srv):
     """logprobs against the CLI's own logits (--dump-logits, log-softmax in float64 here): the completions' legacy
     format, chat's (whole and streamed), and the fields' bounds."""
@@ -281,6 +309,7 @@ def local():
         client_checks(srv, "local")
         raw_bad_input(srv)
         log_probabilities(srv)
+        logit_rules(srv)
         killed_mid_stream(srv)
         metrics_text(srv, False)
     finally:
