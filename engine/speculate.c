@@ -129,7 +129,7 @@ static int draft_forward(model_drafter *md, const int32_t *tokens, int64_t n, in
  * prompt, once. */
 #define CATCH_UP 64
 
-/* Brings the draft engine's KV to seq[base..n) (re-using the common prefix)
+/* Brings the draft engine's KV to seq[first..n) (re-using the common prefix)
  * and leaves the logits after seq[n-1]. */
 static int draft_catch_up(model_drafter *md, const int32_t *seq, int64_t n, moex_error *err) {
     int64_t from = 0;

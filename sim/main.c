@@ -1,7 +1,8 @@
 /* moex-sim: latency models of MoEx hedged expert dispatch.
  *   moex-sim hedging    expert-phase latency vs hedging factor (eq. 18 + Monte Carlo)
  *   moex-sim token      per-token discrete-event simulation (eqs. 10-12)
- *   moex-sim placement  expert placement on a consistent-hash ring */
+ *   moex-sim placement  expert placement on a consistent-hash ring
+ *   moex-sim exchange   a token's time and bytes under three designs of the expert exchange */
 #include "sim/main.h"
 
 #include <string.h>
@@ -11,6 +12,7 @@ static void usage(FILE *f) {
           "  hedging    expected expert-phase latency E[max_k min_h T] vs h (eq. 18, Monte Carlo)\n"
           "  token      per-token latency: discrete-event simulation of L layers (eqs. 10-12)\n"
           "  placement  experts on workers via the consistent-hash ring: summary or --dump\n"
+          "  exchange   a token's time and bytes: per-expert, token-major, layer-range delegation\n"
           "run 'moex-sim <command> --help' for a command's flags\n",
           f);
 }
@@ -24,6 +26,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "hedging")) return sim_cmd_hedging(argc - 2, argv + 2);
     if (!strcmp(cmd, "token")) return sim_cmd_token(argc - 2, argv + 2);
     if (!strcmp(cmd, "placement")) return sim_cmd_placement(argc - 2, argv + 2);
+    if (!strcmp(cmd, "exchange")) return sim_cmd_exchange(argc - 2, argv + 2);
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -34,6 +34,7 @@ int args_format(args *a, int *format, moex_error *err);
 int sim_cmd_hedging(int argc, char **argv);
 int sim_cmd_token(int argc, char **argv);
 int sim_cmd_placement(int argc, char **argv);
+int sim_cmd_exchange(int argc, char **argv);
 
 /* A measured routing trace (main_routes.c): ids [tokens][layers][k]. */
 typedef struct sim_routes {

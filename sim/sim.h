@@ -142,6 +142,49 @@ typedef struct moex_token_result {
 int moex_token_simulate(const moex_token_config *c, moex_token_result *out,
                         double *per_token, moex_error *err);
 
+/* ---- The expert exchange on the wire (sim/exchange.c) ------------------
+ * One decode token's time and bytes under three designs (issue 34), in
+ * expectation over uniform routing (k of E experts a layer, every expert on
+ * one of W workers: r = 1):
+ *  - PER_EXPERT (protocol v1, today): a layer sends every (token, expert)
+ *    its own DISPATCH (28-byte header, the hidden state in f16, the gate) and
+ *    gets a RESULT per expert back; a round trip per layer;
+ *  - TOKEN_MAJOR: a layer sends each worker the token's hidden state once
+ *    and its (expert id, gate) list (4 bytes an expert), and gets one
+ *    gate-weighted partial sum back; a round trip per layer;
+ *  - LAYER_RANGES (delegation): worker i holds every expert of layers
+ *    [iL/W, (i+1)L/W) and their attention and KV cache; the hidden state goes
+ *    hub -> worker 0 -> ... -> worker W-1 -> hub, one hop per range.
+ * A layer's work (attention, router, combine) costs hub_ms wherever it runs;
+ * an expert's FFN for one token expert_ms on its worker (a worker computes its
+ * experts one after another); every message crosses its link at gbps (the
+ * hub's link carries all of a layer's messages, one after another) and half
+ * the round trip; each exchange adds fixed_ms of software (sockets, wake-ups,
+ * framing). */
+typedef enum moex_sim_design { MOEX_SIM_PER_EXPERT, MOEX_SIM_TOKEN_MAJOR, MOEX_SIM_LAYER_RANGES } moex_sim_design;
+
+typedef struct moex_exchange_params {
+    int layers, hidden, experts, k;    /* the model */
+    int workers;
+    double rtt_ms, gbps;               /* the network; gbps <= 0: no cap */
+    double hub_ms, expert_ms, fixed_ms;
+} moex_exchange_params;
+
+typedef struct moex_exchange_result {
+    double ms_per_token;
+    double bytes_out, bytes_in;        /* a token's bytes a layer, hub -> workers and back (LAYER_RANGES: a token's
+                                          whole trip over its hops, divided by the layers) */
+    double workers_touched;            /* a layer's distinct workers (W (1 - (1 - 1/W)^k)); LAYER_RANGES: W */
+    double max_experts_on_one;         /* E[the most of a layer's k experts on one worker] */
+} moex_exchange_result;
+
+/* The bytes of one f16 DISPATCH of one token (header + values + gate), and of its RESULT. */
+double moex_exchange_dispatch_bytes(int hidden);
+double moex_exchange_result_bytes(int hidden);
+/* E[max load] of k distinct experts over W workers (each expert's worker uniform), by a seeded Monte Carlo. */
+double moex_exchange_max_load(int k, int workers, uint64_t seed);
+int moex_exchange_model(moex_sim_design d, const moex_exchange_params *p, moex_exchange_result *out, moex_error *err);
+
 /* ---- SVG line charts (sim/svg.c) --------------------------------------- */
 typedef struct moex_svg_series {
     const char *label;

@@ -1,6 +1,7 @@
 /* Unit tests of the sim module: quadrature against closed forms, quantiles,
  * Monte Carlo against its confidence interval, and properties of the
  * per-token discrete-event simulation. */
+#include "proto/proto.h"
 #include "sim/sim.h"
 
 #include <math.h>
@@ -338,7 +339,57 @@ static void test_token_bad_config(void) {
     CHECK(moex_token_simulate(&c, &r, NULL, &err) == -1 && strstr(err.msg, "worker 99"), "bad fail: '%s'", err.msg);
 }
 
+/* The exchange model: its message sizes are the protocol's own frames (proto/ encodes them), the expected
+ * distinct workers and busiest worker against counting, and the designs' limits. */
+static void test_exchange(void) {
+    const int hiddens[] = {256, 2048, 4096};
+    for (int i = 0; i < 3; i++) {
+        moex_proto_tensor_msg d = {.type = MOEX_MSG_DISPATCH, .n_tokens = 1, .hidden = (uint16_t)hiddens[i],
+                                   .dtype = MOEX_DT_F16};
+        moex_proto_tensor_msg r = d;
+        r.type = MOEX_MSG_RESULT;
+        CHECK(moex_exchange_dispatch_bytes(hiddens[i]) == (double)moex_proto_tensor_frame_bytes(&d) &&
+                  moex_exchange_result_bytes(hiddens[i]) == (double)moex_proto_tensor_frame_bytes(&r),
+              "exchange: one token's DISPATCH / RESULT bytes are the protocol's (hidden %d)", hiddens[i]);
+    }
+    /* E[max load] of 8 experts on 4 workers by exact enumeration of the 4^8 placements */
+    double exact = 0;
+    for (int code = 0; code < 65536; code++) {
+        int load[4] = {0}, most = 0;
+        for (int e = 0, c = code; e < 8; e++, c >>= 2) most = ++load[c & 3] > most ? load[c & 3] : most;
+        exact += most;
+    }
+    exact /= 65536;
+    const double mc = moex_exchange_max_load(8, 4, 7);
+    CHECK(fabs(mc - exact) < 0.02, "exchange: E[max load] 8 on 4 by Monte Carlo %.4f, exactly %.4f", mc, exact);
+    moex_exchange_params p = {.layers = 48, .hidden = 2048, .experts = 128, .k = 8, .workers = 4, .rtt_ms = 0.5,
+                              .gbps = 0, .hub_ms = 0.25, .expert_ms = 0.05, .fixed_ms = 0.1};
+    moex_exchange_result pe, tm, lr;
+    moex_error err = {{0}};
+    CHECK(!moex_exchange_model(MOEX_SIM_PER_EXPERT, &p, &pe, &err) && !moex_exchange_model(MOEX_SIM_TOKEN_MAJOR, &p, &tm,
+                                                                                           &err) &&
+              !moex_exchange_model(MOEX_SIM_LAYER_RANGES, &p, &lr, &err), "exchange: %s", err.msg);
+    CHECK(fabs(pe.workers_touched - 4 * (1 - pow(0.75, 8))) < 1e-12, "exchange: distinct workers W (1 - (1 - 1/W)^k)");
+    CHECK(fabs(pe.ms_per_token - tm.ms_per_token) < 1e-9, "exchange: without a bandwidth cap both round-trip designs cost "
+                                                           "the same");
+    CHECK(tm.bytes_out < 0.5 * pe.bytes_out && tm.bytes_in < 0.5 * pe.bytes_in,
+          "exchange: token-major sends the hidden state once a worker: %.0f / %.0f bytes", tm.bytes_out, pe.bytes_out);
+    const double per_layer = 0.25 + 0.5 + pe.max_experts_on_one * 0.05 + 0.1;
+    CHECK(fabs(pe.ms_per_token - 48 * per_layer) < 1e-9, "exchange: per-expert = layers x (hub + rtt + busiest + fixed)");
+    CHECK(fabs(lr.ms_per_token - (48 * (0.25 + 8 * 0.05) + 5 * (0.25 + 0.05))) < 1e-9,
+          "exchange: layer ranges = layers x (attention + k experts) + (W + 1) hops of half a round trip");
+    p.gbps = 1;
+    moex_exchange_result pe1, tm1;
+    moex_exchange_model(MOEX_SIM_PER_EXPERT, &p, &pe1, &err);
+    moex_exchange_model(MOEX_SIM_TOKEN_MAJOR, &p, &tm1, &err);
+    CHECK(fabs(pe1.ms_per_token - pe.ms_per_token - 48 * (pe.bytes_out + pe.bytes_in) * 8 / 1e9 * 1e3) < 1e-9 &&
+              tm1.ms_per_token < pe1.ms_per_token, "exchange: a 1 Gb/s cap adds the bytes' time, less for token-major");
+    p.k = 0;
+    CHECK(moex_exchange_model(MOEX_SIM_PER_EXPERT, &p, &pe, &err) != 0, "exchange: bad parameters refused");
+}
+
 int main(void) {
+    test_exchange();
     test_closed_forms();
     test_limits_and_monotonicity();
     test_quantiles();
