@@ -121,11 +121,22 @@ def cluster_once(args, prompt, tag, temp):
     return toks, decode_rate(err), stats(err)
 
 
+def echo_prompt():
+    """A prompt whose answer repeats part of it (as in summaries, edits, RAG): a held-out passage P, the model's own
+    64-token greedy continuation C, a blank line, then P again, after which the model tends to produce C again."""
+    p = prompts(3)[2]
+    c = subprocess.run([f"{BIN}/moex-hub", "--local", "-m", MODEL, "-p", p, "-n", "64", "--temp", "0", "-t", "2"],
+                       capture_output=True, text=True, timeout=120).stdout.rstrip("\n")
+    return f"{p}{c}\n\n{p}"
+
+
 def dist():
-    """Held-out prompts (MOEX_BENCH_DIST_PROMPTS, 4) and the repeat prompt; greedy, then temperature 0.8."""
+    """Held-out prompts (MOEX_BENCH_DIST_PROMPTS, 4), the repeat prompt and the echo prompt; greedy, then
+    temperature 0.8."""
     cases = [(f"held-out prompt {i}", p) for i, p in enumerate(prompts(int(os.environ.get("MOEX_BENCH_DIST_PROMPTS",
                                                                                             "4"))))]
     cases.append(("repeat prompt", REPEAT))
+    cases.append(("echo prompt", echo_prompt()))
     flags = (["--draft-model", DRAFT], ["--lookup"], ["--lookup", "--draft-model", DRAFT])
     for temp in ("0", "0.8"):
         ratios = {i: [] for i in range(len(flags))}
