@@ -231,6 +231,11 @@ typedef struct moex_engine {
      * can pass logits = NULL and read nothing back; -1 where the row has no
      * finite maximum. NULL where the engine has no such thing. */
     int32_t (*last_argmax)(void *ctx);
+    /* Optional (engines with several slots): copies slot from's KV rows of
+     * positions [0, n) into slot to, every layer, so that a sequence sharing
+     * a prefix with another starts after it (the same bits: the rows are
+     * copied, not recomputed). */
+    int (*copy_rows)(void *ctx, int from, int to, int64_t n, moex_error *err);
     /* What moex_engine_open made for it (moex_engine_close frees it); NULL
      * for an engine over a state its caller owns (moex_engine_cpu). */
     struct moex_engine_parts *parts;

@@ -309,7 +309,22 @@ static int cpu_forward_batch(void *ctx, const moex_batch *b, float *logits, moex
     return moex_forward_batch(s->m, s, b, logits, err);
 }
 
+/* moex_engine.copy_rows: slot from's K and V rows [0, n) into slot to, every layer. */
+static int cpu_copy_rows(void *ctx, int from, int to, int64_t n, moex_error *err) {
+    moex_state *s = ctx;
+    if (from < 0 || to < 0 || from >= s->n_seq || to >= s->n_seq || n < 0 || n > s->n_ctx)
+        return moex_fail(err, "copying KV rows: slots %d -> %d of %d, %lld rows of %lld", from, to, s->n_seq,
+                         (long long)n, (long long)s->n_ctx);
+    const size_t bytes = (size_t)n * (size_t)kv_dim(&s->m->hp) * sizeof(float);
+    for (int il = 0; il < s->m->hp.n_layer && from != to; il++) {
+        memcpy(cache_of(s, s->k_cache, il, to), cache_of(s, s->k_cache, il, from), bytes);
+        memcpy(cache_of(s, s->v_cache, il, to), cache_of(s, s->v_cache, il, from), bytes);
+    }
+    return 0;
+}
+
 moex_engine moex_engine_cpu(moex_state *s) {
     return (moex_engine){.ctx = s, .forward = cpu_forward, .n_ctx = s->n_ctx, .n_batch = s->n_batch,
-                         .n_seq = s->n_seq, .forward_batch = cpu_forward_batch};
+                         .n_seq = s->n_seq, .forward_batch = cpu_forward_batch,
+                         .copy_rows = s->n_seq > 1 ? cpu_copy_rows : NULL};
 }

@@ -435,12 +435,25 @@ static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int
     return n;
 }
 
-/* The free slot for j: the longest prefix of its prompt in a slot's kept
- * rows, else the slot keeping the fewest (so that the others' stay); -1 when
- * none is free. *reuse: the rows j may take from it (its last prompt token
- * is always evaluated: its logits are wanted). */
-static int pick_slot(const serve_sched *s, const serve_job *j, int64_t *reuse) {
-    int best = -1;
+/* Rows worth copying from another slot (below that a shared BOS or chat header, not worth a submission). */
+#define COPY_MIN_ROWS 16
+
+/* The prompt rows a busy slot's job has fed (its prompt's last token
+ * excepted, as for the kept rows). */
+static int64_t busy_prompt_rows(const serve_job *b) {
+    const int64_t k = b->n_fed < b->n_prompt ? b->n_fed : b->n_prompt - 1;
+    return k > 0 ? k : 0;
+}
+
+/* The free slot for j: the longest prefix of its prompt in a free slot's
+ * kept rows, else the slot keeping the fewest (so that the others' stay); -1
+ * when none is free. *reuse: the rows j may take (its last prompt token is
+ * always evaluated: its logits are wanted). When a busy slot's job has fed a
+ * longer prefix of it (COPY_MIN_ROWS at least: two requests with one long
+ * system prompt), *copy_from names that slot: its rows are copied into the
+ * free slot keeping the fewest (engines with copy_rows). */
+static int pick_slot(const serve_sched *s, const serve_job *j, int64_t *reuse, int *copy_from) {
+    int best = -1, least = -1;
     int64_t best_common = -1;
     for (int i = 0; i < s->cfg.n_slots; i++) {
         if (s->slot[i]) continue;
@@ -448,7 +461,15 @@ static int pick_slot(const serve_sched *s, const serve_job *j, int64_t *reuse) {
                                                                      s->n_kept[i], j->prompt, j->n_prompt);
         if (best < 0 || c > best_common || (c == best_common && c == 0 && s->n_kept[i] < s->n_kept[best]))
             best = i, best_common = c;
+        if (least < 0 || s->n_kept[i] < s->n_kept[least]) least = i;
     }
+    *copy_from = -1;
+    for (int i = 0; best >= 0 && !s->cfg.no_prompt_cache && s->eng.copy_rows && i < s->cfg.n_slots; i++) {
+        const serve_job *b = s->slot[i];
+        const int64_t c = b ? common_prefix(b->prompt, busy_prompt_rows(b), j->prompt, j->n_prompt) : 0;
+        if (c >= COPY_MIN_ROWS && c > best_common) *copy_from = i, best_common = c;
+    }
+    if (*copy_from >= 0) best = least;
     *reuse = best_common < j->n_prompt ? best_common : j->n_prompt - 1;
     return best;
 }
@@ -460,9 +481,15 @@ static void admit(serve_sched *s) {
     while (taken < s->n_waiting) {
         serve_job *j = s->waiting[taken];
         int64_t reuse = 0;
-        const int i = pick_slot(s, j, &reuse);
+        int from = -1;
+        const int i = pick_slot(s, j, &reuse, &from);
         if (i < 0) break;
         taken++;
+        moex_error err = {0};
+        if (from >= 0 && reuse > 0 && s->eng.copy_rows(s->eng.ctx, from, i, reuse, &err)) {
+            moex_log(MOEX_LOG_WARN, "api: copying a shared prefix failed (the prompt is evaluated whole): %s", err.msg);
+            reuse = 0;
+        }
         j->n_gen = 0;
         j->n_fed = j->n_past = reuse;   /* the slot's rows below reuse are this prompt's already */
         s->n_kept[i] = 0;               /* overwritten from reuse on */

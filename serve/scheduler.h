@@ -19,7 +19,8 @@
  *
  * The prompt cache: a freed slot keeps its KV rows, and a new job goes to the
  * free slot whose last job's prompt shares the longest prefix with its own
- * (a chat's next turn, an agent's next call), and evaluates only the rest.
+ * (a chat's next turn, an agent's next call), and evaluates only the rest; a
+ * running job's longer shared prefix is copied over (engine copy_rows).
  * Only rows computed as prompt rows are reused (not the prompt's last token,
  * whose logits were wanted, nor generated tokens): those are the bits the new
  * prompt would compute there, whatever the backend, so the tokens are those

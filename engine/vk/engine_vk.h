@@ -54,6 +54,8 @@ int moex_vk_state_n_seq(const moex_vk_state *s);
  * b->argmax is filled (the rows' argmax computed on the GPU, as
  * moex_vk_last_argmax's), and rows b->argmax_only marks are not read back. */
 int moex_vk_forward_batch(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits, moex_error *err);
+/* moex_engine.copy_rows on the GPU: slot from's K and V rows [0, n) into slot to, every layer (one submission). */
+int moex_vk_state_copy_rows(const moex_model *m, moex_vk_state *s, int from, int to, int64_t n, moex_error *err);
 
 /* The engine interface (engine.h) over a state and its model, both
  * outliving it: forward is moex_vk_forward, forward_batch moex_vk_forward_batch. */

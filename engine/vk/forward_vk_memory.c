@@ -318,6 +318,26 @@ static size_t layer_cache(const moex_model *m, const moex_vk_state *s) {
     return (size_t)s->n_seq * (size_t)s->n_ctx * (size_t)m->hp.n_head_kv * (size_t)m->hp.head_dim * 4;
 }
 
+int moex_vk_state_copy_rows(const moex_model *m, moex_vk_state *s, int from, int to, int64_t n, moex_error *err) {
+    if (from < 0 || to < 0 || from >= s->n_seq || to >= s->n_seq || n < 0 || n > s->n_ctx)
+        return moex_fail(err, "copying KV rows: slots %d -> %d of %d, %lld rows of %lld", from, to, s->n_seq,
+                         (long long)n, (long long)s->n_ctx);
+    if (from == to || n == 0) return 0;
+    const size_t row = (size_t)m->hp.n_head_kv * (size_t)m->hp.head_dim * 4, slot = (size_t)s->n_ctx * row;
+    moex_vk_cmd *c = moex_vk_cmd_create(s->vk, err);
+    if (!c) return -1;
+    int rc = moex_vk_cmd_begin(c, err);
+    for (int kv = 0; kv < 2 && !rc; kv++)   /* K of every layer, then V of every layer */
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            const size_t layer = ((size_t)kv * (size_t)m->hp.n_layer + (size_t)il) * layer_cache(m, s);
+            moex_vk_copy(c, s->kv, layer + (size_t)to * slot, s->kv, layer + (size_t)from * slot, (size_t)n * row);
+        }
+    if (!rc) rc = moex_vk_cmd_end(c, err);
+    if (!rc) rc = moex_vk_cmd_run(c, err);
+    moex_vk_cmd_free(c);
+    return rc;
+}
+
 moex_vk_ptr vk_k_cache(const moex_model *m, const moex_vk_state *s, int il) {
     return moex_vk_buffer_ptr(s->kv) + (size_t)il * layer_cache(m, s);
 }

@@ -460,6 +460,28 @@ def has_vulkan():
     return p.returncode == 0 and p.stdout.strip() != ""
 
 
+def shared_prefix(port):
+    """B sent while A (the same long system prompt) decodes: B's answer and usage, read while A still streams."""
+    import http.client
+    # another system prompt than two_turns': the free slot's kept rows share only its first words, A's busy slot all
+    system = "Answer in full sentences. " + " ".join(f"Rule {i}: say what you know about item {i}." for i in range(40))
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", "/v1/chat/completions", json.dumps({
+        "model": MODEL_ID, "messages": [{"role": "system", "content": system}, {"role": "user", "content": "A?"}],
+        "max_tokens": 60, "temperature": 0, "ignore_eos": True, "stream": True}),
+        {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    r = c.getresponse()
+    while not r.readline().startswith(b"data: {"):
+        pass
+    st, _, body = request(port, "POST", "/v1/chat/completions", key=KEY, body={
+        "model": MODEL_ID, "messages": [{"role": "system", "content": system}, {"role": "user", "content": "B?"}],
+        "max_tokens": 12, "temperature": 0})
+    r.read()
+    c.close()
+    d = json.loads(body) if st == 200 else {}
+    return d.get("choices", [{}])[0].get("message", {}).get("content"), d.get("usage", {})
+
+
 @scenario
 def prompt_cache():
     """A chat's second turn reuses the first turn's prompt rows (the slot's KV), and answers what a server without
@@ -475,10 +497,11 @@ def prompt_cache():
             try:
                 answers[name] = two_turns(port)
                 answers[name].append(sample(srv.metrics(), "moex_prompt_cached_tokens_total"))
+                answers[name].append(shared_prefix(port))
             finally:
                 srv.stop()
-        (a1, u1), (a2, u2), cached_metric = answers["cache"]
-        (b1, v1), (b2, v2), none_metric = answers["no cache"]
+        (a1, u1), (a2, u2), cached_metric, (sa, su) = answers["cache"]
+        (b1, v1), (b2, v2), none_metric, (sb, sv) = answers["no cache"]
         p1 = u1.get("prompt_tokens", 0)
         got = u2.get("prompt_tokens_details", {}).get("cached_tokens", -1)
         be = backend[-1]
@@ -488,6 +511,10 @@ def prompt_cache():
               f"{a1!r} {a2!r} / {b1!r} {b2!r}")
         check(f"[{be}]   without it nothing is cached; /metrics counts what was", v2.get("prompt_tokens_details", {}).get(
             "cached_tokens") == 0 and none_metric == 0 and cached_metric == got, f"{v2} {none_metric} {cached_metric}")
+        shared = su.get("prompt_tokens_details", {}).get("cached_tokens", -1)
+        check(f"[{be}] a request sharing a running one's system prompt copies its rows (engine copy_rows)",
+              shared > 200 and shared < su.get("prompt_tokens", 0), f"cached {shared} of {su.get('prompt_tokens')}")
+        check(f"[{be}]   and answers as without the cache", sa and sa == sb, f"{sa!r} / {sb!r}")
 
 
 @scenario
