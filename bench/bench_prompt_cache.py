@@ -14,31 +14,21 @@ env: MOEX_BENCH_CHATS (10)
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from benchlib import heldout_passages, port  # noqa: E402
 BIN = os.path.join(os.path.abspath(sys.argv[1]), "bin")
 ARGS = sys.argv[2:] or ["--local", "-t", "2"]
 MODEL = os.path.join(REPO, "train", "model", "brown-moe-q8_0.gguf")
 CHATS = int(os.environ.get("MOEX_BENCH_CHATS", "10"))
 
 
-def port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def passages(k):
-    paras = [p for p in open(os.path.join(REPO, "train", "brown-heldout.txt")).read().split("\n")
-             if len(p.split()) >= 120]
-    step = max(1, len(paras) // k)
-    return [" ".join(p.split()[:300]) for p in paras[::step][:k]]
+    return heldout_passages(k, 120, 300)
 
 
 def stream(p, prompt):

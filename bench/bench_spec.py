@@ -20,12 +20,13 @@ env: MOEX_BENCH_RTT_MS (0.5), MOEX_BENCH_PROMPTS (16), MOEX_BENCH_N (64), MOEX_B
 """
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from benchlib import heldout_passages, port  # noqa: E402
 BIN = os.path.join(os.path.abspath(sys.argv[1]), "bin")
 STEPS = sys.argv[2:] or ["accept", "dist", "local"]
 MODEL = os.path.join(REPO, "train", "model", "brown-moe-q8_0.gguf")
@@ -37,19 +38,8 @@ REPEAT = ("The committee said the city would build a new school next year, and t
           "Repeat: The committee said the city would build")
 
 
-def port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def prompts(k):
-    paras = [p for p in open(os.path.join(REPO, "train", "brown-heldout.txt")).read().split("\n")
-             if len(p.split()) >= 40]
-    step = max(1, len(paras) // k)
-    return [" ".join(p.split()[:24]) for p in paras[::step][:k]]
+    return heldout_passages(k, 40, 24)
 
 
 def stats(err):
