@@ -242,8 +242,8 @@ static bool in_list(const char *const *list, const char *name) {
     return false;
 }
 
-/* An unimplemented field at a value that asks for nothing: a zero penalty, an
- * empty bias or tool list, plain text, no tool call. */
+/* An unimplemented field at a value that asks for nothing: null (unset), an
+ * empty tool list, no tool call, plain text, an empty suffix. */
 static bool asks_nothing(const cJSON *f) {
     const char *n = f->string;
     if (cJSON_IsNull(f)) return true;
