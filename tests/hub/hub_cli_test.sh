@@ -29,6 +29,13 @@ expect 2 "only one of" -- "$B/moex-hub" --local -m "$M" -p hi --prompt-tokens 1,
 expect 2 "wire-dtype" -- "$B/moex-hub" --local -m "$M" -p hi --wire-dtype f8
 expect 2 "backend" -- "$B/moex-hub" --local -m "$M" -p hi --backend tpu
 expect 2 "no key 'nope'\|without Vulkan" -- "$B/moex-hub" --local -m "$M" -p hi --backend vulkan --vk-tune nope=1
+# speculative decoding's flags (both commands parse them: hub/cli.c)
+expect 2 "draft-max expects an integer in \[1, 15\]" -- "$B/moex-hub" --local -m "$M" -p hi --lookup --draft-max 0
+expect 2 "draft-model expects a path" -- "$B/moex-hub" --local -m "$M" -p hi --draft-model ""
+expect 2 "needs --batch of at least 9" -- "$B/moex-hub" --local -m "$M" -p hi --lookup --batch 8
+expect 2 "generates; drop it with --dump-logits" -- "$B/moex-hub" --local -m "$M" -p hi --lookup --dump-logits "$W/l.bin"
+expect 2 "draft-min is the CLI's" -- "$B/moex-hub" serve -m "$M" --local --draft-min 2
+expect 1 "cannot load the draft model" -- "$B/moex-hub" --local -m "$M" -p hi --draft-model "$W/missing.gguf"
 expect 1 "cannot load" -- "$B/moex-hub" --local -m "$W/missing.gguf" -p hi
 expect 1 "truncated" -- "$B/moex-hub" --local -m "$W/truncated.gguf" -p hi
 expect 1 "cannot load" -- "$B/moex-hub" --local -m "$W/tiny.gguf" -p hi
