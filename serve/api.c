@@ -60,6 +60,18 @@ struct serve_api {
     int n_ready, cap_ready;
 };
 
+/* One choice of a generation: its job, and what the response has of it so far. */
+typedef struct api_choice {
+    serve_job *job;
+    serve_job_state st;          /* the last state taken */
+    bool role_sent, finished;    /* streams: the role chunk, the finish chunk went out */
+    char *text;                  /* a whole response's text so far */
+    size_t text_len, text_cap;
+    serve_logprob *lp;           /* a whole response's log probabilities so far */
+    size_t n_lp, cap_lp;
+    size_t text_offset;          /* the completions' legacy text_offset of the next token */
+} api_choice;
+
 /* One request and its response. */
 typedef struct api_req {
     serve_api *a;
@@ -77,17 +89,13 @@ typedef struct api_req {
     uint8_t *out;
     size_t out_len, out_cap;
     double waiting_since;        /* a writeable callback asked for and not yet had (0: none) */
-    /* a generation */
-    serve_job *job;
-    bool chat, stream, include_usage, role_sent, ended;
+    /* a generation: n choices, a job each */
+    api_choice ch[SERVE_MAX_CHOICES];
+    int n_ch;
+    bool chat, stream, include_usage, ended;
     char id[48];
     long long created;
-    char *text;                  /* a whole response's text so far */
-    size_t text_len, text_cap;
     bool logprobs;               /* the request asked for log probabilities */
-    serve_logprob *lp;           /* a whole response's so far */
-    size_t n_lp, cap_lp;
-    size_t text_offset;          /* the completions' legacy text_offset of the next token */
 } api_req;
 
 /* ---- writing ---- */
@@ -179,120 +187,154 @@ static int sse_event(api_req *r, char *json) {
 }
 
 /* The log probabilities to send with some text (NULL when the request asked for none). */
-static const serve_logprobs_out *logprobs_out(api_req *r, const serve_logprob *lp, size_t n, serve_logprobs_out *o) {
+static const serve_logprobs_out *logprobs_out(api_req *r, api_choice *c, const serve_logprob *lp, size_t n,
+                                              serve_logprobs_out *o) {
     if (!r->logprobs) return NULL;
-    *o = (serve_logprobs_out){.m = r->a->status->m, .lp = lp, .n = n, .text_offset = &r->text_offset};
+    *o = (serve_logprobs_out){.m = r->a->status->m, .lp = lp, .n = n, .text_offset = &c->text_offset};
     return o;
 }
 
-static int stream_progress(api_req *r, const char *text, const serve_logprob *lp, size_t n_lp,
-                           const serve_job_state *st) {
-    serve_api *a = r->a;
-    const char *model = a->cfg.openai.model_id;
+/* Choice i's new text as SSE chunks (the role first on a chat), and its finish chunk once done. */
+static int stream_choice(api_req *r, int i, const char *text, const serve_logprob *lp, size_t n_lp) {
+    api_choice *c = &r->ch[i];
+    const char *model = r->a->cfg.openai.model_id;
     serve_logprobs_out o;
-    if (r->chat && !r->role_sent) {
-        r->role_sent = true;
-        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, NULL, true, SERVE_FINISH_NONE,
-                                                 logprobs_out(r, NULL, 0, &o))))
+    if (r->chat && !c->role_sent) {
+        c->role_sent = true;
+        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, i, NULL, true, SERVE_FINISH_NONE,
+                                                 logprobs_out(r, c, NULL, 0, &o))))
             return -1;
     }
-    if ((text || n_lp) && sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, text ? text : "",
-                                                               false, SERVE_FINISH_NONE, logprobs_out(r, lp, n_lp, &o))))
+    if ((text || n_lp) && sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, text ? text : "",
+                                                               false, SERVE_FINISH_NONE,
+                                                               logprobs_out(r, c, lp, n_lp, &o))))
         return -1;
-    if (!st->done) return 0;
-    r->ended = true;
-    if (st->finish == SERVE_FINISH_ERROR) {
-        serve_api_error e;
-        serve_api_fail(&e, st->http_status, "server_error", st->error_code, NULL, "%s", st->error);
-        if (sse_event(r, serve_openai_error_json(&e))) return -1;
-    } else {
-        if (sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, NULL, false, st->finish,
-                                                 logprobs_out(r, NULL, 0, &o))))
-            return -1;
-        if (r->include_usage &&
-            sse_event(r, serve_openai_usage_chunk_json(r->chat, r->id, r->created, model, st)))
-            return -1;
+    if (!c->st.done || c->finished) return 0;
+    c->finished = true;
+    return sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, NULL, false, c->st.finish,
+                                                logprobs_out(r, c, NULL, 0, &o)));
+}
+
+/* Choice i's new text and log probabilities kept for the whole response. */
+static int keep_choice(api_choice *c, const char *text, size_t n, const serve_logprob *lp, size_t n_lp) {
+    if (n && append((uint8_t **)&c->text, &c->text_len, &c->text_cap, 0, text, n)) return -1;
+    if (!n_lp) return 0;
+    if (c->n_lp + n_lp > c->cap_lp) {
+        size_t cap = c->cap_lp ? c->cap_lp : 64;
+        while (cap < c->n_lp + n_lp) cap *= 2;
+        serve_logprob *grown = realloc(c->lp, cap * sizeof *grown);
+        if (!grown) return -1;
+        c->lp = grown, c->cap_lp = cap;
     }
+    memcpy(c->lp + c->n_lp, lp, n_lp * sizeof *lp);
+    c->n_lp += n_lp;
+    return 0;
+}
+
+/* The request's usage: its prompt once, every choice's tokens. */
+static serve_job_state usage_of(const api_req *r) {
+    serve_job_state u = r->ch[0].st;
+    for (int i = 1; i < r->n_ch; i++) u.n_completion += r->ch[i].st.n_completion;
+    return u;
+}
+
+/* Every choice done: the whole response, or the stream's usage and end. */
+static int finish_response(api_req *r) {
+    r->ended = true;
+    const serve_job_state u = usage_of(r);
+    if (r->stream) {
+        if (r->include_usage &&
+            sse_event(r, serve_openai_usage_chunk_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id, &u)))
+            return -1;
+        r->final = true;
+        return out_add(r, "data: [DONE]\n\n", 14);
+    }
+    serve_choice_out out[SERVE_MAX_CHOICES];
+    serve_logprobs_out lp[SERVE_MAX_CHOICES];
+    for (int i = 0; i < r->n_ch; i++) {
+        api_choice *c = &r->ch[i];
+        out[i] = (serve_choice_out){.text = c->text ? c->text : "", .finish = c->st.finish,
+                                    .lp = logprobs_out(r, c, c->lp, c->n_lp, &lp[i])};
+    }
+    return respond_json(r, 200, serve_openai_completion_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id,
+                                                          out, r->n_ch, &u));
+}
+
+/* A choice failed (the engine, a bad prompt, shutting down): every choice
+ * stops; before any byte went out a plain error, else an error event. */
+static int fail_response(api_req *r, const serve_job_state *st) {
+    for (int i = 0; i < r->n_ch; i++) serve_job_cancel(r->ch[i].job);
+    r->ended = true;
+    serve_api_error e;
+    if (!r->status) {
+        serve_api_fail(&e, st->http_status, st->http_status < 500 ? "invalid_request_error" : "server_error",
+                       st->error_code, st->http_status == 400 ? (r->chat ? "messages" : "prompt") : NULL, "%s",
+                       st->error);
+        return respond_error(r, &e);
+    }
+    serve_api_fail(&e, st->http_status, "server_error", st->error_code, NULL, "%s", st->error);
+    if (sse_event(r, serve_openai_error_json(&e))) return -1;
     r->final = true;
     return out_add(r, "data: [DONE]\n\n", 14);
 }
 
-static int whole_progress(api_req *r, const char *text, size_t n, const serve_logprob *lp, size_t n_lp,
-                          const serve_job_state *st) {
-    if (n && append((uint8_t **)&r->text, &r->text_len, &r->text_cap, 0, text, n)) return -1;
-    if (n_lp) {
-        if (r->n_lp + n_lp > r->cap_lp) {
-            size_t cap = r->cap_lp ? r->cap_lp : 64;
-            while (cap < r->n_lp + n_lp) cap *= 2;
-            serve_logprob *grown = realloc(r->lp, cap * sizeof *grown);
-            if (!grown) return -1;
-            r->lp = grown, r->cap_lp = cap;
-        }
-        memcpy(r->lp + r->n_lp, lp, n_lp * sizeof *lp);
-        r->n_lp += n_lp;
-    }
-    if (!st->done) return 0;
-    r->ended = true;
-    serve_logprobs_out o;
-    return respond_json(r, 200, serve_openai_completion_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id,
-                                                          r->text ? r->text : "", st,
-                                                          logprobs_out(r, r->lp, r->n_lp, &o)));
-}
-
-/* Takes the job's new text into the response. */
+/* Takes the jobs' new text into the response. */
 static int pull_job(api_req *r) {
-    char *text;
-    serve_job_state st;
-    serve_logprob *lp = NULL;
-    /* the log probabilities first: a token's entry is there before its text is */
-    const size_t n_lp = serve_job_take_logprobs(r->job, &lp);
-    const size_t n = serve_job_take(r->job, &text, &st);
     int rc = 0;
-    if (!r->status && st.done && st.finish == SERVE_FINISH_ERROR) { /* before any byte went out: a plain error */
-        serve_api_error e;
-        serve_api_fail(&e, st.http_status, st.http_status < 500 ? "invalid_request_error" : "server_error",
-                     st.error_code, st.http_status == 400 ? (r->chat ? "messages" : "prompt") : NULL, "%s", st.error);
-        r->ended = true;
-        rc = respond_error(r, &e);
-    } else if (!r->stream) {
-        rc = whole_progress(r, text, n, lp, n_lp, &st);
-    } else if (r->status || st.accepted) {
-        if (!r->status) {
-            r->status = 200;
-            r->ctype = "text/event-stream";
-            r->length = -1;
-            serve_api_count(&r->a->status->api, routes[r->route].endpoint, 200);
+    bool all_done = true;
+    const serve_job_state *failed = NULL;
+    for (int i = 0; i < r->n_ch && !rc; i++) {
+        api_choice *c = &r->ch[i];
+        char *text;
+        serve_logprob *lp = NULL;
+        /* the log probabilities first: a token's entry is there before its text is */
+        const size_t n_lp = serve_job_take_logprobs(c->job, &lp);
+        const size_t n = serve_job_take(c->job, &text, &c->st);
+        if (c->st.done && c->st.finish == SERVE_FINISH_ERROR) {
+            if (!failed) failed = &c->st;
+        } else if (!r->stream) {
+            rc = keep_choice(c, text, n, lp, n_lp);
+        } else if (r->status || c->st.accepted) {
+            if (!r->status) {
+                r->status = 200;
+                r->ctype = "text/event-stream";
+                r->length = -1;
+                serve_api_count(&r->a->status->api, routes[r->route].endpoint, 200);
+            }
+            rc = stream_choice(r, i, text, lp, n_lp);
         }
-        rc = stream_progress(r, text, lp, n_lp, &st);
+        all_done = all_done && c->st.done;
+        free(text);
+        free(lp);
     }
-    free(text);
-    free(lp);
-    return rc;
+    if (rc) return rc;
+    if (failed) return fail_response(r, failed);
+    return all_done ? finish_response(r) : 0;
 }
 
 /* ---- requests ---- */
 
 static void req_free(api_req *r) {
     if (!r) return;
-    if (r->job) {
-        serve_job_set_user(r->job, NULL);
-        if (!r->ended) {
-            serve_job_cancel(r->job);
-            atomic_fetch_add(&r->a->status->api.disconnects, 1);
-            moex_log(MOEX_LOG_INFO, "api: %s: the client left before the end: its slot is freed", r->id);
-        }
-        serve_job_unref(r->job);
+    if (r->n_ch && !r->ended) {
+        atomic_fetch_add(&r->a->status->api.disconnects, 1);
+        moex_log(MOEX_LOG_INFO, "api: %s: the client left before the end: its slot is freed", r->id);
+    }
+    for (int i = 0; i < r->n_ch; i++) {
+        serve_job_set_user(r->ch[i].job, NULL);
+        if (!r->ended) serve_job_cancel(r->ch[i].job);
+        serve_job_unref(r->ch[i].job);
+        free(r->ch[i].text);
+        free(r->ch[i].lp);
     }
     free(r->body);
-    free(r->lp);
     free(r->out);
-    free(r->text);
     free(r);
 }
 
 static int on_writeable(api_req *r, void **state) {
     r->waiting_since = 0;
-    if (r->job && !r->ended && pull_job(r)) return -1;
+    if (r->n_ch && !r->ended && pull_job(r)) return -1;
     if (!r->status) return 0; /* nothing to say yet */
     if (!r->head_sent) {
         if (send_head(r)) return -1;
@@ -351,7 +393,7 @@ static void service(void *ctx) {
         if (r && r->waiting_since && now - r->waiting_since > a->cfg.client_timeout_s) {
             moex_log(MOEX_LOG_INFO, "api: %s: the client read nothing for %.0f s: dropped", r->id,
                      now - r->waiting_since);
-            serve_job_cancel(r->job);
+            for (int k = 0; k < r->n_ch; k++) serve_job_cancel(r->ch[k].job);
             lws_set_timeout(r->wsi, PENDING_TIMEOUT_HTTP_CONTENT, LWS_TO_KILL_ASYNC);
         } else if (r) {
             want_writeable(r);
@@ -391,10 +433,11 @@ static int respond_tokens(api_req *r) {
     return json ? respond_json(r, 200, json) : respond_error(r, &e);
 }
 
+/* The request's n choices, a job each (the later ones get their own copies and the next seeds), submitted. */
 static int start_generation(api_req *r) {
     serve_api *a = r->a;
     if (r->route == R_TOKENIZE || r->route == R_DETOKENIZE) return respond_tokens(r);
-    if (r->job) return 0; /* one job a request */
+    if (r->n_ch) return 0; /* one generation a request */
     const bool chat = r->route == R_CHAT;
     serve_api_request req;
     serve_api_error e;
@@ -407,19 +450,31 @@ static int start_generation(api_req *r) {
     r->logprobs = req.job.logprobs;
     r->created = (long long)time(NULL);
     snprintf(r->id, sizeof r->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", r->created, (unsigned long long)no);
-    serve_job *job = serve_job_create(&req.job, notify, a);
+    serve_job_params params[SERVE_MAX_CHOICES];
+    params[0] = req.job;
+    int n = 1;
+    for (; n < req.n && !serve_job_params_clone(&req.job, &params[n]); n++) params[n].sp.seed = req.job.sp.seed + n;
+    bool oom = n < req.n;
+    for (int i = 0; i < n; i++) {   /* every params' buffers go to a job, or are freed by serve_job_create */
+        serve_job *job = serve_job_create(&params[i], notify, a);
+        if (!job) oom = true;
+        else r->ch[r->n_ch++].job = job, serve_job_set_user(job, r);
+    }
+    if (oom) {
+        r->ended = true;
+        return respond_error(r, (serve_api_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), &e));
+    }
     moex_error err = {0};
-    if (!job) return respond_error(r, (serve_api_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), &e));
-    serve_job_set_user(job, r);
     serve_sched *sched = atomic_load(&a->sched);
     if (!sched) moex_fail(&err, "the server is starting (waiting for workers): try again shortly");
-    if (!sched || serve_sched_submit(sched, job, &err)) {
-        serve_job_set_user(job, NULL);
-        serve_job_unref(job);
+    for (int i = 0; i < r->n_ch && sched; i++)
+        if (serve_sched_submit(sched, r->ch[i].job, &err)) sched = NULL;
+    if (!sched) {
+        r->ended = true;   /* the submitted ones are cancelled with the request */
+        for (int i = 0; i < r->n_ch; i++) serve_job_cancel(r->ch[i].job);
         serve_api_fail(&e, 503, "server_error", "server_busy", NULL, "%s", err.msg);
         return respond_error(r, &e);
     }
-    r->job = job;
     return 0;
 }
 

@@ -42,8 +42,11 @@ typedef struct serve_openai_ctx {
     int32_t n_vocab;             /* logit_bias's ids are checked against it */
 } serve_openai_ctx;
 
+#define SERVE_MAX_CHOICES 8   /* n: choices a request asks for at most */
+
 typedef struct serve_api_request {
     bool chat, stream, include_usage;
+    int n;                         /* choices: n jobs of the same prompt (the scheduler shares its KV rows) */
     serve_job_params job;          /* owned: serve_job_create takes it, or serve_api_request_free */
 } serve_api_request;
 
@@ -73,13 +76,20 @@ typedef struct serve_logprobs_out {
     size_t *text_offset;
 } serve_logprobs_out;
 
-/* A whole (non-streamed) completion. */
-char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                                 const serve_job_state *st, const serve_logprobs_out *lp);
-/* One SSE chunk's JSON: text (may be NULL) and, at the end, the finish
- * reason; chat's first chunk carries the assistant role. */
-char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                            bool role, serve_finish finish, const serve_logprobs_out *lp);
+/* One choice of a completion. */
+typedef struct serve_choice_out {
+    const char *text;
+    serve_finish finish;
+    const serve_logprobs_out *lp;   /* NULL: "logprobs": null */
+} serve_choice_out;
+
+/* A whole (non-streamed) completion of n choices; usage: the request's (its prompt once, every choice's tokens). */
+char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model,
+                                 const serve_choice_out *choices, int n, const serve_job_state *usage);
+/* One SSE chunk's JSON for choice index: text (may be NULL) and, at the
+ * end, the finish reason; chat's first chunk carries the assistant role. */
+char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, int index,
+                            const char *text, bool role, serve_finish finish, const serve_logprobs_out *lp);
 /* The last chunk when stream_options.include_usage: no choices, the usage. */
 char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model,
                                   const serve_job_state *st);

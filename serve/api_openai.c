@@ -278,9 +278,6 @@ static int known_fields(const cJSON *root, bool chat, serve_api_error *e) {
 
 /* What is asked for that this server does not do: refused rather than ignored. */
 static int unsupported(const cJSON *root, serve_api_error *e) {
-    int64_t n = 1;
-    if (get_integer(root, "n", 1, 128, &n, e)) return -1;
-    if (n != 1) return BAD(e, "n", "'n' is %lld: this server returns one choice per request", (long long)n);
     bool echo = false;
     if (get_bool(root, "echo", &echo, e)) return -1;
     if (echo) return BAD(e, "echo", "'echo' is not supported");
@@ -377,6 +374,9 @@ static int parse_root(const serve_openai_ctx *ctx, bool chat, const cJSON *root,
                       serve_api_request *out, serve_api_error *e) {
     if (!cJSON_IsObject(root)) return BAD(e, NULL, "the request body must be a JSON object");
     if (known_fields(root, chat, e) || check_model(ctx, root, e) || unsupported(root, e)) return -1;
+    int64_t n = 1;
+    if (get_integer(root, "n", 1, SERVE_MAX_CHOICES, &n, e)) return -1;
+    out->n = (int)n;
     if (get_bool(root, "stream", &out->stream, e)) return -1;
     const cJSON *so = field(root, "stream_options");
     if (so) {
@@ -541,31 +541,33 @@ static void add_logprobs(cJSON *choice, bool chat, const serve_logprobs_out *lp)
     }
 }
 
-char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                                 const serve_job_state *st, const serve_logprobs_out *lp) {
-    const serve_finish finish = st->finish;
+char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model,
+                                 const serve_choice_out *choices, int n, const serve_job_state *usage) {
     cJSON *root = envelope(chat, false, id, created, model);
-    cJSON *choice = cJSON_CreateObject();
-    cJSON_AddNumberToObject(choice, "index", 0);
-    if (chat) {
-        cJSON *msg = cJSON_AddObjectToObject(choice, "message");
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", text);
-    } else {
-        cJSON_AddStringToObject(choice, "text", text);
+    cJSON *arr = cJSON_AddArrayToObject(root, "choices");
+    for (int i = 0; i < n; i++) {
+        cJSON *choice = cJSON_CreateObject();
+        cJSON_AddNumberToObject(choice, "index", i);
+        if (chat) {
+            cJSON *msg = cJSON_AddObjectToObject(choice, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddStringToObject(msg, "content", choices[i].text);
+        } else {
+            cJSON_AddStringToObject(choice, "text", choices[i].text);
+        }
+        add_logprobs(choice, chat, choices[i].lp);
+        add_string_or_null(choice, "finish_reason", serve_openai_finish_name(choices[i].finish));
+        cJSON_AddItemToArray(arr, choice);
     }
-    add_logprobs(choice, chat, lp);
-    add_string_or_null(choice, "finish_reason", serve_openai_finish_name(finish));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
-    add_usage(root, st);
+    add_usage(root, usage);
     return print_and_free(root);
 }
 
-char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, const char *text,
-                            bool role, serve_finish finish, const serve_logprobs_out *lp) {
+char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, int index,
+                            const char *text, bool role, serve_finish finish, const serve_logprobs_out *lp) {
     cJSON *root = envelope(chat, true, id, created, model);
     cJSON *choice = cJSON_CreateObject();
-    cJSON_AddNumberToObject(choice, "index", 0);
+    cJSON_AddNumberToObject(choice, "index", index);
     if (chat) {
         cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
         if (role) cJSON_AddStringToObject(delta, "role", "assistant");

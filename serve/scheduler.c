@@ -63,6 +63,30 @@ void serve_hist_observe(serve_hist *h, double v) {
 
 /* ---- jobs ---- */
 
+static void *dup_bytes(const void *src, size_t n) {
+    void *d = src ? malloc(n ? n : 1) : NULL;
+    if (d && n) memcpy(d, src, n);
+    return d;
+}
+
+int serve_job_params_clone(const serve_job_params *p, serve_job_params *out) {
+    *out = *p;
+    out->prompt_text = dup_bytes(p->prompt_text, p->prompt_text ? p->prompt_len + 1 : 0);
+    out->prompt_tokens = dup_bytes(p->prompt_tokens, (size_t)p->n_prompt_tokens * sizeof *p->prompt_tokens);
+    out->rules.bias_id = dup_bytes(p->rules.bias_id, (size_t)p->rules.n_bias * sizeof *p->rules.bias_id);
+    out->rules.bias = dup_bytes(p->rules.bias, (size_t)p->rules.n_bias * sizeof *p->rules.bias);
+    bool ok = (!p->prompt_text || out->prompt_text) && (!p->prompt_tokens || out->prompt_tokens) &&
+              (!p->rules.bias_id || out->rules.bias_id) && (!p->rules.bias || out->rules.bias);
+    for (int i = 0; i < p->n_stop; i++) ok = (out->stop[i] = p->stop[i] ? strdup(p->stop[i]) : NULL) && ok;
+    if (ok) return 0;
+    free(out->prompt_text);
+    free(out->prompt_tokens);
+    free((void *)out->rules.bias_id);
+    free((void *)out->rules.bias);
+    for (int i = 0; i < p->n_stop; i++) free(out->stop[i]);
+    return -1;
+}
+
 serve_job *serve_job_create(serve_job_params *p, serve_job_notify_fn notify, void *notify_ctx) {
     serve_job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -476,14 +500,33 @@ static int pick_slot(const serve_sched *s, const serve_job *j, int64_t *reuse, i
 
 static void set_cached(serve_job_state *st, void *arg) { st->n_cached = *(const int64_t *)arg; }
 
+/* Whether j should wait for a running job still feeding a prompt that shares
+ * a longer prefix with j's (COPY_MIN_ROWS at least): once fed, those rows are
+ * copied instead of computed twice (n choices of one request, a burst of
+ * calls with one system prompt). */
+static bool wait_for_prefix(const serve_sched *s, const serve_job *j) {
+    if (s->cfg.no_prompt_cache || !s->eng.copy_rows) return false;
+    for (int i = 0; i < s->cfg.n_slots; i++) {
+        const serve_job *b = s->slot[i];
+        if (!b || b->n_fed >= b->n_prompt) continue;
+        const int64_t c = common_prefix(b->prompt, b->n_prompt - 1, j->prompt, j->n_prompt);
+        if (c >= COPY_MIN_ROWS && c > busy_prompt_rows(b)) return true;
+    }
+    return false;
+}
+
+/* Waiting jobs into free slots, in arrival order (a job waiting for a shared prefix stays in line). */
 static void admit(serve_sched *s) {
-    int taken = 0;
-    while (taken < s->n_waiting) {
-        serve_job *j = s->waiting[taken];
+    int taken = 0, kept = 0;
+    for (int w = 0; w < s->n_waiting; w++) {
+        serve_job *j = s->waiting[w];
         int64_t reuse = 0;
         int from = -1;
-        const int i = pick_slot(s, j, &reuse, &from);
-        if (i < 0) break;
+        const int i = wait_for_prefix(s, j) ? -1 : pick_slot(s, j, &reuse, &from);
+        if (i < 0) {
+            s->waiting[kept++] = j;
+            continue;
+        }
         taken++;
         moex_error err = {0};
         if (from >= 0 && reuse > 0 && s->eng.copy_rows(s->eng.ctx, from, i, reuse, &err)) {
@@ -502,9 +545,8 @@ static void admit(serve_sched *s) {
         atomic_fetch_add(&s->stats->active, 1);
         atomic_fetch_add(&s->stats->admitted, 1);
     }
+    s->n_waiting = kept;
     if (!taken) return;
-    memmove(s->waiting, s->waiting + taken, (size_t)(s->n_waiting - taken) * sizeof *s->waiting);
-    s->n_waiting -= taken;
     pthread_mutex_lock(&s->mu);
     s->n_queue -= taken;
     atomic_store(&s->stats->queued, s->n_queue);

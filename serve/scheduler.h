@@ -110,6 +110,8 @@ typedef struct serve_job_state {
 typedef struct serve_job serve_job;
 typedef void (*serve_job_notify_fn)(void *ctx, serve_job *j);
 
+/* A deep copy of p (another choice of the same request: its own buffers); -1 when out of memory, nothing owned. */
+int serve_job_params_clone(const serve_job_params *p, serve_job_params *out);
 /* Takes ownership of p's buffers (prompt, stops) whatever happens; one reference, the caller's. */
 serve_job *serve_job_create(serve_job_params *p, serve_job_notify_fn notify, void *notify_ctx);
 void serve_job_ref(serve_job *j);

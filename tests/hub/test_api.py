@@ -246,6 +246,42 @@ def logit_rules(srv):
     check("logit_bias outside the vocabulary: 400", st == 400 and e and e["param"] == "logit_bias", f"{st} {body[:200]}")
 
 
+def several_choices(srv):
+    """n > 1: n choices of one prompt, whole and streamed, each its own sequence (seeds seed, seed + 1, ...)."""
+    msgs = [{"role": "user", "content": "Count to three. " + " ".join(f"Then say item {i}." for i in range(12))}]
+    st, _, body = request(srv.port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0,
+                                                                   "ignore_eos": True}, key=KEY)
+    one = json.loads(body)["choices"][0]["message"]["content"] if st == 200 else None
+    before = sample(srv.metrics(), "moex_prompt_cached_tokens_total") or 0
+    st, _, body = request(srv.port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0,
+                                                                   "ignore_eos": True, "n": 3}, key=KEY)
+    d = json.loads(body) if st == 200 else {}
+    texts = [c["message"]["content"] for c in d.get("choices", [])]
+    check("n 3, greedy: three choices, each the n 1 answer; usage counts every choice's tokens",
+          texts == [one] * 3 and [c["index"] for c in d["choices"]] == [0, 1, 2] and
+          d["usage"]["completion_tokens"] == 18, f"{st} {body[:300]}")
+    shared = (sample(srv.metrics(), "moex_prompt_cached_tokens_total") or 0) - before
+    p = d.get("usage", {}).get("prompt_tokens", 0)
+    check("  the prompt evaluated once: the other choices' prompt rows copied (cached tokens)",
+          shared >= 2 * (p - 1), f"{shared} cached for a {p}-token prompt")
+    st, _, body = request(srv.port, "POST", "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 12, "temperature": 1.5,
+                                                              "seed": 11, "n": 4, "ignore_eos": True}, key=KEY)
+    texts = [c["text"] for c in json.loads(body)["choices"]] if st == 200 else []
+    check("n 4, sampling: four choices, not all the same (seeds 11..14)", len(texts) == 4 and len(set(texts)) > 1,
+          f"{st} {texts}")
+    st, _, body = request(srv.port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0,
+                                                                   "ignore_eos": True, "n": 2, "stream": True}, key=KEY)
+    got, finishes = {0: "", 1: ""}, []
+    for line in body.decode().splitlines():
+        if line.startswith("data: {"):
+            for ch in json.loads(line[6:]).get("choices", []):
+                got[ch["index"]] += ch.get("delta", {}).get("content") or ""
+                if ch.get("finish_reason"):
+                    finishes.append(ch["index"])
+    check("n 2 streamed: chunks of both choices, each finished once, the same greedy text",
+          got == {0: one, 1: one} and sorted(finishes) == [0, 1], f"{got} {finishes}")
+
+
 def log_probabilities(srv):
     """logprobs against the CLI's own logits (--dump-logits, log-softmax in float64 here): the completions' legacy
     format, chat's (whole and streamed), and the fields' bounds."""
@@ -310,6 +346,7 @@ def local():
         raw_bad_input(srv)
         log_probabilities(srv)
         logit_rules(srv)
+        several_choices(srv)
         killed_mid_stream(srv)
         metrics_text(srv, False)
     finally:

@@ -157,8 +157,12 @@ async function errors() {
                     prompt: 'x', max_tokens: 'many'}), 400, undefined, 'max_tokens');
   await expectError('temperature out of range: 400', () => client.chat.completions.create({model: cfg.model,
                     messages: [{role: 'user', content: 'x'}], temperature: 7}), 400, undefined, 'temperature');
-  await expectError('n > 1: 400', () => client.chat.completions.create({model: cfg.model,
-                    messages: [{role: 'user', content: 'x'}], n: 2}), 400, undefined, 'n');
+  const two = await client.chat.completions.create({model: cfg.model, messages: [{role: 'user', content: 'x'}], n: 2,
+                                                    max_tokens: 4, temperature: 0});
+  check('n: 2 gives two choices (greedy: the same text)', two.choices.length === 2 && two.choices[1].index === 1 &&
+        two.choices[0].message.content === two.choices[1].message.content, show(two));
+  await expectError('n > 8: 400', () => client.chat.completions.create({model: cfg.model,
+                    messages: [{role: 'user', content: 'x'}], n: 9}), 400, undefined, 'n');
   await expectError('an unknown role: 400', () => client.chat.completions.create({model: cfg.model,
                     messages: [{role: 'wizard', content: 'x'}]}), 400, undefined, 'messages');
   await expectError('no messages: 400', () => client.chat.completions.create({model: cfg.model, messages: []}),
