@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "serve/api.h"
+#include "serve/reasoning.h"
 
 typedef enum route {
     R_PAGE, R_HEALTH, R_METRICS, R_STATUS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
@@ -65,6 +66,7 @@ typedef struct api_choice {
     serve_job *job;
     serve_job_state st;          /* the last state taken */
     bool role_sent, finished;    /* streams: the role chunk, the finish chunk went out */
+    serve_reasoning think;       /* chat: the answer's <think> part into reasoning_content */
     char *text;                  /* a whole response's text so far */
     size_t text_len, text_cap;
     serve_logprob *lp;           /* a whole response's log probabilities so far */
@@ -201,17 +203,29 @@ static int stream_choice(api_req *r, int i, const char *text, const serve_logpro
     serve_logprobs_out o;
     if (r->chat && !c->role_sent) {
         c->role_sent = true;
-        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, i, NULL, true, SERVE_FINISH_NONE,
-                                                 logprobs_out(r, c, NULL, 0, &o))))
+        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, i, NULL, NULL, true,
+                                                 SERVE_FINISH_NONE, logprobs_out(r, c, NULL, 0, &o))))
             return -1;
     }
-    if ((text || n_lp) && sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, text ? text : "",
-                                                               false, SERVE_FINISH_NONE,
-                                                               logprobs_out(r, c, lp, n_lp, &o))))
+    char *reasoning = NULL, *content = NULL;
+    size_t rl = 0, cl = 0;
+    if (r->chat) {   /* a thinking model's <think> part as delta.reasoning_content */
+        if (serve_reasoning_feed(&c->think, text ? text : "", text ? strlen(text) : 0, c->st.done, &reasoning, &rl,
+                                 &content, &cl))
+            return -1;
+    } else if (text && !(content = strdup(text))) {
         return -1;
+    }
+    const int rc = (content || reasoning || n_lp) &&
+                   sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, content ? content : "",
+                                                        reasoning, false, SERVE_FINISH_NONE,
+                                                        logprobs_out(r, c, lp, n_lp, &o)));
+    free(reasoning);
+    free(content);
+    if (rc) return -1;
     if (!c->st.done || c->finished) return 0;
     c->finished = true;
-    return sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, NULL, false, c->st.finish,
+    return sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, NULL, NULL, false, c->st.finish,
                                                 logprobs_out(r, c, NULL, 0, &o)));
 }
 
@@ -251,13 +265,23 @@ static int finish_response(api_req *r) {
     }
     serve_choice_out out[SERVE_MAX_CHOICES];
     serve_logprobs_out lp[SERVE_MAX_CHOICES];
+    char *reasoning[SERVE_MAX_CHOICES] = {0}, *content[SERVE_MAX_CHOICES] = {0};
+    int rc = 0;
     for (int i = 0; i < r->n_ch; i++) {
         api_choice *c = &r->ch[i];
-        out[i] = (serve_choice_out){.text = c->text ? c->text : "", .finish = c->st.finish,
+        size_t rl = 0, cl = 0;
+        if (r->chat && serve_reasoning_feed(&c->think, c->text ? c->text : "", c->text_len, true, &reasoning[i], &rl,
+                                            &content[i], &cl))
+            rc = -1;
+        while (rl && (reasoning[i][rl - 1] == '\n' || reasoning[i][rl - 1] == ' ')) reasoning[i][--rl] = '\0';
+        out[i] = (serve_choice_out){.text = r->chat ? (content[i] ? content[i] : "") : (c->text ? c->text : ""),
+                                    .reasoning = reasoning[i], .finish = c->st.finish,
                                     .lp = logprobs_out(r, c, c->lp, c->n_lp, &lp[i])};
     }
-    return respond_json(r, 200, serve_openai_completion_json(r->chat, r->id, r->created, r->a->cfg.openai.model_id,
-                                                          out, r->n_ch, &u));
+    if (!rc) rc = respond_json(r, 200, serve_openai_completion_json(r->chat, r->id, r->created,
+                                                                    r->a->cfg.openai.model_id, out, r->n_ch, &u));
+    for (int i = 0; i < r->n_ch; i++) free(reasoning[i]), free(content[i]);
+    return rc;
 }
 
 /* A choice failed (the engine, a bad prompt, shutting down): every choice

@@ -79,6 +79,7 @@ typedef struct serve_logprobs_out {
 /* One choice of a completion. */
 typedef struct serve_choice_out {
     const char *text;
+    const char *reasoning;          /* chat: message.reasoning_content (NULL: none) */
     serve_finish finish;
     const serve_logprobs_out *lp;   /* NULL: "logprobs": null */
 } serve_choice_out;
@@ -89,7 +90,8 @@ char *serve_openai_completion_json(bool chat, const char *id, long long created,
 /* One SSE chunk's JSON for choice index: text (may be NULL) and, at the
  * end, the finish reason; chat's first chunk carries the assistant role. */
 char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, int index,
-                            const char *text, bool role, serve_finish finish, const serve_logprobs_out *lp);
+                            const char *text, const char *reasoning, bool role, serve_finish finish,
+                            const serve_logprobs_out *lp);
 /* The last chunk when stream_options.include_usage: no choices, the usage. */
 char *serve_openai_usage_chunk_json(bool chat, const char *id, long long created, const char *model,
                                   const serve_job_state *st);

@@ -552,6 +552,7 @@ char *serve_openai_completion_json(bool chat, const char *id, long long created,
             cJSON *msg = cJSON_AddObjectToObject(choice, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
             cJSON_AddStringToObject(msg, "content", choices[i].text);
+            if (choices[i].reasoning) cJSON_AddStringToObject(msg, "reasoning_content", choices[i].reasoning);
         } else {
             cJSON_AddStringToObject(choice, "text", choices[i].text);
         }
@@ -564,13 +565,15 @@ char *serve_openai_completion_json(bool chat, const char *id, long long created,
 }
 
 char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, int index,
-                            const char *text, bool role, serve_finish finish, const serve_logprobs_out *lp) {
+                            const char *text, const char *reasoning, bool role, serve_finish finish,
+                            const serve_logprobs_out *lp) {
     cJSON *root = envelope(chat, true, id, created, model);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", index);
     if (chat) {
         cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
         if (role) cJSON_AddStringToObject(delta, "role", "assistant");
+        if (reasoning) cJSON_AddStringToObject(delta, "reasoning_content", reasoning);
         if (text || role) cJSON_AddStringToObject(delta, "content", text ? text : "");
     } else {
         cJSON_AddStringToObject(choice, "text", text ? text : "");

@@ -107,6 +107,8 @@ moex_hub_script_test(hub_api test_api.py api-work TIMEOUT 600 LABELS "hub;api" S
   ENV "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
 
 # The scheduler's batching, text and limits over a scripted engine (no model).
+# A thinking model's answer split into reasoning and content, whole and in random pieces.
+moex_c_test(test_reasoning SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_reasoning.c LIBS moex_serve TIMEOUT 60 LABELS hub)
 moex_c_test(test_scheduler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler.c LIBS moex_serve
             ARGS ${moex_vocab}/ggml-vocab-qwen2.gguf TIMEOUT 120 LABELS "hub;api")
 
