@@ -33,7 +33,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,13 +40,8 @@ import tempfile
 import threading
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import healthy, port as free_port  # noqa: E402
 
 
 def wait_health(port, proc, timeout, err_tail, workers):
@@ -60,13 +54,8 @@ def wait_health(port, proc, timeout, err_tail, workers):
         if gone:
             gone[0].log.seek(0)
             sys.exit(f"bench_api: a worker exited with {gone[0].returncode}: {gone[0].log.read()[-1500:]}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
+        if healthy(port):
+            return
         time.sleep(0.2)
     sys.exit(f"bench_api: the hub was not healthy after {timeout} s")
 

@@ -20,7 +20,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "bench"))
-from benchlib import heldout_passages, port  # noqa: E402
+from benchlib import heldout_passages, port, wait_healthy  # noqa: E402
 BIN = os.path.join(os.path.abspath(sys.argv[1]), "bin")
 ARGS = sys.argv[2:] or ["--local", "-t", "2"]
 MODEL = os.path.join(REPO, "train", "model", "brown-moe-q8_0.gguf")
@@ -61,15 +61,7 @@ def run(extra):
     srv = subprocess.Popen([f"{BIN}/moex-hub", "serve", "-m", MODEL, "--port", str(p), "--parallel", "2", "--ctx",
                             "1024", *ARGS, *extra], stdout=log, stderr=subprocess.STDOUT)
     try:
-        for _ in range(600):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", p, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        wait_healthy(p, srv, 60, "bench_prompt_cache")
         out = []
         for doc in passages(CHATS):
             turn1 = f"{doc}\n\nQuestion: what is this passage about?\nAnswer:"

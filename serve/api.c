@@ -207,17 +207,14 @@ static int stream_choice(api_req *r, int i, const char *text, const serve_logpro
                                                  SERVE_FINISH_NONE, logprobs_out(r, c, NULL, 0, &o))))
             return -1;
     }
-    char *reasoning = NULL, *content = NULL;
+    char *reasoning = NULL, *content = NULL;   /* chat: a thinking model's <think> part as delta.reasoning_content */
     size_t rl = 0, cl = 0;
-    if (r->chat) {   /* a thinking model's <think> part as delta.reasoning_content */
-        if (serve_reasoning_feed(&c->think, text ? text : "", text ? strlen(text) : 0, c->st.done, &reasoning, &rl,
-                                 &content, &cl))
-            return -1;
-    } else if (text && !(content = strdup(text))) {
+    if (r->chat && serve_reasoning_feed(&c->think, text ? text : "", text ? strlen(text) : 0, c->st.done, &reasoning,
+                                        &rl, &content, &cl))
         return -1;
-    }
-    const int rc = (content || reasoning || n_lp) &&
-                   sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, content ? content : "",
+    const char *out = r->chat ? content : text;
+    const int rc = (out || reasoning || n_lp) &&
+                   sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, out ? out : "",
                                                         reasoning, false, SERVE_FINISH_NONE,
                                                         logprobs_out(r, c, lp, n_lp, &o)));
     free(reasoning);

@@ -47,7 +47,7 @@ struct serve_job {
     /* shared, under mu */
     char *out;
     size_t out_len, out_cap;
-    serve_logprob *lp;           /* log probabilities not yet taken (top_logprobs >= 0) */
+    serve_logprob *lp;           /* log probabilities not yet taken (p.logprobs) */
     size_t n_lp, cap_lp;
     serve_job_state st;
 };
@@ -257,12 +257,17 @@ static void fail_job(serve_sched *s, serve_job *j, int status, const char *code,
     job_update(j, NULL, 0, set_failed, &f);
 }
 
-/* The prompt cache: what slot's KV rows hold that a later prompt may reuse,
- * the job's prompt rows fed as prompt rows (its last prompt token wanted
- * logits, so it ran on other kernels on a GPU). */
+/* The prompt rows a job's slot holds that another prompt may reuse: those
+ * fed as prompt rows (its last prompt token wanted logits, so it ran on
+ * other kernels on a GPU; generated tokens too). */
+static int64_t prompt_rows_fed(const serve_job *j) {
+    const int64_t k = j->n_fed < j->n_prompt ? j->n_fed : j->n_prompt - 1;
+    return k > 0 ? k : 0;
+}
+
+/* The prompt cache: what a freed slot keeps. */
 static void keep_prompt_rows(serve_sched *s, int slot, const serve_job *j) {
-    int64_t k = j->n_fed < j->n_prompt ? j->n_fed : j->n_prompt - 1;
-    if (k < 0) k = 0;
+    const int64_t k = prompt_rows_fed(j);
     memcpy(s->kept + (size_t)slot * (size_t)s->cfg.n_ctx, j->prompt, (size_t)k * sizeof *j->prompt);
     s->n_kept[slot] = k;
 }
@@ -462,13 +467,6 @@ static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int
 /* Rows worth copying from another slot (below that a shared BOS or chat header, not worth a submission). */
 #define COPY_MIN_ROWS 16
 
-/* The prompt rows a busy slot's job has fed (its prompt's last token
- * excepted, as for the kept rows). */
-static int64_t busy_prompt_rows(const serve_job *b) {
-    const int64_t k = b->n_fed < b->n_prompt ? b->n_fed : b->n_prompt - 1;
-    return k > 0 ? k : 0;
-}
-
 /* The free slot for j: the longest prefix of its prompt in a free slot's
  * kept rows, else the slot keeping the fewest (so that the others' stay); -1
  * when none is free. *reuse: the rows j may take (its last prompt token is
@@ -490,7 +488,7 @@ static int pick_slot(const serve_sched *s, const serve_job *j, int64_t *reuse, i
     *copy_from = -1;
     for (int i = 0; best >= 0 && !s->cfg.no_prompt_cache && s->eng.copy_rows && i < s->cfg.n_slots; i++) {
         const serve_job *b = s->slot[i];
-        const int64_t c = b ? common_prefix(b->prompt, busy_prompt_rows(b), j->prompt, j->n_prompt) : 0;
+        const int64_t c = b ? common_prefix(b->prompt, prompt_rows_fed(b), j->prompt, j->n_prompt) : 0;
         if (c >= COPY_MIN_ROWS && c > best_common) *copy_from = i, best_common = c;
     }
     if (*copy_from >= 0) best = least;
@@ -510,7 +508,7 @@ static bool wait_for_prefix(const serve_sched *s, const serve_job *j) {
         const serve_job *b = s->slot[i];
         if (!b || b->n_fed >= b->n_prompt) continue;
         const int64_t c = common_prefix(b->prompt, b->n_prompt - 1, j->prompt, j->n_prompt);
-        if (c >= COPY_MIN_ROWS && c > busy_prompt_rows(b)) return true;
+        if (c >= COPY_MIN_ROWS && c > prompt_rows_fed(b)) return true;
     }
     return false;
 }
