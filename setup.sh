@@ -34,7 +34,7 @@ web/setup_web.sh   # emscripten, chromium, node: the browser worker and its test
 PKGS=(build-essential cmake pkg-config git
       liblz4-dev libxxhash-dev libwebsockets-dev libcjson-dev libssl-dev
       libvulkan-dev glslc mesa-vulkan-drivers
-      clang libclang-rt-14-dev python3 python3-numpy python3-websockets time bc)
+      clang libclang-rt-14-dev python3 python3-numpy python3-websockets python3-jinja2 time bc)
 
 install_missing "${PKGS[@]}"
 [ "${1:-}" = "--deps" ] && exit 0

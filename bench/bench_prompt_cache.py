@@ -3,8 +3,8 @@
 requests. CHATS conversations, each a held-out Brown passage (~400 tokens,
 train/brown-heldout.txt) and a question, then a second turn that repeats the
 history (passage, question, the first answer) and asks another: what a chat
-client or an agent sends. Through /v1/completions (the shipped model has no
-chat template), greedy, 16 tokens a turn, streamed: time to first token of
+client or an agent sends. Through /v1/chat/completions (the shipped model's
+ChatML template), greedy, 16 tokens a turn, streamed: time to first token of
 each turn, on a server with the prompt cache (the default) and one with
 --no-prompt-cache, and whether both servers' answers are the same.
 
@@ -28,16 +28,16 @@ CHATS = int(os.environ.get("MOEX_BENCH_CHATS", "10"))
 
 
 def passages(k):
-    return heldout_passages(k, 120, 300)
+    return heldout_passages(k, 120, 260)   # turn 2 (ChatML, ~60 more tokens) fits the 512-token context
 
 
-def stream(p, prompt):
-    """(text, seconds to the first text chunk, usage) of a streamed greedy completion."""
+def stream(p, messages):
+    """(text, seconds to the first text chunk, usage) of a streamed greedy chat answer."""
     c = http.client.HTTPConnection("127.0.0.1", p, timeout=120)
-    body = json.dumps({"prompt": prompt, "max_tokens": 16, "temperature": 0, "stream": True,
+    body = json.dumps({"messages": messages, "max_tokens": 16, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}})
     t0 = time.time()
-    c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    c.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
     r = c.getresponse()
     text, ttft, usage = "", None, {}
     for line in r:
@@ -45,10 +45,10 @@ def stream(p, prompt):
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         d = json.loads(line[6:])
-        if d.get("choices") and d["choices"][0].get("text"):
+        if d.get("choices") and d["choices"][0]["delta"].get("content"):
             if ttft is None:
                 ttft = time.time() - t0
-            text += d["choices"][0]["text"]
+            text += d["choices"][0]["delta"]["content"]
         if d.get("usage"):
             usage = d["usage"]
     c.close()
@@ -64,9 +64,9 @@ def run(extra):
         wait_healthy(p, srv, 60, "bench_prompt_cache")
         out = []
         for doc in passages(CHATS):
-            turn1 = f"{doc}\n\nQuestion: what is this passage about?\nAnswer:"
+            turn1 = [{"role": "user", "content": f"{doc}\n\nWhat is this passage about?"}]
             a1, t1, u1 = stream(p, turn1)
-            turn2 = f"{turn1}{a1}\n\nQuestion: who is named in it?\nAnswer:"
+            turn2 = [*turn1, {"role": "assistant", "content": a1}, {"role": "user", "content": "Who is named in it?"}]
             a2, t2, u2 = stream(p, turn2)
             out.append((a1, a2, t1, t2, u1.get("prompt_tokens"), u2.get("prompt_tokens"),
                         u2.get("prompt_tokens_details", {}).get("cached_tokens")))

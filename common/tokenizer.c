@@ -9,6 +9,7 @@
 int32_t moex_tokenizer_n_vocab(const moex_tokenizer *tok) { return tok ? tok->n_vocab : 0; }
 int32_t moex_tokenizer_bos(const moex_tokenizer *tok) { return tok ? tok->bos : -1; }
 int32_t moex_tokenizer_eos(const moex_tokenizer *tok) { return tok ? tok->eos : -1; }
+bool moex_tokenizer_adds_bos(const moex_tokenizer *tok) { return tok && tok->add_bos; }
 
 bool moex_tokenizer_is_eog(const moex_tokenizer *tok, int32_t id) {
     if (!tok || id < 0 || id >= tok->n_vocab) return false;

@@ -20,6 +20,8 @@ void moex_tokenizer_free(moex_tokenizer *tok);
 int32_t moex_tokenizer_n_vocab(const moex_tokenizer *tok);
 int32_t moex_tokenizer_bos(const moex_tokenizer *tok);   /* -1 if none */
 int32_t moex_tokenizer_eos(const moex_tokenizer *tok);   /* -1 if none */
+/* Whether moex_tokenize(add_bos = true) prepends BOS (tokenizer.ggml.add_bos_token). */
+bool moex_tokenizer_adds_bos(const moex_tokenizer *tok);
 /* True for end-of-generation tokens (eos, eot, eom, im_end, ...). */
 bool moex_tokenizer_is_eog(const moex_tokenizer *tok, int32_t id);
 

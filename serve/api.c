@@ -23,7 +23,7 @@
 
 typedef enum route {
     R_PAGE, R_HEALTH, R_METRICS, R_STATUS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
-    R_V1_OTHER, /* any other path under /v1/: a JSON 404 (last: the routes before it match first) */
+    R_APPLY_TEMPLATE, R_V1_OTHER, /* any other path under /v1/: a JSON 404 (last: the routes before it match first) */
     R_COUNT
 } route;
 
@@ -43,6 +43,7 @@ static const struct {
     [R_COMPLETIONS] = {"/v1/completions", LWSHUMETH_POST, true, SERVE_EP_COMPLETIONS},
     [R_TOKENIZE] = {"/tokenize", LWSHUMETH_POST, true, SERVE_EP_OTHER},
     [R_DETOKENIZE] = {"/detokenize", LWSHUMETH_POST, true, SERVE_EP_OTHER},
+    [R_APPLY_TEMPLATE] = {"/apply-template", LWSHUMETH_POST, true, SERVE_EP_OTHER},
     [R_V1_OTHER] = {"/v1/", -1, true, SERVE_EP_OTHER}, /* a prefix; any method */
 };
 
@@ -67,6 +68,7 @@ typedef struct api_choice {
     serve_job_state st;          /* the last state taken */
     bool role_sent, finished;    /* streams: the role chunk, the finish chunk went out */
     serve_reasoning think;       /* chat: the answer's <think> part into reasoning_content */
+    serve_tool_stream *tools;    /* a streamed chat with tools: its content's tool calls as deltas */
     char *text;                  /* a whole response's text so far */
     size_t text_len, text_cap;
     serve_logprob *lp;           /* a whole response's log probabilities so far */
@@ -98,6 +100,9 @@ typedef struct api_req {
     char id[48];
     long long created;
     bool logprobs;               /* the request asked for log probabilities */
+    serve_tool_format tool_format; /* tools offered: calls parsed out of the content in this format */
+    bool one_call;               /* only the first call is the answer's (parallel_tool_calls false) */
+    cJSON *tools;                /* the tools offered: their schemas type the calls' values */
 } api_req;
 
 /* ---- writing ---- */
@@ -196,34 +201,56 @@ static const serve_logprobs_out *logprobs_out(api_req *r, api_choice *c, const s
     return o;
 }
 
-/* Choice i's new text as SSE chunks (the role first on a chat), and its finish chunk once done. */
+/* A call's id prefix: unique per request and choice ("call_" + prefix + the call's index). */
+static void call_id_prefix(const api_req *r, int i, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s_%d_", strchr(r->id, '-') ? strchr(r->id, '-') + 1 : r->id, i);
+}
+
+/* Calls past the first dropped (one_call): a delta array's entries of index >= 1, a whole answer's calls. */
+static void keep_first_call(cJSON *calls, bool deltas) {
+    for (int k = cJSON_GetArraySize(calls) - 1; k >= 0; k--) {
+        const cJSON *idx = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(calls, k), "index");
+        if (deltas ? cJSON_IsNumber(idx) && idx->valuedouble >= 1 : k >= 1) cJSON_DeleteItemFromArray(calls, k);
+    }
+}
+
+/* Choice i's new text as SSE chunks (the role first on a chat), and its finish chunk once done. A chat's text
+ * goes through the reasoning split, then (tools offered) the tool-call parser. */
 static int stream_choice(api_req *r, int i, const char *text, const serve_logprob *lp, size_t n_lp) {
     api_choice *c = &r->ch[i];
     const char *model = r->a->cfg.openai.model_id;
     serve_logprobs_out o;
+    if (c->finished) return 0;
     if (r->chat && !c->role_sent) {
         c->role_sent = true;
-        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, i, NULL, NULL, true,
-                                                 SERVE_FINISH_NONE, logprobs_out(r, c, NULL, 0, &o))))
-            return -1;
+        const serve_choice_out role = {.lp = logprobs_out(r, c, NULL, 0, &o)};
+        if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, i, true, &role))) return -1;
     }
-    char *reasoning = NULL, *content = NULL;   /* chat: a thinking model's <think> part as delta.reasoning_content */
+    char *reasoning = NULL, *content = NULL, *plain = NULL;   /* chat: <think> part as delta.reasoning_content */
+    cJSON *deltas = NULL;
     size_t rl = 0, cl = 0;
-    if (r->chat && serve_reasoning_feed(&c->think, text ? text : "", text ? strlen(text) : 0, c->st.done, &reasoning,
-                                        &rl, &content, &cl))
-        return -1;
-    const char *out = r->chat ? content : text;
-    const int rc = (out || reasoning || n_lp) &&
-                   sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, out ? out : "",
-                                                        reasoning, false, SERVE_FINISH_NONE,
-                                                        logprobs_out(r, c, lp, n_lp, &o)));
+    moex_error err = {0};
+    int rc = r->chat && serve_reasoning_feed(&c->think, text ? text : "", text ? strlen(text) : 0, c->st.done,
+                                             &reasoning, &rl, &content, &cl);
+    if (!rc && c->tools && (content || c->st.done))
+        rc = serve_tool_stream_feed_ex(c->tools, content ? content : "", cl, c->st.done, &plain, NULL, &deltas, &err);
+    if (deltas && r->one_call) keep_first_call(deltas, true);
+    if (deltas && !cJSON_GetArraySize(deltas)) cJSON_Delete(deltas), deltas = NULL;
+    const char *out = !r->chat ? text : c->tools ? plain : content;
+    const serve_choice_out d = {.text = out ? out : (deltas ? NULL : ""), .reasoning = reasoning,
+                                .tool_calls = deltas, .lp = logprobs_out(r, c, lp, n_lp, &o)};
+    if (!rc && (out || reasoning || deltas || n_lp))
+        rc = sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, false, &d));
     free(reasoning);
     free(content);
+    free(plain);
+    cJSON_Delete(deltas);
     if (rc) return -1;
     if (!c->st.done || c->finished) return 0;
     c->finished = true;
-    return sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, NULL, NULL, false, c->st.finish,
-                                                logprobs_out(r, c, NULL, 0, &o)));
+    const serve_choice_out end = {.finish = c->st.finish, .called = c->tools && serve_tool_stream_calls(c->tools) > 0,
+                                  .lp = logprobs_out(r, c, NULL, 0, &o)};
+    return sse_event(r, serve_openai_chunk_json(r->chat, r->id, r->created, model, i, false, &end));
 }
 
 /* Choice i's new text and log probabilities kept for the whole response. */
@@ -262,7 +289,8 @@ static int finish_response(api_req *r) {
     }
     serve_choice_out out[SERVE_MAX_CHOICES];
     serve_logprobs_out lp[SERVE_MAX_CHOICES];
-    char *reasoning[SERVE_MAX_CHOICES] = {0}, *content[SERVE_MAX_CHOICES] = {0};
+    char *reasoning[SERVE_MAX_CHOICES] = {0}, *content[SERVE_MAX_CHOICES] = {0}, *plain[SERVE_MAX_CHOICES] = {0};
+    cJSON *calls[SERVE_MAX_CHOICES] = {0};
     int rc = 0;
     for (int i = 0; i < r->n_ch; i++) {
         api_choice *c = &r->ch[i];
@@ -271,13 +299,27 @@ static int finish_response(api_req *r) {
                                             &content[i], &cl))
             rc = -1;
         while (rl && (reasoning[i][rl - 1] == '\n' || reasoning[i][rl - 1] == ' ')) reasoning[i][--rl] = '\0';
-        out[i] = (serve_choice_out){.text = r->chat ? (content[i] ? content[i] : "") : (c->text ? c->text : ""),
-                                    .reasoning = reasoning[i], .finish = c->st.finish,
+        if (!rc && r->chat && r->tool_format != SERVE_TOOLS_NONE) {   /* the content's tool calls */
+            char prefix[64];
+            moex_error err = {0};
+            call_id_prefix(r, i, prefix, sizeof prefix);
+            char *own = NULL;   /* reasoning in the format's own markup (harmony's analysis channel) */
+            if (serve_tool_calls_parse_ex(r->tool_format, r->tools, content[i] ? content[i] : "", cl, prefix,
+                                          &plain[i], &own, &calls[i], &err))
+                rc = -1;
+            else if (r->one_call) keep_first_call(calls[i], false);
+            if (own && *own && !reasoning[i]) reasoning[i] = own, own = NULL;
+            free(own);
+        }
+        const char *text = plain[i] ? plain[i] : content[i];
+        out[i] = (serve_choice_out){.text = r->chat ? (text ? text : "") : (c->text ? c->text : ""),
+                                    .reasoning = reasoning[i], .tool_calls = calls[i],
+                                    .called = calls[i] && cJSON_GetArraySize(calls[i]) > 0, .finish = c->st.finish,
                                     .lp = logprobs_out(r, c, c->lp, c->n_lp, &lp[i])};
     }
     if (!rc) rc = respond_json(r, 200, serve_openai_completion_json(r->chat, r->id, r->created,
                                                                     r->a->cfg.openai.model_id, out, r->n_ch, &u));
-    for (int i = 0; i < r->n_ch; i++) free(reasoning[i]), free(content[i]);
+    for (int i = 0; i < r->n_ch; i++) free(reasoning[i]), free(content[i]), free(plain[i]), cJSON_Delete(calls[i]);
     return rc;
 }
 
@@ -345,9 +387,11 @@ static void req_free(api_req *r) {
         serve_job_set_user(r->ch[i].job, NULL);
         if (!r->ended) serve_job_cancel(r->ch[i].job);
         serve_job_unref(r->ch[i].job);
+        serve_tool_stream_free(r->ch[i].tools);
         free(r->ch[i].text);
         free(r->ch[i].lp);
     }
+    cJSON_Delete(r->tools);
     free(r->body);
     free(r->out);
     free(r);
@@ -445,19 +489,22 @@ static int refuse(api_req *r) {
     return respond_json(r, 401, serve_openai_error_json(&e));
 }
 
-/* POST /tokenize and /detokenize: answered on this thread from the model's tokenizer. */
+/* POST /tokenize, /detokenize (the model's tokenizer) and /apply-template (the chat template): answered on this
+ * thread. */
 static int respond_tokens(api_req *r) {
     serve_api_error e;
     const moex_model *m = r->a->status->m;
-    char *json = r->route == R_TOKENIZE ? serve_tokenize_json(m, r->body ? r->body : "", r->body_len, &e)
-                                        : serve_detokenize_json(m, r->body ? r->body : "", r->body_len, &e);
+    const char *body = r->body ? r->body : "";
+    char *json = r->route == R_TOKENIZE     ? serve_tokenize_json(m, body, r->body_len, &e)
+                 : r->route == R_DETOKENIZE ? serve_detokenize_json(m, body, r->body_len, &e)
+                                            : serve_apply_template_json(&r->a->cfg.openai, body, r->body_len, &e);
     return json ? respond_json(r, 200, json) : respond_error(r, &e);
 }
 
 /* The request's n choices, a job each (the later ones get their own copies and the next seeds), submitted. */
 static int start_generation(api_req *r) {
     serve_api *a = r->a;
-    if (r->route == R_TOKENIZE || r->route == R_DETOKENIZE) return respond_tokens(r);
+    if (r->route == R_TOKENIZE || r->route == R_DETOKENIZE || r->route == R_APPLY_TEMPLATE) return respond_tokens(r);
     if (r->n_ch) return 0; /* one generation a request */
     const bool chat = r->route == R_CHAT;
     serve_api_request req;
@@ -469,6 +516,10 @@ static int start_generation(api_req *r) {
     r->stream = req.stream;
     r->include_usage = req.include_usage;
     r->logprobs = req.job.logprobs;
+    r->tool_format = req.tool_format;
+    r->one_call = req.one_call;
+    r->tools = req.tools;   /* the request's from here */
+    req.tools = NULL;
     r->created = (long long)time(NULL);
     snprintf(r->id, sizeof r->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", r->created, (unsigned long long)no);
     serve_job_params params[SERVE_MAX_CHOICES];
@@ -480,6 +531,11 @@ static int start_generation(api_req *r) {
         serve_job *job = serve_job_create(&params[i], notify, a);
         if (!job) oom = true;
         else r->ch[r->n_ch++].job = job, serve_job_set_user(job, r);
+    }
+    for (int i = 0; i < r->n_ch && r->stream && r->tool_format != SERVE_TOOLS_NONE; i++) {
+        char prefix[64];
+        call_id_prefix(r, i, prefix, sizeof prefix);
+        if (!(r->ch[i].tools = serve_tool_stream_create_ex(r->tool_format, prefix, r->tools))) oom = true;
     }
     if (oom) {
         r->ended = true;

@@ -18,7 +18,6 @@
 #include "serve/api.h"
 #include "serve/text_out.h"
 
-#define MAX_MESSAGES 4096
 #define MAX_PROMPT_TOKENS (1 << 22)
 
 int serve_api_fail(serve_api_error *e, unsigned status, const char *type, const char *code, const char *param,
@@ -41,8 +40,11 @@ void serve_api_request_free(serve_api_request *r) {
     free(r->job.prompt_tokens);
     free((void *)r->job.rules.bias_id);
     free((void *)r->job.rules.bias);
+    free(r->job.grammar);
     for (int i = 0; i < r->job.n_stop; i++) free(r->job.stop[i]);
     memset(&r->job, 0, sizeof r->job);
+    cJSON_Delete(r->tools);
+    r->tools = NULL;
 }
 
 /* ---- field checks: absent and null leave the default ---- */
@@ -84,94 +86,7 @@ static int get_bool(const cJSON *root, const char *name, bool *out, serve_api_er
     return 0;
 }
 
-/* ---- the prompt ---- */
-
-/* A message's content: a string, or an array of {"type": "text", "text": ...}
- * parts (joined). *owned is set when the text had to be joined. */
-static int message_content(const cJSON *msg, int i, const char **text, char **owned, serve_api_error *e) {
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
-    *owned = NULL;
-    if (!c || cJSON_IsNull(c)) {
-        *text = "";
-        return 0;
-    }
-    if (cJSON_IsString(c)) {
-        *text = c->valuestring;
-        return 0;
-    }
-    if (!cJSON_IsArray(c)) return BAD(e, "messages", "messages[%d].content must be a string or an array of parts", i);
-    size_t total = 1;
-    const cJSON *part;
-    cJSON_ArrayForEach(part, c) {
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(t))
-            return BAD(e, "messages", "messages[%d].content: only text parts ({\"type\": \"text\", \"text\": ...}) "
-                       "are supported", i);
-        total += strlen(t->valuestring);
-    }
-    if (!(*owned = malloc(total))) return serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    size_t at = 0;
-    cJSON_ArrayForEach(part, c) {
-        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
-        const size_t n = strlen(t);
-        memcpy(*owned + at, t, n);
-        at += n;
-    }
-    (*owned)[at] = '\0';
-    *text = *owned;
-    return 0;
-}
-
-/* "developer" is OpenAI's newer name for "system". */
-static const char *message_role(const cJSON *msg) {
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(msg, "role");
-    if (!cJSON_IsString(r)) return NULL;
-    if (!strcmp(r->valuestring, "developer")) return "system";
-    if (!strcmp(r->valuestring, "system") || !strcmp(r->valuestring, "user") || !strcmp(r->valuestring, "assistant"))
-        return r->valuestring;
-    return NULL;
-}
-
-static int render_messages(const serve_openai_ctx *ctx, const cJSON *messages, serve_job_params *job, serve_api_error *e) {
-    if (!cJSON_IsArray(messages)) return BAD(e, "messages", "'messages' must be an array of {role, content}");
-    const int n = cJSON_GetArraySize(messages);
-    if (n < 1) return BAD(e, "messages", "'messages' is empty: nothing to answer");
-    if (n > MAX_MESSAGES) return BAD(e, "messages", "%d messages; at most %d", n, MAX_MESSAGES);
-    moex_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
-    char **owned = calloc((size_t)n, sizeof *owned);
-    int rc = msgs && owned ? 0 : serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    int i = 0;
-    const cJSON *m;
-    cJSON_ArrayForEach(m, messages) {
-        if (rc) break;
-        if (!cJSON_IsObject(m)) {
-            rc = BAD(e, "messages", "messages[%d] must be an object {role, content}", i);
-            break;
-        }
-        if (!(msgs[i].role = message_role(m))) {
-            rc = BAD(e, "messages", "messages[%d].role must be \"system\", \"developer\", \"user\" or \"assistant\"", i);
-            break;
-        }
-        rc = message_content(m, i, &msgs[i].content, &owned[i], e);
-        i++;
-    }
-    if (!rc) {
-        moex_error err = {0};
-        const int64_t len = moex_chat_apply(ctx->chat, msgs, n, true, NULL, 0, &err);
-        if (len < 0) rc = serve_api_fail(e, 500, "server_error", NULL, NULL, "chat template: %s", err.msg);
-        else if (!(job->prompt_text = malloc((size_t)len + 1)))
-            rc = serve_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-        else {
-            moex_chat_apply(ctx->chat, msgs, n, true, job->prompt_text, len + 1, &err);
-            job->prompt_len = (size_t)len;
-        }
-    }
-    for (int k = 0; owned && k < n; k++) free(owned[k]);
-    free(owned);
-    free(msgs);
-    return rc;
-}
+/* ---- the prompt (a chat's: api_chat.c) ---- */
 
 /* A string, an array of token ids, or an array holding one string. */
 static int completion_prompt(const cJSON *root, serve_job_params *job, serve_api_error *e) {
@@ -230,8 +145,9 @@ static int stops(const cJSON *root, serve_job_params *job, serve_api_error *e) {
 static const char *const common_fields[] = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p",
                                             "top_k", "min_p", "seed", "stop", "n", "logprobs", "ignore_eos",
                                             "presence_penalty", "frequency_penalty", "logit_bias", "repeat_penalty",
-                                            "repeat_last_n", NULL};
-static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
+                                            "repeat_last_n", "response_format", "grammar", NULL};
+static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                                          "parallel_tool_calls", "chat_template_kwargs", NULL};
 static const char *const completion_fields[] = {"prompt", "echo", "best_of", NULL};
 /* Fields that change nothing in the answer: identifiers and bookkeeping. */
 static const char *const inert_fields[] = {"user", "metadata", "store", "service_tier", NULL};
@@ -242,19 +158,14 @@ static bool in_list(const char *const *list, const char *name) {
     return false;
 }
 
-/* An unimplemented field at a value that asks for nothing: null (unset), an
- * empty tool list, no tool call, plain text, an empty suffix. */
+/* An unimplemented field at a value that asks for nothing: null (unset), the
+ * legacy functions API with no function, an empty suffix. */
 static bool asks_nothing(const cJSON *f) {
     const char *n = f->string;
     if (cJSON_IsNull(f)) return true;
-    if (!strcmp(n, "tools") || !strcmp(n, "functions")) return cJSON_IsArray(f) && !f->child;
-    if (!strcmp(n, "tool_choice") || !strcmp(n, "function_call"))
+    if (!strcmp(n, "functions")) return cJSON_IsArray(f) && !f->child;
+    if (!strcmp(n, "function_call"))
         return cJSON_IsString(f) && (!strcmp(f->valuestring, "none") || !strcmp(f->valuestring, "auto"));
-    if (!strcmp(n, "parallel_tool_calls")) return cJSON_IsBool(f);
-    if (!strcmp(n, "response_format")) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
-        return cJSON_IsObject(f) && cJSON_IsString(t) && !strcmp(t->valuestring, "text");
-    }
     if (!strcmp(n, "suffix")) return cJSON_IsString(f) && !*f->valuestring;
     return false;
 }
@@ -390,14 +301,10 @@ static int parse_root(const serve_openai_ctx *ctx, bool chat, const cJSON *root,
     out->job.max_tokens = max_tokens;
     if (get_bool(root, "ignore_eos", &out->job.ignore_eos, e)) return -1; /* llama-server's extension */
     if (sampling(ctx, root, request_no, &out->job.sp, e) || stops(root, &out->job, e) ||
-        log_probabilities(root, chat, &out->job, e) || logit_rules(ctx, root, &out->job, e))
+        log_probabilities(root, chat, &out->job, e) || logit_rules(ctx, root, &out->job, e) ||
+        serve_answer_grammar(root, &out->job, e))
         return -1;
-    if (chat) {
-        const cJSON *msgs = field(root, "messages");
-        if (!msgs) return BAD(e, "messages", "'messages' is required");
-        return render_messages(ctx, msgs, &out->job, e);
-    }
-    return completion_prompt(root, &out->job, e);
+    return chat ? serve_chat_prompt(ctx, root, out, e) : completion_prompt(root, &out->job, e);
 }
 
 int serve_openai_parse(const serve_openai_ctx *ctx, bool chat, const char *body, size_t len, uint64_t request_no,
@@ -541,45 +448,53 @@ static void add_logprobs(cJSON *choice, bool chat, const serve_logprobs_out *lp)
     }
 }
 
+static void add_finish(cJSON *choice, const serve_choice_out *c) {
+    const char *f = c->called && c->finish == SERVE_FINISH_STOP ? "tool_calls" : serve_openai_finish_name(c->finish);
+    add_string_or_null(choice, "finish_reason", f);
+}
+
 char *serve_openai_completion_json(bool chat, const char *id, long long created, const char *model,
                                  const serve_choice_out *choices, int n, const serve_job_state *usage) {
     cJSON *root = envelope(chat, false, id, created, model);
     cJSON *arr = cJSON_AddArrayToObject(root, "choices");
     for (int i = 0; i < n; i++) {
+        const serve_choice_out *c = &choices[i];
         cJSON *choice = cJSON_CreateObject();
         cJSON_AddNumberToObject(choice, "index", i);
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(choice, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", choices[i].text);
-            if (choices[i].reasoning) cJSON_AddStringToObject(msg, "reasoning_content", choices[i].reasoning);
+            const bool calls = c->tool_calls && cJSON_GetArraySize(c->tool_calls) > 0;
+            add_string_or_null(msg, "content", calls && !*c->text ? NULL : c->text);
+            if (c->reasoning) cJSON_AddStringToObject(msg, "reasoning_content", c->reasoning);
+            if (calls) cJSON_AddItemToObject(msg, "tool_calls", cJSON_Duplicate(c->tool_calls, true));
         } else {
-            cJSON_AddStringToObject(choice, "text", choices[i].text);
+            cJSON_AddStringToObject(choice, "text", c->text);
         }
-        add_logprobs(choice, chat, choices[i].lp);
-        add_string_or_null(choice, "finish_reason", serve_openai_finish_name(choices[i].finish));
+        add_logprobs(choice, chat, c->lp);
+        add_finish(choice, c);
         cJSON_AddItemToArray(arr, choice);
     }
     add_usage(root, usage);
     return print_and_free(root);
 }
 
-char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, int index,
-                            const char *text, const char *reasoning, bool role, serve_finish finish,
-                            const serve_logprobs_out *lp) {
+char *serve_openai_chunk_json(bool chat, const char *id, long long created, const char *model, int index, bool role,
+                              const serve_choice_out *d) {
     cJSON *root = envelope(chat, true, id, created, model);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", index);
     if (chat) {
         cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
         if (role) cJSON_AddStringToObject(delta, "role", "assistant");
-        if (reasoning) cJSON_AddStringToObject(delta, "reasoning_content", reasoning);
-        if (text || role) cJSON_AddStringToObject(delta, "content", text ? text : "");
+        if (d->reasoning) cJSON_AddStringToObject(delta, "reasoning_content", d->reasoning);
+        if (d->text || role) cJSON_AddStringToObject(delta, "content", d->text ? d->text : "");
+        if (d->tool_calls) cJSON_AddItemToObject(delta, "tool_calls", cJSON_Duplicate(d->tool_calls, true));
     } else {
-        cJSON_AddStringToObject(choice, "text", text ? text : "");
+        cJSON_AddStringToObject(choice, "text", d->text ? d->text : "");
     }
-    add_logprobs(choice, chat, lp);
-    add_string_or_null(choice, "finish_reason", serve_openai_finish_name(finish));
+    add_logprobs(choice, chat, d->lp);
+    add_finish(choice, d);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     return print_and_free(root);
 }
@@ -602,6 +517,16 @@ char *serve_openai_models_json(const char *model, long long created, bool one) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "object", "list");
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    return print_and_free(root);
+}
+
+char *serve_apply_template_json(const serve_openai_ctx *ctx, const char *body, size_t len, serve_api_error *e) {
+    serve_api_request req;
+    if (serve_openai_parse(ctx, true, body, len, 0, &req, e)) return NULL;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "prompt", req.job.prompt_text ? req.job.prompt_text : "");
+    if (req.job.grammar) cJSON_AddStringToObject(root, "grammar", req.job.grammar);
+    serve_api_request_free(&req);
     return print_and_free(root);
 }
 

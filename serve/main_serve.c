@@ -20,7 +20,7 @@
 #include "proto/proto.h"
 
 typedef struct serve_options {
-    const char *model, *api_key, *chat_template, *alias;
+    const char *model, *api_key, *chat_template, *chat_template_file, *alias;
     int parallel, max_queue, spec_slots;
     bool no_prompt_cache;
     int64_t n_ctx, n_batch, prompt_chunk, max_body;
@@ -40,7 +40,9 @@ static void usage(FILE *f, const serve_options *o) {
             "  -m, --model FILE        GGUF model\n"
             "  --api-key K             clients must send Authorization: Bearer K (default: none needed)\n"
             "  --alias NAME            the model's name in the API (default: the file name without .gguf)\n"
-            "  --chat-template NAME    override the model's template: chatml, llama3, llama2, llama2-sys,\n"
+            "  --chat-template-file F  a Jinja chat template to run instead of the model's (tokenizer.chat_template;\n"
+            "                          a model without one gets ChatML with Hermes-style tool calls)\n"
+            "  --chat-template NAME    a built-in rendering instead (no tools): chatml, llama3, llama2, llama2-sys,\n"
             "                          llama2-sys-bos, llama2-sys-strip, mistral-v1, mistral-v3,\n"
             "                          mistral-v3-tekken, mistral-v7\n"
             "  --parallel N            requests decoding together, each in its own KV slot (default 4)\n"
@@ -79,6 +81,7 @@ static int parse_value(serve_options *o, const char *a, const char *v) {
     else if (!strcmp(a, "--api-key")) o->api_key = v;
     else if (!strcmp(a, "--alias")) o->alias = v;
     else if (!strcmp(a, "--chat-template")) o->chat_template = v;
+    else if (!strcmp(a, "--chat-template-file")) o->chat_template_file = v;
     else if (!strcmp(a, "--parallel")) {
         if (parse_i64(a, v, 1, 256, &n)) return -1;
         o->parallel = (int)n;
@@ -178,6 +181,7 @@ typedef struct serving {
     serve_status_src status;
     serve_sched_stats stats;
     serve_api *api;
+    serve_chat_setup chat;   /* the chat template the API renders with */
     moex_hub *hub;
     moex_engine eng;     /* --parallel KV slots, experts here (--local) or on the workers */
     hub_cli_drafts drafts;   /* --lookup, --draft-model: a drafter a slot */
@@ -209,8 +213,9 @@ static int start(const serve_options *o, serving *sv) {
     char desc[512];
     moex_model_describe(sv->m, desc, sizeof desc);
     moex_log(MOEX_LOG_INFO, "%s", desc);
-    moex_chat_template chat;
-    if (moex_chat_template_of(sv->m->gguf, o->chat_template, &chat, &err)) {
+    serve_openai_ctx oc = {.model_id = sv->model_id, .defaults = o->cli.eng.sp, .seed = o->cli.eng.sp.seed,
+                           .n_vocab = sv->m->hp.n_vocab};
+    if (serve_chat_setup_open(&sv->chat, sv->m, o->chat_template, o->chat_template_file, &oc, &err)) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
     }
@@ -222,12 +227,11 @@ static int start(const serve_options *o, serving *sv) {
                                           sv->m->hp.n_ctx_train);
     model_id_of(o, sv->model_id, sizeof sv->model_id);
     sv->status = (serve_status_src){.m = sv->m, .model_id = sv->model_id, .backend = sv->backend,
-                                  .chat_template = moex_chat_name(chat), .distributed = !o->cli.eng.local,
+                                  .chat_template = sv->chat.name, .distributed = !o->cli.eng.local,
                                   .sched = &sv->stats, .t_start = moex_time_s()};
     serve_api_config ac = {.api_key = o->api_key, .max_body = (size_t)o->max_body,
                          .client_timeout_s = o->client_timeout_s,
-                         .openai = {.model_id = sv->model_id, .chat = chat, .defaults = o->cli.eng.sp,
-                                    .seed = o->cli.eng.sp.seed, .n_vocab = sv->m->hp.n_vocab}};
+                         .openai = oc};
     if (!(sv->api = serve_api_create(&ac, &sv->status, &err))) {
         fprintf(stderr, "moex-hub serve: %s\n", err.msg);
         return -1;
@@ -273,7 +277,7 @@ static int start(const serve_options *o, serving *sv) {
     serve_api_set_scheduler(sv->api, sv->sched);
     moex_log(MOEX_LOG_INFO, "serving '%s' on %s://%s:%d/ (OpenAI API under /v1, %d slots of %lld positions, %s, "
              "chat template %s%s)", sv->model_id, moex_hub_http_scheme(sv->hub), o->hub.host, moex_hub_port(sv->hub), parallel,
-             (long long)sv->eng.n_ctx, sv->backend, moex_chat_name(chat), o->api_key ? ", API key required" : "");
+             (long long)sv->eng.n_ctx, sv->backend, sv->chat.name, o->api_key ? ", API key required" : "");
     return 0;
 }
 
@@ -284,6 +288,7 @@ static void stop(serving *sv) {
     moex_hub_stop(sv->hub);
     serve_sched_free(sv->sched);
     serve_api_free(sv->api);
+    serve_chat_setup_close(&sv->chat);
     moex_engine_close(&sv->eng);
     hub_cli_drafts_close(&sv->drafts);
     moex_pool_destroy(sv->pool);

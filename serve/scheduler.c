@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "serve/grammar.h"
 #include "serve/scheduler.h"
 #include "serve/text_out.h"
 
@@ -37,6 +38,8 @@ struct serve_job {
     int64_t n_gen;               /* tokens sampled */
     int32_t last;                /* the token to feed next (decoding) */
     moex_sampler *smp;
+    serve_grammar *gram;         /* p.grammar parsed, and the matcher at the completion's end; or NULL */
+    serve_grammar_state *gs;
     moex_drafter *drafter;       /* speculative decoding (its slot's), or NULL */
     float *q;                    /* MOEX_SPEC_MAX_DRAFT x n_vocab: a sampling drafter's distributions, or NULL */
     int32_t draft[MOEX_SPEC_MAX_DRAFT];
@@ -75,14 +78,17 @@ int serve_job_params_clone(const serve_job_params *p, serve_job_params *out) {
     out->prompt_tokens = dup_bytes(p->prompt_tokens, (size_t)p->n_prompt_tokens * sizeof *p->prompt_tokens);
     out->rules.bias_id = dup_bytes(p->rules.bias_id, (size_t)p->rules.n_bias * sizeof *p->rules.bias_id);
     out->rules.bias = dup_bytes(p->rules.bias, (size_t)p->rules.n_bias * sizeof *p->rules.bias);
+    out->grammar = p->grammar ? strdup(p->grammar) : NULL;
     bool ok = (!p->prompt_text || out->prompt_text) && (!p->prompt_tokens || out->prompt_tokens) &&
-              (!p->rules.bias_id || out->rules.bias_id) && (!p->rules.bias || out->rules.bias);
+              (!p->rules.bias_id || out->rules.bias_id) && (!p->rules.bias || out->rules.bias) &&
+              (!p->grammar || out->grammar);
     for (int i = 0; i < p->n_stop; i++) ok = (out->stop[i] = p->stop[i] ? strdup(p->stop[i]) : NULL) && ok;
     if (ok) return 0;
     free(out->prompt_text);
     free(out->prompt_tokens);
     free((void *)out->rules.bias_id);
     free((void *)out->rules.bias);
+    free(out->grammar);
     for (int i = 0; i < p->n_stop; i++) free(out->stop[i]);
     return -1;
 }
@@ -95,6 +101,7 @@ serve_job *serve_job_create(serve_job_params *p, serve_job_notify_fn notify, voi
         for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
         free((void *)p->rules.bias_id);
         free((void *)p->rules.bias);
+        free(p->grammar);
         return NULL;
     }
     pthread_mutex_init(&j->mu, NULL);
@@ -117,8 +124,11 @@ void serve_job_unref(serve_job *j) {
     for (int i = 0; i < j->p.n_stop; i++) free(j->p.stop[i]);
     free((void *)j->p.rules.bias_id);
     free((void *)j->p.rules.bias);
+    free(j->p.grammar);
     free(j->prompt);
     moex_sampler_free(j->smp);
+    serve_grammar_state_free(j->gs);
+    serve_grammar_free(j->gram);
     moex_drafter_free(j->drafter);
     free(j->q);
     serve_text_out_free(&j->text);
@@ -185,6 +195,8 @@ struct serve_sched {
     int64_t *row_tok;            /* [max_rows] each logits row's token in the batch */
     float *spec_scratch;         /* n_vocab: the acceptance rule's */
     int32_t *counts;             /* [pool threads x n_vocab] zeroed scratch of the logit rules (penalties) */
+    serve_grammar_vocab *gvocab; /* every token's text for constrained sampling: made for the first grammar */
+    uint8_t *gmask;              /* [pool threads x n_vocab] the tokens a grammar allows */
     int32_t *kept;               /* [n_slots x n_ctx] the prompt cache: the tokens whose KV rows each slot holds */
     int64_t *n_kept;             /* [n_slots] */
     double t_around;             /* seconds building batches and taking their tokens (the forwards: stats->step_s) */
@@ -307,6 +319,7 @@ static serve_finish on_token(serve_sched *s, serve_job *j, int32_t id, int64_t n
             return SERVE_FINISH_ERROR;
         }
     }
+    if (!finish && j->gs && serve_grammar_must_end(j->gs)) finish = SERVE_FINISH_STOP;   /* nothing else may follow */
     if (!finish && j->p.max_tokens > 0 && n_completion >= j->p.max_tokens) finish = SERVE_FINISH_LENGTH;
     if (!finish && j->n_past + 1 > s->cfg.n_ctx) finish = SERVE_FINISH_LENGTH; /* no room to feed it */
     size_t n_out = 0;
@@ -346,6 +359,52 @@ static int64_t tokenize(const moex_model *m, const serve_job *j, int32_t **out, 
     return n;
 }
 
+/* Every token's text as the completion shows it (special tokens: none, so a
+ * grammar never allows them) and which end generation, for the matchers. */
+static int make_grammar_vocab(serve_sched *s, moex_error *err) {
+    const int32_t n = s->m->hp.n_vocab;
+    const int nth = s->cfg.pool ? moex_pool_size(s->cfg.pool) : 1;
+    char **bytes = calloc((size_t)n, sizeof *bytes);
+    uint32_t *len = calloc((size_t)n, sizeof *len);
+    bool *eog = calloc((size_t)n, sizeof *eog);
+    int rc = bytes && len && eog && (s->gmask = malloc((size_t)nth * (size_t)n)) ? 0 : moex_fail(err, "out of memory");
+    for (int32_t i = 0; !rc && i < n; i++) {
+        char buf[256], *big = NULL;
+        const int k = piece_of(s->m, i, buf, sizeof buf, &big);
+        if (k < 0) rc = moex_fail(err, "out of memory");
+        else if (k > 0 && !(bytes[i] = big ? big : dup_bytes(buf, (size_t)k))) rc = moex_fail(err, "out of memory");
+        len[i] = k > 0 ? (uint32_t)k : 0;
+        eog[i] = moex_tokenizer_is_eog(s->m->tok, i);
+    }
+    if (!rc && !(s->gvocab = serve_grammar_vocab_create(n, (const char *const *)bytes, len, eog, err))) rc = -1;
+    for (int32_t i = 0; bytes && i < n; i++) free(bytes[i]);
+    free(bytes);
+    free(len);
+    free(eog);
+    return rc;
+}
+
+/* The job's grammar parsed and its matcher made (a 400 when the grammar is bad). */
+static bool start_grammar(serve_sched *s, serve_job *j) {
+    moex_error err = {0};
+    char msg[sizeof err.msg + 64];
+    if (!s->m->tok) {
+        fail_job(s, j, 400, "invalid_grammar", "constrained output needs the model's tokenizer (this model has none)");
+        return false;
+    }
+    if (!s->gvocab && make_grammar_vocab(s, &err)) {
+        snprintf(msg, sizeof msg, "constrained sampling: %s", err.msg);
+        fail_job(s, j, 500, "server_error", msg);
+        return false;
+    }
+    if (!(j->gram = serve_grammar_parse(j->p.grammar, NULL, &err)) || !(j->gs = serve_grammar_state_create(j->gram, &err))) {
+        snprintf(msg, sizeof msg, "grammar: %s", err.msg);
+        fail_job(s, j, 400, "invalid_grammar", msg);
+        return false;
+    }
+    return true;
+}
+
 /* A new job: its prompt in tokens, checked against the context; its sampler. */
 static bool prepare(serve_sched *s, serve_job *j) {
     moex_error err = {0};
@@ -376,6 +435,7 @@ static bool prepare(serve_sched *s, serve_job *j) {
         fail_job(s, j, 500, "server_error", "out of memory for a sampler");
         return false;
     }
+    if (j->p.grammar && !start_grammar(s, j)) return false;
     job_update(j, NULL, 0, set_accepted, &j->n_prompt);
     return true;
 }
@@ -448,7 +508,8 @@ static bool has_rules(const serve_job *j) {
 
 /* A drafter for the job in slot i, when the server speculates (none: the job decodes one token a step). */
 static void start_drafting(serve_sched *s, serve_job *j, int i) {
-    if (!s->cfg.make_drafter || j->p.logprobs || has_rules(j)) return;   /* one row a token: its own rules, logprobs */
+    if (!s->cfg.make_drafter || j->p.logprobs || has_rules(j) || j->gs) return;   /* one row a token: its own rules,
+                                                                                    logprobs, grammar */
     j->drafter = s->cfg.make_drafter(s->cfg.drafter_ctx, i, &j->p.sp);
     j->k_cur = s->cfg.draft_max;
     if (j->drafter && s->cfg.drafts_sample && !moex_sampler_is_greedy(j->smp) &&
@@ -559,7 +620,8 @@ static void add_token(serve_sched *s, int64_t *n, int32_t tok, int seq, int64_t 
     s->b_pos[*n] = (int32_t)pos;
     s->b_want[*n] = want;
     s->b_greedy[*n] = want && s->eng.batch_argmax && moex_sampler_is_greedy(s->slot[seq]->smp) &&
-                      !s->slot[seq]->p.logprobs && !has_rules(s->slot[seq]);   /* these need the row on the host */
+                      !s->slot[seq]->p.logprobs && !has_rules(s->slot[seq]) &&
+                      !s->slot[seq]->gs;   /* these need the row on the host */
     s->b_spec[*n] = false;
     (*n)++;
 }
@@ -632,6 +694,23 @@ static int run_forward(serve_sched *s, int64_t n, moex_error *err) {
     return s->eng.forward(s->eng.ctx, s->b_tok, n, s->b_pos[0], false, s->logits, err);
 }
 
+#define GRAMMAR_STUCK (-2)   /* a row's token when its grammar allows no token of the vocabulary */
+
+/* The pick when the job's grammar allows it, else a pick among the tokens it
+ * allows (the others' logits -inf): the first pick is refused with
+ * probability 1 - A (A: the allowed tokens' share), the second then follows
+ * the allowed tokens' distribution, so a token is picked with probability
+ * p / A, as if the row had been masked first, for the cost of one token's
+ * check on most steps. */
+static int32_t constrain(serve_sched *s, const serve_job *j, float *row, int32_t pick, int ith) {
+    if (pick >= 0 && serve_grammar_allows(j->gs, s->gvocab, pick)) return pick;
+    uint8_t *allowed = s->gmask + (size_t)ith * (size_t)s->m->hp.n_vocab;
+    if (serve_grammar_mask(j->gs, s->gvocab, allowed) == 0) return GRAMMAR_STUCK;
+    for (int32_t i = 0; i < s->m->hp.n_vocab; i++)
+        if (!allowed[i]) row[i] = -INFINITY;
+    return moex_sampler_sample(j->smp, row);
+}
+
 /* Rows ith, ith + nth, ...: each row's job samples it with its own sampler
  * (a slot has one wanted row a step), so rows are independent. */
 typedef struct sample_job {
@@ -653,6 +732,7 @@ static void sample_rows(void *ctx, int ith, int nth) {
         }
         s->row_id[r] = s->b_greedy[t] ? s->row_argmax[r]
                                       : moex_sampler_sample(s->slot[s->b_seq[t]]->smp, s->logits + r * s->m->hp.n_vocab);
+        if (j->gs) s->row_id[r] = constrain(s, j, s->logits + r * s->m->hp.n_vocab, s->row_id[r], ith);
     }
 }
 
@@ -712,9 +792,18 @@ static void note_logprob(serve_sched *s, serve_job *j, int32_t id, const float *
  * j may be gone). */
 static bool take_token(serve_sched *s, serve_job *j, int slot, int32_t id, const float *row, double now,
                        int64_t *n_gen) {
-    if (id < 0 || id >= s->m->hp.n_vocab) { /* the engine's argmax found no finite logit */
+    if (id != GRAMMAR_STUCK && (id < 0 || id >= s->m->hp.n_vocab)) { /* the engine's argmax found no finite logit */
         moex_log(MOEX_LOG_WARN, "api: a sequence's logits have no finite maximum (a broken model?)");
         fail_job(s, j, 500, "server_error", "generation failed: the logits have no finite maximum (a broken model?)");
+        free_slot(s, slot);
+        return true;
+    }
+    moex_error err = {0};
+    if (id == GRAMMAR_STUCK || (j->gs && serve_grammar_accept(j->gs, s->gvocab, id, &err))) {
+        char msg[sizeof err.msg + 96];
+        snprintf(msg, sizeof msg, "constrained sampling: %s", id == GRAMMAR_STUCK ? "the grammar allows no token of "
+                 "this model's vocabulary here (it asks for text the vocabulary cannot write)" : err.msg);
+        fail_job(s, j, 500, "server_error", msg);
         free_slot(s, slot);
         return true;
     }
@@ -881,6 +970,8 @@ void serve_sched_free(serve_sched *s) {
     free(s->b_spec);
     free(s->spec_scratch);
     free(s->counts);
+    serve_grammar_vocab_free(s->gvocab);
+    free(s->gmask);
     free(s->kept);
     free(s->n_kept);
     free(s->row_argmax);

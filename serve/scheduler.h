@@ -86,6 +86,8 @@ typedef struct serve_job_params {
     int repeat_last_n;           /* the repeat penalty's window: the sequence's last tokens */
     bool logprobs;               /* each token's log probability ... */
     int top_logprobs;            /* ... and this many alternatives' (0 .. SERVE_MAX_TOP_LOGPROBS) */
+    char *grammar;               /* GBNF the completion must follow (root rule "root"), or NULL: constrained
+                                    sampling, serve/grammar.h. The job ends when the grammar can go no further */
 } serve_job_params;
 
 typedef enum serve_finish {

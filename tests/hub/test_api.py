@@ -115,8 +115,7 @@ def raw_bad_input(srv):
     e = error_of(body)
     check("a wrong type: 400 naming the field", st == 400 and e and e["param"] == "stream", f"{st} {body[:200]}")
     # no silent ignores: a field the server does not implement is a 400 naming it, unless its value asks for nothing
-    for field, value in (("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-                         ("response_format", {"type": "json_object"}), ("grammar", "root ::= \"a\""),
+    for field, value in (("json_schema", {"type": "object"}), ("functions", [{"name": "f"}]),
                          ("mirostat", 2), ("audio", {"voice": "x"})):
         st, _, body = request(srv.port, "POST", "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}, key=KEY)
@@ -618,22 +617,51 @@ def vulkan_workers():
 
 @scenario
 def templates():
-    """A template the server does not recognise stops it at start with a way out; --chat-template is one."""
+    """The GGUF's Jinja template runs whatever its markers; one the interpreter cannot parse falls back to the
+    built-in rendering of its family, else stops the server at start with a way out; --chat-template chooses one."""
     with open(os.path.join(distlib.VOCAB, "ggml-vocab-qwen2.gguf"), "rb") as f:
         data = f.read()
-    odd_vocab = os.path.join(distlib.WORK, "vocab-odd-template.gguf")
-    with open(odd_vocab, "wb") as f:  # same length, so the GGUF stays valid: no marker left
-        f.write(data.replace(b"<|im_start|>", b"<|turn_in|>:"))
-    odd = gen_model("qwen3moe", "q8_0", 13, vocab=os.path.abspath(odd_vocab))
-    p = subprocess.run([f"{distlib.BIN}/moex-hub", "serve", "-m", odd, "--local", "--port", str(free_port())],
+
+    def vocab_with(name, *swaps):   # same lengths, so the GGUF stays valid
+        path = os.path.join(distlib.WORK, f"vocab-{name}.gguf")
+        out = data
+        for a, b in swaps:
+            assert len(a) == len(b)
+            out = out.replace(a, b)
+        with open(path, "wb") as f:
+            f.write(out)
+        return os.path.abspath(path)
+
+    odd = gen_model("qwen3moe", "q8_0", 13, vocab=vocab_with("odd", (b"<|im_start|>", b"<|turn_in|>:")))
+    srv = Serve(distlib.BIN, distlib.WORK, odd, free_port(), ["--local", "--ctx", "64"], key=KEY)
+    try:
+        st, _, body = request(srv.port, "POST", "/apply-template", {"messages": [{"role": "user", "content": "hi"}]},
+                              key=KEY)
+        check("a template of no known family: run as it is (Jinja)", st == 200 and
+              json.loads(body)["prompt"].endswith("<|turn_in|>:user\nhi<|im_end|>\n<|turn_in|>:assistant\n"),
+              f"{st} {body[:300]}")
+    finally:
+        srv.stop()
+    broken = gen_model("qwen3moe", "q8_0", 14, vocab=vocab_with("broken", (b"{% endfor %}", b"{% endfro %}")))
+    srv = Serve(distlib.BIN, distlib.WORK, broken, free_port(), ["--local", "--ctx", "64"], key=KEY)
+    try:
+        st, _, body = request(srv.port, "GET", "/status.json", key=KEY)
+        check("a template the interpreter cannot parse, of a known family: the built-in rendering, with a warning",
+              st == 200 and json.loads(body)["model"]["chat_template"] == "chatml (built-in)" and
+              "endfro" in srv.text(), f"{st} {body[:200]}")
+    finally:
+        srv.stop()
+    both = gen_model("qwen3moe", "q8_0", 15, vocab=vocab_with("both", (b"{% endfor %}", b"{% endfro %}"),
+                                                             (b"<|im_start|>", b"<|turn_in|>:")))
+    p = subprocess.run([f"{distlib.BIN}/moex-hub", "serve", "-m", both, "--local", "--port", str(free_port())],
                        capture_output=True, text=True, timeout=60)
-    check("an unknown chat template: refused at start", p.returncode != 0 and "--chat-template" in p.stderr,
+    check("neither: refused at start, the ways out named", p.returncode != 0 and "--chat-template-file" in p.stderr,
           f"rc={p.returncode} {p.stderr[-400:]}")
-    srv = Serve(distlib.BIN, distlib.WORK, odd, free_port(), ["--local", "--chat-template", "llama3", "--ctx", "64"])
+    srv = Serve(distlib.BIN, distlib.WORK, both, free_port(), ["--local", "--chat-template", "llama3", "--ctx", "64"])
     try:
         st, _, body = request(srv.port, "GET", "/status.json")
-        check("  --chat-template overrides it", st == 200 and json.loads(body)["model"]["chat_template"] == "llama3",
-              f"{st} {body[:200]}")
+        check("  --chat-template overrides it", st == 200 and
+              json.loads(body)["model"]["chat_template"] == "llama3 (built-in)", f"{st} {body[:200]}")
     finally:
         srv.stop()
     p = subprocess.run([f"{distlib.BIN}/moex-hub", "serve", "-m", MODEL, "--local", "--chat-template", "jinja"],

@@ -105,6 +105,11 @@ moex_hub_script_test(dist_relay test_relay.py relay-work TIMEOUT 300 LABELS "hub
 # in Vulkan builds with a device, --backend vulkan (4 slots) against the Vulkan CLI and alone.
 moex_hub_script_test(hub_api test_api.py api-work TIMEOUT 600 LABELS "hub;api" SKIP77
   ENV "MOEX_LOG=warn;${MOEX_VK_TEST_ENV}")
+# What agents use (test_api_agents.py): Jinja chat templates (the GGUF's, a file's, /apply-template), grammars,
+# response_format json_object / json_schema, forced tool calls and the tool round trip through the official client
+# (api/agents_test.mjs: chat.completions.parse with a zod schema), the 400s of bad grammars, schemas and tools.
+moex_hub_script_test(hub_api_agents test_api_agents.py api-agents-work TIMEOUT 600 LABELS "hub;api" SKIP77
+  ENV "MOEX_LOG=warn")
 
 # The scheduler's batching, text and limits over a scripted engine (no model).
 # A thinking model's answer split into reasoning and content, whole and in random pieces.
@@ -115,3 +120,30 @@ moex_c_test(test_scheduler SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler.c LI
 # moex-hub serve against hostile and careless HTTP clients (test_api_hostile.py): bytes after a body, keys
 # checked on the headers, framing, h2c, JSON errors everywhere, who gets the weights, /health, worker names.
 moex_hub_script_test(hub_api_hostile test_api_hostile.py api-hostile-work TIMEOUT 300 LABELS "hub;api")
+
+# Tool calls out of model output per chat-template family (serve/tool_calls*.c): whole and in random pieces,
+# format detection (the real templates too when MOEX_TEMPLATES_DIR names them), the forced-call grammars.
+moex_c_test(test_tool_calls SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tool_calls.c LIBS moex_serve TIMEOUT 60 LABELS hub)
+
+# Constrained sampling (serve/grammar.c, serve/json_schema.c): GBNF parse errors with line and column, llama.cpp's
+# sample grammars, random JSON byte by byte and in random token splits, mask == allows, UTF-8 across tokens, the
+# bound on ambiguous grammars, schemas compiled (test_grammar --bench times mask and allows on the Qwen2 vocab);
+# and differentially against Python's json.loads and a schema validator (test_grammar.py through grammar_check).
+moex_c_test(test_grammar SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_grammar.c LIBS moex_serve TIMEOUT 60 LABELS hub)
+add_executable(grammar_check ${CMAKE_CURRENT_LIST_DIR}/grammar_check.c)
+target_link_libraries(grammar_check PRIVATE moex_serve)
+set_target_properties(grammar_check PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+add_test(NAME hub_grammar_diff COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_grammar.py $<TARGET_FILE:grammar_check>)
+set_tests_properties(hub_grammar_diff PROPERTIES TIMEOUT 120 LABELS hub)
+
+# Jinja chat templates (serve/jinja*.c): the semantics on small templates, bad input, the bounds (test_jinja);
+# and byte-identical renders against Python's jinja2 (as Hugging Face configures it) of llama.cpp's real
+# templates over fixed conversations, plus random expressions (test_templates.py through jinja_render).
+# The templates come from the peer's llama.cpp bundle (tests/peer/setup_peer.sh); skipped without them.
+moex_c_test(test_jinja SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_jinja.c LIBS moex_serve TIMEOUT 60 LABELS hub)
+add_executable(jinja_render ${CMAKE_CURRENT_LIST_DIR}/jinja_render.c)
+target_link_libraries(jinja_render PRIVATE moex_serve)
+set_target_properties(jinja_render PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+add_test(NAME hub_templates COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_templates.py $<TARGET_FILE:jinja_render>
+         ${CMAKE_SOURCE_DIR}/.peer/templates/models/templates)
+set_tests_properties(hub_templates PROPERTIES TIMEOUT 120 LABELS hub SKIP_RETURN_CODE 77 DEPENDS peer_setup)

@@ -3,6 +3,8 @@
 #   - the prebuilt CPU llama.cpp of the node-llama-cpp npm package
 #     (@node-llama-cpp/linux-x64: libllama + libggml*, one CPU backend per ISA),
 #   - its headers, from the llama.cpp source bundle node-llama-cpp ships,
+#   - its chat templates (models/templates/*.jinja, for tests/hub/test_templates.py)
+#     in .peer/templates/models/templates, from the same bundle,
 #   - .peer/bin/llama_peer (tests/peer/llama_peer.c) linked against them,
 #   - .peer/VERSION: the package and llama.cpp release it reports.
 # Idempotent: does nothing when llama_peer is newer than its source.
@@ -25,7 +27,7 @@ skip() {
     exit 77
 }
 
-if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ -f "$peer/VERSION" ]; then
+if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ -f "$peer/VERSION" ] && [ -d "$peer/templates" ]; then
     exit 0
 fi
 
@@ -47,16 +49,28 @@ if [ ! -d "$bins" ] || [ ! -f "$mods/node-llama-cpp/llama/gitRelease.bundle" ]; 
 fi
 [ -d "$bins" ] || skip "the package has no linux-x64 binaries"
 
-# Headers: exactly the llama.cpp revision the binaries were built from.
+# Headers and chat templates: exactly the llama.cpp revision the binaries were built from.
 inc=$peer/llama.cpp
-if [ ! -f "$inc/include/llama.h" ]; then
+tpl=$peer/templates
+if [ ! -f "$inc/include/llama.h" ] || [ ! -d "$tpl" ]; then
     tmp=$peer/bundle.git
-    rm -rf "$tmp" "$inc"
+    rm -rf "$tmp"
     git init -q --bare "$tmp"
     git -C "$tmp" fetch -q "$mods/node-llama-cpp/llama/gitRelease.bundle" HEAD
-    mkdir -p "$inc"
-    git -C "$tmp" archive FETCH_HEAD include ggml/include | tar -x -C "$inc"
-    git -C "$tmp" rev-parse FETCH_HEAD > "$inc/COMMIT"
+    if [ ! -f "$inc/include/llama.h" ]; then
+        rm -rf "$inc"
+        mkdir -p "$inc"
+        git -C "$tmp" archive FETCH_HEAD include ggml/include | tar -x -C "$inc"
+        git -C "$tmp" rev-parse FETCH_HEAD > "$inc/COMMIT"
+    fi
+    if [ ! -d "$tpl" ]; then
+        # a bundle without models/templates leaves the folder empty: test_templates.py then skips
+        rm -rf "$tpl.tmp"
+        mkdir -p "$tpl.tmp"
+        git -C "$tmp" archive FETCH_HEAD models/templates 2>/dev/null | tar -x -C "$tpl.tmp" ||
+            echo "setup_peer: no chat templates in the llama.cpp bundle" >&2
+        mv "$tpl.tmp" "$tpl"
+    fi
     rm -rf "$tmp"
 fi
 
