@@ -231,6 +231,12 @@ typedef struct moex_engine {
      * can pass logits = NULL and read nothing back; -1 where the row has no
      * finite maximum. NULL where the engine has no such thing. */
     int32_t (*last_argmax)(void *ctx);
+    /* Optional (engines with batch_argmax): copies logits row `row`, in the
+     * order of the last forward_batch's wanted rows, into out (n_vocab
+     * floats): a row that forward left where it was computed (argmax_only)
+     * and that turns out to be needed after all (a grammar refused its
+     * argmax). Valid until the next forward. */
+    int (*read_row)(void *ctx, int64_t row, float *out, moex_error *err);
     /* Optional (engines with several slots): copies slot from's KV rows of
      * positions [0, n) into slot to, every layer, so that a sequence sharing
      * a prefix with another starts after it (the same bits: the rows are

@@ -122,6 +122,11 @@ static int32_t tier_last_argmax(void *ctx) {
     return p->inner.last_argmax(p->inner.ctx);
 }
 
+static int tier_read_row(void *ctx, int64_t row, float *out, moex_error *err) {
+    struct moex_engine_parts *p = ctx;
+    return p->inner.read_row(p->inner.ctx, row, out, err);
+}
+
 static int tier_copy_rows(void *ctx, int from, int to, int64_t n, moex_error *err) {
     struct moex_engine_parts *p = ctx;
     return p->inner.copy_rows(p->inner.ctx, from, to, n, err);
@@ -135,6 +140,7 @@ static moex_engine tier_engine(struct moex_engine_parts *p, moex_engine inner, m
     e.forward = tier_forward;
     e.forward_batch = inner.forward_batch ? tier_forward_batch : NULL;
     e.last_argmax = inner.last_argmax ? tier_last_argmax : NULL;
+    e.read_row = inner.read_row ? tier_read_row : NULL;
     e.copy_rows = inner.copy_rows ? tier_copy_rows : NULL;
     return e;
 }

@@ -4,9 +4,10 @@
  *   tool_choice "required" / a named function -> a grammar of the template's tool-call format
  *   response_format json_object / json_schema, grammar (GBNF) -> a grammar of the answer
  *
- * Messages reach the template as Hugging Face's chat rendering passes them:
- * a tool call's arguments as a JSON object (OpenAI sends them as a string),
- * content as one string (text parts joined), null where the client sent null.
+ * Messages reach the template as llama.cpp passes them: a tool call's
+ * arguments as a JSON object (OpenAI sends them as a string), content as one
+ * string (text parts joined; "" where the client sent null), no "tools" key
+ * without tools (some templates fail on a null one).
  * Servers without a Jinja template (--chat-template NAME) render plain
  * conversations with the built-in renderings (common/chat.h) and refuse tools. */
 #include <stdio.h>
@@ -34,10 +35,11 @@ static const cJSON *field(const cJSON *root, const char *name) {
 
 /* ---- messages as the template sees them ---- */
 
-/* content: a string, an array of text parts (joined), or null/absent (null). */
+/* content: a string, an array of text parts (joined), or null/absent: "" (a tool-only assistant turn's; templates
+ * such as Phi-3.5's and Granite's concatenate it, which null would break). */
 static int template_content(const cJSON *msg, int i, cJSON *out, serve_api_error *e) {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
-    if (!c || cJSON_IsNull(c)) return cJSON_AddNullToObject(out, "content") ? 0 : OOM(e);
+    if (!c || cJSON_IsNull(c)) return cJSON_AddStringToObject(out, "content", "") ? 0 : OOM(e);
     if (cJSON_IsString(c)) return cJSON_AddStringToObject(out, "content", c->valuestring) ? 0 : OOM(e);
     if (!cJSON_IsArray(c)) return BAD(e, "messages", "messages[%d].content must be a string or an array of parts", i);
     size_t total = 1, at = 0;

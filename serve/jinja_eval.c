@@ -734,7 +734,8 @@ static void count_iteration(rctx *R, int line) {
     if (++R->iterations > MAX_ITERATIONS) rfail(R, line, "more than %d loop iterations", MAX_ITERATIONS);
 }
 
-static void exec_for(rctx *R, const jnode *n, jscope *sc, jbuf *out) {
+/* Returns the flow its else block ends with: a break or continue there is the enclosing loop's. */
+static int exec_for(rctx *R, const jnode *n, jscope *sc, jbuf *out) {
     size_t count;
     jv **all = iterate(R, n->line, eval(R, n->a, sc), &count);
     jv **items = all;
@@ -766,7 +767,8 @@ static void exec_for(rctx *R, const jnode *n, jscope *sc, jbuf *out) {
         if (st == FLOW_NORMAL) completed = 1;
         if (st == FLOW_BREAK) break;
     }
-    if (!completed && n->n2) exec_body(R, n->list2, n->n2, scope_new(R, sc), out);
+    if (!completed && n->n2) return exec_body(R, n->list2, n->n2, scope_new(R, sc), out);
+    return FLOW_NORMAL;
 }
 
 static jv *macro_value(rctx *R, const jnode *def, jscope *sc) {
@@ -796,7 +798,11 @@ int exec_body(rctx *R, jnode *const *body, size_t n, jscope *sc, jbuf *out) {
             if (st != FLOW_NORMAL) return st;
             break;
         }
-        case N_FOR: exec_for(R, s, sc, out); break;
+        case N_FOR: {
+            int st = exec_for(R, s, sc, out);
+            if (st != FLOW_NORMAL) return st;
+            break;
+        }
         case N_SET: assign(R, s->a, eval(R, s->b, sc), sc); break;
         case N_SETBLOCK: {
             jbuf cap; /* the body gets a scope of its own: its sets do not leak, as in jinja2 */

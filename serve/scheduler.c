@@ -613,7 +613,10 @@ static void admit(serve_sched *s) {
 }
 
 /* A greedy job's row needs only its argmax, which an engine with
- * batch_argmax computes where the logits are (152k floats not read back). */
+ * batch_argmax computes where the logits are (152k floats not read back).
+ * Under a grammar too, where the engine can read a row later (read_row): the
+ * argmax is what the grammar checks first, and the row is read only when the
+ * grammar refuses it (sample_wanted). */
 static void add_token(serve_sched *s, int64_t *n, int32_t tok, int seq, int64_t pos, bool want) {
     s->b_tok[*n] = tok;
     s->b_seq[*n] = seq;
@@ -621,7 +624,7 @@ static void add_token(serve_sched *s, int64_t *n, int32_t tok, int seq, int64_t 
     s->b_want[*n] = want;
     s->b_greedy[*n] = want && s->eng.batch_argmax && moex_sampler_is_greedy(s->slot[seq]->smp) &&
                       !s->slot[seq]->p.logprobs && !has_rules(s->slot[seq]) &&
-                      !s->slot[seq]->gs;   /* these need the row on the host */
+                      (!s->slot[seq]->gs || s->eng.read_row);   /* these need the row on the host */
     s->b_spec[*n] = false;
     (*n)++;
 }
@@ -703,7 +706,9 @@ static int run_forward(serve_sched *s, int64_t n, moex_error *err) {
  * p / A, as if the row had been masked first, for the cost of one token's
  * check on most steps. */
 static int32_t constrain(serve_sched *s, const serve_job *j, float *row, int32_t pick, int ith) {
+    atomic_fetch_add_explicit(&s->stats->grammar_tokens, 1, memory_order_relaxed);
     if (pick >= 0 && serve_grammar_allows(j->gs, s->gvocab, pick)) return pick;
+    atomic_fetch_add_explicit(&s->stats->grammar_masks, 1, memory_order_relaxed);
     uint8_t *allowed = s->gmask + (size_t)ith * (size_t)s->m->hp.n_vocab;
     if (serve_grammar_mask(j->gs, s->gvocab, allowed) == 0) return GRAMMAR_STUCK;
     for (int32_t i = 0; i < s->m->hp.n_vocab; i++)
@@ -736,6 +741,25 @@ static void sample_rows(void *ctx, int ith, int nth) {
     }
 }
 
+/* A greedy job under a grammar whose row stayed on the device: when the
+ * grammar refuses the row's argmax, the row is read back and sampled on the
+ * host (masked). A row that cannot be read leaves the argmax, which the
+ * grammar then refuses: the job fails with the reason. */
+static void refused_argmax(serve_sched *s, int64_t t, int64_t row) {
+    const serve_job *j = s->slot[s->b_seq[t]];
+    const int32_t pick = s->row_argmax[row];
+    if (pick >= 0 && serve_grammar_allows(j->gs, s->gvocab, pick)) {
+        atomic_fetch_add_explicit(&s->stats->grammar_tokens, 1, memory_order_relaxed);
+        return;
+    }
+    moex_error err = {0};
+    if (s->eng.read_row(s->eng.ctx, row, s->logits + row * s->m->hp.n_vocab, &err)) {
+        moex_log(MOEX_LOG_WARN, "api: reading a logits row back failed: %s", err.msg);
+        return;
+    }
+    s->b_greedy[t] = false;   /* sampled on the host, under the grammar (constrain counts it) */
+}
+
 /* Every wanted row sampled, on the pool when several are read back (a
  * greedy row on the host is an argmax over the vocabulary: ~0.15 ms for
  * 152k entries; with batch_argmax the engine has taken it). */
@@ -743,6 +767,7 @@ static void sample_wanted(serve_sched *s, int64_t n) {
     int64_t rows = 0, on_host = 0;
     for (int64_t t = 0; t < n; t++) {
         if (!s->b_want[t] || !s->slot[s->b_seq[t]]) continue;
+        if (s->b_greedy[t] && s->slot[s->b_seq[t]]->gs) refused_argmax(s, t, rows);
         on_host += !s->b_greedy[t] && !s->b_spec[t];
         s->row_tok[rows++] = t;
     }

@@ -57,6 +57,8 @@ typedef struct serve_sched_stats {
      * verifies by how many drafts they accepted */
     atomic_uint_fast64_t spec_verifies, spec_drafted, spec_accepted, spec_hist[MOEX_SPEC_MAX_DRAFT + 1];
     atomic_uint_fast64_t prompt_cached;         /* prompt tokens the prompt cache served (not evaluated) */
+    atomic_uint_fast64_t grammar_tokens, grammar_masks;   /* tokens sampled under a grammar; those whose first
+                                                             pick it refused (the whole vocabulary masked) */
 } serve_sched_stats;
 
 /* ---- jobs ---- */

@@ -71,6 +71,10 @@ static void serving_metrics(moex_text *t, serve_status_src *s) {
     moex_prom_counter(t, "moex_prompt_cached_tokens_total",
                       "Prompt tokens whose KV a slot held from its previous request (the prompt cache).",
                       GET(st->prompt_cached));
+    moex_prom_counter(t, "moex_grammar_tokens_total", "Tokens sampled under a grammar (response_format, grammar, "
+                      "forced tool calls).", GET(st->grammar_tokens));
+    moex_prom_counter(t, "moex_grammar_masked_tokens_total", "Of those, the ones whose first pick the grammar "
+                      "refused: the whole vocabulary was masked and sampled again.", GET(st->grammar_masks));
     moex_prom_gauge(t, "moex_slots", "KV slots (--parallel): sequences that decode together.", s->sched_cfg.n_slots);
     moex_prom_gauge(t, "moex_slots_active", "Slots holding a request now.", atomic_load(&st->active));
     moex_prom_gauge(t, "moex_queue_length", "Requests waiting for a slot.", atomic_load(&st->queued));

@@ -54,6 +54,9 @@ int moex_vk_state_n_seq(const moex_vk_state *s);
  * b->argmax is filled (the rows' argmax computed on the GPU, as
  * moex_vk_last_argmax's), and rows b->argmax_only marks are not read back. */
 int moex_vk_forward_batch(const moex_model *m, moex_vk_state *s, const moex_batch *b, float *logits, moex_error *err);
+/* Logits row `row` (in the order of the last moex_vk_forward_batch's wanted rows) into out (n_vocab floats):
+ * a row left on the GPU (argmax_only) that turns out to be needed. Valid until the next forward. */
+int moex_vk_read_logits_row(const moex_model *m, moex_vk_state *s, int64_t row, float *out, moex_error *err);
 /* moex_engine.copy_rows on the GPU: slot from's K and V rows [0, n) into slot to, every layer (one submission). */
 int moex_vk_state_copy_rows(const moex_model *m, moex_vk_state *s, int from, int to, int64_t n, moex_error *err);
 

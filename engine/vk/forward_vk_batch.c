@@ -23,6 +23,8 @@ struct vk_batch {
     int32_t *order;    /* [n_batch] run order -> batch index */
     int32_t *tokpos;   /* [2 n_batch] (pos, base) in run order: the host's copy of the I/O words */
     int32_t *row_of;   /* [n_batch] batch index -> its logits row, -1: none */
+    int32_t *out_row;  /* [n_batch] the last batch's wanted rows, in the caller's order -> their logits row */
+    int64_t n_out;     /* how many */
     int32_t *last;     /* [n_seq] each slot's last batch index (-1: none in the batch) */
     int32_t *at;       /* [n_seq] each slot's position so far while checking */
 };
@@ -33,6 +35,7 @@ void vk_batch_free(moex_vk_state *s) {
     free(b->order);
     free(b->tokpos);
     free(b->row_of);
+    free(b->out_row);
     free(b->last);
     free(b->at);
     free(b);
@@ -45,7 +48,8 @@ static int batch_alloc(moex_vk_state *s, moex_error *err) {
     s->batch = b;
     const size_t nb = (size_t)s->n_batch, ns = (size_t)s->n_seq;
     if (!b || !(b->order = malloc(nb * sizeof *b->order)) || !(b->tokpos = malloc(2 * nb * sizeof *b->tokpos)) ||
-        !(b->row_of = malloc(nb * sizeof *b->row_of)) || !(b->last = malloc(ns * sizeof *b->last)) ||
+        !(b->row_of = malloc(nb * sizeof *b->row_of)) || !(b->out_row = malloc(nb * sizeof *b->out_row)) ||
+        !(b->last = malloc(ns * sizeof *b->last)) ||
         !(b->at = malloc(ns * sizeof *b->at))) {
         vk_batch_free(s);
         return moex_fail(err, "out of memory");
@@ -143,13 +147,14 @@ int vk_batch_prepare(const moex_model *m, moex_vk_state *s, const moex_batch *bt
 }
 
 void vk_batch_take_outputs(const moex_model *m, moex_vk_state *s, const moex_batch *bt, float *logits) {
-    const vk_batch *b = s->batch;
+    vk_batch *b = s->batch;
     const size_t row = (size_t)m->hp.n_vocab * sizeof *logits;
     const char *src = moex_vk_buffer_map(s->logits_host);
     const int32_t *io = moex_vk_buffer_map(s->io);
     int64_t out = 0;
     for (int64_t t = 0; t < bt->n; t++) {
         if (!bt->want_logits[t]) continue;
+        b->out_row[out] = b->row_of[t];
         if (bt->argmax) bt->argmax[out] = io[s->io_rows_argmax + (size_t)b->row_of[t]];
         if (logits && !vk_argmax_only(bt, t)) {
             memcpy((char *)logits + (size_t)out * row, src + (size_t)b->row_of[t] * row, row);
@@ -157,4 +162,16 @@ void vk_batch_take_outputs(const moex_model *m, moex_vk_state *s, const moex_bat
         }
         out++;
     }
+    b->n_out = out;
+}
+
+int moex_vk_read_logits_row(const moex_model *m, moex_vk_state *s, int64_t row, float *out, moex_error *err) {
+    const vk_batch *b = s->batch;
+    if (!b || row < 0 || row >= b->n_out)
+        return moex_fail(err, "logits row %lld: the last batch wanted %lld rows", (long long)row,
+                         (long long)(b ? b->n_out : 0));
+    const size_t bytes = (size_t)m->hp.n_vocab * sizeof *out;
+    if (moex_vk_download(s->vk, s->logits_dev, (size_t)b->out_row[row] * bytes, out, bytes, err)) return -1;
+    s->logits_rows_read++;
+    return 0;
 }

@@ -172,6 +172,11 @@ static int engine_copy_rows(void *ctx, int from, int to, int64_t n, moex_error *
     return moex_vk_state_copy_rows(e->m, e->s, from, to, n, err);
 }
 
+static int engine_read_row(void *ctx, int64_t row, float *out, moex_error *err) {
+    moex_vk_engine *e = ctx;
+    return moex_vk_read_logits_row(e->m, e->s, row, out, err);
+}
+
 static int32_t engine_last_argmax(void *ctx) {
     moex_vk_engine *e = ctx;
     return moex_vk_last_argmax(e->s);
@@ -180,7 +185,8 @@ static int32_t engine_last_argmax(void *ctx) {
 moex_engine moex_engine_vk(moex_vk_engine *e) {
     return (moex_engine){.ctx = e, .forward = engine_forward, .n_ctx = e->s->n_ctx, .n_batch = e->s->n_batch,
                          .n_seq = e->s->n_seq, .forward_batch = engine_forward_batch, .batch_argmax = true,
-                         .last_argmax = engine_last_argmax, .copy_rows = e->s->n_seq > 1 ? engine_copy_rows : NULL};
+                         .last_argmax = engine_last_argmax, .read_row = engine_read_row,
+                         .copy_rows = e->s->n_seq > 1 ? engine_copy_rows : NULL};
 }
 
 int32_t moex_vk_last_argmax(const moex_vk_state *s) { return s->last_argmax; }

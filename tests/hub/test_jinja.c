@@ -153,6 +153,10 @@ static const struct {
     {"{% for i in [1, 2] %}{% filter upper %}a{% break %}{% endfilter %}{{ i }}{% endfor %}|{% for i in [1, 2, 3] %}{% "
      "set x %}{% if i == 2 %}{% continue %}{% endif %}{% endset %}{{ i }}{% endfor %}",
      "|13"},
+    {"{% for i in [1, 2, 3] if i > 1 %}[{{ i }}{% if i == 2 %}{% break %}{% endif %}]{% else %}E{% endfor %}|{% for i "
+     "in [1, 2] %}{% for j in [] %}{% else %}{% if i == 2 %}{% break %}{% endif %}{% endfor %}{{ i }}{% endfor %}|{% "
+     "for i in [1, 2] %}{% continue %}{% else %}all continued{% endfor %}",
+     "[2E|1|all continued"},
     {"{{ '<p>' | safe + '<i>' }}|{{ '<i>' + '<p>' | safe }}|{{ ('<p>' | safe) ~ '<i>' }}|{{ '<p>' | safe | upper + '&' "
      "}}",
      "<p>&lt;i&gt;|&lt;i&gt;<p>|<p><i>|<P>&amp;"},
