@@ -44,8 +44,8 @@ enum {
     MAX_NESTING = 200,              /* groups inside groups (the parser recurses) */
     MAX_TOKEN_BYTES = (1 << 24) - 1 /* the longest token text the trie stores */
 };
-/* Bytes of matcher caches per state before a rebuild; MOEX_GRAMMAR_CACHE_BYTES
- * overrides it (the tests make it tiny to exercise the rebuild). */
+/* Bytes of matcher caches per state before a rebuild (serve_grammar_set_cache_budget changes it: the tests make
+ * it tiny to exercise the rebuild). */
 #define ENGINE_BUDGET ((size_t)64 << 20)
 
 /* ------------------------------------------------------------------ */
@@ -168,6 +168,7 @@ struct serve_grammar {
     int32_t n_cls;
     uint32_t *ranges;
     int32_t root;
+    size_t cache_budget;  /* 0: ENGINE_BUDGET */
 };
 
 static bool class_has(const serve_grammar *g, int32_t c, uint32_t cp) {
@@ -986,8 +987,7 @@ static engine *engine_new(const serve_grammar *g) {
     engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->g = g;
-    const char *env = getenv("MOEX_GRAMMAR_CACHE_BYTES");
-    e->budget = env && strtoull(env, NULL, 10) ? (size_t)strtoull(env, NULL, 10) : ENGINE_BUDGET;
+    e->budget = g->cache_budget ? g->cache_budget : ENGINE_BUDGET;
     if (grow(&e->nodes, &e->cap_nodes, 1, sizeof(snode)) < 0 || grow(&e->stamp, &e->cap_stamp, e->cap_nodes, 4) < 0) {
         engine_free(e);
         return NULL;
@@ -1475,6 +1475,8 @@ static void engine_keep_bounded(engine *e, walk *live, size_t n_live) {
 /* ------------------------------------------------------------------ */
 /* States                                                               */
 /* ------------------------------------------------------------------ */
+
+void serve_grammar_set_cache_budget(serve_grammar *g, size_t bytes) { g->cache_budget = bytes; }
 
 serve_grammar_state *serve_grammar_state_create(const serve_grammar *g, moex_error *err) {
     if (!g) return moex_fail(err, "grammar: no grammar"), NULL;

@@ -37,6 +37,9 @@ typedef struct serve_grammar_state serve_grammar_state; /* one sequence's positi
  * left recursion) on a bad grammar. */
 serve_grammar *serve_grammar_parse(const char *gbnf, const char *root, moex_error *err);
 void serve_grammar_free(serve_grammar *g);
+/* The bytes of caches each matcher made from g from now on may hold before it rebuilds them (0: the default,
+ * 64 MiB): memory stays bounded whatever the grammar. Set before sharing g (tests make it tiny). */
+void serve_grammar_set_cache_budget(serve_grammar *g, size_t bytes);
 
 /* The vocabulary: token i's text is bytes[i] (len[i] bytes, may be 0: such a
  * token is never allowed), eog[i] true for end-of-generation tokens (allowed

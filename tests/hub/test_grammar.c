@@ -407,9 +407,9 @@ static void test_cache_budget(rng *r) {
     uint8_t *m1 = malloc((size_t)vl.n), *m2 = malloc((size_t)vl.n);
     moex_error err = {{0}};
     serve_grammar_state *normal = g ? serve_grammar_state_create(g, &err) : NULL;
-    setenv("MOEX_GRAMMAR_CACHE_BYTES", "150000", 1);
+    if (g) serve_grammar_set_cache_budget(g, 150000);
     serve_grammar_state *tight = g ? serve_grammar_state_create(g, &err) : NULL;
-    unsetenv("MOEX_GRAMMAR_CACHE_BYTES");
+    if (g) serve_grammar_set_cache_budget(g, 0);
     buf b = {0};
     puts_(&b, "[");
     for (int i = 0; i < 40; i++) {
@@ -442,9 +442,9 @@ static void test_cache_budget(rng *r) {
     serve_grammar_state_free(clone);
     serve_grammar_state_free(normal);
     serve_grammar_state_free(tight);
-    setenv("MOEX_GRAMMAR_CACHE_BYTES", "1", 1);
+    if (g) serve_grammar_set_cache_budget(g, 1);
     serve_grammar_state *starved = g ? serve_grammar_state_create(g, &err) : NULL;
-    unsetenv("MOEX_GRAMMAR_CACHE_BYTES");
+    if (g) serve_grammar_set_cache_budget(g, 0);
     if (starved) {
         CHECK(serve_grammar_mask(starved, v, m1) == 0, "a starved matcher allowed tokens");
         CHECK(serve_grammar_accept(starved, v, '[', &err) < 0 && strstr(err.msg, "memory bound"), "starved accept: %s", err.msg);

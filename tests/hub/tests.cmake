@@ -124,6 +124,8 @@ moex_hub_script_test(hub_api_hostile test_api_hostile.py api-hostile-work TIMEOU
 # Tool calls out of model output per chat-template family (serve/tool_calls*.c): whole and in random pieces,
 # format detection (the real templates too when MOEX_TEMPLATES_DIR names them), the forced-call grammars.
 moex_c_test(test_tool_calls SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tool_calls.c LIBS moex_serve TIMEOUT 60 LABELS hub)
+set_tests_properties(test_tool_calls PROPERTIES DEPENDS peer_setup
+                     ENVIRONMENT "MOEX_TEMPLATES_DIR=${CMAKE_SOURCE_DIR}/.peer/templates/models/templates")
 
 # Constrained sampling (serve/grammar.c, serve/json_schema.c): GBNF parse errors with line and column, llama.cpp's
 # sample grammars, random JSON byte by byte and in random token splits, mask == allows, UTF-8 across tokens, the
