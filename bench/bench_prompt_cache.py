@@ -9,7 +9,8 @@ each turn, on a server with the prompt cache (the default) and one with
 --no-prompt-cache, and whether both servers' answers are the same.
 
 usage: bench/bench_prompt_cache.py BUILD_DIR [SERVE_ARGS...]   (default --local -t 2)
-env: MOEX_BENCH_CHATS (10)
+env: MOEX_BENCH_CHATS (10), MOEX_BENCH_MODEL (the shipped model), MOEX_BENCH_WORDS (words of each passage at
+most, 260: the shipped model's 512-token context), MOEX_BENCH_CTX (1024; capped at the model's)
 """
 import http.client
 import json
@@ -23,12 +24,24 @@ sys.path.insert(0, os.path.join(REPO, "bench"))
 from benchlib import heldout_passages, port, wait_healthy  # noqa: E402
 BIN = os.path.join(os.path.abspath(sys.argv[1]), "bin")
 ARGS = sys.argv[2:] or ["--local", "-t", "2"]
-MODEL = os.path.join(REPO, "train", "model", "brown-moe-q8_0.gguf")
+MODEL = os.environ.get("MOEX_BENCH_MODEL", os.path.join(REPO, "train", "model", "brown-moe-q8_0.gguf"))
 CHATS = int(os.environ.get("MOEX_BENCH_CHATS", "10"))
+WORDS = int(os.environ.get("MOEX_BENCH_WORDS", "260"))   # turn 2 (~60 more tokens) fits the shipped model's 512
+CTX = os.environ.get("MOEX_BENCH_CTX", "1024")
 
 
 def passages(k):
-    return heldout_passages(k, 120, 260)   # turn 2 (ChatML, ~60 more tokens) fits the 512-token context
+    """k passages: held-out paragraphs of 120 words or more, joined with the next ones up to WORDS words."""
+    paras = heldout_passages(4 * k, 120, 100000)
+    out = []
+    for i in range(k):
+        words = []
+        for p in paras[i:]:
+            words += p.split()
+            if len(words) >= WORDS:
+                break
+        out.append(" ".join(words[:WORDS]))
+    return out
 
 
 def stream(p, messages):
@@ -59,9 +72,9 @@ def run(extra):
     p = port()
     log = open(os.path.join("/tmp", f"bench-prompt-cache-{p}.log"), "w")
     srv = subprocess.Popen([f"{BIN}/moex-hub", "serve", "-m", MODEL, "--port", str(p), "--parallel", "2", "--ctx",
-                            "1024", *ARGS, *extra], stdout=log, stderr=subprocess.STDOUT)
+                            CTX, *ARGS, *extra], stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_healthy(p, srv, 60, "bench_prompt_cache")
+        wait_healthy(p, srv, 600, "bench_prompt_cache")
         out = []
         for doc in passages(CHATS):
             turn1 = [{"role": "user", "content": f"{doc}\n\nWhat is this passage about?"}]
@@ -77,7 +90,8 @@ def run(extra):
 
 
 cached, plain = run([]), run(["--no-prompt-cache"])
-print(f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, serve {' '.join(ARGS)}")
+print(f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, serve {' '.join(ARGS)}, "
+      f"{os.path.basename(MODEL)}")
 same = sum((c[0], c[1]) == (p[0], p[1]) for c, p in zip(cached, plain))
 for i, (c, p) in enumerate(zip(cached, plain)):
     print(f"chat {i}: prompts {c[4]} / {c[5]} tokens, cached {c[6]}; ttft turn 1 {c[2] * 1e3:.1f} ms, turn 2 "
