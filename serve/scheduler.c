@@ -707,7 +707,8 @@ static int run_forward(serve_sched *s, int64_t n, moex_error *err) {
  * check on most steps. */
 static int32_t constrain(serve_sched *s, const serve_job *j, float *row, int32_t pick, int ith) {
     atomic_fetch_add_explicit(&s->stats->grammar_tokens, 1, memory_order_relaxed);
-    if (pick >= 0 && serve_grammar_allows(j->gs, s->gvocab, pick)) return pick;
+    /* with logprobs every row is masked: they are always of the distribution the grammar leaves */
+    if (pick >= 0 && !j->p.logprobs && serve_grammar_allows(j->gs, s->gvocab, pick)) return pick;
     atomic_fetch_add_explicit(&s->stats->grammar_masks, 1, memory_order_relaxed);
     uint8_t *allowed = s->gmask + (size_t)ith * (size_t)s->m->hp.n_vocab;
     if (serve_grammar_mask(j->gs, s->gvocab, allowed) == 0) return GRAMMAR_STUCK;
@@ -787,6 +788,7 @@ static void logprob_of(const float *row, int32_t n_vocab, int32_t id, int k, ser
     out->logprob = (float)(row[id] - lse);
     out->n_top = 0;
     for (int32_t i = 0; i < n_vocab && k > 0; i++) {   /* insertion into the k best so far (ties: the lower id) */
+        if (!(row[i] > -INFINITY)) continue;             /* a token a grammar refused is no alternative */
         if (out->n_top == k && !(row[i] > row[out->top_id[k - 1]])) continue;
         int at = out->n_top < k ? out->n_top++ : k - 1;
         while (at > 0 && row[i] > row[out->top_id[at - 1]]) {

@@ -17,6 +17,7 @@ usage: test_api_agents.py BIN_DIR VOCAB_DIR WORK_DIR [scenario ...]
 Exits 77 when node with the openai package is missing, unless MOEX_REQUIRE_API_TOOLS=1.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -127,6 +128,15 @@ def shipped():
         check("grammar: the answer is one of its sentences, finish 'stop'", st == 200 and
               r["choices"][0]["message"]["content"] in ("yes", "no") and r["choices"][0]["finish_reason"] == "stop",
               f"{st} {str(r)[:300]}")
+        st, r = chat(srv, {"messages": USER, "grammar": 'root ::= "yes" | "no"', "logprobs": True, "top_logprobs": 5})
+        lp = r["choices"][0]["logprobs"]["content"] if st == 200 else []
+        first = lp[0]["top_logprobs"] if lp else []
+        ok = first and all(isinstance(t["logprob"], float) for t in first)
+        mass = sum(math.exp(t["logprob"]) for t in first) if ok else 0
+        check("logprobs under a grammar: of the distribution it leaves (the first token's alternatives are numbers and "
+              "start 'yes' or 'no', their probabilities sum to 1)", ok and all(
+                  "yes".startswith(t["token"]) or "no".startswith(t["token"]) for t in first) and abs(mass - 1) < 1e-3,
+              f"{st} {str(first)[:300]} mass {mass}")
         st, r = post(srv, "/v1/completions", {"prompt": "The number is", "max_tokens": 40, "temperature": 1.0,
                                               "seed": 3, "grammar": 'root ::= " " [1-9] [0-9]{0,3} "."'})
         text = r["choices"][0]["text"] if st == 200 else ""

@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
         {MOEX_TYPE_Q8_0, MOEX_TYPE_Q8_0, MOEX_TYPE_Q8_0}, {MOEX_TYPE_Q4_K, MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K},
         {MOEX_TYPE_Q5_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q4_K}, {MOEX_TYPE_Q4_0, MOEX_TYPE_Q4_0, MOEX_TYPE_Q5_0},
         {MOEX_TYPE_Q4_1, MOEX_TYPE_Q4_1, MOEX_TYPE_Q5_1}, {MOEX_TYPE_F16, MOEX_TYPE_F16, MOEX_TYPE_BF16},
-        {MOEX_TYPE_F32, MOEX_TYPE_F32, MOEX_TYPE_Q8_0},
+        {MOEX_TYPE_F32, MOEX_TYPE_F32, MOEX_TYPE_Q8_0},   {MOEX_TYPE_MXFP4, MOEX_TYPE_MXFP4, MOEX_TYPE_MXFP4},
     };
     const moex_simd_table *tables[3] = {moex_simd_portable(), moex_simd_avx2(), moex_simd_vnni()};
     const int tokens = 60;

@@ -142,6 +142,7 @@ static void test_experts(rng *r, moex_pool *p1, moex_pool *p2) {
         {MOEX_TYPE_Q5_K, MOEX_TYPE_Q4_1, MOEX_TYPE_Q5_1, 9, {0, 1, 2, 3, 4, 5, 6, 7, 8}},
         {MOEX_TYPE_BF16, MOEX_TYPE_Q5_0, MOEX_TYPE_Q8_0, 3, {8, 0, 4}},
         {MOEX_TYPE_Q6_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q4_K, 0, {0}},
+        {MOEX_TYPE_MXFP4, MOEX_TYPE_MXFP4, MOEX_TYPE_MXFP4, 5, {6, 1, 3, 8, 2}}, /* gpt-oss's experts */
     };
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     float *x = malloc(sizeof(float) * n_x * hidden);

@@ -65,7 +65,7 @@ static inline float *dequantized(const moex_matrix *m) {
 
 static const moex_type k_weight_types[] = {
     MOEX_TYPE_F32, MOEX_TYPE_F16, MOEX_TYPE_BF16, MOEX_TYPE_Q4_0, MOEX_TYPE_Q4_1, MOEX_TYPE_Q5_0,
-    MOEX_TYPE_Q5_1, MOEX_TYPE_Q8_0, MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K,
+    MOEX_TYPE_Q5_1, MOEX_TYPE_Q8_0, MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_MXFP4,
 };
 #define N_WEIGHT_TYPES (int)(sizeof k_weight_types / sizeof k_weight_types[0])
 
