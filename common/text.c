@@ -4,6 +4,25 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+int moex_grow_bytes(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    char *grown = realloc(*buf, c);
+    if (!grown) return -1;
+    *buf = grown;
+    *cap = c;
+    return 0;
+}
+
+void moex_text_add(moex_text *t, const char *s, size_t n) {
+    if (t->oom || (t->oom = moex_grow_bytes(&t->s, &t->cap, t->len + n + 1) != 0)) return;
+    memcpy(t->s + t->len, s, n);
+    t->len += n;
+    t->s[t->len] = '\0';
+}
 
 void moex_text_printf(moex_text *t, const char *fmt, ...) {
     for (int attempt = 0; attempt < 2 && !t->oom; attempt++) {
@@ -19,11 +38,7 @@ void moex_text_printf(moex_text *t, const char *fmt, ...) {
             t->len += (size_t)n;
             return;
         }
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap <= t->len + (size_t)n) cap *= 2;
-        char *grown = realloc(t->s, cap);
-        if (!grown) t->oom = true;
-        else t->s = grown, t->cap = cap;
+        t->oom = moex_grow_bytes(&t->s, &t->cap, t->len + (size_t)n + 1) != 0;
     }
 }
 

@@ -14,6 +14,11 @@ typedef struct moex_text {
 } moex_text;
 
 void moex_text_printf(moex_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends s[0..n) (NUL-terminated after it). */
+void moex_text_add(moex_text *t, const char *s, size_t n);
+/* Room for `need` bytes in a growing byte buffer *buf of capacity *cap (doubled, from 64): 0, or -1 when out of
+ * memory (the buffer unchanged). What every growing text of the project uses. */
+int moex_grow_bytes(char **buf, size_t *cap, size_t need);
 
 /* Prometheus: a label value (backslash, double quote and newline escaped);
  * a family's HELP and TYPE lines; a family of one unlabelled sample. */

@@ -18,6 +18,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/text.h"
 #include "serve/api.h"
 #include "serve/reasoning.h"
 
@@ -108,14 +109,7 @@ typedef struct api_req {
 /* ---- writing ---- */
 
 static int append(uint8_t **buf, size_t *len, size_t *cap, size_t headroom, const char *s, size_t n) {
-    if (headroom + *len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 1024;
-        while (c < headroom + *len + n + 1) c *= 2;
-        uint8_t *grown = realloc(*buf, c);
-        if (!grown) return -1;
-        *buf = grown;
-        *cap = c;
-    }
+    if (moex_grow_bytes((char **)buf, cap, headroom + *len + n + 1)) return -1;
     memcpy(*buf + headroom + *len, s, n);
     *len += n;
     (*buf)[headroom + *len] = 0;

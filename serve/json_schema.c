@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/text.h"
 #include "serve/grammar.h"
 
 enum {
@@ -45,18 +46,7 @@ typedef struct {
 } sbuf;
 
 static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *q = realloc(b->s, cap);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->s = q;
-        b->cap = cap;
-    }
+    if (b->oom || (b->oom = moex_grow_bytes(&b->s, &b->cap, b->n + n + 1) != 0)) return;
     memcpy(b->s + b->n, s, n);
     b->n += n;
     b->s[b->n] = 0;

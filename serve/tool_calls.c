@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/text.h"
 #include "serve/grammar.h"
 #include "serve/tool_calls.h"
 
@@ -72,18 +73,7 @@ typedef struct gb {
 
 static void gb_add(gb *b, const char *s) {
     const size_t k = strlen(s);
-    if (b->oom) return;
-    if (b->n + k + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 1024;
-        while (cap < b->n + k + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
+    if (b->oom || (b->oom = moex_grow_bytes(&b->p, &b->cap, b->n + k + 1) != 0)) return;
     memcpy(b->p + b->n, s, k + 1);
     b->n += k;
 }

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/text.h"
 #include "serve/tool_calls.h"
 
 #define HEADER_MAX 4096 /* bytes a call header may take before it is not one */
@@ -58,18 +59,7 @@ typedef struct sbuf {
 } sbuf;
 
 static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->oom || !n) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 64;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
+    if (b->oom || !n || (b->oom = moex_grow_bytes(&b->p, &b->cap, b->n + n + 1) != 0)) return;
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
