@@ -448,6 +448,7 @@ int moex_gguf_file_type_of(moex_type t) {
     case MOEX_TYPE_Q5_K: return 16;
     case MOEX_TYPE_Q6_K: return 18;
     case MOEX_TYPE_BF16: return 32;
+    case MOEX_TYPE_MXFP4: return 38;   /* llama.cpp's MOSTLY_MXFP4_MOE */
     default: return -1;
     }
 }

@@ -48,11 +48,14 @@ static bool special_active(const moex_tokenizer *tok, int32_t id, bool parse_spe
 }
 
 /* Marks in found[] (indices into special_ids) the active special tokens that
- * occur anywhere in text: one pass with first-byte buckets, so the exact
- * partition below only runs for tokens that are there. */
+ * occur anywhere in text: one pass, filtered on the first two bytes, with
+ * first-byte buckets, so the exact partition below only runs for tokens that
+ * are there. */
 static void find_present_specials(const moex_tokenizer *tok, const char *text, size_t len, bool parse_special, bool *found) {
     for (size_t i = 0; i < len; i++) {
-        uint8_t b = (uint8_t)text[i];
+        uint8_t b = (uint8_t)text[i], b2 = i + 1 < len ? (uint8_t)text[i + 1] : 0;
+        /* At the last byte only one-byte tokens fit: those set every bit, b2 = 0 among them. */
+        if (!((tok->special_second[b][b2 >> 5] >> (b2 & 31)) & 1)) continue;
         for (int32_t k = tok->special_first[b]; k < tok->special_first[b + 1]; k++) {
             int32_t si = tok->special_by_byte[k];
             if (found[si]) continue;

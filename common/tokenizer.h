@@ -1,5 +1,5 @@
 /* Tokenizer built from GGUF metadata (tokenizer.ggml.*): byte-level BPE
- * ("gpt2" model; pre-tokenizers qwen2, llama-bpe, default) and SentencePiece
+ * ("gpt2" model; pre-tokenizers qwen2, llama-bpe, gpt-2, gpt-4o, default) and SentencePiece
  * ("llama" model). Part of the common module's API (common/common.h). */
 #ifndef MOEX_TOKENIZER_H
 #define MOEX_TOKENIZER_H

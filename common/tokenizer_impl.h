@@ -62,6 +62,7 @@ typedef enum {
     MOEX_PRE_GPT2,      /* 's|'t|...| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
     MOEX_PRE_LLAMA3,    /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
     MOEX_PRE_QWEN2,     /* as LLAMA3 with \p{N} (one digit per word) */
+    MOEX_PRE_GPT4O,     /* o200k: letters split by case, \p{N}{1,3}, punctuation takes [\r\n/]* (tokenizer_pretok.c) */
 } moex_pre_kind;
 
 /* Token attributes, as llama.cpp's llama_token_attr (a token may have several). */
@@ -108,6 +109,11 @@ struct moex_tokenizer {
     int32_t n_special;
     int32_t special_first[257];
     int32_t *special_by_byte;
+    /* Bit b2 of special_second[b1]: some special token starts with bytes b1 b2
+     * (all bits when one is the single byte b1), so most text positions are
+     * ruled out before any comparison (200k-token vocabularies have ~1000
+     * specials, all starting "<|"). */
+    uint32_t special_second[256][8];
 
     bool add_bos, add_space_prefix;
     int32_t bos, eos, eot, eom, unk;
@@ -119,7 +125,7 @@ struct moex_tokenizer {
 };
 
 /* The pre-tokenizer that tokenizer.ggml.pre names ("default", a llama3,
- * qwen2 or gpt-2 family name); -1 when it is none of those (tokenizer_pretok.c). */
+ * qwen2, gpt-2 or gpt-4o family name); -1 when it is none of those (tokenizer_pretok.c). */
 int moex_pre_kind_of(const char *name, moex_pre_kind *kind);
 
 /* Pre-tokenizer: splits cps[0..n) into words; appends each word's end index

@@ -63,7 +63,7 @@ static int read_pre(const moex_gguf *g, moex_tokenizer *tok, moex_error *err) {
     if (moex_gguf_get_str(g, KEY("pre"), pre, sizeof pre, err)) return -1;
     if (moex_pre_kind_of(pre, &tok->pre))
         return moex_fail(err, "tokenizer: pre-tokenizer '%s' is not supported (supported: default, llama3 family, "
-                              "qwen2 family, gpt-2 family)", pre);
+                              "qwen2 family, gpt-2 family, gpt-4o family)", pre);
     if (tok->pre == MOEX_PRE_LLAMA3) {
         tok->ignore_merges = strcmp(pre, "dbrx") && strcmp(pre, "smaug-bpe");
         tok->add_bos = tok->ignore_merges;   /* llama.cpp's llama3 default */
@@ -279,6 +279,13 @@ static int build_special_cache(moex_tokenizer *tok, moex_error *err) {
     for (int32_t i = 0; i < n; i++) {
         uint8_t b = (uint8_t)tok->strs.blob[tok->strs.off[tok->special_ids[i]]];
         tok->special_by_byte[count[b]++] = i;
+    }
+    memset(tok->special_second, 0, sizeof tok->special_second);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t id = tok->special_ids[i];
+        const uint8_t *s = (const uint8_t *)tok->strs.blob + tok->strs.off[id];
+        if (tok->strs.len[id] == 1) memset(tok->special_second[s[0]], 0xff, sizeof tok->special_second[s[0]]);
+        else tok->special_second[s[0]][s[1] >> 5] |= 1u << (s[1] & 31);
     }
     return 0;
 }

@@ -39,15 +39,19 @@ static bool is_number(uint8_t f) { return f & MOEX_UCF_NUMBER; }
 static bool is_other(uint8_t f) { return f && !(f & (MOEX_UCF_WHITESPACE | MOEX_UCF_LETTER | MOEX_UCF_NUMBER)); }
 static bool is_crlf(uint32_t c) { return c == '\r' || c == '\n'; }
 
-/* 's|'t|'re|'ve|'m|'ll|'d at pos, optionally case-insensitive: the length matched (0 if none). */
-static size_t contraction_len(const span *s, size_t pos, bool ignore_case) {
+/* Case foldings for the contractions: none (gpt2), Unicode lowercase (llama3's
+ * (?i:...)), ASCII only (gpt-4o's '[sS]|'[tT]|...). */
+typedef uint32_t (*fold_fn)(uint32_t c);
+static uint32_t fold_none(uint32_t c) { return c; }
+static uint32_t fold_ascii(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+/* 's|'t|'re|'ve|'m|'ll|'d at pos, compared after fold: the length matched (0 if none). */
+static size_t contraction_len(const span *s, size_t pos, fold_fn fold) {
     if (cpt_at(s, pos) != '\'' || pos + 1 >= s->end) return 0;
-    uint32_t c1 = cpt_at(s, pos + 1);
-    if (ignore_case) c1 = moex_unicode_tolower(c1);
+    uint32_t c1 = fold(cpt_at(s, pos + 1));
     if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
     if (pos + 2 >= s->end) return 0;
-    uint32_t c2 = cpt_at(s, pos + 2);
-    if (ignore_case) c2 = moex_unicode_tolower(c2);
+    uint32_t c2 = fold(cpt_at(s, pos + 2));
     if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
     return 0;
 }
@@ -72,7 +76,7 @@ static size_t match_whitespace(span *s, size_t pos, bool crlf_rule) {
 static void split_gpt2(span *s) {
     for (size_t pos = s->ini; pos < s->end && !s->oom;) {
         const uint32_t c = cpt_at(s, pos);
-        size_t n = contraction_len(s, pos, false);
+        size_t n = contraction_len(s, pos, fold_none);
         if (n) {
             pos += emit(s, pos + n);
             continue;
@@ -96,7 +100,7 @@ static void split_llama3(span *s, size_t max_digits) {
     for (size_t pos = s->ini; pos < s->end && !s->oom;) {
         const uint32_t c = cpt_at(s, pos);
         const uint8_t f = flags_at(s, pos);
-        size_t n = contraction_len(s, pos, true);
+        size_t n = contraction_len(s, pos, moex_unicode_tolower);
         if (n) {
             pos += emit(s, pos + n);
             continue;
@@ -131,6 +135,87 @@ static void split_llama3(span *s, size_t max_digits) {
             continue;
         }
         pos = match_whitespace(s, pos, true);
+    }
+}
+
+/* ---- gpt-4o (o200k: gpt-oss, llama4, ...) ----
+ * llama.cpp runs this regex with std::regex over its "collapsed" text (each
+ * code point above ASCII replaced by one byte standing for its category):
+ *   [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?
+ *  |[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|...)?
+ *  |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * So "upper" means a letter other than a-z and "lower" a letter other than
+ * A-Z: a letter outside ASCII is both, and marks are not letters. The
+ * matchers below give the match ECMAScript's backtracking picks first. */
+
+enum { CASE_UPPER = 1, CASE_LOWER = 2 };
+
+/* CASE_* bits of the letter at pos as the collapsed regex sees it; 0 if no letter. */
+static int gpt4o_case(const span *s, size_t pos) {
+    if (!is_letter(flags_at(s, pos))) return 0;
+    uint32_t c = cpt_at(s, pos);
+    if (c >= 'A' && c <= 'Z') return CASE_UPPER;
+    if (c >= 'a' && c <= 'z') return CASE_LOWER;
+    return CASE_UPPER | CASE_LOWER;
+}
+
+/* The two letter alternatives at pos: the end of the match, 0 if neither matches.
+ * After the optional leading character, (upper)* takes the upper letters [q, j):
+ *  - when a lower-only letter follows, (lower)+ runs from it over lower letters;
+ *  - otherwise the letters [q, j) are all upper: (upper)* backs off to the
+ *    last one that is also lower, which (lower)+ then takes; with none, the
+ *    second alternative's (upper)+ takes them all.
+ * The optional contraction follows wherever the letters ended. Each call
+ * reads only as far as its word (and its trailing upper letters), so the
+ * split stays linear. */
+static size_t gpt4o_letters_end(const span *s, size_t pos) {
+    const uint8_t f = flags_at(s, pos);
+    size_t q = pos;
+    if (!is_letter(f)) {   /* [^\r\n\p{L}\p{N}]? */
+        if (!f || is_crlf(cpt_at(s, pos)) || is_number(f)) return 0;
+        q++;
+    }
+    size_t j = q, end;
+    while (gpt4o_case(s, j) & CASE_UPPER) j++;
+    if (gpt4o_case(s, j)) {
+        end = j + 1;
+        while (gpt4o_case(s, end) & CASE_LOWER) end++;
+    } else {
+        if (j == q) return 0;
+        end = j;
+        while (end > q && gpt4o_case(s, end - 1) != (CASE_UPPER | CASE_LOWER)) end--;
+        if (end == q) end = j;
+    }
+    return end + contraction_len(s, end, fold_ascii);
+}
+
+static void split_gpt4o(span *s) {
+    for (size_t pos = s->ini; pos < s->end && !s->oom;) {
+        const uint32_t c = cpt_at(s, pos);
+        const uint8_t f = flags_at(s, pos);
+        size_t end = gpt4o_letters_end(s, pos);
+        if (end) {
+            pos = end;
+            emit(s, pos);
+            continue;
+        }
+        /* \p{N}{1,3} */
+        if (is_number(f)) {
+            size_t ini = pos;
+            while (pos - ini < 3 && is_number(flags_at(s, pos))) pos++;
+            emit(s, pos);
+            continue;
+        }
+        /*  ?[^\s\p{L}\p{N}]+[\r\n/]* */
+        size_t q = pos + (c == ' ' && is_other(flags_at(s, pos + 1)));
+        if (is_other(flags_at(s, q))) {
+            while (is_other(flags_at(s, q))) q++;
+            while (is_crlf(cpt_at(s, q)) || cpt_at(s, q) == '/') q++;
+            pos = q;
+            emit(s, pos);
+            continue;
+        }
+        pos = match_whitespace(s, pos, true);   /* \s*[\r\n]+|\s+(?!\S)|\s+ */
     }
 }
 
@@ -218,6 +303,7 @@ int moex_pretokenize(moex_pre_kind pre, const uint32_t *cps, size_t n, moex_i32v
     if (pre == MOEX_PRE_DEFAULT) return pretokenize_default(cps, n, ends);
     span s = {.cps = cps, .ini = 0, .end = n, .prev_end = 0, .ends = ends};
     if (pre == MOEX_PRE_GPT2) split_gpt2(&s);
+    else if (pre == MOEX_PRE_GPT4O) split_gpt4o(&s);
     else split_llama3(&s, pre == MOEX_PRE_QWEN2 ? 1 : 3);
     return s.oom ? -1 : 0;
 }
@@ -236,10 +322,12 @@ int moex_pre_kind_of(const char *name, moex_pre_kind *kind) {
     static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", NULL};
     static const char *const gpt2[] = {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es",
                                        "jina-v2-de", "a.x-4.0", "mellum", "mpt", "olmo", "jais", "trillion", NULL};
+    static const char *const gpt4o[] = {"gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2", NULL};
     if (!strcmp(name, "default")) *kind = MOEX_PRE_DEFAULT;
     else if (name_in(name, llama3)) *kind = MOEX_PRE_LLAMA3;
     else if (name_in(name, qwen2)) *kind = MOEX_PRE_QWEN2;
     else if (name_in(name, gpt2)) *kind = MOEX_PRE_GPT2;
+    else if (name_in(name, gpt4o)) *kind = MOEX_PRE_GPT4O;
     else return -1;
     return 0;
 }
@@ -249,7 +337,7 @@ int64_t moex_tokenizer_split_words(const char *pre, const char *text, size_t len
     moex_pre_kind kind;
     if (!pre || moex_pre_kind_of(pre, &kind))
         return moex_fail(err, "pre-tokenizer '%s' is not supported (supported: default, llama3 family, qwen2 "
-                              "family, gpt-2 family)", pre ? pre : "(null)");
+                              "family, gpt-2 family, gpt-4o family)", pre ? pre : "(null)");
     uint32_t *cps = malloc(sizeof *cps * (len ? len : 1));
     moex_i32vec words = {0};
     size_t n = 0;

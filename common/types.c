@@ -18,7 +18,10 @@ static const moex_type_traits type_table[MOEX_TYPE_COUNT] = {
     [MOEX_TYPE_Q5_K] = {"q5_K", MOEX_QK_K, sizeof(moex_block_q5_K), 1},
     [MOEX_TYPE_Q6_K] = {"q6_K", MOEX_QK_K, sizeof(moex_block_q6_K), 1},
     [MOEX_TYPE_Q8_K] = {"q8_K", MOEX_QK_K, sizeof(moex_block_q8_K), 0},
+    [MOEX_TYPE_MXFP4] = {"mxfp4", MOEX_QK_MXFP4, sizeof(moex_block_mxfp4), 1},
 };
+
+const int8_t moex_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 const moex_type_traits *moex_type_get(int type) {
     if (type < 0 || type >= MOEX_TYPE_COUNT || !type_table[type].name) return NULL;

@@ -26,6 +26,7 @@ typedef enum moex_type {
     MOEX_TYPE_Q6_K = 14,
     MOEX_TYPE_Q8_K = 15,  /* activations only (dot products with K-quants) */
     MOEX_TYPE_BF16 = 30,
+    MOEX_TYPE_MXFP4 = 39, /* OCP microscaling FP4 (gpt-oss's experts); CPU kernels only for now */
     MOEX_TYPE_COUNT = 40
 } moex_type;
 
@@ -35,6 +36,7 @@ typedef enum moex_type {
 #define MOEX_QK5_1 32
 #define MOEX_QK8_0 32
 #define MOEX_QK8_1 32
+#define MOEX_QK_MXFP4 32
 #define MOEX_QK_K 256
 #define MOEX_K_SCALE_SIZE 12
 
@@ -49,6 +51,10 @@ typedef struct { moex_f16 d, m; uint8_t qs[MOEX_QK4_1 / 2]; } moex_block_q4_1;
 typedef struct { moex_f16 d; uint8_t qh[4]; uint8_t qs[MOEX_QK5_0 / 2]; } moex_block_q5_0;
 typedef struct { moex_f16 d, m; uint8_t qh[4]; uint8_t qs[MOEX_QK5_1 / 2]; } moex_block_q5_1;
 typedef struct { moex_f16 d; int8_t qs[MOEX_QK8_0]; } moex_block_q8_0;
+/* x = moex_e8m0_to_f32_half(e) * moex_kvalues_mxfp4[q], q a 4-bit E2M1 code
+ * (bit 3 the sign); low nibbles hold elements 0..15, high 16..31. No f16
+ * field, so the block is 17 bytes with alignment 1. */
+typedef struct { uint8_t e; uint8_t qs[MOEX_QK_MXFP4 / 2]; } moex_block_mxfp4;
 /* s = d * sum(qs) */
 typedef struct { moex_f16 d, s; int8_t qs[MOEX_QK8_1]; } moex_block_q8_1;
 /* 8 sub-blocks of 32: 6-bit scales and mins packed in scales[12];
@@ -84,6 +90,7 @@ _Static_assert(sizeof(moex_block_q5_0) == 22, "q5_0 layout");
 _Static_assert(sizeof(moex_block_q5_1) == 24, "q5_1 layout");
 _Static_assert(sizeof(moex_block_q8_0) == 34, "q8_0 layout");
 _Static_assert(sizeof(moex_block_q8_1) == 36, "q8_1 layout");
+_Static_assert(sizeof(moex_block_mxfp4) == 17, "mxfp4 layout");
 _Static_assert(sizeof(moex_block_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(moex_block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(moex_block_q6_K) == 210, "q6_K layout");
@@ -128,6 +135,23 @@ static inline void moex_q6_K_quad(const uint8_t *ql, const uint8_t *qh, int l, i
     q[1] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
     q[2] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
     q[3] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+}
+
+/* ---- MXFP4 values ---- */
+
+/* The 16 E2M1 values {0, .5, 1, 1.5, 2, 3, 4, 6, -0, -.5, ...} doubled, so
+ * that they are integers (ggml's kvalues_mxfp4); index = the 4-bit code. */
+extern const int8_t moex_kvalues_mxfp4[16];
+
+/* Half the value 2^(e - 127) of an E8M0 exponent (which makes up for the
+ * doubled table above), as ggml's GGML_E8M0_TO_FP32_HALF: e 0 and 1 give the
+ * f32 subnormals 2^-128 and 2^-127, e 255 gives 2^127 (ggml treats no E8M0
+ * value as NaN). */
+static inline float moex_e8m0_to_f32_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 typedef struct moex_type_traits {

@@ -229,6 +229,66 @@ static void dot_q8_0_multi(int64_t n, const void *w, const void *const *a, int n
 #undef CALL
 }
 
+/* MXFP4 with Q8_0: the codes become their doubled E2M1 values (-12..12)
+ * through one byte shuffle of ggml's table, then as Q8_0 x Q8_0 with the
+ * block scale e8m0_half(e) * d(y); two blocks a step into two accumulators,
+ * as q8_0_multi. */
+static inline __m256i mxfp4_values_32(const uint8_t *qs, __m256i table) {
+    return _mm256_shuffle_epi8(table, nibbles_32(qs));
+}
+
+static ALWAYS_INLINE void mxfp4_multi(int64_t n, const moex_block_mxfp4 *x, const void *const *a, int nt,
+                                      float *const *out) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moex_kvalues_mxfp4));
+    const moex_block_q8_0 *y[MOEX_DOT_MAX_TOKENS];
+    __m256 acc0[MOEX_DOT_MAX_TOKENS], acc1[MOEX_DOT_MAX_TOKENS];
+    FOR_T {
+        y[t] = a[t];
+        acc0[t] = acc1[t] = _mm256_setzero_ps();
+    }
+    const int64_t nb = n / 32;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i x0 = mxfp4_values_32(x[i].qs, table), x1 = mxfp4_values_32(x[i + 1].qs, table);
+        const __m256i ax0 = _mm256_sign_epi8(x0, x0), ax1 = _mm256_sign_epi8(x1, x1);
+        const float d0 = moex_e8m0_to_f32_half(x[i].e), d1 = moex_e8m0_to_f32_half(x[i + 1].e);
+        FOR_T {
+            const __m256i y0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[t][i].qs), x0);
+            const __m256i y1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[t][i + 1].qs), x1);
+            const __m256i p0 = sum_pairs_i16(_mm256_maddubs_epi16(ax0, y0));
+            const __m256i p1 = sum_pairs_i16(_mm256_maddubs_epi16(ax1, y1));
+            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * f16(y[t][i].d)), _mm256_cvtepi32_ps(p0), acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * f16(y[t][i + 1].d)), _mm256_cvtepi32_ps(p1), acc1[t]);
+        }
+    }
+    for (; i < nb; i++) {
+        const __m256i x0 = mxfp4_values_32(x[i].qs, table);
+        const float d0 = moex_e8m0_to_f32_half(x[i].e);
+        FOR_T {
+            const __m256i p = dot_i8(x0, _mm256_loadu_si256((const __m256i *)y[t][i].qs));
+            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * f16(y[t][i].d)), _mm256_cvtepi32_ps(p), acc0[t]);
+        }
+    }
+    FOR_T *out[t] = hsum_ps(_mm256_add_ps(acc0[t], acc1[t]));
+}
+
+static void dot_mxfp4(int64_t n, const void *w, const void *a, float *out) { mxfp4_multi(n, w, &a, 1, &out); }
+
+static void dot_mxfp4_multi_upto4(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+    switch (nt) {
+    case 1: mxfp4_multi(n, w, a, 1, out); break;
+    case 2: mxfp4_multi(n, w, a, 2, out); break;
+    case 3: mxfp4_multi(n, w, a, 3, out); break;
+    default: mxfp4_multi(n, w, a, 4, out); break;
+    }
+}
+
+static void dot_mxfp4_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
+#define CALL(a_, nt_, out_) dot_mxfp4_multi_upto4(n, w, a_, nt_, out_)
+    SPLIT_TOKENS(nt, a, out, CALL);
+#undef CALL
+}
+
 /* ---- K-quants with Q8_K ---- */
 
 /* sum_j mins[j] * (bsums[2j] + bsums[2j+1]) as 4 s32 (mins in the high half of
@@ -531,9 +591,11 @@ const moex_simd_table moex_simd_table_avx2 = {
         [MOEX_TYPE_Q4_K] = dot_q4_K,
         [MOEX_TYPE_Q5_K] = dot_q5_K,
         [MOEX_TYPE_Q6_K] = dot_q6_K,
+        [MOEX_TYPE_MXFP4] = dot_mxfp4,
     },
     .vec_dot_multi = {
         [MOEX_TYPE_Q8_0] = dot_q8_0_multi,
+        [MOEX_TYPE_MXFP4] = dot_mxfp4_multi,
         [MOEX_TYPE_Q4_K] = dot_q4_K_multi,
         [MOEX_TYPE_Q5_K] = dot_q5_K_multi,
         [MOEX_TYPE_Q6_K] = dot_q6_K_multi,

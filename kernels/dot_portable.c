@@ -95,6 +95,22 @@ static void dot_q8_0(int64_t n, const void *w, const void *a, float *out) {
     *out = sum;
 }
 
+/* MXFP4 with Q8_0: the block's integer sum over the doubled E2M1 table,
+ * scaled by the halved E8M0 exponent times the activations' d (exact: a
+ * power of two times an f16, barring the extreme exponents). */
+static void dot_mxfp4(int64_t n, const void *w, const void *a, float *out) {
+    const moex_block_mxfp4 *x = w;
+    const moex_block_q8_0 *y = a;
+    float sum = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int s = 0;
+        for (int j = 0; j < 16; j++)
+            s += moex_kvalues_mxfp4[x[i].qs[j] & 0xF] * y[i].qs[j] + moex_kvalues_mxfp4[x[i].qs[j] >> 4] * y[i].qs[j + 16];
+        sum += moex_e8m0_to_f32_half(x[i].e) * f16(y[i].d) * s;
+    }
+    *out = sum;
+}
+
 /* Q4_K / Q5_K: sum_j sc_j * dot(q, y)_j - sum_j m_j * sum(y)_j, the mins
  * term from the Q8_K block's 16-element partial sums. */
 static void dot_q4_K(int64_t n, const void *w, const void *a, float *out) {
@@ -187,6 +203,7 @@ const moex_simd_table moex_simd_table_portable = {
         [MOEX_TYPE_Q4_K] = dot_q4_K,
         [MOEX_TYPE_Q5_K] = dot_q5_K,
         [MOEX_TYPE_Q6_K] = dot_q6_K,
+        [MOEX_TYPE_MXFP4] = dot_mxfp4,
     },
     .quantize_act = {
         [MOEX_TYPE_Q8_0] = moex_quantize_q8_0_ref,

@@ -32,7 +32,7 @@ typedef struct moex_simd_table {
 } moex_simd_table;
 
 /* The activation type a weight type is multiplied with (llama.cpp's pairing):
- * Q8_K for K-quants, Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, F32 for
+ * Q8_K for K-quants, Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, F32 for
  * float weights. -1 for types that are not weights. */
 int moex_vec_dot_type(moex_type weight_type);
 

@@ -43,6 +43,10 @@ static int check_matrix(const moex_matrix *w, const char *what, moex_error *err)
     if (!tt) return moex_fail(err, "%s has the unknown type %d", what, (int)w->type);
     if (!tt->is_weight_type || moex_vec_dot_type(w->type) < 0)
         return moex_fail(err, "%s has type %s, which the CPU kernels do not multiply", what, tt->name);
+    /* a type only some SIMD tables have (MXFP4 on the WASM one, so far) */
+    if (!moex_simd_active()->vec_dot[w->type])
+        return moex_fail(err, "%s has type %s, which the %s kernels do not multiply yet", what, tt->name,
+                         moex_simd_active()->name);
     if (!w->data) return moex_fail(err, "%s has no data", what);
     if (w->rows < 0 || w->cols <= 0)
         return moex_fail(err, "%s has the shape %lld x %lld", what, (long long)w->rows, (long long)w->cols);

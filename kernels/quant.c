@@ -3,6 +3,7 @@
  * dequantization serves embedding lookups and tests, quantization serves
  * tests and tools; the hot paths live in the dot products. */
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -138,6 +139,16 @@ static void dequant_q6_K(const moex_block_q6_K *b, float *y, int64_t nb) {
     }
 }
 
+static void dequant_mxfp4(const moex_block_mxfp4 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const float d = moex_e8m0_to_f32_half(b[i].e);
+        for (int j = 0; j < 16; j++) {
+            y[j] = moex_kvalues_mxfp4[b[i].qs[j] & 0xF] * d;
+            y[j + 16] = moex_kvalues_mxfp4[b[i].qs[j] >> 4] * d;
+        }
+    }
+}
+
 static void dequant_q8_K(const moex_block_q8_K *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, y += MOEX_QK_K)
         for (int j = 0; j < MOEX_QK_K; j++) y[j] = b[i].d * b[i].qs[j];
@@ -185,6 +196,7 @@ int moex_dequantize_row(moex_type type, const void *src, float *dst, int64_t n, 
     case MOEX_TYPE_Q5_K: dequant_q5_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q6_K: dequant_q6_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q8_K: dequant_q8_K(src, dst, nb); return 0;
+    case MOEX_TYPE_MXFP4: dequant_mxfp4(src, dst, nb); return 0;
     default: return no_conversion("dequantize", type, err);
     }
 }
@@ -330,6 +342,52 @@ void moex_quantize_q8_K_ref(const float *x, void *dst, int64_t n) {
             y[i].bsums[j] = (int16_t)sum;
         }
         y[i].d = 1 / iscale;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* MXFP4 (ggml's quantize_row_mxfp4_ref)                               */
+/* ------------------------------------------------------------------ */
+
+/* The block exponent: floor(log2(amax)) - 2 + 127, so that amax lands in
+ * the top E2M1 binade (4 or 6 times 2^(e-127)); 0 for an all-zero block.
+ * ggml takes floor(log2f()) (not the float's exponent bits, which differ just
+ * below large powers of two where log2f rounds up) and casts the float to
+ * uint8_t; for amax < 2^-125 (negative) or inf that cast is out of range, and
+ * x86 compilers go through int32 (inf giving INT_MIN) and keep the low byte.
+ * The same here without the undefined conversion, so that the bytes match
+ * llama.cpp's: a block with amax < 2^-125 wraps to a huge exponent and
+ * quantizes to zeros. */
+static uint8_t mxfp4_exponent(float amax) {
+    if (!(amax > 0.0f)) return 0;
+    const float e = floorf(log2f(amax)) - 2 + 127;
+    const int32_t i = e >= -2147483648.0f && e < 2147483648.0f ? (int32_t)e : INT32_MIN;
+    return (uint8_t)((uint32_t)i & 0xFF);
+}
+
+/* The code whose value (doubled table times d) lies nearest x; the first
+ * such code on ties, so 0 (not -0) for zeros, as ggml's best_index_mxfp4. */
+static uint8_t mxfp4_nearest(float x, float d) {
+    uint8_t best = 0;
+    float best_err = fabsf(moex_kvalues_mxfp4[0] * d - x);
+    for (uint8_t q = 1; q < 16; q++) {
+        const float e = fabsf(moex_kvalues_mxfp4[q] * d - x);
+        if (e < best_err) {
+            best = q;
+            best_err = e;
+        }
+    }
+    return best;
+}
+
+static void quant_mxfp4(const float *x, moex_block_mxfp4 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float amax;
+        signed_absmax(x, 32, &amax);
+        y[i].e = mxfp4_exponent(amax);
+        const float d = moex_e8m0_to_f32_half(y[i].e);
+        for (int j = 0; j < 16; j++)
+            y[i].qs[j] = (uint8_t)(mxfp4_nearest(x[j], d) | (mxfp4_nearest(x[j + 16], d) << 4));
     }
 }
 
@@ -564,6 +622,7 @@ int moex_quantize_row(moex_type type, const float *src, void *dst, int64_t n, mo
     case MOEX_TYPE_Q5_K: quant_q5_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q6_K: quant_q6_K(src, dst, nb); return 0;
     case MOEX_TYPE_Q8_K: moex_quantize_q8_K_ref(src, dst, n); return 0;
+    case MOEX_TYPE_MXFP4: quant_mxfp4(src, dst, nb); return 0;
     default: return no_conversion("quantize", type, err);
     }
 }

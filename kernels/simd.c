@@ -19,7 +19,8 @@ int moex_vec_dot_type(moex_type weight_type) {
     case MOEX_TYPE_BF16: return MOEX_TYPE_F32;
     case MOEX_TYPE_Q4_0:
     case MOEX_TYPE_Q5_0:
-    case MOEX_TYPE_Q8_0: return MOEX_TYPE_Q8_0;
+    case MOEX_TYPE_Q8_0:
+    case MOEX_TYPE_MXFP4: return MOEX_TYPE_Q8_0;
     case MOEX_TYPE_Q4_1:
     case MOEX_TYPE_Q5_1: return MOEX_TYPE_Q8_1;
     case MOEX_TYPE_Q4_K:

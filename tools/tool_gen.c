@@ -41,10 +41,12 @@ static void usage(FILE *f) {
             "usage: moex-gguf gen --arch A --preset P --vocab VOCAB.gguf [--type T] [--seed S] -o OUT.gguf [options]\n"
             "  --arch      qwen3moe | qwen3 | llama | mixtral (default: the preset's)\n"
             "  --vocab     GGUF whose tokenizer.* keys are copied; its size is n_vocab\n"
-            "  --type      f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K (all 2D/3D weights),\n"
+            "  --type      f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K mxfp4 (all 2D/3D weights),\n"
             "              q4_K_M (llama.cpp's mix: output Q6_K, attn_v and ffn_down(_exps) Q6_K on the\n"
             "              layers llama.cpp picks, 8-expert models attn_k/v Q8_0 and attn_output Q5_K,\n"
-            "              the rest Q4_K) or mixed (cycles through every type). Default f16.\n"
+            "              the rest Q4_K), mxfp4_moe (llama.cpp's MXFP4_MOE, as gpt-oss ships: expert\n"
+            "              tensors mxfp4, other weights q8_0) or mixed (cycles through every type but\n"
+            "              mxfp4). Default f16.\n"
             "              Norms and routers stay f32; a type whose block does not divide a tensor's\n"
             "              rows falls back as llama.cpp does (q4_K->q5_0, q5_K->q5_1, q6_K->q8_0, else f16).\n"
             "  --seed S    weights are a pure function of the seed (default 0)\n"
@@ -118,6 +120,11 @@ static int parse_seed(const char *s, uint64_t *out) {
 static int parse_type(const char *s, gen_config *cfg) {
     if (!strcasecmp(s, "mixed")) {
         cfg->type_mode = GEN_TYPES_MIXED;
+        return 0;
+    }
+    if (!strcasecmp(s, "mxfp4_moe")) {
+        cfg->type_mode = GEN_TYPES_MXFP4_MOE;
+        cfg->type = MOEX_TYPE_MXFP4;
         return 0;
     }
     if (!strcasecmp(s, "q4_K_M")) {

@@ -19,6 +19,7 @@ typedef enum gen_type_mode {
     GEN_TYPES_UNIFORM,   /* every 2D/3D weight in one type */
     GEN_TYPES_Q4_K_M,    /* llama.cpp's Q4_K_M mix (see gen_plan_build) */
     GEN_TYPES_MIXED,     /* cycle through every weight type */
+    GEN_TYPES_MXFP4_MOE, /* llama.cpp's MXFP4_MOE (gpt-oss's files): experts MXFP4, other weights Q8_0 */
 } gen_type_mode;
 
 /* How quantized weights are produced. */

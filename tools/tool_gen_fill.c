@@ -130,6 +130,28 @@ static void random_q5_k(block_rng *r, float std, moex_block_q5_K *b) {
     random_bytes(r, b->qs, sizeof b->qs);
 }
 
+/* RMS of the 16 E2M1 values (codes uniform): sqrt(68.5 / 8). */
+#define STD_E2M1 2.926f
+
+/* MXFP4: uniform codes (symmetric, so mean 0) under a power-of-two scale.
+ * The wanted scale s = std / STD_E2M1 = m 2^k (m in [1, 2), read from the
+ * float's bits: no libm, like the rest of this file) lies between 2^k and
+ * 2^(k+1); the upper is taken with probability (m^2 - 1) / 3, so that the
+ * values' mean square is std^2 on average. */
+static void random_mxfp4(block_rng *r, float std, moex_block_mxfp4 *b) {
+    const float s = std * jitter(r) / STD_E2M1;
+    uint32_t bits, mbits;
+    memcpy(&bits, &s, 4);
+    mbits = (bits & 0x007FFFFFu) | (127u << 23);
+    float m;
+    memcpy(&m, &mbits, 4);
+    const int biased = (int)((bits >> 23) & 0xFF);   /* k + 127; 0 for s = 0 or subnormal */
+    int e = biased + (uniform01(next_word(r)) < (m * m - 1) / 3 ? 1 : 0);
+    if (biased == 0) e = 0;
+    b->e = (uint8_t)(e < 254 ? e : 254);
+    random_bytes(r, b->qs, sizeof b->qs);
+}
+
 /* x = d*sc*(q-32); random signs on the int8 scales cancel the -0.5 bias. */
 static void random_q6_k(block_rng *r, float std, moex_block_q6_K *b) {
     b->d = moex_f32_to_f16(std * jitter(r) / (STD_U6 * K_SCALE_RMS));
@@ -184,6 +206,7 @@ static void random_block(moex_type type, block_rng *r, float std, void *dst) {
     case MOEX_TYPE_Q4_K: random_q4_k(r, std, dst); break;
     case MOEX_TYPE_Q5_K: random_q5_k(r, std, dst); break;
     case MOEX_TYPE_Q6_K: random_q6_k(r, std, dst); break;
+    case MOEX_TYPE_MXFP4: random_mxfp4(r, std, dst); break;
     default: break;   /* float types never come here */
     }
 }

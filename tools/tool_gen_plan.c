@@ -11,7 +11,8 @@
 
 /* What a tensor is, for the type choice. */
 
-/* Every weight type, in the order --type mixed hands them out. */
+/* Every weight type, in the order --type mixed hands them out; not MXFP4
+ * while only the CPU reads it (the Vulkan tests run mixed models). */
 static const moex_type mixed_cycle[] = {
     MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_Q4_0, MOEX_TYPE_Q4_1,
     MOEX_TYPE_Q5_0, MOEX_TYPE_Q5_1, MOEX_TYPE_F16,  MOEX_TYPE_BF16, MOEX_TYPE_F32,
@@ -41,12 +42,13 @@ typedef struct plan_builder {
     int n_weights;   /* 2D/3D weights so far: the position in the mixed cycle */
 } plan_builder;
 
-static moex_type pick_type(plan_builder *b, tensor_role role, int64_t layer) {
+static moex_type pick_type(plan_builder *b, tensor_role role, int64_t layer, uint32_t n_dims) {
     const gen_config *cfg = b->cfg;
     if (role == ROLE_NORM || role == ROLE_ROUTER) return MOEX_TYPE_F32;  /* llama.cpp keeps these f32 */
     int k = b->n_weights++;
     switch (cfg->type_mode) {
     case GEN_TYPES_MIXED: return mixed_cycle[k % N_MIXED];
+    case GEN_TYPES_MXFP4_MOE: return n_dims == 3 ? MOEX_TYPE_MXFP4 : MOEX_TYPE_Q8_0; /* 3D: the experts */
     case GEN_TYPES_Q4_K_M:
         return moex_tool_q4_k_m_type(role, layer, cfg->n_layer, cfg->n_expert == 8 && arch_is_moe(cfg->arch));
     default: return cfg->type;
@@ -72,7 +74,7 @@ static int add_tensor(plan_builder *b, const char *name, tensor_role role, int64
     t->ne[2] = n_dims > 2 ? ne2 : 1;
     t->init = init;
     t->scale = scale;
-    t->requested = pick_type(b, role, layer);
+    t->requested = pick_type(b, role, layer, n_dims);
     t->type = t->requested;
     if (ne0 % moex_type_get(t->type)->block_elems) {
         t->type = moex_tool_fallback_type(t->type, ne0);
@@ -164,6 +166,7 @@ void gen_plan_free(gen_plan *plan) {
 int gen_file_type(const gen_config *cfg) {
     if (cfg->type_mode == GEN_TYPES_MIXED) return -1;
     if (cfg->type_mode == GEN_TYPES_Q4_K_M) return MOEX_GGUF_FTYPE_Q4_K_M;
+    if (cfg->type_mode == GEN_TYPES_MXFP4_MOE) return moex_gguf_file_type_of(MOEX_TYPE_MXFP4);
     return moex_gguf_file_type_of(cfg->type);
 }
 

@@ -41,7 +41,7 @@ typedef struct quant_plan {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moex-gguf quantize IN.gguf OUT.gguf --type T [--quiet]\n"
-               "  T: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K (every weight), or q4_K_M\n"
+               "  T: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K mxfp4 (every weight), or q4_K_M\n"
                "     (llama.cpp's mix: output (or a tied token_embd) Q6_K, attn_v and ffn_down(_exps)\n"
                "     Q6_K on the layers llama.cpp picks, 8-expert models attn_k/v Q8_0 and attn_output\n"
                "     Q5_K, the rest Q4_K). Norms and routers stay as they are; metadata is copied.\n");

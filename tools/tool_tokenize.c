@@ -1,6 +1,7 @@
 /* moex-gguf tokenize / detokenize: the tokenizer of a GGUF file from the
  * command line. Text and ids come from the arguments or, when absent, from
- * all of stdin, byte for byte. */
+ * all of stdin, byte for byte; tokenize --batch takes many texts, one per
+ * line (tests/peer/peer_tokenize.py compares them with llama.cpp). */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -16,13 +17,18 @@ typedef struct tok_args {
     const char *input;    /* NULL: read stdin */
     bool special;
     bool add_bos;
+    bool batch;
 } tok_args;
 
 static void usage_tokenize(FILE *f) {
     fprintf(f, "usage: moex-gguf tokenize VOCAB.gguf [TEXT] [--special] [--add-bos]\n"
+               "       moex-gguf tokenize VOCAB.gguf --batch < lines of \"FLAGS HEX\"\n"
                "  prints the token ids of TEXT (all of stdin when absent) on one line\n"
                "  --special   text like <|im_end|> becomes its special token\n"
-               "  --add-bos   prepend BOS when the vocabulary asks for it (add_bos_token)\n");
+               "  --add-bos   prepend BOS when the vocabulary asks for it (add_bos_token)\n"
+               "  --batch     one text per stdin line, its bytes in hex after FLAGS (bit 0: --special,\n"
+               "              bit 1: --add-bos); prints per line the ids, a tab and the hex of their\n"
+               "              detokenization (special tokens rendered when bit 0 is set)\n");
 }
 
 static void usage_detokenize(FILE *f) {
@@ -42,6 +48,7 @@ static int parse_args(int argc, char **argv, bool allow_bos, tok_args *a) {
         else if (!only_pos && (!strcmp(s, "-h") || !strcmp(s, "--help"))) return -1;
         else if (!only_pos && !strcmp(s, "--special")) a->special = true;
         else if (!only_pos && allow_bos && !strcmp(s, "--add-bos")) a->add_bos = true;
+        else if (!only_pos && allow_bos && !strcmp(s, "--batch")) a->batch = true;
         else if (!only_pos && s[0] == '-' && s[1] == '-') {
             fprintf(stderr, "%s: unknown option '%s'\n", argv[0], s);
             return 2;
@@ -109,13 +116,76 @@ static char *get_input(const char *cmd, const tok_args *a, size_t *len) {
     return s;
 }
 
+/* ---- tokenize --batch ---- */
+
+static int hex_digit(int c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Decodes hex[0..n) in place: the byte count, -1 when it is not hex. */
+static int64_t unhex(char *hex, size_t n) {
+    if (n % 2) return -1;
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hex_digit((unsigned char)hex[2 * i]), lo = hex_digit((unsigned char)hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        hex[i] = (char)(hi * 16 + lo);
+    }
+    return (int64_t)(n / 2);
+}
+
+/* One "FLAGS HEX" line (newline stripped) -> "IDS\tHEX" on stdout. */
+static int batch_line(const moex_tokenizer *tok, char *line, moex_error *err) {
+    char *sp = strchr(line, ' ');
+    int flags = atoi(line);
+    bool special = flags & 1, add_bos = (flags >> 1) & 1;
+    int64_t len = sp ? unhex(sp + 1, strlen(sp + 1)) : 0;
+    if (len < 0) return moex_fail(err, "bad --batch line '%.40s' (want FLAGS HEX)", line);
+    const char *text = sp ? sp + 1 : "";
+    int64_t cap = len + 16;
+    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
+    int64_t n = ids ? moex_tokenize(tok, text, (size_t)len, add_bos, special, ids, cap, err) : -1;
+    int64_t out_len = n >= 0 && n <= cap ? moex_detokenize(tok, ids, n, special, NULL, 0, err) : -1;
+    char *out = out_len >= 0 ? malloc((size_t)out_len + 1) : NULL;
+    int rc = !out || moex_detokenize(tok, ids, n, special, out, out_len, err) != out_len;
+    for (int64_t i = 0; !rc && i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\t');
+    for (int64_t i = 0; !rc && i < out_len; i++) printf("%02x", (unsigned char)out[i]);
+    putchar('\n');
+    free(ids);
+    free(out);
+    return rc ? (err->msg[0] ? -1 : moex_fail(err, "out of memory")) : 0;
+}
+
+static int run_batch(const char *cmd, const char *vocab) {
+    moex_tokenizer *tok = open_tokenizer(cmd, vocab);
+    if (!tok) return 1;
+    moex_error err = {{0}};
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    int rc = 0;
+    while (!rc && (got = getline(&line, &cap, stdin)) >= 0) {
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+        rc = batch_line(tok, line, &err);
+    }
+    if (rc) fprintf(stderr, "%s: %s\n", cmd, err.msg);
+    free(line);
+    moex_tokenizer_free(tok);
+    return rc || fflush(stdout) ? 1 : 0;
+}
+
 int moex_tool_tokenize(int argc, char **argv) {
     tok_args a;
     int u = parse_args(argc, argv, true, &a);
+    if (!u && a.batch && (a.input || a.special || a.add_bos)) {
+        fprintf(stderr, "%s: --batch takes no TEXT, --special or --add-bos (they come per line)\n", argv[0]);
+        u = 2;
+    }
     if (u) {
         usage_tokenize(u < 0 ? stdout : stderr);
         return u < 0 ? 0 : 2;
     }
+    if (a.batch) return run_batch(argv[0], a.vocab);
     size_t len = 0;
     char *text = get_input(argv[0], &a, &len);
     if (!text) return 1;

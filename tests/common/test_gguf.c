@@ -158,6 +158,7 @@ static const tspec k_tensors[] = {
     {"i.q4_1", MOEX_TYPE_Q4_1, 1, {32}},
     {"j.q5_0", MOEX_TYPE_Q5_0, 1, {32}},
     {"k.q5_1", MOEX_TYPE_Q5_1, 1, {96}},
+    {"l.mxfp4", MOEX_TYPE_MXFP4, 3, {64, 3, 2}},   /* 17-byte blocks: rows of 34 bytes */
 };
 #define N_TENSORS (sizeof k_tensors / sizeof k_tensors[0])
 

@@ -262,6 +262,19 @@ static void test_tensor_infos(void) {
     EXPECT_FAIL("ne0 33 q4_0", &b, "ne[0] = 33 is not a multiple of q4_0's block of 32");
     gb_free(&b);
 
+    /* MXFP4: 17-byte blocks, so a [64, 3] tensor takes 102 bytes */
+    uint64_t ne64x3[2] = {64, 3};
+    one_tensor(&b, 2, ne64x3, MOEX_TYPE_MXFP4, 0, 102);
+    expect_ok("mxfp4 tensor", &b);
+    gb_free(&b);
+    one_tensor(&b, 2, ne64x3, MOEX_TYPE_MXFP4, 0, 101);
+    EXPECT_FAIL("mxfp4 data one byte short", &b, "runs past the end of the file");
+    gb_free(&b);
+    uint64_t ne48[1] = {48};
+    one_tensor(&b, 1, ne48, MOEX_TYPE_MXFP4, 0, 34);
+    EXPECT_FAIL("ne0 48 mxfp4", &b, "ne[0] = 48 is not a multiple of mxfp4's block of 32");
+    gb_free(&b);
+
     one_tensor(&b, 1, ne8, MOEX_TYPE_F32, 8, 64);
     EXPECT_FAIL("misaligned offset", &b, "offset 8 is not a multiple of the alignment 32");
     gb_free(&b);

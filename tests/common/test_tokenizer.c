@@ -1,6 +1,7 @@
 /* Tokenizer tests against llama.cpp's vectors (fixtures/vocab) and its
- * properties: exact ids for every case of the three vocabularies, decode
- * round trips, special-token parsing, robustness to invalid UTF-8.
+ * properties: exact ids for every case of the four vocabularies, decode
+ * round trips, special-token parsing (qwen2, gpt-oss's harmony tokens),
+ * robustness to invalid UTF-8.
  * usage: test_tokenizer FIXTURES_VOCAB_DIR */
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,6 +228,57 @@ static void test_qwen2_special(const moex_tokenizer *tok) {
     free(ids);
 }
 
+/* gpt-oss (o200k_harmony): 201088 tokens, the harmony tokens at their ids,
+ * <|start|> <|channel|> <|message|> <|constrain|> <|end|> user-defined (always
+ * split out and shown, as llama.cpp makes them), <|return|> and <|call|> end
+ * a generation, <|end|> only a message. */
+static void test_gpt_oss_special(const moex_tokenizer *tok) {
+    enum { START_OF_TEXT = 199998, END_OF_TEXT = 199999, RETURN = 200002, CHANNEL = 200005, START = 200006,
+           END = 200007, MESSAGE = 200008, CALL = 200012 };
+    CHECK(moex_tokenizer_n_vocab(tok) == 201088, "gpt-oss n_vocab %d", moex_tokenizer_n_vocab(tok));
+    CHECK(moex_tokenizer_bos(tok) == START_OF_TEXT && moex_tokenizer_eos(tok) == RETURN, "gpt-oss bos/eos");
+    const char *chat = "<|start|>assistant<|channel|>final<|message|>Hi!<|end|><|return|>";
+    int32_t *ids;
+    int64_t len, n = tokenize_all(tok, chat, strlen(chat), true, true, &ids);
+    CHECK(n >= 8 && ids[0] == START && contains_id(ids, n, CHANNEL) && contains_id(ids, n, MESSAGE) &&
+          ids[n - 2] == END && ids[n - 1] == RETURN, "gpt-oss chat special tokens (and no BOS)");
+    char *back = detokenize_all(tok, ids, n, true, &len);
+    CHECK(back && !strcmp(back, chat), "gpt-oss render_special decode gives '%s'", back ? back : "(error)");
+    free(back);
+    back = detokenize_all(tok, ids, n, false, &len);   /* user-defined shown, control hidden */
+    CHECK(back && !strcmp(back, "<|start|>assistant<|channel|>final<|message|>Hi!<|end|>"),
+          "gpt-oss decode without specials gives '%s'", back ? back : "(error)");
+    free(back);
+    free(ids);
+
+    /* Without parse_special the user-defined ones are still tokens; <|return|> is spelled out. */
+    n = tokenize_all(tok, chat, strlen(chat), false, false, &ids);
+    CHECK(ids[0] == START && contains_id(ids, n, END) && !contains_id(ids, n, RETURN),
+          "gpt-oss without parse_special: user-defined tokens only");
+    back = detokenize_all(tok, ids, n, false, &len);
+    CHECK(back && !strcmp(back, chat), "gpt-oss spelled-out text decodes to '%s'", back ? back : "(error)");
+    free(back);
+    free(ids);
+
+    CHECK(moex_tokenizer_is_eog(tok, RETURN) && moex_tokenizer_is_eog(tok, CALL) && moex_tokenizer_is_eog(tok, END_OF_TEXT),
+          "gpt-oss <|return|> <|call|> <|endoftext|> end a generation");
+    CHECK(!moex_tokenizer_is_eog(tok, END) && !moex_tokenizer_is_eog(tok, START), "gpt-oss <|end|> <|start|> do not");
+
+    /* Long letter runs split into many words stay linear: camel case, then one
+     * both-case letter before 200k upper ones (quadratic would take minutes). */
+    size_t big = 600000;
+    char *text = malloc(big + 2);
+    for (size_t i = 0; i < 400000; i++) text[i] = i % 2 ? 'B' : 'a';
+    memcpy(text + 400000, "\xc3\x89", 2);
+    memset(text + 400002, 'A', big - 400000);
+    double t0 = moex_time_s();
+    n = tokenize_all(tok, text, big + 2, false, false, &ids);
+    CHECK(n > 200000, "gpt-oss long camel-case text gives %lld tokens", (long long)n);
+    printf("gpt-oss: %zu bytes of letter runs tokenized in %.0f ms\n", big + 2, (moex_time_s() - t0) * 1e3);
+    free(ids);
+    free(text);
+}
+
 static void test_piece_api(const moex_tokenizer *tok) {
     char buf[64];
     CHECK(moex_token_to_piece(tok, -1, false, buf, sizeof buf) == -1, "negative id rejected");
@@ -349,6 +401,16 @@ static void test_pretokenizer(void) {
     SPLIT("qwen2", "caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd", 4, 7);  /* non-ASCII letters */
     SPLIT("default", "a+=1234!", 1, 3, 6, 7, 8);              /* punct runs, then 3-digit groups */
     SPLIT("llama-bpe", "ok\xff!", 2, 4);                      /* an invalid byte is one code point (U+FFFD) */
+    /* gpt-4o: "upper" is a letter but a-z, "lower" a letter but A-Z (llama.cpp's collapsed regex). */
+    SPLIT("gpt-4o", "HelloWorld ABCdef", 5, 10, 17);          /* (upper)*(lower)+ */
+    SPLIT("gpt-4o", "\xd0\x9f\xd1\x80\xd0\xb8World", 8);     /* non-ASCII letters are both cases */
+    SPLIT("gpt-4o", "\xc3\xa9" "AB", 1, 3);                  /* ends after the last both-case letter */
+    SPLIT("gpt-4o", "I'M fine", 3, 8);                        /* (upper)+ then '[mM] */
+    SPLIT("gpt-4o", "x/\n/y", 1, 4, 5);                       /* punctuation takes [\r\n/]* */
+    SPLIT("gpt-4o", "12345 12", 3, 5, 6, 8);                  /* \p{N}{1,3}; a space is no prefix of digits */
+    SPLIT("gpt-4o", "..Hi a  b", 2, 4, 6, 7, 9);              /* [^\r\n\p{L}\p{N}]? takes one character */
+    SPLIT("gpt-4o", "e\xcc\x81", 1, 2);                       /* a mark is no letter */
+    SPLIT("llama4", "a\r\n\r\n b", 1, 5, 7);                 /* \s*[\r\n]+ then " b" */
 #undef SPLIT
     moex_error err = {{0}};
     int32_t ends[4];
@@ -356,21 +418,41 @@ static void test_pretokenizer(void) {
           "an unknown pre-tokenizer is an error naming it: '%s'", err.msg);
 }
 
+/* gpt-oss's vocabulary is made from the o200k ranks of the npm package js-tiktoken (tools/make_o200k_vocab.py, run
+ * by tests/peer/setup_peer.sh into .peer/vocab; its test vectors are in FIXTURES_VOCAB_DIR), not kept in the repository (8 MB):
+ * without it the gpt-oss checks are skipped, unless MOEX_REQUIRE_PEER=1 (CI). */
+static bool have_gpt_oss(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/ggml-vocab-gpt-oss.gguf", dir ? dir : "");
+    FILE *f = dir ? fopen(path, "rb") : NULL;
+    if (f) fclose(f);
+    if (!f) {
+        const char *req = getenv("MOEX_REQUIRE_PEER");
+        fprintf(stderr, "%s: %s (run tests/peer/setup_peer.sh)\n", req && !strcmp(req, "1") ? "FAIL" : "skipped gpt-oss",
+                dir ? path : "no gpt-oss vocab dir given");
+        if (req && !strcmp(req, "1")) g_failures++;
+    }
+    return f != NULL;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s FIXTURES_VOCAB_DIR\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s FIXTURES_VOCAB_DIR [GPT_OSS_VOCAB_DIR]\n", argv[0]);
         return 2;
     }
-    const char *dir = argv[1];
-    const char *names[3] = {"ggml-vocab-qwen2.gguf", "ggml-vocab-llama-bpe.gguf", "ggml-vocab-llama-spm.gguf"};
-    moex_tokenizer *toks[3];
-    for (int i = 0; i < 3; i++) {
+    const char *names[4] = {"ggml-vocab-qwen2.gguf", "ggml-vocab-llama-bpe.gguf", "ggml-vocab-llama-spm.gguf",
+                            "ggml-vocab-gpt-oss.gguf"};
+    const char *dirs[4] = {argv[1], argv[1], argv[1], argc == 3 ? argv[2] : NULL};
+    const int n_tok = have_gpt_oss(dirs[3]) ? 4 : 3;
+    moex_tokenizer *toks[4] = {0};
+    for (int i = 0; i < n_tok; i++) {
+        const char *dir = dirs[i];
         double t0 = moex_time_s();
         toks[i] = load_tok(dir, names[i]);
         if (!toks[i]) return 1;
         printf("%s: loaded in %.0f ms\n", names[i], (moex_time_s() - t0) * 1e3);
         cases c;
-        if (load_cases(dir, names[i], &c)) {
+        if (load_cases(argv[1], names[i], &c)) {   /* every vocabulary's test vectors are in the repository */
             fprintf(stderr, "cannot read the test vectors of %s\n", names[i]);
             return 1;
         }
@@ -383,9 +465,13 @@ int main(int argc, char **argv) {
     test_piece_api(toks[0]);
     test_invalid_utf8(toks[0], toks[2]);
     test_invalid_utf8(toks[1], toks[2]);
+    if (toks[3]) {
+        test_invalid_utf8(toks[3], toks[2]);
+        test_gpt_oss_special(toks[3]);
+    }
     test_empty(toks[0], toks[2]);
     test_bos(toks[2], toks[1]);
-    for (int i = 0; i < 3; i++) moex_tokenizer_free(toks[i]);
+    for (int i = 0; i < n_tok; i++) moex_tokenizer_free(toks[i]);
     if (g_failures) {
         fprintf(stderr, "%d check(s) failed\n", g_failures);
         return 1;

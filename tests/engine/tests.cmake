@@ -33,6 +33,16 @@ foreach(arch qwen3moe qwen3 llama mixtral)
     set_tests_properties(models_${arch}_${wtype} PROPERTIES TIMEOUT 120 LABELS "models")
   endforeach()
 endforeach()
+# MXFP4 (gpt-oss's expert type, CPU only so far): every weight in it, MoE and dense.
+foreach(arch qwen3moe qwen3)
+  add_test(NAME models_${arch}_mxfp4
+           COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_models.py
+                   --hub $<TARGET_FILE:moex-hub> --gguf $<TARGET_FILE:moex-gguf>
+                   --fixtures ${MOEX_FIXTURES}
+                   --workdir ${CMAKE_CURRENT_BINARY_DIR}/models/${arch}_mxfp4
+                   --arch ${arch} --type mxfp4)
+  set_tests_properties(models_${arch}_mxfp4 PROPERTIES TIMEOUT 120 LABELS "models")
+endforeach()
 
 # The prompt in chunks of 5 tokens: the KV cache must carry across passes.
 add_test(NAME models_qwen3moe_q4_K_M_batch5

@@ -9,6 +9,11 @@
  *  - multi-token kernels equal vec_dot bit for bit on each path, and the
  *    AVX-512 VNNI ones equal the AVX2 vec_dot bit for bit, also on blocks of
  *    random bits and saturated activations (the integer extremes);
+ *  - MXFP4: every (exponent, code) pair dequantizes to the OCP MX value
+ *    (computed here from the E2M1 / E8M0 bit layouts, not from a table),
+ *    dots at the exponent edges against float64 on every path, the paths
+ *    equal bit for bit where every float step is exact, representable blocks
+ *    round-trip exactly and ggml's rounding rule (ties to the lower code);
  *  - MOEX_SIMD picks the path it names.
  * Usage: test_quant [seed] */
 #include <stddef.h>
@@ -143,12 +148,230 @@ static void test_block32_layouts(void) {
     CHECK(bad == 0, "q4_1 layout: %d values wrong", bad);
 }
 
+/* portable, AVX2, AVX-512 VNNI (the SIMD ones NULL where the CPU lacks them) */
+#define N_PATHS 3
+
+/* ---- MXFP4 ---- */
+
+/* An E2M1 code's value from its bits (sign, 2 exponent bits with bias 1, 1
+ * mantissa bit; exponent 0 is subnormal), as the OCP MX spec defines it. */
+static double e2m1_value(int code) {
+    const int exp = (code >> 1) & 3, man = code & 1;
+    const double mag = exp == 0 ? 0.5 * man : ldexp(1.0 + 0.5 * man, exp - 1);
+    return code & 8 ? -mag : mag;
+}
+
+/* An E8M0 exponent's value 2^(e - 127); ggml gives 255 no NaN meaning. */
+static double e8m0_value(int e) { return ldexp(1.0, e - 127); }
+
+/* Random 4-bit codes for a block, each of the 16 codes once among the low
+ * nibbles and once among the high ones (in random orders). */
+static void mxfp4_all_codes(rng *r, uint8_t qs[16]) {
+    uint8_t lo[16], hi[16];
+    for (int j = 0; j < 16; j++) lo[j] = hi[j] = (uint8_t)j;
+    for (int j = 15; j > 0; j--) {
+        int k = (int)(rng_next(r) % (uint64_t)(j + 1));
+        uint8_t t = lo[j]; lo[j] = lo[k]; lo[k] = t;
+        k = (int)(rng_next(r) % (uint64_t)(j + 1));
+        t = hi[j]; hi[j] = hi[k]; hi[k] = t;
+    }
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(lo[j] | (hi[j] << 4));
+}
+
+/* One row of 256 blocks, exponent e in block e: every (e, code) pair,
+ * including 0 and 1 (f32 subnormal scales) and 254, 255 (whose large codes
+ * overflow to inf in f32, as in ggml). */
+static void test_mxfp4_dequant(rng *r) {
+    moex_block_mxfp4 *b = malloc(sizeof(moex_block_mxfp4) * 256);
+    float *out = malloc(sizeof(float) * 256 * 32);
+    for (int e = 0; e < 256; e++) {
+        b[e].e = (uint8_t)e;
+        mxfp4_all_codes(r, b[e].qs);
+    }
+    CHECK(moex_dequantize_row(MOEX_TYPE_MXFP4, b, out, 256 * 32, NULL) == 0, "mxfp4 dequantize failed");
+    int bad = 0;
+    for (int e = 0; e < 256; e++)
+        for (int j = 0; j < 32; j++) {
+            const int code = j < 16 ? b[e].qs[j] & 0xF : b[e].qs[j - 16] >> 4;
+            const float want = (float)(e2m1_value(code) * e8m0_value(e)); /* exact, or inf past FLT_MAX */
+            if (!(out[32 * e + j] == want)) {
+                if (bad++ < 5) printf("  mxfp4 e %d code %d: %.9g, want %.9g\n", e, code, out[32 * e + j], want);
+            }
+        }
+    CHECK(bad == 0, "mxfp4: %d of 8192 (exponent, code) values differ from the OCP MX value", bad);
+    free(b);
+    free(out);
+}
+
+/* Raw Q8_0 activations: d and every qs in -127..127 (ggml's quantizer never
+ * writes -128). */
+static void fill_q8_0_raw(rng *r, moex_block_q8_0 *y, int64_t nb, float d, int saturate) {
+    for (int64_t i = 0; i < nb; i++) {
+        y[i].d = moex_f32_to_f16(d);
+        for (int j = 0; j < 32; j++)
+            y[i].qs[j] = (int8_t)(saturate ? (saturate > 0 ? 127 : -127) : (int)(rng_next(r) % 255) - 127);
+    }
+}
+
+/* Dots at the exponent edges on every path against float64 from the spec's
+ * values: the activations' scale keeps d(x) * d(y) a normal f32 (e 0, 1) or
+ * the sums finite (e 254, 255), as it is in real use; blocks take the edge
+ * exponent or one up to 2 away. */
+static void test_mxfp4_dot_edges(rng *r) {
+    const moex_simd_table *paths[N_PATHS] = {moex_simd_portable(), moex_simd_avx2(), moex_simd_vnni()};
+    static const int edges[] = {0, 1, 127, 254, 255};
+    const int64_t cols = 32 * 9, nb = cols / 32, rows = 24;
+    moex_block_mxfp4 *w = malloc(sizeof(moex_block_mxfp4) * (size_t)(nb * rows));
+    float *x = malloc(sizeof(float) * cols), *got = malloc(sizeof(float) * rows);
+    double *want = malloc(sizeof(double) * rows);
+    moex_block_q8_0 *a = malloc(sizeof(moex_block_q8_0) * (size_t)nb);
+    for (size_t k = 0; k < sizeof edges / sizeof edges[0]; k++) {
+        const int edge = edges[k];
+        fill_gauss(r, x, cols, edge <= 1 ? 2e4f : edge >= 254 ? 1e-3f : 1.0f);
+        moex_quantize_row(MOEX_TYPE_Q8_0, x, a, cols, NULL);
+        for (int64_t row = 0; row < rows; row++) {
+            double s = 0;
+            for (int64_t i = 0; i < nb; i++) {
+                moex_block_mxfp4 *b = &w[row * nb + i];
+                int e = edge + (int)(rng_next(r) % 5) - 2;
+                b->e = (uint8_t)(e < 0 ? 0 : e > 255 ? 255 : e);
+                mxfp4_all_codes(r, b->qs);
+                for (int j = 0; j < 32; j++) {
+                    const int code = j < 16 ? b->qs[j] & 0xF : b->qs[j - 16] >> 4;
+                    s += e2m1_value(code) * e8m0_value(b->e) * moex_f16_to_f32(a[i].d) * a[i].qs[j];
+                }
+            }
+            want[row] = s;
+        }
+        for (int p = 0; p < N_PATHS; p++) {
+            if (!paths[p]) continue;
+            for (int64_t row = 0; row < rows; row++) paths[p]->vec_dot[MOEX_TYPE_MXFP4](cols, w + row * nb, a, &got[row]);
+            const double err = rel_l2(got, want, rows);
+            CHECK(err <= 1e-5, "%s mxfp4 dot at exponent %d: rel L2 %.3g vs float64", paths[p]->name, edge, err);
+            CHECK(isfinite(got[0]) && got[0] != 0, "%s mxfp4 dot at exponent %d: %g", paths[p]->name, edge, got[0]);
+            if (p == 0) printf("  mxfp4 dot, exponents around %3d: rel L2 vs f64 %.2g (row 0: %.6g)\n", edge, err, got[0]);
+        }
+    }
+    free(w);
+    free(x);
+    free(got);
+    free(want);
+    free(a);
+}
+
+/* Where every float step is exact (exponents 126..128, activations with d 1,
+ * 16 blocks: all partial sums are multiples of 1/4 below 2^20), every path's
+ * vec_dot and multi-token kernel must give the exact integer result, bit for
+ * bit; random and saturated (all +-12 x +-127) rows. */
+static void test_mxfp4_paths_exact(rng *r) {
+    const moex_simd_table *paths[N_PATHS] = {moex_simd_portable(), moex_simd_avx2(), moex_simd_vnni()};
+    const int64_t cols = 32 * 16, nb = cols / 32, nt_max = MOEX_DOT_MAX_TOKENS;
+    moex_block_mxfp4 w[16];
+    moex_block_q8_0 a[MOEX_DOT_MAX_TOKENS][16];
+    int checked = 0;
+    for (int row = 0; row < 12; row++) {
+        const int kind = row % 3; /* random, saturated with equal signs, saturated with opposite signs */
+        for (int64_t i = 0; i < nb; i++) {
+            w[i].e = (uint8_t)(126 + rng_next(r) % 3);
+            if (kind) memset(w[i].qs, kind == 1 ? 0x77 : 0xFF, 16); /* code 7: +6, code 15: -6 */
+            else mxfp4_all_codes(r, w[i].qs);
+        }
+        for (int t = 0; t < nt_max; t++) fill_q8_0_raw(r, a[t], nb, 1.0f, t == 0 && kind ? 1 : 0);
+        double exact[MOEX_DOT_MAX_TOKENS];
+        for (int t = 0; t < nt_max; t++) {
+            exact[t] = 0;
+            for (int64_t i = 0; i < nb; i++)
+                for (int j = 0; j < 32; j++) {
+                    const int code = j < 16 ? w[i].qs[j] & 0xF : w[i].qs[j - 16] >> 4;
+                    exact[t] += e2m1_value(code) * e8m0_value(w[i].e) * a[t][i].qs[j];
+                }
+        }
+        for (int p = 0; p < N_PATHS; p++) {
+            if (!paths[p]) continue;
+            for (int t = 0; t < nt_max; t++) {
+                float got;
+                paths[p]->vec_dot[MOEX_TYPE_MXFP4](cols, w, a[t], &got);
+                CHECK(got == exact[t], "%s mxfp4 row %d token %d: %.9g, exact %.9g", paths[p]->name, row, t, got,
+                      exact[t]);
+                checked++;
+            }
+            if (!paths[p]->vec_dot_multi[MOEX_TYPE_MXFP4]) continue;
+            for (int nt = 1; nt <= nt_max; nt++) {
+                const void *ap[MOEX_DOT_MAX_TOKENS];
+                float got[MOEX_DOT_MAX_TOKENS], *out[MOEX_DOT_MAX_TOKENS];
+                for (int t = 0; t < nt; t++) {
+                    ap[t] = a[t];
+                    out[t] = &got[t];
+                }
+                paths[p]->vec_dot_multi[MOEX_TYPE_MXFP4](cols, w, ap, nt, out);
+                for (int t = 0; t < nt; t++)
+                    CHECK(got[t] == exact[t], "%s mxfp4 %d-token kernel, token %d: %.9g, exact %.9g", paths[p]->name,
+                          nt, t, got[t], exact[t]);
+                checked++;
+            }
+        }
+    }
+    printf("  mxfp4 exact dots, all paths bit for bit: %d\n", checked);
+}
+
+/* Blocks whose values are all representable, with a top-binade code (|v| 4
+ * or 6) so that the block's exponent is the one ggml's rule picks, quantize
+ * back to the same bytes (-0 becomes +0's code); and ggml's nearest-value
+ * rule on hand-picked values: ties go to the lower code, above 6 clips. */
+static void test_mxfp4_quantize(rng *r) {
+    enum { NB = 64 };
+    moex_block_mxfp4 b[NB], q[NB];
+    float v[NB * 32];
+    for (int i = 0; i < NB; i++) {
+        b[i].e = (uint8_t)(rng_next(r) % 253); /* 253+: 6 * 2^126 and up overflow f32 */
+        for (int j = 0; j < 16; j++) {
+            uint8_t lo = (uint8_t)(rng_next(r) % 16), hi = (uint8_t)(rng_next(r) % 16);
+            if (lo == 8) lo = 0;
+            if (hi == 8) hi = 0;
+            b[i].qs[j] = (uint8_t)(lo | (hi << 4));
+        }
+        b[i].qs[rng_next(r) % 16] = (uint8_t)(6 + rng_next(r) % 2 + (rng_next(r) % 2 ? 8 : 0)); /* +-4 or +-6 */
+    }
+    moex_dequantize_row(MOEX_TYPE_MXFP4, b, v, NB * 32, NULL);
+    moex_quantize_row(MOEX_TYPE_MXFP4, v, q, NB * 32, NULL);
+    int bad = 0;
+    for (int i = 0; i < NB; i++) bad += memcmp(&b[i], &q[i], sizeof b[i]) != 0;
+    CHECK(bad == 0, "mxfp4: %d of %d representable blocks do not quantize back to themselves", bad, NB);
+
+    /* amax 7.9: e 127 (values E2M1 * 1); 2.5 is halfway between codes 4 (2)
+     * and 5 (3), 0.25 between 0 and .5, -0.25 between 0 and -.5 */
+    const float x[32] = {6.0f, 2.5f, -2.5f, 0.25f, -0.25f, 7.9f, -0.0f, 1.2f, -5.1f, 0.7f};
+    const uint8_t want[32] = {7, 4, 12, 0, 0, 7, 0, 2, 15, 1};
+    moex_block_mxfp4 one;
+    moex_quantize_row(MOEX_TYPE_MXFP4, x, &one, 32, NULL);
+    CHECK(one.e == 127, "mxfp4: amax 7.9 gives exponent %d, want 127", one.e);
+    bad = 0;
+    for (int j = 0; j < 32; j++) {
+        const int code = j < 16 ? one.qs[j] & 0xF : one.qs[j - 16] >> 4;
+        if (code != want[j]) {
+            bad++;
+            printf("  mxfp4 quantize %g: code %d, want %d\n", x[j], code, want[j]);
+        }
+    }
+    CHECK(bad == 0, "mxfp4: %d hand-picked values quantize to the wrong code", bad);
+    /* the exponent follows floor(log2(amax)): 4 -> 127, 3.99 -> 126, 1e-30 -> 25 */
+    const float amaxes[] = {4.0f, 3.99f, 1e6f, 1e-30f};
+    const int want_e[] = {127, 126, 144, 25};
+    for (int k = 0; k < 4; k++) {
+        float y[32] = {0};
+        y[5] = -amaxes[k];
+        moex_quantize_row(MOEX_TYPE_MXFP4, y, &one, 32, NULL);
+        CHECK(one.e == want_e[k], "mxfp4: amax %g gives exponent %d, want %d", amaxes[k], one.e, want_e[k]);
+    }
+}
+
 /* ---- round trips ---- */
 
 /* Bound on ||dequantize(quantize(x)) - x|| / ||x|| for the weight-like test
  * data (Gaussian rows, 0.2 % outliers x8). Worst over 40 seeds: f16 2.3e-4,
  * bf16 1.8e-3, q4_0 .13, q4_1 .094, q5_0 .063, q5_1 .045, q8_0 .0078,
- * q4_K .085, q5_K .044, q6_K .023, q8_K .017; bounds are ~1.4x those. */
+ * q4_K .085, q5_K .044, q6_K .023, q8_K .017, mxfp4 .144 (power-of-two scales
+ * and 3 bits of magnitude); bounds are ~1.4x those. */
 static double roundtrip_bound(moex_type t) {
     switch (t) {
     case MOEX_TYPE_F32: return 0;
@@ -164,6 +387,7 @@ static double roundtrip_bound(moex_type t) {
     case MOEX_TYPE_Q5_K: return 0.062;
     case MOEX_TYPE_Q6_K: return 0.032;
     case MOEX_TYPE_Q8_K: return 0.025;
+    case MOEX_TYPE_MXFP4: return 0.2;
     default: return 0;
     }
 }
@@ -171,7 +395,7 @@ static double roundtrip_bound(moex_type t) {
 static void test_roundtrips(rng *r) {
     static const moex_type types[] = {MOEX_TYPE_F32,  MOEX_TYPE_F16,  MOEX_TYPE_BF16, MOEX_TYPE_Q4_0, MOEX_TYPE_Q4_1,
                                       MOEX_TYPE_Q5_0, MOEX_TYPE_Q5_1, MOEX_TYPE_Q8_0, MOEX_TYPE_Q8_1, MOEX_TYPE_Q4_K,
-                                      MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_K};
+                                      MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_K, MOEX_TYPE_MXFP4};
     const int64_t n = 8192;
     float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
     double *xd = malloc(sizeof(double) * n);
@@ -200,6 +424,8 @@ static void test_roundtrips(rng *r) {
     moex_error e = {{0}};
     CHECK(moex_quantize_row(MOEX_TYPE_Q4_K, x, q, 100, &e) == -1 && strstr(e.msg, "whole blocks of 256 values, not 100"),
           "q4_K of 100 elements: '%s'", e.msg);
+    CHECK(moex_dequantize_row(MOEX_TYPE_MXFP4, q, y, 48, &e) == -1 && strstr(e.msg, "mxfp4 row holds whole blocks of 32 values, not 48"),
+          "mxfp4 of 48 elements: '%s'", e.msg);
     CHECK(moex_dequantize_row((moex_type)5, q, y, 32, &e) == -1 && strstr(e.msg, "the unknown type 5"),
           "unknown type: '%s'", e.msg);
     CHECK(moex_dequantize_row(MOEX_TYPE_Q8_0, NULL, y, 32, &e) == -1 && strstr(e.msg, "without source"),
@@ -209,9 +435,6 @@ static void test_roundtrips(rng *r) {
     free(xd);
     free(q);
 }
-
-/* portable, AVX2, AVX-512 VNNI (the SIMD ones NULL where the CPU lacks them) */
-#define N_PATHS 3
 
 /* ---- activation quantizers: AVX2 vs reference ---- */
 
@@ -482,11 +705,15 @@ int main(int argc, char **argv) {
     test_q5_K_layout(&r);
     test_q6_K_layout(&r);
     test_block32_layouts();
+    test_mxfp4_dequant(&r);
+    test_mxfp4_quantize(&r);
     test_roundtrips(&r);
     test_act_quantizers(&r);
     test_vec_dots(&r);
     test_vec_dot_multi(&r);
     test_vnni_matches_avx2(&r);
+    test_mxfp4_dot_edges(&r);
+    test_mxfp4_paths_exact(&r);
     test_path_choice();
     if (g_failures) {
         printf("%d failure(s)\n", g_failures);

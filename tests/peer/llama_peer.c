@@ -20,7 +20,19 @@
  *       second half scored. Prints the running estimate "[1]x,[2]y,..." and
  *       "Final estimate: PPL = P +/- E"; --top1 writes each window's argmax
  *       ids at the scored positions, one line per window. KV cache in f32.
- *   llama_peer info MODEL      loads the model and prints what llama.cpp sees. */
+ *   llama_peer info MODEL      loads the model and prints what llama.cpp sees.
+ *   llama_peer dequant TYPE_ID IN.bin OUT.f32
+ *       ggml's to_float (dequantize_row_*) of the whole blocks of type TYPE_ID
+ *       (ggml's id) in IN.bin, as float32 to OUT.f32. No model.
+ *   llama_peer quantize TYPE_ID IN.f32 OUT.bin [N_PER_ROW]
+ *       ggml_quantize_chunk (quantize_row_*_ref, no imatrix) of the float32
+ *       values of IN.f32 in rows of N_PER_ROW (default: one row of all).
+ *   llama_peer tokenize VOCAB
+ *       Loads only the vocabulary. Each stdin line is "FLAGS HEX": FLAGS bit 0
+ *       parses special tokens, bit 1 adds BOS/EOS as the vocab asks; HEX is the
+ *       text's bytes. Prints per line "IDS<tab>HEX": the token ids, space-
+ *       separated, and the hex of llama_detokenize of them (special tokens
+ *       rendered when bit 0 is set). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -37,6 +49,7 @@
 #endif
 
 static int verbose;
+static int vocab_only;   /* tokenize: load the vocabulary alone */
 
 static void quiet_log(enum ggml_log_level level, const char *text, void *ud) {
     (void)ud;
@@ -57,6 +70,7 @@ static bool no_progress_dots(float progress, void *ud) {
 static struct llama_model *load_model(const char *path) {
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
+    mp.vocab_only = vocab_only;
     if (!verbose) mp.progress_callback = no_progress_dots;
     struct llama_model *m = llama_model_load_from_file(path, mp);
     if (!m) fprintf(stderr, "llama_peer: llama.cpp could not load %s (run with LLAMA_PEER_VERBOSE=1 for its log)\n", path);
@@ -320,11 +334,175 @@ static int cmd_info(struct llama_model *m) {
     return 0;
 }
 
+/* ---- tokenize: llama.cpp's tokenizer over hex-encoded lines ---- */
+
+static int hex_val(int c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Decodes hex[0..n) in place; the byte count, or -1 when it is not hex. */
+static int unhex(char *hex, int n) {
+    if (n % 2) return -1;
+    for (int i = 0; i < n / 2; i++) {
+        int hi = hex_val((unsigned char)hex[2 * i]), lo = hex_val((unsigned char)hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        hex[i] = (char)(hi * 16 + lo);
+    }
+    return n / 2;
+}
+
+/* One "FLAGS HEX" line (newline stripped) -> "IDS\tHEX" on stdout. */
+static int tokenize_line(const struct llama_vocab *vocab, char *line) {
+    char *sp = strchr(line, ' ');
+    int flags = atoi(line), special = flags & 1, add = (flags >> 1) & 1;
+    int len = sp ? unhex(sp + 1, (int)strlen(sp + 1)) : 0;
+    if (len < 0) {
+        fprintf(stderr, "llama_peer: bad tokenize line '%.40s'\n", line);
+        return 1;
+    }
+    const char *text = sp ? sp + 1 : "";
+    int cap = len + 8;
+    llama_token *ids = malloc((size_t)cap * sizeof *ids);
+    int n = ids ? llama_tokenize(vocab, text, len, ids, cap, add, special) : -1;
+    if (n < 0 && ids && (ids = realloc(ids, (size_t)(cap = -n) * sizeof *ids)))
+        n = llama_tokenize(vocab, text, len, ids, cap, add, special);
+    int out_cap = 4 * len + 64;
+    char *out = malloc((size_t)out_cap);
+    int m = out && n >= 0 ? llama_detokenize(vocab, ids, n, out, out_cap, 0, special) : 0;
+    if (m < 0 && (out = realloc(out, (size_t)(out_cap = -m)))) m = llama_detokenize(vocab, ids, n, out, out_cap, 0, special);
+    int rc = n < 0 || m < 0 || !out;
+    for (int i = 0; !rc && i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\t');
+    for (int i = 0; !rc && i < m; i++) printf("%02x", (unsigned char)out[i]);
+    putchar('\n');
+    free(ids);
+    free(out);
+    if (rc) fprintf(stderr, "llama_peer: tokenize failed\n");
+    return rc;
+}
+
+static int cmd_tokenize(struct llama_model *m) {
+    const struct llama_vocab *vocab = llama_model_get_vocab(m);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    int rc = 0;
+    while (!rc && (got = getline(&line, &cap, stdin)) >= 0) {
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+        rc = tokenize_line(vocab, line);
+    }
+    free(line);
+    return rc || fflush(stdout) ? 1 : 0;
+}
+
+/* ---- row conversions (no model) ---- */
+
+/* The whole file at path (its size in *len), or NULL with a message. */
+static void *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "llama_peer: cannot open %s\n", path);
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    const long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(n > 0 ? (size_t)n : 1);
+    if (!p || n < 0 || fread(p, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "llama_peer: cannot read %s\n", path);
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    *len = n > 0 ? (size_t)n : 0;
+    return p;
+}
+
+static int write_all(const char *path, const void *p, size_t len) {
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(p, 1, len, f) == len;
+    if (f && fclose(f)) ok = 0;
+    if (!ok) fprintf(stderr, "llama_peer: cannot write %s\n", path);
+    return ok ? 0 : 1;
+}
+
+/* ggml's traits of a type id, or NULL with a message. */
+static const struct ggml_type_traits *type_traits(const char *id, enum ggml_type *type) {
+    const int t = atoi(id);
+    const struct ggml_type_traits *tt = t >= 0 && t < GGML_TYPE_COUNT ? ggml_get_type_traits((enum ggml_type)t) : NULL;
+    if (!tt || !tt->type_name || tt->blck_size <= 0 || tt->type_size == 0) {
+        fprintf(stderr, "llama_peer: %s is not a ggml type id\n", id);
+        return NULL;
+    }
+    *type = (enum ggml_type)t;
+    return tt;
+}
+
+static int cmd_dequant(const char *type_id, const char *in, const char *out) {
+    enum ggml_type type;
+    const struct ggml_type_traits *tt = type_traits(type_id, &type);
+    if (!tt) return 2;
+    if (!tt->to_float) {
+        fprintf(stderr, "llama_peer: ggml has no to_float for %s\n", tt->type_name);
+        return 1;
+    }
+    size_t len;
+    void *src = read_all(in, &len);
+    if (!src) return 1;
+    if (len % tt->type_size) {
+        fprintf(stderr, "llama_peer: %s: %zu bytes are not whole %s blocks of %zu\n", in, len, tt->type_name,
+                tt->type_size);
+        free(src);
+        return 1;
+    }
+    const int64_t n = (int64_t)(len / tt->type_size) * tt->blck_size;
+    float *dst = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    int rc = 1;
+    if (dst) {
+        tt->to_float(src, dst, n);
+        rc = write_all(out, dst, sizeof(float) * (size_t)n);
+    }
+    free(src);
+    free(dst);
+    return rc;
+}
+
+static int cmd_quantize(const char *type_id, const char *in, const char *out, const char *per_row) {
+    enum ggml_type type;
+    const struct ggml_type_traits *tt = type_traits(type_id, &type);
+    if (!tt) return 2;
+    size_t len;
+    float *src = read_all(in, &len);
+    if (!src) return 1;
+    const int64_t n = (int64_t)(len / sizeof(float));
+    const int64_t n_per_row = per_row ? atoll(per_row) : n;
+    if (len % sizeof(float) || n_per_row <= 0 || n % n_per_row || n_per_row % tt->blck_size) {
+        fprintf(stderr, "llama_peer: %s: %lld values are not rows of %lld in whole %s blocks\n", in, (long long)n,
+                (long long)n_per_row, tt->type_name);
+        free(src);
+        return 1;
+    }
+    const int64_t nrows = n / n_per_row;
+    const size_t bytes = ggml_row_size(type, n_per_row) * (size_t)nrows;
+    void *dst = malloc(bytes ? bytes : 1);
+    int rc = 1;
+    if (dst) {
+        ggml_quantize_chunk(type, src, dst, 0, nrows, n_per_row, NULL);
+        rc = write_all(out, dst, bytes);
+    }
+    free(src);
+    free(dst);
+    return rc;
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: llama_peer logits MODEL TOKENS_CSV N_GEN OUT.f32 [--threads T]\n"
                     "       llama_peer bench MODEL [--threads T] [-p 512] [-n 128] [-r 3]\n"
                     "       llama_peer perplexity MODEL TEXT --ctx N [--chunks C] [--top1 OUT] [--threads T]\n"
-                    "       llama_peer info MODEL\n");
+                    "       llama_peer info MODEL\n"
+                    "       llama_peer dequant TYPE_ID IN.bin OUT.f32\n"
+                    "       llama_peer quantize TYPE_ID IN.f32 OUT.bin [N_PER_ROW]\n"
+                    "       llama_peer tokenize VOCAB < lines of \"FLAGS HEX\"\n");
 }
 
 int main(int argc, char **argv) {
@@ -333,6 +511,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *mode = argv[1], *model = argv[2];
+    /* the row conversions need no model and no backend */
+    if (!strcmp(mode, "dequant") && argc == 5) return cmd_dequant(argv[2], argv[3], argv[4]);
+    if (!strcmp(mode, "quantize") && (argc == 5 || argc == 6))
+        return cmd_quantize(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : NULL);
     int threads = 2, n_p = 512, n_g = 128, reps = 3, n_pos = 0, n_ctx = 512, n_chunks = 0;
     const char *pos[3] = {0}, *top1 = NULL;
     for (int i = 3; i < argc; i++) {
@@ -361,12 +543,14 @@ int main(int argc, char **argv) {
     const char *backends = getenv("LLAMA_PEER_BACKEND_DIR");
     ggml_backend_load_all_from_path(backends ? backends : PEER_BACKEND_DIR);
     llama_backend_init();
+    vocab_only = !strcmp(mode, "tokenize");
     struct llama_model *m = load_model(model);
     if (!m) return 1;
     int rc;
     if (!strcmp(mode, "logits") && n_pos == 3) rc = cmd_logits(m, pos[0], atoi(pos[1]), pos[2], threads);
     else if (!strcmp(mode, "bench") && n_pos == 0) rc = cmd_bench(m, threads, n_p, n_g, reps);
     else if (!strcmp(mode, "info") && n_pos == 0) rc = cmd_info(m);
+    else if (!strcmp(mode, "tokenize") && n_pos == 0) rc = cmd_tokenize(m);
     else if (!strcmp(mode, "perplexity") && n_pos == 1) rc = cmd_perplexity(m, pos[0], n_ctx, n_chunks, top1, threads);
     else {
         usage();

@@ -6,7 +6,10 @@
 #   - its chat templates (models/templates/*.jinja, for tests/hub/test_templates.py)
 #     in .peer/templates/models/templates, from the same bundle,
 #   - .peer/bin/llama_peer (tests/peer/llama_peer.c) linked against them,
-#   - .peer/VERSION: the package and llama.cpp release it reports.
+#   - .peer/VERSION: the package and llama.cpp release it reports,
+#   - .peer/templates: the bundle's chat templates (tests/hub/test_templates.py),
+#   - .peer/vocab/ggml-vocab-gpt-oss.gguf: gpt-oss's tokenizer, made by tools/make_o200k_vocab.py from the
+#     o200k ranks of the npm package js-tiktoken (8 MB of derived data, so not in the repository).
 # Idempotent: does nothing when llama_peer is newer than its source.
 # Exit 0 when ready, 77 when the peer cannot be set up here (no npm, no
 # registry, not x86-64 Linux): callers treat that as "skip".
@@ -27,7 +30,9 @@ skip() {
     exit 77
 }
 
-if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ -f "$peer/VERSION" ] && [ -d "$peer/templates" ]; then
+vocab=$peer/vocab/ggml-vocab-gpt-oss.gguf
+tiktoken=${JS_TIKTOKEN_VERSION:-1.0.21}
+if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ -f "$peer/VERSION" ] && [ -d "$peer/templates" ] && [ -f "$vocab" ]; then
     exit 0
 fi
 
@@ -48,6 +53,20 @@ if [ ! -d "$bins" ] || [ ! -f "$mods/node-llama-cpp/llama/gitRelease.bundle" ]; 
         "node-llama-cpp@$version" "@node-llama-cpp/linux-x64@$version" >&2 || skip "npm install failed (registry unreachable?)"
 fi
 [ -d "$bins" ] || skip "the package has no linux-x64 binaries"
+
+# gpt-oss's vocabulary (o200k_base + the harmony tokens), as llama.cpp's converter writes it
+ranks=$mods/js-tiktoken/dist/ranks/o200k_base.js
+if [ ! -f "$vocab" ]; then
+    if [ ! -f "$ranks" ]; then
+        echo "setup_peer: npm install js-tiktoken@$tiktoken (the o200k ranks)" >&2
+        timeout 300 npm install --prefix "$peer" --ignore-scripts --omit=optional --no-audit --no-fund \
+            "js-tiktoken@$tiktoken" >&2 ||
+            skip "npm install js-tiktoken failed (registry unreachable?)"
+    fi
+    mkdir -p "$peer/vocab"
+    python3 "$repo/tools/make_o200k_vocab.py" "$ranks" "$vocab.tmp" >&2 && mv "$vocab.tmp" "$vocab" ||
+        skip "making gpt-oss's vocabulary failed"
+fi
 
 # Headers and chat templates: exactly the llama.cpp revision the binaries were built from.
 inc=$peer/llama.cpp

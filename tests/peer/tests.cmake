@@ -17,8 +17,22 @@ foreach(arch qwen3moe qwen3 llama mixtral)
   set_tests_properties(peer_logits_${arch} PROPERTIES TIMEOUT 300 LABELS "peer" SKIP_RETURN_CODE 77
                        RESOURCE_LOCK moex_peer DEPENDS peer_setup)
 endforeach()
+# MXFP4 rows against llama.cpp's libggml (llama_peer dequant / quantize): MoEx's
+# dequantization of every exponent and code, and its quantizer, bit for bit.
+moex_c_test(test_peer_mxfp4 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_peer_mxfp4.c LIBS moex_kernels
+  ARGS ${CMAKE_CURRENT_LIST_DIR}/setup_peer.sh ${CMAKE_SOURCE_DIR}/.peer ${CMAKE_BINARY_DIR}/tests/peer_mxfp4
+  TIMEOUT 120 LABELS peer)
+set_tests_properties(test_peer_mxfp4 PROPERTIES SKIP_RETURN_CODE 77 RESOURCE_LOCK moex_peer DEPENDS peer_setup)
 # The benchmark script end to end on a tiny model (the real run: bench/bench_local.sh BUILD_DIR).
 add_test(NAME peer_bench_smoke
          COMMAND sh ${CMAKE_SOURCE_DIR}/bench/bench_local.sh ${CMAKE_BINARY_DIR} --smoke)
 set_tests_properties(peer_bench_smoke PROPERTIES TIMEOUT 300 LABELS "peer" SKIP_RETURN_CODE 77
+                     RESOURCE_LOCK moex_peer DEPENDS peer_setup)
+# The tokenizer: moex-gguf tokenize --batch against llama.cpp (llama_peer tokenize), id for
+# id, on the vocab fixtures, gpt-oss's o200k first: the fixtures' texts and 10,000 random
+# strings, special-token parsing off and on (about 25 s, most of it llama.cpp's std::regex).
+add_test(NAME peer_tokenize
+         COMMAND ${MOEX_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/peer_tokenize.py --gguf $<TARGET_FILE:moex-gguf>
+                 --vocab-dir ${moex_vocab})
+set_tests_properties(peer_tokenize PROPERTIES TIMEOUT 300 LABELS "peer;tokenizer" SKIP_RETURN_CODE 77
                      RESOURCE_LOCK moex_peer DEPENDS peer_setup)

@@ -35,6 +35,7 @@ GGML_TYPES = {
     2: ("q4_0", 32, 18), 3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22),
     7: ("q5_1", 32, 24), 8: ("q8_0", 32, 34),
     12: ("q4_K", 256, 144), 13: ("q5_K", 256, 176), 14: ("q6_K", 256, 210),
+    39: ("mxfp4", 32, 17),
 }
 
 
@@ -234,6 +235,17 @@ def deq_q8_0(b):
     return (f16_field(b, 0) * qs).ravel()
 
 
+def deq_mxfp4(b):
+    """MXFP4 (OCP MX): an E8M0 exponent byte e (2^(e-127)), then 32 E2M1 codes as
+    nibbles (low: elements 0..15): sign bit 3, exponent bits 2..1 (bias 1,
+    0 subnormal), mantissa bit 0. From the bits, not from ggml's doubled table."""
+    c = nibbles_split(b[:, 1:17]).astype(np.int64)
+    exp, man = (c >> 1) & 3, (c & 1).astype(np.float64)
+    mag = np.where(exp == 0, 0.5 * man, np.ldexp(1.0 + 0.5 * man, np.maximum(exp - 1, 0)))
+    vals = np.where(c & 8, -mag, mag)
+    return (np.ldexp(1.0, b[:, 0].astype(np.int64) - 127)[:, None] * vals).ravel()
+
+
 def k_scales_mins(s):
     """The 8 six-bit (scale, min) pairs packed in the 12 `scales` bytes of Q4_K/Q5_K."""
     s = s.astype(np.int64)
@@ -283,7 +295,7 @@ def deq_q6_K(b):
 
 
 DEQUANT_BLOCKS = {2: deq_q4_0, 3: deq_q4_1, 6: deq_q5_0, 7: deq_q5_1, 8: deq_q8_0,
-                  12: deq_q4_K, 13: deq_q5_K, 14: deq_q6_K}
+                  12: deq_q4_K, 13: deq_q5_K, 14: deq_q6_K, 39: deq_mxfp4}
 DEQUANT_FLOAT = {0: deq_f32, 1: deq_f16, 30: deq_bf16}
 
 
@@ -339,11 +351,11 @@ class HParams:
 
 # ------------------------------------------- optional activation quantization
 # llama.cpp (and our engine) quantize the activations of a product with a
-# quantized weight to 8 bits: Q8_0 for q4_0/q5_0/q8_0, Q8_1 for q4_1/q5_1, Q8_K
+# quantized weight to 8 bits: Q8_0 for q4_0/q5_0/q8_0/mxfp4, Q8_1 for q4_1/q5_1, Q8_K
 # for K-quants (ggml's quantize_row_q8_*_ref). With --act-quant the reference
 # does the same (arithmetic of the quantizer in float32, as ggml does), so the
 # only difference left is summation order. Float weights keep f32 activations.
-Q8_0_PARTNERS = (2, 6, 8)
+Q8_0_PARTNERS = (2, 6, 8, 39)  # mxfp4 too
 Q8_1_PARTNERS = (3, 7)  # weights with a min: the min term uses the Q8_1 block sum
 Q8_K_PARTNERS = (12, 13, 14)
 

@@ -92,6 +92,14 @@ def hand_blocks():
     q[0:64] = -17.0
     check("q6_K hand 2", R.dequantize(14, np.frombuffer(b, np.uint8)), 0.5 * np.repeat(np.arange(1, 17), 16) * q)
 
+    # MXFP4: e = 128 (x2); low nibbles the codes 0..15, high nibbles 15..0. Code c:
+    # E2M1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6, negative for c >= 8. e = 1: x 2^-126.
+    e2m1 = [0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6]
+    qs = bytes(c | ((15 - c) << 4) for c in range(16))
+    want = [2.0 * v for v in e2m1] + [2.0 * v for v in reversed(e2m1)]
+    check("mxfp4 hand", R.dequantize(39, np.frombuffer(bytes([128]) + qs, np.uint8)), want)
+    check("mxfp4 e 1", R.dequantize(39, np.frombuffer(bytes([1]) + qs, np.uint8)), [2.0 ** -126 * v / 2 for v in want])
+
     # Floats.
     v = np.array([1.5, -2.25, 1e-3, 65504.0])
     check("f32", R.dequantize(0, np.frombuffer(v.astype("<f4").tobytes(), np.uint8)), v.astype(np.float32))

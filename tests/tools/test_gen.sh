@@ -44,6 +44,7 @@ models)
     gen_and_check qwen3 q4_1
     gen_and_check llama q5_0
     gen_and_check mixtral q5_1
+    gen_and_check qwen3moe mxfp4
     for a in qwen3moe qwen3 llama mixtral; do gen_and_check $a mixed; done
     # Random quantized blocks (the fast path for big models).
     gen_and_check qwen3moe mixed --weights blocks
@@ -52,6 +53,9 @@ models)
     gen_and_check llama q4_K --weights blocks
     gen_and_check qwen3 q5_K --weights blocks
     gen_and_check llama q6_K --weights blocks
+    gen_and_check mixtral mxfp4 --weights blocks
+    gen_and_check qwen3moe mxfp4_moe --weights blocks
+    gen_and_check mixtral mxfp4_moe
     gen_and_check qwen3 q8_0 --tied
     # Rows that a type's block does not divide fall back as llama.cpp does:
     # hidden 288 = 9 x 32: q4_K -> q5_0; ffn_down's rows of 272 (not even a

@@ -47,6 +47,14 @@ for name in ("ggml-vocab-llama-bpe.gguf", "ggml-vocab-llama-spm.gguf"):
     c, o = load(name)
     expect_ids(os.path.join(VOCAB_DIR, name), c[-1], o[-1], name + " last case via stdin")
 
+# --batch: "FLAGS HEX" lines -> "IDS<tab>HEX of the decoded text" lines, exact bytes both ways.
+batch = b"0 " + b"Hello world".hex().encode() + b"\n1 " + b"<|im_end|>\n".hex().encode() + b"\n0\n"
+rc, out, err = run(["tokenize", qwen, "--batch"], batch)
+want = ("9707 1879\t%s\n151645 198\t%s\n\t\n" % (b"Hello world".hex(), b"<|im_end|>\n".hex())).encode()
+check("--batch: %r %r" % (out, err[:200]), rc == 0 and out == want)
+rc, out, err = run(["tokenize", qwen, "--batch"], b"0 4x\n")
+check("--batch rejects bad hex: rc=%d %r" % (rc, err[:200]), rc == 1 and b"FLAGS HEX" in err)
+
 # detokenize: comma- and space-separated ids from stdin give the exact bytes back.
 long_case, long_ids = cases[-1], outs[-1]
 rc, out, err = run(["detokenize", qwen], ",".join(long_ids[:10]).encode() + b" " + " ".join(long_ids[10:]).encode())

@@ -237,12 +237,30 @@ static void check_unaligned(moex_vk *vk, rng *r, moex_type t) {
     free_matrix(&m);
 }
 
+/* MXFP4 has CPU kernels only (so far): a product with it is refused with
+ * an error that names the type, before anything is recorded. */
+static void check_refuses_mxfp4(moex_vk *vk) {
+    CHECK(!moex_vk_type_supported(MOEX_TYPE_MXFP4), "vulkan claims to read mxfp4");
+    moex_vk_buffer *b = gpu_from(vk, NULL, 4096);
+    const moex_vk_matrix vm = {.type = MOEX_TYPE_MXFP4, .rows = 4, .cols = 64,
+                               .row_bytes = moex_row_bytes(MOEX_TYPE_MXFP4, 64), .data = moex_vk_buffer_ptr(b)};
+    moex_vk_cmd *c = moex_vk_cmd_create(vk, &g_err);
+    MUST(!c);
+    MUST(moex_vk_cmd_begin(c, &g_err));
+    moex_error e = {{0}};
+    const int rc = moex_vk_op_matmul(c, &vm, moex_vk_buffer_ptr(b), 1, moex_vk_buffer_ptr(b) + 2048, 0, &e);
+    CHECK(rc == -1 && strstr(e.msg, "no GPU kernels for tensor type mxfp4"), "mxfp4 matmul: rc %d, '%s'", rc, e.msg);
+    moex_vk_cmd_free(c);
+    moex_vk_buffer_free(b);
+}
+
 int main(int argc, char **argv) {
     const bool no_subgroup = argc > 1 && !strcmp(argv[1], "--no-subgroup");
     rng r = test_rng("test_vk_matmul");
     /* The f32 tiles (mm.comp) at f32 precision on every device; test_vk_coop covers the f16 tensor-core tiles. */
     moex_vk *vk = test_vk_coop_mode(no_subgroup, MOEX_VK_COOP_OFF);
     moex_vk_testing_set_idot(vk, 0);   /* f32 activations; the int8 staging of Q4_K: below */
+    check_refuses_mxfp4(vk);
     for (int i = 0; i < N_ALL_TYPES; i++) {
         const moex_type t = k_all_types[i];
         const double e1 = check_product(vk, &r, t, 37, 512, 1, false);
