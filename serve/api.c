@@ -220,14 +220,16 @@ static int stream_choice(api_req *r, int i, const char *text, const serve_logpro
         const serve_choice_out role = {.lp = logprobs_out(r, c, NULL, 0, &o)};
         if (sse_event(r, serve_openai_chunk_json(true, r->id, r->created, model, i, true, &role))) return -1;
     }
-    char *reasoning = NULL, *content = NULL, *plain = NULL;   /* chat: <think> part as delta.reasoning_content */
+    char *reasoning = NULL, *content = NULL, *plain = NULL, *own = NULL;   /* chat: <think> part (or the format's
+                                                                             own, harmony's analysis) as reasoning */
     cJSON *deltas = NULL;
     size_t rl = 0, cl = 0;
     moex_error err = {0};
     int rc = r->chat && serve_reasoning_feed(&c->think, text ? text : "", text ? strlen(text) : 0, c->st.done,
                                              &reasoning, &rl, &content, &cl);
     if (!rc && c->tools && (content || c->st.done))
-        rc = serve_tool_stream_feed_ex(c->tools, content ? content : "", cl, c->st.done, &plain, NULL, &deltas, &err);
+        rc = serve_tool_stream_feed_ex(c->tools, content ? content : "", cl, c->st.done, &plain, &own, &deltas, &err);
+    if (own && *own && !reasoning) reasoning = own, own = NULL;
     if (deltas && r->one_call) keep_first_call(deltas, true);
     if (deltas && !cJSON_GetArraySize(deltas)) cJSON_Delete(deltas), deltas = NULL;
     const char *out = !r->chat ? text : c->tools ? plain : content;
@@ -238,6 +240,7 @@ static int stream_choice(api_req *r, int i, const char *text, const serve_logpro
     free(reasoning);
     free(content);
     free(plain);
+    free(own);
     cJSON_Delete(deltas);
     if (rc) return -1;
     if (!c->st.done || c->finished) return 0;

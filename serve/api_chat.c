@@ -27,6 +27,7 @@
 
 #define MAX_MESSAGES 4096
 #define MAX_TOOLS 128
+#define MAX_KWARGS 64
 
 static const cJSON *field(const cJSON *root, const char *name) {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, name);
@@ -142,6 +143,16 @@ static int template_message(const cJSON *m, int i, bool jinja, cJSON *out, serve
 
 /* ---- tools and tool_choice ---- */
 
+/* OpenAI's rule for a function's name (^[a-zA-Z0-9_-]{1,64}$): it is written into grammars and call syntax as is. */
+static bool tool_name_ok(const char *s) {
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (!((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= 'A' && s[n] <= 'Z') || (s[n] >= '0' && s[n] <= '9') ||
+              s[n] == '_' || s[n] == '-'))
+            return false;
+    return n >= 1 && n <= 64;
+}
+
 static int check_tools(const cJSON *tools, serve_api_error *e) {
     if (!cJSON_IsArray(tools)) return BAD(e, "tools", "'tools' must be an array of {\"type\": \"function\", ...}");
     if (cJSON_GetArraySize(tools) > MAX_TOOLS) return BAD(e, "tools", "at most %d tools", MAX_TOOLS);
@@ -158,6 +169,8 @@ static int check_tools(const cJSON *tools, serve_api_error *e) {
                        "\"parameters\": JSON schema}}", i);
         if (params && !cJSON_IsObject(params)) return BAD(e, "tools", "tools[%d].function.parameters must be a JSON "
                                                           "schema (an object)", i);
+        if (!tool_name_ok(name->valuestring))
+            return BAD(e, "tools", "tools[%d].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
         i++;
     }
     return 0;
@@ -214,6 +227,9 @@ static int template_kwargs(const cJSON *root, cJSON *vars, serve_api_error *e) {
     const cJSON *kw = field(root, "chat_template_kwargs");
     if (!kw) return 0;
     if (!cJSON_IsObject(kw)) return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (cJSON_GetArraySize(kw) > MAX_KWARGS)
+        return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' has %d members; at most %d",
+                   cJSON_GetArraySize(kw), MAX_KWARGS);
     const cJSON *x;
     cJSON_ArrayForEach(x, kw) {
         if (cJSON_GetObjectItemCaseSensitive(vars, x->string))

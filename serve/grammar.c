@@ -39,7 +39,8 @@
 enum {
     MAX_STACKS = 4096,              /* parses one state may track (ambiguous grammars fail past it) */
     MAX_EXPAND_WORK = 1 << 20,      /* rule expansions in one step */
-    MAX_ELEMS = 1 << 22,            /* grammar size (elements, after expanding repetitions) */
+    MAX_ELEMS = 1 << 17,            /* grammar size (elements, after expanding repetitions): a request's
+                                       grammar is parsed on the network thread and per choice, ~80 bytes each */
     MAX_REPEAT = 1 << 16,           /* the largest m and n of {m,n} */
     MAX_NESTING = 200,              /* groups inside groups (the parser recurses) */
     MAX_TOKEN_BYTES = (1 << 24) - 1 /* the longest token text the trie stores */

@@ -1392,13 +1392,21 @@ static jv *range_fn(rctx *R, const jargs *A) {
         if (A->n == 3) step = arg_int(R, A, 2, "step", 1);
     }
     if (!step) rfail(R, A->line, "range() arg 3 must not be zero");
-    long double count =
-        step > 0 ? ((long double)stop - start + step - 1) / step : ((long double)start - stop - step - 1) / -step;
-    if (count < 0) count = 0;
+    /* the length in unsigned 64-bit arithmetic: exact over all of int64 (stop - start may not fit a long long) */
+    const int up = step > 0;
+    const unsigned long long span = up ? (unsigned long long)stop - (unsigned long long)start
+                                       : (unsigned long long)start - (unsigned long long)stop,
+                             ustep = up ? (unsigned long long)step : 0ull - (unsigned long long)step;
+    const unsigned long long count = (up ? start < stop : start > stop) ? (span - 1) / ustep + 1 : 0;
     if (count > MAX_RANGE)
         rfail(R, A->line, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", MAX_RANGE);
     jv *out = jv_list(R->a, (size_t)count + 1);
-    for (long long i = start; step > 0 ? i < stop : i > stop; i += step) jv_list_push(R->a, out, jv_int(R->a, i));
+    const size_t n = (size_t)count;
+    long long i = start;
+    for (size_t k = 0; k < n; k++) {
+        jv_list_push(R->a, out, jv_int(R->a, i));
+        if (k + 1 < n) i += step;   /* never past the last element: a step beyond stop may overflow */
+    }
     return out;
 }
 

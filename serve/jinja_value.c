@@ -199,12 +199,8 @@ jv *jv_dict_gets(const jv *d, const char *key) {
     return NULL;
 }
 
-void jv_dict_set(jarena *a, jv *d, jv *key, jv *val) {
-    for (size_t i = 0; i < d->d.n; i++)
-        if (jv_equal(d->d.k[i], key)) {
-            d->d.v[i] = val;
-            return;
-        }
+/* Appends key: val without looking for key first (the caller knows it is new). */
+static void dict_append(jarena *a, jv *d, jv *key, jv *val) {
     if (d->d.n == d->d.cap) {
         size_t cap = d->d.cap ? d->d.cap * 2 : 4;
         jv **k = ja_alloc(a, cap * sizeof(jv *)), **v = ja_alloc(a, cap * sizeof(jv *));
@@ -218,6 +214,15 @@ void jv_dict_set(jarena *a, jv *d, jv *key, jv *val) {
     }
     d->d.k[d->d.n] = key;
     d->d.v[d->d.n++] = val;
+}
+
+void jv_dict_set(jarena *a, jv *d, jv *key, jv *val) {
+    for (size_t i = 0; i < d->d.n; i++)
+        if (jv_equal(d->d.k[i], key)) {
+            d->d.v[i] = val;
+            return;
+        }
+    dict_append(a, d, key, val);
 }
 
 /* JSON numbers: integral values that a double holds exactly become ints (as
@@ -236,10 +241,11 @@ jv *jv_from_cjson(jarena *a, const cJSON *j, int depth) {
         for (const cJSON *c = j->child; c; c = c->next) jv_list_push(a, l, jv_from_cjson(a, c, depth + 1));
         return l;
     }
-    if (cJSON_IsObject(j)) {
+    if (cJSON_IsObject(j)) {   /* appended, not searched: a request's object with 60k keys stays linear. A key
+                                  written twice stays twice (found first where Python's json.loads keeps the last) */
         jv *d = jv_dict(a, JV_DICT);
         for (const cJSON *c = j->child; c; c = c->next)
-            jv_dict_set(a, d, jv_cstr(a, c->string ? c->string : ""), jv_from_cjson(a, c, depth + 1));
+            dict_append(a, d, jv_cstr(a, c->string ? c->string : ""), jv_from_cjson(a, c, depth + 1));
         return d;
     }
     return jv_none(a);
@@ -279,6 +285,9 @@ int jv_equal(const jv *x, const jv *y) { return equal_at(x, y, 0); }
  * would raise RecursionError). */
 static int equal_at(const jv *x, const jv *y, int depth) {
     if (depth > MAX_VALUE_DEPTH) return 0;
+    /* one object equals itself, as Python's containers take it for their items: without this, values that share
+     * parts (l = l + [l], sixty times) compare in exponential time */
+    if (x == y && x->t != JV_FLOAT) return 1;
     if (jv_is_number(x) && jv_is_number(y)) {
         if (x->t != JV_FLOAT && y->t != JV_FLOAT) {
             long long a = x->t == JV_INT ? x->i : x->b, b = y->t == JV_INT ? y->i : y->b;

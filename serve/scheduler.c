@@ -367,7 +367,8 @@ static int make_grammar_vocab(serve_sched *s, moex_error *err) {
     char **bytes = calloc((size_t)n, sizeof *bytes);
     uint32_t *len = calloc((size_t)n, sizeof *len);
     bool *eog = calloc((size_t)n, sizeof *eog);
-    int rc = bytes && len && eog && (s->gmask = malloc((size_t)nth * (size_t)n)) ? 0 : moex_fail(err, "out of memory");
+    if (!s->gmask) s->gmask = malloc((size_t)nth * (size_t)n);   /* kept across a failed attempt */
+    int rc = bytes && len && eog && s->gmask ? 0 : moex_fail(err, "out of memory");
     for (int32_t i = 0; !rc && i < n; i++) {
         char buf[256], *big = NULL;
         const int k = piece_of(s->m, i, buf, sizeof buf, &big);
@@ -698,13 +699,17 @@ static int run_forward(serve_sched *s, int64_t n, moex_error *err) {
 }
 
 #define GRAMMAR_STUCK (-2)   /* a row's token when its grammar allows no token of the vocabulary */
+#define ROW_UNREAD (-3)      /* a row's token when its grammar refused the GPU's argmax and the row could not be read */
 
 /* The pick when the job's grammar allows it, else a pick among the tokens it
  * allows (the others' logits -inf): the first pick is refused with
  * probability 1 - A (A: the allowed tokens' share), the second then follows
  * the allowed tokens' distribution, so a token is picked with probability
  * p / A, as if the row had been masked first, for the cost of one token's
- * check on most steps. */
+ * check on most steps. Exact for greedy and plain temperature sampling; with
+ * top_k / top_p / min_p the first pick is among the filtered tokens, so an
+ * allowed token the filters drop comes only from the second pick (llama.cpp's
+ * order, filters then grammar, does the same). */
 static int32_t constrain(serve_sched *s, const serve_job *j, float *row, int32_t pick, int ith) {
     atomic_fetch_add_explicit(&s->stats->grammar_tokens, 1, memory_order_relaxed);
     /* with logprobs every row is masked: they are always of the distribution the grammar leaves */
@@ -738,14 +743,14 @@ static void sample_rows(void *ctx, int ith, int nth) {
         }
         s->row_id[r] = s->b_greedy[t] ? s->row_argmax[r]
                                       : moex_sampler_sample(s->slot[s->b_seq[t]]->smp, s->logits + r * s->m->hp.n_vocab);
-        if (j->gs) s->row_id[r] = constrain(s, j, s->logits + r * s->m->hp.n_vocab, s->row_id[r], ith);
+        if (j->gs && !s->b_greedy[t])   /* a greedy row left on the GPU was checked by refused_argmax */
+            s->row_id[r] = constrain(s, j, s->logits + r * s->m->hp.n_vocab, s->row_id[r], ith);
     }
 }
 
 /* A greedy job under a grammar whose row stayed on the device: when the
  * grammar refuses the row's argmax, the row is read back and sampled on the
- * host (masked). A row that cannot be read leaves the argmax, which the
- * grammar then refuses: the job fails with the reason. */
+ * host (masked). A row that cannot be read fails its job (ROW_UNREAD). */
 static void refused_argmax(serve_sched *s, int64_t t, int64_t row) {
     const serve_job *j = s->slot[s->b_seq[t]];
     const int32_t pick = s->row_argmax[row];
@@ -756,6 +761,7 @@ static void refused_argmax(serve_sched *s, int64_t t, int64_t row) {
     moex_error err = {0};
     if (s->eng.read_row(s->eng.ctx, row, s->logits + row * s->m->hp.n_vocab, &err)) {
         moex_log(MOEX_LOG_WARN, "api: reading a logits row back failed: %s", err.msg);
+        s->row_argmax[row] = ROW_UNREAD;
         return;
     }
     s->b_greedy[t] = false;   /* sampled on the host, under the grammar (constrain counts it) */
@@ -819,6 +825,11 @@ static void note_logprob(serve_sched *s, serve_job *j, int32_t id, const float *
  * j may be gone). */
 static bool take_token(serve_sched *s, serve_job *j, int slot, int32_t id, const float *row, double now,
                        int64_t *n_gen) {
+    if (id == ROW_UNREAD) {
+        fail_job(s, j, 500, "server_error", "constrained sampling: a logits row could not be read back from the GPU");
+        free_slot(s, slot);
+        return true;
+    }
     if (id != GRAMMAR_STUCK && (id < 0 || id >= s->m->hp.n_vocab)) { /* the engine's argmax found no finite logit */
         moex_log(MOEX_LOG_WARN, "api: a sequence's logits have no finite maximum (a broken model?)");
         fail_job(s, j, 500, "server_error", "generation failed: the logits have no finite maximum (a broken model?)");

@@ -21,6 +21,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from apilib import NODE_DIR, Serve, error_of, have_node_client, need, request  # noqa: E402
@@ -176,6 +177,15 @@ def shipped():
         bad(srv, {"grammar": "root ::= item+"}, "grammar", "a grammar that does not parse (a rule not defined)")
         bad(srv, {"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar",
             "grammar and response_format together")
+        huge = "root ::= " + " ".join(f"r{i}" for i in range(15)) + "\n" + "".join(
+            f"r{i} ::= [a-z]{{0,65536}}\n" for i in range(15))
+        t0 = time.time()
+        bad(srv, {"grammar": huge, "n": 4}, "grammar", "a 400-byte grammar that expands to a million elements")
+        check("  ... refused at once (no 80 MB parse per choice)", time.time() - t0 < 10, f"{time.time() - t0:.1f} s")
+        bad(srv, {"tools": [{"type": "function", "function": {"name": 'a"b'}}], "tool_choice": "required"}, "tools",
+            "a tool name outside OpenAI's [a-zA-Z0-9_-]{1,64}")
+        bad(srv, {"chat_template_kwargs": {f"k{i}": i for i in range(100)}}, "chat_template_kwargs",
+            "chat_template_kwargs with 100 members")
         bad(srv, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "object", "if": {"type": "object"}}}}}, "response_format", "a schema keyword not enforced ('if')")
         bad(srv, {"response_format": {"type": "xml"}}, "response_format", "an unknown response_format type")

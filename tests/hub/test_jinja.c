@@ -291,6 +291,29 @@ static void test_bounds(void) {
     expect_error("{{ 9223372036854775807 + 1 }}", NULL, 0, "integer overflow");
     expect_error("{{ 2 ** 64 }}", NULL, 0, "integer overflow");
     expect_output("{{ x }} {{ x | tojson }} {{ y }}", "{\"x\": 1e300, \"y\": 3}", "1e+300 1e+300 3");
+    /* values sharing parts compare in linear time (l = l + [l], 60 times: exponential without the identity rule) */
+    const double t0 = moex_time_s();
+    expect_output("{% set ns = namespace(l=[]) %}{% for i in range(60) %}{% set ns.l = ns.l + [ns.l] %}{% endfor %}"
+                  "{{ ns.l == ns.l + [] }} {{ [ns.l] | unique | list | length }} {{ ns.l in [ns.l] }}",
+                  NULL, "True 1 True");
+    CHECK(moex_time_s() - t0 < 5.0, "comparing shared values took %.1f s", moex_time_s() - t0);
+    /* range() near the ends of int64: no signed overflow (UBSan), the sandbox's size limit */
+    expect_output("{{ range(9223372036854775800, 9223372036854775807, 3) | list }}", NULL,
+                  "[9223372036854775800, 9223372036854775803, 9223372036854775806]");
+    expect_output("{{ range(-9223372036854775807 - 1, 9223372036854775807, 4611686018427387904) | list | length }}",
+                  NULL, "4");
+    /* a context object of 60,000 keys converts in linear time */
+    {
+        const int n = 60000;
+        char *ctx = malloc((size_t)n * 24 + 64);
+        size_t at = (size_t)sprintf(ctx, "{\"d\": {");
+        for (int i = 0; i < n; i++) at += (size_t)sprintf(ctx + at, "%s\"k%d\": %d", i ? ", " : "", i, i);
+        sprintf(ctx + at, "}}");
+        const double t1 = moex_time_s();
+        expect_output("{{ d | length }} {{ d.k59999 }}", ctx, "60000 59999");
+        CHECK(moex_time_s() - t1 < 5.0, "a 60,000-key object took %.1f s", moex_time_s() - t1);
+        free(ctx);
+    }
 }
 
 static void test_bytes_pass_through(void) {
