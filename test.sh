@@ -32,9 +32,10 @@ cmake -S . -B build-cpu -DCMAKE_BUILD_TYPE=Release -DMOEX_VULKAN=OFF >/dev/null
 cmake --build build-cpu -j"$J"
 # what this pass adds is the build without Vulkan and its programs: the browser page (emscripten), the
 # distributed hub's chaos and hostile-peer scenarios and the whole models against the NumPy reference and
-# llama.cpp (models_, ppl_, ref_: the CPU engine, the same code in both builds) do not depend on MOEX_VULKAN and
+# llama.cpp (models_, ppl_, ref_, peer_tokenize: the CPU engine and the tokenizer, the same code in both builds) do
+# not depend on MOEX_VULKAN and
 # ran in the release pass (most again under ASan); dist_end_to_end, the CLIs and the API run here
-run_ctest build-cpu -E "^web_|^dist_chaos$|^dist_hostile$|^models_|^ppl_|^ref_"
+run_ctest build-cpu -E "^web_|^dist_chaos$|^dist_hostile$|^models_|^ppl_|^ref_|^peer_tokenize$"
 
 echo "== sanitizer build (ASan + UBSan) + tests"
 cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_SANITIZE=ON >/dev/null
