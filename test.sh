@@ -31,10 +31,10 @@ echo "== CPU-only build (-DMOEX_VULKAN=OFF) + tests"
 cmake -S . -B build-cpu -DCMAKE_BUILD_TYPE=Release -DMOEX_VULKAN=OFF >/dev/null
 cmake --build build-cpu -j"$J"
 # what this pass adds is the build without Vulkan and its programs: the browser page (emscripten), the
-# distributed hub's chaos and hostile-peer scenarios and the whole models against the NumPy reference and
-# llama.cpp (models_, ppl_, ref_, peer_tokenize: the CPU engine and the tokenizer, the same code in both builds) do
-# not depend on MOEX_VULKAN and
-# ran in the release pass (most again under ASan); dist_end_to_end, the CLIs and the API run here
+# distributed hub's chaos and hostile-peer scenarios, the whole models against the NumPy reference and llama.cpp
+# and the tokenizer against llama.cpp (models_, ppl_, ref_, peer_tokenize: the same code in both builds) do not
+# depend on MOEX_VULKAN and ran in the release pass (most again under ASan); dist_end_to_end, the CLIs and the API
+# run here
 run_ctest build-cpu -E "^web_|^dist_chaos$|^dist_hostile$|^models_|^ppl_|^ref_|^peer_tokenize$"
 
 echo "== sanitizer build (ASan + UBSan) + tests"
