@@ -1025,7 +1025,11 @@ static int gen_object(builder *b, const cJSON *s, sbuf *o) {
     for (const cJSON *p = props ? props->child : NULL; p; p = p->next) n++;
     for (const cJSON *r = required ? required->child : NULL; r; r = r->next) {
         if (!cJSON_IsString(r)) return fail_at(b, "'required' must list strings");
-        if (!props || !get(props, r->valuestring)) n++;
+        if (props && get(props, r->valuestring)) continue;
+        if (cJSON_IsFalse(addl))   /* the key must be there and may not be: nothing satisfies the schema */
+            return fail_at(b, "'required' names '%.60s', which 'properties' does not list while "
+                              "'additionalProperties' is false: no object satisfies the schema", r->valuestring);
+        n++;
     }
     prop *ps = calloc((size_t)n + 1, sizeof(prop));
     char **rest = calloc((size_t)n + 2, sizeof(char *)), **first = calloc((size_t)n + 2, sizeof(char *));

@@ -572,6 +572,8 @@ static void test_schemas(rng *r) {
         {"{\"type\":\"object\",\"patternProperties\":{}}", "'patternProperties' is not supported"},
         {"{\"type\":\"object\",\"minProperties\":1}", "'minProperties' is not supported"},
         {"{\"not\":{}}", "'not' is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"],\"additionalProperties\":false}",
+         "no object satisfies the schema"},
         {"{\"type\":\"integer\",\"multipleOf\":2}", "'multipleOf' is not supported"},
         {"false", "allows no value"},
         {"{\"type\":\"strin\"}", "not a JSON schema type"},
