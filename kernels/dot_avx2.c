@@ -179,7 +179,29 @@ _Static_assert(MOEX_DOT_MAX_TOKENS <= 2 * AVX2_TOKENS, "multi kernels below spli
         }                                                                                                            \
     } while (0)
 
-static ALWAYS_INLINE void q8_0_multi(int64_t n, const moex_block_q8_0 *x, const void *const *a, int nt, float *const *out) {
+/* 32-value blocks of signed 8-bit values with one scale, dotted with Q8_0:
+ * Q8_0 itself, and MXFP4, whose codes become their doubled E2M1 values
+ * (-12..12) through one byte shuffle of ggml's table, with the scale
+ * e8m0_half(e). `kind` is a constant at each caller, so each type compiles to
+ * its own loop. */
+enum { I8_Q8_0, I8_MXFP4 };
+
+static ALWAYS_INLINE __m256i i8_values(const void *x, int64_t i, int kind, __m256i table) {
+    if (kind == I8_MXFP4) return _mm256_shuffle_epi8(table, nibbles_32(((const moex_block_mxfp4 *)x)[i].qs));
+    return _mm256_loadu_si256((const __m256i *)((const moex_block_q8_0 *)x)[i].qs);
+}
+
+static ALWAYS_INLINE float i8_scale(const void *x, int64_t i, int kind) {
+    if (kind == I8_MXFP4) return moex_e8m0_to_f32_half(((const moex_block_mxfp4 *)x)[i].e);
+    return f16(((const moex_block_q8_0 *)x)[i].d);
+}
+
+/* Two blocks a step into two accumulators per token. */
+static ALWAYS_INLINE void i8_multi(int64_t n, const void *x, int kind, const void *const *a, int nt,
+                                   float *const *out) {
+    const __m256i table = kind == I8_MXFP4
+                              ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moex_kvalues_mxfp4))
+                              : _mm256_setzero_si256();
     const moex_block_q8_0 *y[MOEX_DOT_MAX_TOKENS];
     __m256 acc0[MOEX_DOT_MAX_TOKENS], acc1[MOEX_DOT_MAX_TOKENS];
     FOR_T {
@@ -189,10 +211,9 @@ static ALWAYS_INLINE void q8_0_multi(int64_t n, const moex_block_q8_0 *x, const 
     const int64_t nb = n / 32;
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
-        const __m256i x0 = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256i x1 = _mm256_loadu_si256((const __m256i *)x[i + 1].qs);
+        const __m256i x0 = i8_values(x, i, kind, table), x1 = i8_values(x, i + 1, kind, table);
         const __m256i ax0 = _mm256_sign_epi8(x0, x0), ax1 = _mm256_sign_epi8(x1, x1);
-        const float d0 = f16(x[i].d), d1 = f16(x[i + 1].d);
+        const float d0 = i8_scale(x, i, kind), d1 = i8_scale(x, i + 1, kind);
         FOR_T {
             const __m256i y0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[t][i].qs), x0);
             const __m256i y1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[t][i + 1].qs), x1);
@@ -203,67 +224,8 @@ static ALWAYS_INLINE void q8_0_multi(int64_t n, const moex_block_q8_0 *x, const 
         }
     }
     for (; i < nb; i++) {
-        const __m256i x0 = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        FOR_T {
-            const __m256i p = dot_i8(x0, _mm256_loadu_si256((const __m256i *)y[t][i].qs));
-            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[t][i].d)), _mm256_cvtepi32_ps(p), acc0[t]);
-        }
-    }
-    FOR_T *out[t] = hsum_ps(_mm256_add_ps(acc0[t], acc1[t]));
-}
-
-static void dot_q8_0(int64_t n, const void *w, const void *a, float *out) { q8_0_multi(n, w, &a, 1, &out); }
-
-static void dot_q8_0_multi_upto4(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
-    switch (nt) {
-    case 1: q8_0_multi(n, w, a, 1, out); break;
-    case 2: q8_0_multi(n, w, a, 2, out); break;
-    case 3: q8_0_multi(n, w, a, 3, out); break;
-    default: q8_0_multi(n, w, a, 4, out); break;
-    }
-}
-
-static void dot_q8_0_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
-#define CALL(a_, nt_, out_) dot_q8_0_multi_upto4(n, w, a_, nt_, out_)
-    SPLIT_TOKENS(nt, a, out, CALL);
-#undef CALL
-}
-
-/* MXFP4 with Q8_0: the codes become their doubled E2M1 values (-12..12)
- * through one byte shuffle of ggml's table, then as Q8_0 x Q8_0 with the
- * block scale e8m0_half(e) * d(y); two blocks a step into two accumulators,
- * as q8_0_multi. */
-static inline __m256i mxfp4_values_32(const uint8_t *qs, __m256i table) {
-    return _mm256_shuffle_epi8(table, nibbles_32(qs));
-}
-
-static ALWAYS_INLINE void mxfp4_multi(int64_t n, const moex_block_mxfp4 *x, const void *const *a, int nt,
-                                      float *const *out) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moex_kvalues_mxfp4));
-    const moex_block_q8_0 *y[MOEX_DOT_MAX_TOKENS];
-    __m256 acc0[MOEX_DOT_MAX_TOKENS], acc1[MOEX_DOT_MAX_TOKENS];
-    FOR_T {
-        y[t] = a[t];
-        acc0[t] = acc1[t] = _mm256_setzero_ps();
-    }
-    const int64_t nb = n / 32;
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m256i x0 = mxfp4_values_32(x[i].qs, table), x1 = mxfp4_values_32(x[i + 1].qs, table);
-        const __m256i ax0 = _mm256_sign_epi8(x0, x0), ax1 = _mm256_sign_epi8(x1, x1);
-        const float d0 = moex_e8m0_to_f32_half(x[i].e), d1 = moex_e8m0_to_f32_half(x[i + 1].e);
-        FOR_T {
-            const __m256i y0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[t][i].qs), x0);
-            const __m256i y1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[t][i + 1].qs), x1);
-            const __m256i p0 = sum_pairs_i16(_mm256_maddubs_epi16(ax0, y0));
-            const __m256i p1 = sum_pairs_i16(_mm256_maddubs_epi16(ax1, y1));
-            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * f16(y[t][i].d)), _mm256_cvtepi32_ps(p0), acc0[t]);
-            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * f16(y[t][i + 1].d)), _mm256_cvtepi32_ps(p1), acc1[t]);
-        }
-    }
-    for (; i < nb; i++) {
-        const __m256i x0 = mxfp4_values_32(x[i].qs, table);
-        const float d0 = moex_e8m0_to_f32_half(x[i].e);
+        const __m256i x0 = i8_values(x, i, kind, table);
+        const float d0 = i8_scale(x, i, kind);
         FOR_T {
             const __m256i p = dot_i8(x0, _mm256_loadu_si256((const __m256i *)y[t][i].qs));
             acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * f16(y[t][i].d)), _mm256_cvtepi32_ps(p), acc0[t]);
@@ -272,22 +234,27 @@ static ALWAYS_INLINE void mxfp4_multi(int64_t n, const moex_block_mxfp4 *x, cons
     FOR_T *out[t] = hsum_ps(_mm256_add_ps(acc0[t], acc1[t]));
 }
 
-static void dot_mxfp4(int64_t n, const void *w, const void *a, float *out) { mxfp4_multi(n, w, &a, 1, &out); }
-
-static void dot_mxfp4_multi_upto4(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
-    switch (nt) {
-    case 1: mxfp4_multi(n, w, a, 1, out); break;
-    case 2: mxfp4_multi(n, w, a, 2, out); break;
-    case 3: mxfp4_multi(n, w, a, 3, out); break;
-    default: mxfp4_multi(n, w, a, 4, out); break;
+/* dot_NAME, dot_NAME_multi (any number of tokens, in groups of up to 4, each group's count a constant). */
+#define I8_DOTS(name, kind)                                                                                          \
+    static void dot_##name(int64_t n, const void *w, const void *a, float *out) { i8_multi(n, w, kind, &a, 1, &out); } \
+    static void dot_##name##_multi_upto4(int64_t n, const void *w, const void *const *a, int nt, float *const *out) { \
+        switch (nt) {                                                                                                \
+        case 1: i8_multi(n, w, kind, a, 1, out); break;                                                              \
+        case 2: i8_multi(n, w, kind, a, 2, out); break;                                                              \
+        case 3: i8_multi(n, w, kind, a, 3, out); break;                                                              \
+        default: i8_multi(n, w, kind, a, 4, out); break;                                                             \
+        }                                                                                                            \
+    }                                                                                                                \
+    static void dot_##name##_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {     \
+        SPLIT_TOKENS(nt, a, out, CALL_##name);                                                                       \
     }
-}
-
-static void dot_mxfp4_multi(int64_t n, const void *w, const void *const *a, int nt, float *const *out) {
-#define CALL(a_, nt_, out_) dot_mxfp4_multi_upto4(n, w, a_, nt_, out_)
-    SPLIT_TOKENS(nt, a, out, CALL);
-#undef CALL
-}
+#define CALL_q8_0(a_, nt_, out_) dot_q8_0_multi_upto4(n, w, a_, nt_, out_)
+#define CALL_mxfp4(a_, nt_, out_) dot_mxfp4_multi_upto4(n, w, a_, nt_, out_)
+I8_DOTS(q8_0, I8_Q8_0)
+I8_DOTS(mxfp4, I8_MXFP4)
+#undef CALL_q8_0
+#undef CALL_mxfp4
+#undef I8_DOTS
 
 /* ---- K-quants with Q8_K ---- */
 
