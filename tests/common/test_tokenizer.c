@@ -10,24 +10,9 @@
 #include "common/common.h"
 #include "common/tokenizer_testing.h"
 
+#include "tests/test_files.h"
 #include "tests/test_util.h"
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) buf[n] = 0;
-    *len = (size_t)n;
-    return buf;
-}
 
 /* ---- fixture parsing ---- */
 
@@ -80,9 +65,9 @@ static int load_cases(const char *dir, const char *name, cases *c) {
     size_t li, lo;
     memset(c, 0, sizeof *c);
     snprintf(path, sizeof path, "%s/%s.inp", dir, name);
-    c->inp = read_file(path, &li);
+    c->inp = test_read_file(path, &li);
     snprintf(path, sizeof path, "%s/%s.out", dir, name);
-    c->out = read_file(path, &lo);
+    c->out = test_read_file(path, &lo);
     if (!c->inp || !c->out) return -1;
     if (split_inputs(c, c->inp, li) || parse_outputs(c, c->out)) return -1;
     return 0;

@@ -11,22 +11,8 @@
 #include <string.h>
 
 #include "serve/grammar.h"
+#include "tests/test_files.h"
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf) buf[n] = 0;
-    fclose(f);
-    return buf;
-}
 
 /* A vocabulary of the 256 single bytes (token b is byte b), so texts go through byte by byte. */
 static serve_grammar_vocab *byte_vocab(moex_error *err) {
@@ -58,7 +44,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s gbnf|schema|print FILE < texts\n", argv[0]);
         return 2;
     }
-    char *src = read_file(argv[2]);
+    char *src = test_read_file(argv[2], NULL);
     if (!src) {
         fprintf(stderr, "cannot read %s\n", argv[2]);
         return 2;

@@ -16,35 +16,12 @@
 #include <string.h>
 
 #include "serve/jinja.h"
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
-        n += got;
-        if (n == cap) {
-            char *grown = realloc(buf, cap * 2 + 1);
-            if (!grown) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = grown;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf) buf[n] = 0;
-    *len = n;
-    return buf;
-}
+#include "tests/test_files.h"
 
 /* Renders t with the context in path; 0 and the text, or -1 and err. */
 static char *render_file(const moex_jinja *t, const char *path, long long now, size_t *len, moex_error *err) {
     size_t n;
-    char *text = read_file(path, &n);
+    char *text = test_read_file(path, &n);
     if (!text) {
         snprintf(err->msg, sizeof err->msg, "cannot read %s", path);
         return NULL;
@@ -76,7 +53,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     size_t n;
-    char *src = read_file(argv[i], &n);
+    char *src = test_read_file(argv[i], &n);
     if (!src) {
         fprintf(stderr, "cannot read %s\n", argv[i]);
         return 1;

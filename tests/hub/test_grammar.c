@@ -13,6 +13,7 @@
 
 #include "common/common.h"
 #include "serve/grammar.h"
+#include "tests/test_files.h"
 #include "tests/test_util.h"
 
 /* tests/ from this file's path (CMake compiles it by its absolute path). */
@@ -22,21 +23,6 @@ static void tests_dir(char *out, size_t cap) {
     if (!hub || !out[0]) snprintf(out, cap, "tests/");
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf) buf[n] = 0;
-    fclose(f);
-    return buf;
-}
 
 /* ---- text buffers ---- */
 
@@ -307,7 +293,7 @@ static void test_corpus(void) {
         size_t n = strlen(de->d_name);
         if (n < 5 || strcmp(de->d_name + n - 5, ".gbnf")) continue;
         snprintf(path, sizeof path, "%sdata/grammars/%s", dir, de->d_name);
-        char *text = read_file(path);
+        char *text = test_read_file(path, NULL);
         CHECK(text, "cannot read %s", path);
         serve_grammar *g = text ? parse_ok(text) : NULL;
         parsed += g != NULL;
@@ -705,7 +691,7 @@ static int bench(const char *path) {
     char dir[1024], gpath[1200];
     tests_dir(dir, sizeof dir);
     snprintf(gpath, sizeof gpath, "%sdata/grammars/json.gbnf", dir);
-    char *gtext = read_file(gpath);
+    char *gtext = test_read_file(gpath, NULL);
     serve_grammar *g = gtext ? serve_grammar_parse(gtext, NULL, &err) : NULL;
     free(gtext);
     if (!v || !g) {

@@ -11,6 +11,7 @@
 
 #include "serve/grammar.h"
 #include "serve/tool_calls.h"
+#include "tests/test_files.h"
 #include "tests/test_util.h"
 
 /* ---- deltas folded into calls, checking their shape on the way ---- */
@@ -616,18 +617,6 @@ static const tmpl_case k_templates[] = {
     {"MiniMax-M3.jinja", "{%- set toolcall_begin_token = ']<]minimax[>[' ~ '<tool_call>' -%}", SERVE_TOOLS_NONE},
 };
 
-static char *read_all(const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    const long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *t = malloc((size_t)n + 1);
-    const size_t got = fread(t, 1, (size_t)n, fp);
-    t[got] = 0;
-    fclose(fp);
-    return t;
-}
 
 static void test_detect(void) {
     const char *dir = getenv("MOEX_TEMPLATES_DIR");
@@ -640,7 +629,7 @@ static void test_detect(void) {
         if (!dir) continue;
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, c->file);
-        char *t = read_all(path);
+        char *t = test_read_file(path, NULL);
         if (!t) continue;
         const serve_tool_format g = serve_tool_format_detect(t);
         CHECK(g == c->want, "%s: %s (want %s)", c->file, serve_tool_format_name(g), serve_tool_format_name(c->want));

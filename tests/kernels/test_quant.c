@@ -164,20 +164,6 @@ static double e2m1_value(int code) {
 /* An E8M0 exponent's value 2^(e - 127); ggml gives 255 no NaN meaning. */
 static double e8m0_value(int e) { return ldexp(1.0, e - 127); }
 
-/* Random 4-bit codes for a block, each of the 16 codes once among the low
- * nibbles and once among the high ones (in random orders). */
-static void mxfp4_all_codes(rng *r, uint8_t qs[16]) {
-    uint8_t lo[16], hi[16];
-    for (int j = 0; j < 16; j++) lo[j] = hi[j] = (uint8_t)j;
-    for (int j = 15; j > 0; j--) {
-        int k = (int)(rng_next(r) % (uint64_t)(j + 1));
-        uint8_t t = lo[j]; lo[j] = lo[k]; lo[k] = t;
-        k = (int)(rng_next(r) % (uint64_t)(j + 1));
-        t = hi[j]; hi[j] = hi[k]; hi[k] = t;
-    }
-    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(lo[j] | (hi[j] << 4));
-}
-
 /* One row of 256 blocks, exponent e in block e: every (e, code) pair,
  * including 0 and 1 (f32 subnormal scales) and 254, 255 (whose large codes
  * overflow to inf in f32, as in ggml). */

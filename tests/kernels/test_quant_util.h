@@ -84,4 +84,18 @@ static inline double dot_error_bound(moex_type t) {
     }
 }
 
+/* Random 4-bit codes for a block, each of the 16 codes once among the low
+ * nibbles and once among the high ones (in random orders). */
+static inline void mxfp4_all_codes(rng *r, uint8_t qs[16]) {
+    uint8_t lo[16], hi[16];
+    for (int j = 0; j < 16; j++) lo[j] = hi[j] = (uint8_t)j;
+    for (int j = 15; j > 0; j--) {
+        int k = (int)(rng_next(r) % (uint64_t)(j + 1));
+        uint8_t t = lo[j]; lo[j] = lo[k]; lo[k] = t;
+        k = (int)(rng_next(r) % (uint64_t)(j + 1));
+        t = hi[j]; hi[j] = hi[k]; hi[k] = t;
+    }
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(lo[j] | (hi[j] << 4));
+}
+
 #endif

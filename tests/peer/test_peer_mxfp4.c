@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
-#include "tests/test_util.h"
+#include "tests/kernels/test_quant_util.h"
 
 #define GGML_TYPE_MXFP4 39 /* ggml's id, which MoEx's enum uses too */
 _Static_assert(MOEX_TYPE_MXFP4 == GGML_TYPE_MXFP4, "type ids are ggml's");
@@ -66,19 +66,6 @@ static int peer(const char *mode, const char *in, const char *out, const char *e
     return rc == 0 ? 0 : -1;
 }
 
-/* Each of the 16 codes once among a block's low nibbles and once among its high ones. */
-static void all_codes(rng *r, uint8_t qs[16]) {
-    uint8_t lo[16], hi[16];
-    for (int j = 0; j < 16; j++) lo[j] = hi[j] = (uint8_t)j;
-    for (int j = 15; j > 0; j--) {
-        int k = (int)(rng_next(r) % (uint64_t)(j + 1));
-        uint8_t t = lo[j]; lo[j] = lo[k]; lo[k] = t;
-        k = (int)(rng_next(r) % (uint64_t)(j + 1));
-        t = hi[j]; hi[j] = hi[k]; hi[k] = t;
-    }
-    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(lo[j] | (hi[j] << 4));
-}
-
 static void test_dequant(rng *r) {
     enum { ROUNDS = 16, RANDOM = 4096 };
     const int64_t nb = 256 * ROUNDS + RANDOM, n = nb * 32;
@@ -86,7 +73,7 @@ static void test_dequant(rng *r) {
     float *ours = malloc(sizeof(float) * (size_t)n), *theirs = malloc(sizeof(float) * (size_t)n);
     for (int64_t i = 0; i < 256 * ROUNDS; i++) {
         b[i].e = (uint8_t)(i % 256);
-        all_codes(r, b[i].qs);
+        mxfp4_all_codes(r, b[i].qs);
     }
     for (int64_t i = 256 * ROUNDS; i < nb; i++) {
         b[i].e = (uint8_t)rng_next(r);
