@@ -49,7 +49,9 @@ static void *make_weights(moex_type t, int64_t rows, int64_t cols, size_t *row_b
             memcpy(blk, &small, 2);
             memcpy(blk + 2, &small, 2);
             break;
-        case MOEX_TYPE_Q8_0: memcpy(blk, &small, 2); break;
+        case MOEX_TYPE_Q8_0:
+        case MOEX_TYPE_Q4_0: memcpy(blk, &small, 2); break;
+        case MOEX_TYPE_MXFP4: blk[0] = 120; break;   /* E8M0 2^-7: finite values */
         case MOEX_TYPE_Q6_K: memcpy(blk + 208, &small, 2); break;
         case MOEX_TYPE_F16: {
             const moex_f16 h = moex_f32_to_f16((float)((int)(rnd() % 2001) - 1000) * 1e-5f);
@@ -196,7 +198,8 @@ static double pool_overhead_us(moex_pool *pool, int runs) {
 
 /* ---- tables ---- */
 
-static const moex_type k_types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F16};
+static const moex_type k_types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_Q4_0, MOEX_TYPE_MXFP4,
+                                    MOEX_TYPE_F16};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* Read bandwidth baseline, then matvecs (n = 1) on an LM head and a layer. */
@@ -224,7 +227,8 @@ static void bench_decode_table(const bench_cfg *cfg, moex_pool *pools[2]) {
 
 /* Prefill: 64 tokens through a 2048 x 1024 matrix (the multi-token kernels). */
 static void bench_prefill_table(const bench_cfg *cfg, moex_pool *pools[2]) {
-    static const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0, MOEX_TYPE_F16};
+    static const moex_type types[] = {MOEX_TYPE_Q4_K, MOEX_TYPE_Q5_K, MOEX_TYPE_Q6_K, MOEX_TYPE_Q8_0,
+                                      MOEX_TYPE_Q4_0, MOEX_TYPE_MXFP4, MOEX_TYPE_F16};
     const int64_t rows = cfg->quick ? 256 : 2048, cols = 1024, n = cfg->quick ? 4 : 64;
     printf("\nprefill matmul (n = %lld, %lldx%lld): GFLOP/s\n", (long long)n, (long long)rows, (long long)cols);
     printf("%-6s %12s %12s\n", "type", "1 thread", "2 threads");
