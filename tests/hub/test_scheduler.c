@@ -6,7 +6,8 @@
  * sequence and prompt chunks within --prompt-chunk, positions in order per
  * slot; concurrent jobs equal their runs alone; a cancelled job frees its
  * slot and the next job rewrites it from position 0; the context's end; a
- * failing forward; a full queue. The rows are sampled on a thread pool.
+ * failing forward; a full queue; a grammar's rows read back only where it
+ * refuses the engine's argmax. The rows are sampled on a thread pool.
  *
  * usage: test_scheduler QWEN2_VOCAB.gguf */
 #include <pthread.h>
@@ -44,6 +45,9 @@ typedef struct fake_engine {
     int32_t broken_first;        /* a sequence starting with it has no finite maximum (argmax -1) */
     int argmax_only_rows;
     int zero_pos_writes[MAX_SLOTS];
+    int32_t row_next[64];        /* the last forward's wanted rows: each one's scripted token (read_row rebuilds the row) */
+    int64_t n_rows;
+    int rows_read;               /* rows read afterwards (read_row) */
 } fake_engine;
 
 static fake_engine fk;
@@ -83,6 +87,7 @@ static int fake_forward_batch(void *ctx, const moex_batch *b, float *logits, moe
         const int k = b->pos[t] + 1 - (sc ? sc->prompt_len : 0);
         const int32_t next = sc && k >= 0 && k < sc->n ? sc->next[k] : 220 /* a space */;
         if (b->argmax) b->argmax[row] = fk.first[s] == fk.broken_first ? -1 : next;
+        fk.row_next[row] = next;
         row++;
         if (b->argmax && b->argmax_only && b->argmax_only[t]) {
             for (int32_t v = 0; v < fk.n_vocab; v++) row_p[v] = NAN;
@@ -92,6 +97,7 @@ static int fake_forward_batch(void *ctx, const moex_batch *b, float *logits, moe
         for (int32_t v = 0; v < fk.n_vocab; v++) row_p[v] = -1.0f;
         row_p[next] = 1.0f;
     }
+    fk.n_rows = row;
     if (any_decoding && prompt_tokens > fk.max_prompt_tokens_beside_decode)
         fk.max_prompt_tokens_beside_decode = prompt_tokens;
     /* a slot decodes from the forward after the one with its prompt's last token */
@@ -99,6 +105,19 @@ static int fake_forward_batch(void *ctx, const moex_batch *b, float *logits, moe
         if (b->want_logits[t]) fk.decoding[b->seq[t]] = true;
     pthread_mutex_unlock(&fk.mu);
     return 0;
+}
+
+/* moex_engine.read_row: the row as the forward would have written it. */
+static int fake_read_row(void *ctx, int64_t row, float *out, moex_error *err) {
+    pthread_mutex_lock(&fk.mu);
+    const bool ok = row >= 0 && row < fk.n_rows;
+    if (ok) {
+        for (int32_t v = 0; v < fk.n_vocab; v++) out[v] = -1.0f;
+        out[fk.row_next[row]] = 1.0f;
+        fk.rows_read++;
+    }
+    pthread_mutex_unlock(&fk.mu);
+    return ok ? 0 : moex_fail(err, "row %lld of %lld", (long long)row, (long long)fk.n_rows);
 }
 
 static void set_delay(int ms) {
@@ -162,8 +181,9 @@ static void wait_job(serve_job *j, result *r, double timeout_s) {
     }
 }
 
-static serve_job *submit(serve_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
-    serve_job_params p = {.max_tokens = max_tokens, .sp = {.temp = 0}};
+static serve_job *submit_grammar(serve_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop,
+                                 const char *grammar) {
+    serve_job_params p = {.max_tokens = max_tokens, .sp = {.temp = 0}, .grammar = grammar ? strdup(grammar) : NULL};
     p.prompt_tokens = malloc((size_t)n * sizeof *p.prompt_tokens);
     memcpy(p.prompt_tokens, prompt, (size_t)n * sizeof *prompt);
     p.n_prompt_tokens = n;
@@ -175,6 +195,10 @@ static serve_job *submit(serve_sched *s, const int32_t *prompt, int n, int64_t m
         return NULL;
     }
     return j;
+}
+
+static serve_job *submit(serve_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
+    return submit_grammar(s, prompt, n, max_tokens, stop, NULL);
 }
 
 static result run_one(serve_sched *s, const int32_t *prompt, int n, int64_t max_tokens, const char *stop) {
@@ -197,7 +221,8 @@ static void wait_idle(serve_sched_stats *st) {
 static serve_sched *start(serve_sched_stats *st, int slots, int64_t n_ctx, int64_t chunk, int max_queue) {
     memset(st, 0, sizeof *st);
     moex_engine eng = {.ctx = &fk, .forward = fake_forward, .forward_batch = fake_forward_batch, .n_ctx = n_ctx,
-                       .n_batch = 64, .n_seq = MAX_SLOTS, .batch_argmax = fk.batch_argmax};
+                       .n_batch = 64, .n_seq = MAX_SLOTS, .batch_argmax = fk.batch_argmax,
+                       .read_row = fk.batch_argmax ? fake_read_row : NULL};
     for (int i = 0; i < MAX_SLOTS; i++) fk.last_pos[i] = -1;
     serve_sched_config cfg = {.n_slots = slots, .n_ctx = n_ctx, .n_batch = 64, .prompt_chunk = chunk,
                             .max_queue = max_queue, .pool = g_pool};
@@ -385,6 +410,51 @@ static void check_engine_argmax(const int32_t *hello, int n_hello, const char *h
     fk.batch_argmax = false;
 }
 
+/* A greedy job under a grammar on an engine with batch_argmax and read_row:
+ * while the grammar allows the engine's argmax, its rows stay where they are
+ * (argmax only, none read back); where it refuses one, that row alone is read
+ * back and the token comes from the tokens the grammar allows. */
+static void check_grammar_rows(const char *hello_text) {
+    serve_sched_stats st;
+    fk.batch_argmax = true;
+    serve_sched *s = start(&st, 2, N_CTX, 8, 16);
+    if (!s) return;
+    const int32_t prompt[4] = {1000, 11, 12, 13};   /* the script writes hello_text */
+    char same[128], other[128];
+    snprintf(same, sizeof same, "root ::= \"%s\"", hello_text);
+    snprintf(other, sizeof other, "root ::= \"Hello world, this is a quiz\"");
+    pthread_mutex_lock(&fk.mu);
+    const int only0 = fk.argmax_only_rows;
+    fk.rows_read = 0;
+    pthread_mutex_unlock(&fk.mu);
+    result r = {0};
+    serve_job *j = submit_grammar(s, prompt, 4, 64, NULL, same);
+    if (j) wait_job(j, &r, 10), serve_job_unref(j);
+    pthread_mutex_lock(&fk.mu);
+    const int only1 = fk.argmax_only_rows, read1 = fk.rows_read;
+    pthread_mutex_unlock(&fk.mu);
+    CHECK(r.st.finish == SERVE_FINISH_STOP && !strcmp(r.text, hello_text),
+          "a grammar the script follows: '%s' (finish %d), ended where the grammar does", r.text, r.st.finish);
+    CHECK(read1 == 0 && only1 > only0, "its rows stayed on the engine (%d argmax-only, %d read back)", only1 - only0,
+          read1);
+    memset(&r, 0, sizeof r);
+    j = submit_grammar(s, prompt, 4, 64, NULL, other);
+    if (j) wait_job(j, &r, 10), serve_job_unref(j);
+    pthread_mutex_lock(&fk.mu);
+    const int read2 = fk.rows_read;
+    pthread_mutex_unlock(&fk.mu);
+    CHECK(r.st.finish == SERVE_FINISH_STOP && !strcmp(r.text, "Hello world, this is a quiz"),
+          "a grammar that departs from the script: '%s' (finish %d)", r.text, r.st.finish);
+    CHECK(read2 > 0, "the refused rows were read back (%d)", read2);
+    CHECK(atomic_load(&st.grammar_masks) > 0 && atomic_load(&st.grammar_tokens) >= (uint_fast64_t)read2,
+          "grammar counters: %llu tokens, %llu masked", (unsigned long long)atomic_load(&st.grammar_tokens),
+          (unsigned long long)atomic_load(&st.grammar_masks));
+    wait_idle(&st);
+    serve_sched_stop(s);
+    serve_sched_free(s);
+    fk.batch_argmax = false;
+}
+
 static void check_queue_limit(serve_sched_stats *st) {
     serve_sched *s = start(st, 1, 4096, 8, 1);
     if (!s) return;
@@ -448,6 +518,7 @@ int main(int argc, char **argv) {
         serve_sched_free(s);
     }
     check_engine_argmax(hello, (int)n_hello, hello_text);
+    check_grammar_rows(hello_text);
     serve_sched_stats st2;
     check_queue_limit(&st2);
     moex_tokenizer_free(tok);
